@@ -1,0 +1,25 @@
+"""The Celery application: ``celery -A config worker`` and ``celery -A config beat``.
+
+Configuration comes from Django settings prefixed ``CELERY_`` (config/settings.py).
+"""
+
+from __future__ import annotations
+
+import os
+
+from celery import Celery
+from celery.signals import beat_init
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+
+app = Celery("reminders")
+app.config_from_object("django.conf:settings", namespace="CELERY")
+app.autodiscover_tasks()
+
+
+@beat_init.connect
+def _follow_scan_interval(sender, **kwargs) -> None:
+    """Make the stored scan schedule follow REMINDERS_SCAN_INTERVAL when beat starts."""
+    from reminders.schedule import ensure_scan_schedule
+
+    ensure_scan_schedule()

@@ -1,0 +1,335 @@
+"""Django settings, read from the environment (see README "Configuration").
+
+Defaults give the one-command local run: a SQLite file and kombu's filesystem
+broker under ``var/``, so no database or broker server is needed. Production,
+docker compose and the tests set ``DATABASE_URL`` and ``CELERY_BROKER_URL`` to
+PostgreSQL and Redis. Every invalid value stops start-up with a message naming
+the variable and what it accepts.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dj_database_url
+from django.core.exceptions import ImproperlyConfigured
+from kombu import Queue
+
+from config.env import (
+    env_bool,
+    env_choice,
+    env_float,
+    env_int,
+    env_list,
+    env_str,
+)
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+VAR_DIR = Path(env_str("REMINDERS_VAR_DIR", str(BASE_DIR / "var")))
+
+# --- Core -------------------------------------------------------------------
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env_str("SECRET_KEY")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY must be set when DEBUG is off: export SECRET_KEY to a long random "
+            "string (python -c 'import secrets; print(secrets.token_urlsafe(50))'), "
+            "or set DEBUG=1 for local development."
+        )
+    SECRET_KEY = "insecure-local-development-key-never-use-in-production"
+
+ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
+CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django_celery_beat",
+    "workshops",
+    "reminders",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+WSGI_APPLICATION = "config.wsgi.application"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+# --- Database ---------------------------------------------------------------
+
+DEFAULT_DATABASE_URL = f"sqlite:///{VAR_DIR / 'reminders.sqlite3'}"
+try:
+    _database = dj_database_url.parse(
+        env_str("DATABASE_URL", DEFAULT_DATABASE_URL),
+        conn_max_age=env_int("DB_CONN_MAX_AGE", 60, minimum=0, maximum=3600, unit="seconds"),
+        conn_health_checks=True,
+    )
+except (ValueError, dj_database_url.UnknownSchemeError) as exc:
+    raise ImproperlyConfigured(
+        "DATABASE_URL must be a database URL such as "
+        f"postgres://user:password@host:5432/name or sqlite:///path/to/file.sqlite3 ({exc})."
+    ) from None
+
+if _database["ENGINE"] == "django.db.backends.sqlite3":
+    # Web, worker and beat share one file in the local run: WAL lets readers
+    # and one writer proceed together, IMMEDIATE transactions take the write
+    # lock up front (no upgrade deadlocks), and the timeout makes a busy
+    # writer wait instead of failing with "database is locked".
+    if _database["NAME"] not in ("", ":memory:"):
+        Path(_database["NAME"]).parent.mkdir(parents=True, exist_ok=True)
+    _database["CONN_MAX_AGE"] = 0
+    _database["OPTIONS"] = {
+        "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+        "transaction_mode": "IMMEDIATE",
+        "timeout": 20,
+    }
+elif _database["ENGINE"] == "django.db.backends.postgresql":
+    # Fail fast when PostgreSQL is unreachable instead of hanging a request.
+    _database.setdefault("OPTIONS", {}).setdefault("connect_timeout", 5)
+
+DATABASES = {"default": _database}
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+# --- Auth, i18n, static -----------------------------------------------------
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.UserAttributeSimilarityValidator"},
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+    {"NAME": "django.contrib.auth.password_validation.CommonPasswordValidator"},
+    {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = VAR_DIR / "static"
+# gunicorn serves the admin's static files through WhiteNoise: no separate
+# web server is needed locally or in docker compose.
+STORAGES = {
+    "default": {"BACKEND": "django.core.files.storage.FileSystemStorage"},
+    "staticfiles": {"BACKEND": "whitenoise.storage.CompressedManifestStaticFilesStorage"},
+}
+
+# --- Security (production) --------------------------------------------------
+
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0, maximum=63072000, unit="seconds")
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+SECURE_CONTENT_TYPE_NOSNIFF = True
+if env_bool("BEHIND_TLS_PROXY", False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+
+# --- Logging ----------------------------------------------------------------
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {
+        "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+}
+
+# --- Email (Django's own names; the smtp and django channels read them) -----
+
+EMAIL_BACKEND = env_str("EMAIL_BACKEND", "django.core.mail.backends.smtp.EmailBackend")
+EMAIL_HOST = env_str("EMAIL_HOST", "127.0.0.1")
+EMAIL_PORT = env_int("EMAIL_PORT", 1025, minimum=1, maximum=65535)
+EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
+EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
+EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
+EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1, maximum=300, unit="seconds")
+DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Workshop Reminders <reminders@localhost>")
+if EMAIL_USE_TLS and EMAIL_USE_SSL:
+    raise ImproperlyConfigured("EMAIL_USE_TLS and EMAIL_USE_SSL are exclusive: set only one.")
+
+# --- Reminders --------------------------------------------------------------
+
+REMINDERS_CHANNELS = ("file", "smtp", "http", "django")
+REMINDERS_CHANNEL = env_choice("REMINDERS_CHANNEL", "file", REMINDERS_CHANNELS)
+REMINDERS_SCAN_INTERVAL = env_int(
+    "REMINDERS_SCAN_INTERVAL", 60, minimum=5, maximum=3600, unit="seconds"
+)
+REMINDERS_LEAD_MINUTES = env_int(
+    "REMINDERS_LEAD_MINUTES", 1440, minimum=1, maximum=60 * 24 * 30, unit="minutes"
+)
+REMINDERS_CUTOFF_MINUTES = env_int(
+    "REMINDERS_CUTOFF_MINUTES", 30, minimum=0, maximum=60 * 24, unit="minutes"
+)
+if REMINDERS_LEAD_MINUTES <= REMINDERS_CUTOFF_MINUTES:
+    raise ImproperlyConfigured(
+        f"REMINDERS_LEAD_MINUTES ({REMINDERS_LEAD_MINUTES}) must be greater than "
+        f"REMINDERS_CUTOFF_MINUTES ({REMINDERS_CUTOFF_MINUTES}): the send window opens at the "
+        "lead and closes at the cutoff."
+    )
+REMINDERS_CONCURRENCY = env_int("REMINDERS_CONCURRENCY", 20, minimum=1, maximum=500)
+REMINDERS_RATE_LIMIT = env_float(
+    "REMINDERS_RATE_LIMIT", 0, minimum=0, maximum=100000, unit="sends per second (0 = none)"
+)
+REMINDERS_BATCH_SIZE = env_int("REMINDERS_BATCH_SIZE", 100, minimum=1, maximum=1000)
+REMINDERS_MAX_ATTEMPTS = env_int("REMINDERS_MAX_ATTEMPTS", 5, minimum=1, maximum=50)
+REMINDERS_CALL_TIMEOUT = env_float(
+    "REMINDERS_CALL_TIMEOUT", 15, minimum=0.1, maximum=300, unit="seconds"
+)
+# The wall-clock budget of one delivery batch. Celery's time limits and the
+# claim lease are derived from it so that they always sit above it.
+REMINDERS_BATCH_BUDGET = env_int(
+    "REMINDERS_BATCH_BUDGET", 120, minimum=5, maximum=3600, unit="seconds"
+)
+REMINDERS_LEASE_SECONDS = REMINDERS_BATCH_BUDGET + 90
+REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
+REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
+REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
+# Where the cross-worker rate limiter keeps its window. Defaults to the broker
+# when that is Redis; with no Redis the limiter is per process.
+REMINDERS_REDIS_URL = env_str("REMINDERS_REDIS_URL")
+if REMINDERS_CHANNEL == "http" and not REMINDERS_HTTP_URL:
+    raise ImproperlyConfigured(
+        "REMINDERS_HTTP_URL must be set when REMINDERS_CHANNEL=http: the URL the reminders "
+        "are posted to, e.g. https://notify.example.com/reminders."
+    )
+if REMINDERS_CHANNEL == "http" and not REMINDERS_HTTP_SECRET:
+    raise ImproperlyConfigured(
+        "REMINDERS_HTTP_SECRET must be set when REMINDERS_CHANNEL=http: the shared key that "
+        "signs each request body (HMAC-SHA256)."
+    )
+
+# --- Celery -----------------------------------------------------------------
+# Read by config/celery.py with namespace="CELERY"; tests/config/test_celery_config.py
+# asserts the effective values so a misspelt name cannot pass silently.
+
+CELERY_BROKER_URL = env_str("CELERY_BROKER_URL", "filesystem://")
+if CELERY_BROKER_URL.startswith("filesystem://"):
+    _broker_dir = VAR_DIR / "broker"
+    for _folder in ("queue", "processed"):
+        (_broker_dir / _folder).mkdir(parents=True, exist_ok=True)
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        "data_folder_in": str(_broker_dir / "queue"),
+        "data_folder_out": str(_broker_dir / "queue"),
+        "processed_folder": str(_broker_dir / "processed"),
+        "store_processed": False,
+    }
+elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+    CELERY_BROKER_TRANSPORT_OPTIONS = {
+        # An acks-late message whose worker vanished is redelivered after this
+        # long. It must outlast the longest batch (budget + time limits), else a
+        # live batch is delivered twice; the claim would still deduplicate it.
+        "visibility_timeout": env_int(
+            "REMINDERS_VISIBILITY_TIMEOUT",
+            REMINDERS_BATCH_BUDGET + 300,
+            minimum=1,
+            maximum=86400,
+            unit="seconds",
+        ),
+        # A dead Redis must not hang a publish from the admin or the scan.
+        "socket_connect_timeout": 5,
+        "socket_timeout": 10,
+        "retry_on_timeout": True,
+    }
+    REMINDERS_REDIS_URL = REMINDERS_REDIS_URL or CELERY_BROKER_URL
+else:
+    raise ImproperlyConfigured(
+        "CELERY_BROKER_URL must be redis://host:6379/0 (production) or filesystem:// "
+        f"(local run); got {CELERY_BROKER_URL!r}."
+    )
+
+CELERY_RESULT_BACKEND = None
+CELERY_TASK_IGNORE_RESULT = True
+CELERY_TIMEZONE = "UTC"
+CELERY_ENABLE_UTC = True
+CELERY_TASK_SERIALIZER = "json"
+CELERY_ACCEPT_CONTENT = ["json"]
+
+# Two queues: a long delivery backlog must never delay the scan. A worker
+# started with no -Q consumes both (task_queues is the default consume set).
+CELERY_TASK_DEFAULT_QUEUE = "reminders"
+CELERY_TASK_QUEUES = (Queue("reminders"), Queue("scan"))
+CELERY_TASK_ROUTES = {
+    "reminders.scan": {"queue": "scan"},
+    "reminders.deliver_batch": {"queue": "reminders"},
+}
+
+# Acknowledge after the task body ran: a worker that dies mid-batch leaves its
+# message to be redelivered, and the claim (not the broker) deduplicates.
+CELERY_TASK_ACKS_LATE = True
+# A pool child killed by OOM or the hard time limit is NOT requeued: that would
+# loop a poison message forever. The claim lease and the reaper decide instead.
+CELERY_TASK_REJECT_ON_WORKER_LOST = False
+# Take one message at a time, so a busy worker does not hoard batches that an
+# idle one could run before their deadline.
+CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Time limits sit above the batch budget: the engine stops itself at the budget
+# with partial results; the soft limit is the safety net and the hard limit the
+# last resort (the lease, longer still, then lets the reaper decide).
+CELERY_TASK_SOFT_TIME_LIMIT = REMINDERS_BATCH_BUDGET + 30
+CELERY_TASK_TIME_LIMIT = REMINDERS_BATCH_BUDGET + 60
+# On SIGTERM, let running batches finish within the budget before a cold stop.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(REMINDERS_BATCH_BUDGET + 15)
+CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
+# Publishing gives up quickly when the broker is down; the scan re-enqueues
+# whatever was not published, so a failed publish loses nothing.
+CELERY_TASK_PUBLISH_RETRY = True
+CELERY_TASK_PUBLISH_RETRY_POLICY = {
+    "max_retries": 2,
+    "interval_start": 0,
+    "interval_step": 0.5,
+    "interval_max": 1,
+}
+CELERY_WORKER_HIJACK_ROOT_LOGGER = False
+CELERY_WORKER_SEND_TASK_EVENTS = False
+
+CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# beat wakes at least this often to notice schedule changes in the database.
+CELERY_BEAT_MAX_LOOP_INTERVAL = min(REMINDERS_SCAN_INTERVAL, 60)
+DJANGO_CELERY_BEAT_TZ_AWARE = True
+
+# Prefix of every idempotency key: set it per deployment so a rebuilt database
+# (ids counting from 1 again) never reuses a key a provider still remembers.
+REMINDERS_KEY_PREFIX = env_str("REMINDERS_KEY_PREFIX", "rem")
+if (
+    not REMINDERS_KEY_PREFIX.replace("-", "").replace("_", "").isalnum()
+    or len(REMINDERS_KEY_PREFIX) > 20
+):
+    raise ImproperlyConfigured(
+        "REMINDERS_KEY_PREFIX must be 1-20 letters, digits, '-' or '_'; "
+        f"got {REMINDERS_KEY_PREFIX!r}."
+    )

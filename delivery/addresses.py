@@ -1,0 +1,73 @@
+"""Check recipient addresses and make display text safe for one header line.
+
+Two different rules, on purpose:
+
+- display text (a name, a subject) is data a person typed; a line break in a
+  workshop title is a nuisance, not an attack, so it is folded to a space;
+- an address is an identifier; one with a line break or control character is
+  never "fixed up", the envelope fails permanently instead.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+
+__all__ = ["address_problem", "clean_header_text", "idna_domain"]
+
+# RFC 5321 limits.
+MAX_ADDRESS_LENGTH = 254
+MAX_LOCAL_PART_LENGTH = 64
+
+_ATOM_CHARS = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-\u0080-\U0010ffff]+$")
+_LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
+_LINE_SEPARATORS = {"\u2028", "\u2029", "\u0085"}
+
+
+def clean_header_text(text: str) -> str:
+    """Return ``text`` on one line: control characters become spaces, runs collapse."""
+    cleaned = "".join(
+        " " if unicodedata.category(ch) == "Cc" or ch in _LINE_SEPARATORS else ch for ch in text
+    )
+    return " ".join(cleaned.split())
+
+
+def idna_domain(domain: str) -> str | None:
+    """Return ``domain`` in ASCII (punycode), or None when it cannot be encoded."""
+    try:
+        return domain.encode("idna").decode("ascii")
+    except UnicodeError:
+        return None
+
+
+def address_problem(address: str) -> str | None:
+    """Return why ``address`` cannot receive mail, or None when it looks deliverable.
+
+    The check is syntactic (dot-atom local part, a dotted domain of valid
+    labels, RFC 5321 lengths); whether the mailbox exists is the provider's call.
+    """
+    if not address:
+        return "recipient address is empty"
+    if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in address):
+        return f"recipient address {address!r} contains whitespace or control characters"
+    if len(address) > MAX_ADDRESS_LENGTH:
+        return f"recipient address is longer than {MAX_ADDRESS_LENGTH} characters"
+    local, at, domain = address.rpartition("@")
+    if not at or not local or not domain:
+        return f"recipient address {address!r} is not of the form local@domain"
+    if len(local) > MAX_LOCAL_PART_LENGTH:
+        return f"recipient address {address!r} has a local part over {MAX_LOCAL_PART_LENGTH} characters"
+    if (
+        not _ATOM_CHARS.match(local)
+        or local.startswith(".")
+        or local.endswith(".")
+        or ".." in local
+    ):
+        return f"recipient address {address!r} has an invalid local part"
+    ascii_domain = idna_domain(domain)
+    if ascii_domain is None:
+        return f"recipient address {address!r} has a domain that cannot be encoded"
+    labels = ascii_domain.split(".")
+    if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
+        return f"recipient address {address!r} has an invalid domain"
+    return None

@@ -1,0 +1,584 @@
+"""Fan envelopes out to a channel within limits, and return one result per envelope.
+
+Shape of a batch (structured: every task lives inside a ``TaskGroup`` and is
+awaited before ``deliver`` returns)::
+
+    deliver
+    └── TaskGroup
+        ├── watch   waits for the stop signal or the budget; raises _Stopped
+        └── feed    starts one task per envelope when a concurrency slot frees
+            └── TaskGroup
+                └── send:<reminder id>  slot -> deadline check -> rate limiter -> call
+                                        -> classify -> (backoff without the slot) -> ...
+
+A stop cancels ``feed``; cancellation reaches each envelope wherever it
+waits, the channel's own cleanup runs, and each envelope records how far it
+got. Envelopes never handed to a task are reported ``CANCELLED`` with
+``provider_reached=False``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import random as _random
+import threading
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from datetime import timedelta
+
+from clock import Clock
+from delivery.addresses import address_problem
+from delivery.channel import Channel
+from delivery.envelope import Envelope
+from delivery.errors import (
+    DeliveryError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+)
+from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
+from delivery.policy import DeliveryPolicy
+from delivery.results import DeliveryResult, Outcome
+
+__all__ = ["deliver", "deliver_sync"]
+
+logger = logging.getLogger("delivery")
+
+# How often deliver_sync looks at the caller's threading.Event.
+STOP_POLL_INTERVAL = 0.05
+# The FakeClock's helper task may outlive a batch by a few loop turns.
+_CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
+
+
+class _Stopped(Exception):
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+@dataclass(slots=True, frozen=True)
+class _Failure:
+    outcome: Outcome
+    error: str
+    final: bool = False
+    ambiguous: bool = False
+    retry_after: float | None = None
+
+
+@dataclass(slots=True)
+class _Progress:
+    envelope: Envelope
+    attempts: int = 0
+    reached: bool = False
+    maybe_delivered: bool = False
+    in_flight: bool = False
+    last_failure: _Failure | None = None
+    result: DeliveryResult | None = None
+
+    def finish(self, outcome: Outcome, error: str = "", message_id: str | None = None) -> None:
+        if self.result is not None:
+            return
+        self.result = DeliveryResult(
+            reminder_id=self.envelope.reminder_id,
+            key=self.envelope.key,
+            outcome=outcome,
+            message_id=message_id,
+            error=error,
+            attempts=self.attempts,
+            provider_reached=self.reached,
+            maybe_delivered=self.maybe_delivered,
+        )
+
+
+class _Batch:
+    def __init__(
+        self,
+        envelopes: list[Envelope],
+        channel: Channel,
+        *,
+        policy: DeliveryPolicy,
+        clock: Clock,
+        limiter: RateLimiter | None,
+        random: Callable[[], float],
+    ) -> None:
+        self._progress = [_Progress(envelope) for envelope in envelopes]
+        self._channel = channel
+        self._policy = policy
+        self._clock = clock
+        self._limiter = limiter
+        self._random = random
+        self._keys = bool(getattr(channel, "honours_idempotency_keys", False))
+        self._name = getattr(channel, "name", type(channel).__name__)
+        channel_cap = getattr(channel, "max_concurrency", None)
+        self._concurrency = min(policy.concurrency, channel_cap or policy.concurrency)
+        self._stop_reason = "the batch was cancelled"
+        self._started_at = clock.monotonic()
+
+    # -- the batch ---------------------------------------------------------------
+
+    async def run(self, stop: asyncio.Event | None) -> list[DeliveryResult]:
+        todo = self._preflight()
+        if todo:
+            await self._with_channel(todo, stop)
+        for progress in self._progress:
+            if progress.result is None:  # never handed to a task
+                progress.finish(Outcome.CANCELLED, f"stopped ({self._stop_reason}) before the first attempt")
+        results = [progress.result for progress in self._progress]
+        assert all(result is not None for result in results)
+        return results  # type: ignore[return-value]
+
+    def _preflight(self) -> list[_Progress]:
+        """Resolve what needs no provider: bad input, duplicates, deadlines already past."""
+        seen_ids: set[int] = set()
+        seen_keys: dict[str, int] = {}
+        todo = []
+        now = self._clock.now()
+        for progress in self._progress:
+            envelope = progress.envelope
+            if envelope.reminder_id in seen_ids:
+                raise ValueError(
+                    f"reminder {envelope.reminder_id} appears twice in one batch; pass each "
+                    "reminder once so every result maps to one row."
+                )
+            seen_ids.add(envelope.reminder_id)
+            if envelope.key in seen_keys:
+                progress.finish(
+                    Outcome.PERMANENT,
+                    f"duplicate key in batch: reminder {seen_keys[envelope.key]} carries the same "
+                    "key and is the one delivered",
+                )
+                continue
+            seen_keys[envelope.key] = envelope.reminder_id
+            problem = address_problem(envelope.recipient)
+            if problem is not None:
+                progress.finish(Outcome.PERMANENT, problem)
+            elif now >= envelope.deadline_at:
+                progress.finish(Outcome.EXPIRED, self._deadline_text(envelope))
+            else:
+                todo.append(progress)
+        return todo
+
+    async def _with_channel(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
+        try:
+            await self._channel.__aenter__()
+        except Exception as exc:
+            logger.exception("Channel %s could not be opened", self._name)
+            for progress in todo:
+                progress.finish(
+                    Outcome.TRANSIENT, f"channel {self._name!r} could not be opened: {exc!r}"
+                )
+            return
+        try:
+            await self._fan_out(todo, stop)
+        except BaseException as exc:
+            await self._close_channel(type(exc), exc)
+            raise
+        await self._close_channel(None, None)
+
+    async def _close_channel(self, exc_type, exc) -> None:
+        try:
+            async with self._clock.timeout(self._policy.call_timeout):
+                await self._channel.__aexit__(exc_type, exc, exc.__traceback__ if exc else None)
+        except Exception:
+            # The results are already decided; a failed QUIT must not lose them.
+            logger.warning("Channel %s did not close cleanly", self._name, exc_info=True)
+
+    async def _fan_out(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
+        stop = stop if stop is not None else asyncio.Event()
+        slots = asyncio.Semaphore(self._concurrency)
+        try:
+            async with asyncio.TaskGroup() as group:
+                watcher = group.create_task(self._watch(stop), name="delivery.watch")
+                group.create_task(self._feed(todo, slots, watcher), name="delivery.feed")
+        except* _Stopped:
+            logger.warning(
+                "Delivery batch on %s stopped: %s", self._name, self._stop_reason
+            )
+
+    async def _watch(self, stop: asyncio.Event) -> None:
+        left = self._policy.budget - (self._clock.monotonic() - self._started_at)
+        try:
+            async with self._clock.timeout(max(left, 0.0)):
+                await stop.wait()
+            self._stop_reason = "stop signal"
+        except TimeoutError:
+            self._stop_reason = f"budget of {self._policy.budget:g}s used up"
+        raise _Stopped(self._stop_reason)
+
+    async def _feed(
+        self, todo: list[_Progress], slots: asyncio.Semaphore, watcher: asyncio.Task
+    ) -> None:
+        try:
+            async with asyncio.TaskGroup() as group:
+                for progress in todo:
+                    await slots.acquire()
+                    # The slot is handed over to the task, which releases it.
+                    group.create_task(
+                        self._deliver_one(progress, slots),
+                        name=f"delivery.send:{progress.envelope.reminder_id}",
+                    )
+        finally:
+            watcher.cancel()
+
+    # -- one envelope ------------------------------------------------------------
+
+    async def _deliver_one(self, progress: _Progress, slots: asyncio.Semaphore) -> None:
+        holding = True
+        envelope = progress.envelope
+        try:
+            tries = 0
+            while True:
+                if not holding:
+                    await slots.acquire()
+                    holding = True
+                if self._clock.now() >= envelope.deadline_at:
+                    self._finish_at_deadline(progress)
+                    return
+                failure = await self._try_once(progress)
+                tries += 1
+                if failure is None:
+                    return
+                progress.last_failure = failure
+                if failure.final:
+                    progress.finish(failure.outcome, failure.error)
+                    return
+                if failure.ambiguous and not self._keys:
+                    progress.finish(
+                        failure.outcome,
+                        f"{failure.error}; not retried: the provider may have accepted it and "
+                        f"channel {self._name!r} does not honour idempotency keys",
+                    )
+                    return
+                if tries >= self._policy.max_attempts:
+                    progress.finish(
+                        failure.outcome,
+                        f"gave up after {tries} tries (max_attempts={self._policy.max_attempts}); "
+                        f"last error: {failure.error}",
+                    )
+                    return
+                delay = self._policy.backoff(
+                    tries, draw=self._random(), retry_after=failure.retry_after
+                )
+                if self._clock.now() + timedelta(seconds=delay) >= envelope.deadline_at:
+                    progress.finish(
+                        failure.outcome,
+                        f"{failure.error}; not retried: the next try (in {delay:.3g}s) would "
+                        "start at or after the deadline",
+                    )
+                    return
+                # Give the slot back while backing off. A slot stands for a call in
+                # flight; holding it through a sleep would let a few greylisted or
+                # throttled recipients (SMTP 451, Retry-After of minutes) idle the
+                # whole batch while healthy envelopes wait. Provider-wide trouble is
+                # throttled by the limiter pause and the attempt cap instead.
+                slots.release()
+                holding = False
+                await self._clock.sleep(delay)
+        except asyncio.CancelledError:
+            self._finish_cancelled(progress)
+            raise
+        except Exception as exc:  # a bug in this module; keep the batch alive
+            logger.exception("Delivery engine failed on reminder %s", envelope.reminder_id)
+            progress.finish(Outcome.PERMANENT, f"internal error in the delivery engine: {exc!r}")
+        finally:
+            if holding:
+                slots.release()
+            self._log_result(progress)
+
+    async def _try_once(self, progress: _Progress) -> _Failure | None:
+        """Make one try: wait for the rate limiter, call the channel, classify the end."""
+        envelope = progress.envelope
+        if self._limiter is not None:
+            try:
+                await self._limiter.acquire(deadline_at=envelope.deadline_at)
+            except DeadlineReached:
+                return _Failure(Outcome.EXPIRED, "", final=True) if self._finish_at_deadline(
+                    progress
+                ) else None
+            except Exception as exc:
+                logger.warning("Rate limiter failed for reminder %s: %r", envelope.reminder_id, exc)
+                return _Failure(Outcome.TRANSIENT, f"rate limiter unavailable: {exc!r}")
+            if self._clock.now() >= envelope.deadline_at:
+                self._finish_at_deadline(progress)
+                return None
+        progress.attempts += 1
+        progress.in_flight = True
+        failure: _Failure | None = None
+        message_id = ""
+        try:
+            async with self._clock.timeout(self._policy.call_timeout):
+                try:
+                    message_id = await self._channel.send(envelope)
+                except Exception as exc:  # the channel's own errors, incl. its own TimeoutError
+                    failure = self._classify(progress, exc)
+        except TimeoutError:
+            progress.reached = True
+            progress.maybe_delivered = True
+            failure = _Failure(
+                Outcome.TIMED_OUT,
+                f"provider call exceeded call_timeout={self._policy.call_timeout:g}s",
+                ambiguous=True,
+            )
+        finally:
+            progress.in_flight = False
+        if failure is None:
+            progress.reached = True
+            progress.maybe_delivered = True
+            progress.finish(Outcome.SENT, message_id=message_id or None)
+            return None
+        if isinstance(failure, _Failure) and failure.outcome is Outcome.TRANSIENT:
+            await self._maybe_pause(failure)
+        return failure
+
+    def _classify(self, progress: _Progress, exc: Exception) -> _Failure:
+        if isinstance(exc, DeliveryError):
+            progress.reached |= exc.reached
+            progress.maybe_delivered |= exc.maybe_delivered
+            text = f"{exc}"
+            if isinstance(exc, TransientError):
+                failure = _Failure(
+                    Outcome.TRANSIENT,
+                    text,
+                    ambiguous=exc.maybe_delivered,
+                    retry_after=exc.retry_after,
+                )
+                if isinstance(exc, RateLimitedError):
+                    self._pending_pause = exc.retry_after
+                return failure
+            return _Failure(Outcome.PERMANENT, text, final=True)
+        progress.reached = True
+        progress.maybe_delivered = True
+        if isinstance(exc, OSError):
+            # Network trouble a channel did not translate: the request may or may
+            # not have left, so it is retried only where keys make that safe.
+            return _Failure(
+                Outcome.TRANSIENT,
+                f"{type(exc).__name__} from channel {self._name!r}: {exc}",
+                ambiguous=True,
+            )
+        # Anything else is a bug in the channel; another try would repeat it.
+        logger.error(
+            "Channel %s raised %s for reminder %s",
+            self._name,
+            type(exc).__name__,
+            progress.envelope.reminder_id,
+            exc_info=exc,
+        )
+        return _Failure(
+            Outcome.PERMANENT,
+            f"unexpected {type(exc).__name__} from channel {self._name!r}: {exc}",
+            final=True,
+        )
+
+    _pending_pause: float | None = None
+
+    async def _maybe_pause(self, failure: _Failure) -> None:
+        if self._limiter is None or self._pending_pause is None and not self._rate_limited(failure):
+            return
+        seconds = self._pending_pause
+        self._pending_pause = None
+        if seconds is None:
+            seconds = getattr(self._limiter, "window", 1.0) * DEFAULT_PAUSE_WINDOWS
+        try:
+            await self._limiter.pause(seconds)
+        except Exception:
+            logger.warning("Could not pause the rate limiter", exc_info=True)
+
+    @staticmethod
+    def _rate_limited(failure: _Failure) -> bool:
+        return False
+
+    # -- endings -----------------------------------------------------------------
+
+    def _deadline_text(self, envelope: Envelope) -> str:
+        return f"deadline {envelope.deadline_at.isoformat()} reached before the call could start"
+
+    def _finish_at_deadline(self, progress: _Progress) -> bool:
+        last = progress.last_failure
+        if progress.attempts == 0 and last is None:
+            progress.finish(Outcome.EXPIRED, self._deadline_text(progress.envelope))
+        else:
+            outcome = last.outcome if last is not None else Outcome.TRANSIENT
+            error = last.error if last is not None else ""
+            progress.finish(
+                outcome,
+                f"deadline reached after {progress.attempts} attempts; last error: {error}",
+            )
+        return True
+
+    def _finish_cancelled(self, progress: _Progress) -> None:
+        reason = self._stop_reason
+        if progress.in_flight:
+            progress.reached = True
+            progress.maybe_delivered = True
+            text = f"stopped ({reason}) while call {progress.attempts} was in flight"
+        elif progress.attempts:
+            last = progress.last_failure.error if progress.last_failure else ""
+            text = f"stopped ({reason}) after {progress.attempts} attempts; last error: {last}"
+        else:
+            text = f"stopped ({reason}) before the first attempt"
+        progress.finish(Outcome.CANCELLED, text)
+
+    def _log_result(self, progress: _Progress) -> None:
+        result = progress.result
+        if result is None:
+            return
+        if result.outcome is Outcome.SENT:
+            logger.info(
+                "Sent reminder %s via %s as %s after %d attempts",
+                result.reminder_id,
+                self._name,
+                result.message_id,
+                result.attempts,
+            )
+        else:
+            logger.warning(
+                "Reminder %s not sent via %s (%s): %s",
+                result.reminder_id,
+                self._name,
+                result.outcome,
+                result.error,
+            )
+
+
+async def deliver(
+    envelopes: Iterable[Envelope],
+    channel: Channel,
+    *,
+    policy: DeliveryPolicy,
+    clock: Clock,
+    limiter: RateLimiter | None = None,
+    stop: asyncio.Event | None = None,
+    random: Callable[[], float] = _random.random,
+) -> list[DeliveryResult]:
+    """Deliver ``envelopes`` through ``channel``; return one result each, in order.
+
+    Open the channel once, fan out at most ``policy.concurrency`` calls (and
+    no more than the channel's ``max_concurrency``), start calls no faster
+    than ``limiter`` allows, and retry transient failures with backoff until
+    ``policy.max_attempts`` or each envelope's deadline. Setting ``stop`` or
+    using up ``policy.budget`` cancels what is unfinished and returns partial
+    results. Per-envelope failures are results; only a batch that cannot run
+    at all (the same reminder id twice) raises.
+
+    The caller owns ``limiter``; ``random`` draws the backoff jitter.
+    """
+    batch = _Batch(
+        list(envelopes), channel, policy=policy, clock=clock, limiter=limiter, random=random
+    )
+    return await batch.run(stop)
+
+
+def deliver_sync(
+    envelopes: Iterable[Envelope],
+    channel_factory: Callable[[], Channel],
+    *,
+    policy: DeliveryPolicy,
+    clock: Clock,
+    limiter_factory: Callable[[], RateLimiter] | None = None,
+    stop: threading.Event | None = None,
+    random: Callable[[], float] = _random.random,
+) -> list[DeliveryResult]:
+    """Run one batch on a fresh event loop; the one entry point for synchronous code.
+
+    Build the channel and the limiter inside the new loop (their connections
+    belong to it), bridge ``stop`` (a ``threading.Event``, e.g. set by a
+    Celery warm-shutdown handler) into the loop, and return only when every
+    task of the batch has finished. Raise ``RuntimeError`` when called from
+    inside a running event loop, where it would block that loop: await
+    ``deliver`` there instead.
+    """
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        pass
+    else:
+        raise RuntimeError(
+            "deliver_sync() was called from inside a running event loop, which it would block; "
+            "await delivery.deliver() there instead."
+        )
+    batch = list(envelopes)
+    return asyncio.run(
+        _deliver_on_fresh_loop(
+            batch,
+            channel_factory,
+            policy=policy,
+            clock=clock,
+            limiter_factory=limiter_factory,
+            stop=stop,
+            random=random,
+        )
+    )
+
+
+async def _bridge_stop(stop: threading.Event, target: asyncio.Event, clock: Clock) -> None:
+    while not stop.is_set():
+        await clock.sleep(STOP_POLL_INTERVAL)
+    target.set()
+
+
+async def _deliver_on_fresh_loop(
+    envelopes: list[Envelope],
+    channel_factory: Callable[[], Channel],
+    *,
+    policy: DeliveryPolicy,
+    clock: Clock,
+    limiter_factory: Callable[[], RateLimiter] | None,
+    stop: threading.Event | None,
+    random: Callable[[], float],
+) -> list[DeliveryResult]:
+    channel = channel_factory()
+    limiter = limiter_factory() if limiter_factory is not None else None
+    async_stop = asyncio.Event()
+    if stop is not None and stop.is_set():
+        async_stop.set()
+    try:
+        async with asyncio.TaskGroup() as group:
+            bridge = None
+            if stop is not None:
+                bridge = group.create_task(
+                    _bridge_stop(stop, async_stop, clock), name="delivery.stop-bridge"
+                )
+            try:
+                results = await deliver(
+                    envelopes,
+                    channel,
+                    policy=policy,
+                    clock=clock,
+                    limiter=limiter,
+                    stop=async_stop,
+                    random=random,
+                )
+            finally:
+                if bridge is not None:
+                    bridge.cancel()
+    finally:
+        if limiter is not None:
+            try:
+                await limiter.aclose()
+            except Exception:
+                logger.warning("Rate limiter did not close cleanly", exc_info=True)
+    await _reap_leftovers()
+    return results
+
+
+async def _reap_leftovers() -> None:
+    """Cancel and await any task still running; the engine should have left none."""
+    current = asyncio.current_task()
+    leftovers = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not current and task.get_name() not in _CLOCK_TASK_NAMES
+    ]
+    if not leftovers:
+        return
+    logger.error("Delivery left %d tasks running; cancelling them", len(leftovers))
+    for task in leftovers:
+        task.cancel()
+    await asyncio.gather(*leftovers, return_exceptions=True)
+
+
+def _unused() -> float:  # pragma: no cover - keeps math imported for type checkers
+    return math.inf

@@ -1,0 +1,148 @@
+"""The immutable input of a delivery: one message for one recipient, with its deadline.
+
+Construction rejects programming errors (a naive deadline, a key with a line
+break, a payload value that is not text) with ``TypeError``/``ValueError``.
+Bad *data* (an empty or malformed recipient address) is accepted here and
+becomes a ``PERMANENT`` result when delivered, so one bad row never stops the
+caller from building the rest of its batch.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+
+__all__ = ["Attachment", "Envelope", "FrozenMap"]
+
+MAX_KEY_LENGTH = 255
+_CONTENT_TYPE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*/[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]*$")
+
+
+def _has_control(text: str) -> bool:
+    return any(unicodedata.category(ch) == "Cc" for ch in text)
+
+
+class FrozenMap(Mapping[str, str]):
+    """An immutable, hashable, picklable ``str -> str`` mapping."""
+
+    __slots__ = ("_data",)
+
+    def __init__(self, data: Mapping[str, str] | Iterable[tuple[str, str]] = (), /) -> None:
+        items = dict(data)
+        for name, value in items.items():
+            if not isinstance(name, str) or not isinstance(value, str):
+                raise TypeError(
+                    f"payload keys and values must be str (got {name!r}: {value!r}); "
+                    "convert numbers and dates to text (e.g. isoformat()) before building "
+                    "the envelope."
+                )
+        object.__setattr__(self, "_data", items)
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("FrozenMap is immutable")
+
+    def __getitem__(self, name: str) -> str:
+        return self._data[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._data)
+
+    def __len__(self) -> int:
+        return len(self._data)
+
+    def __hash__(self) -> int:
+        return hash(frozenset(self._data.items()))
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, Mapping):
+            return self._data == dict(other.items())
+        return NotImplemented
+
+    def __reduce__(self):
+        return (FrozenMap, (self._data,))
+
+    def __repr__(self) -> str:
+        return f"FrozenMap({self._data!r})"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Attachment:
+    """A file sent with the message (e.g. an ``.ics`` invitation)."""
+
+    filename: str
+    content_type: str
+    content: bytes
+
+    def __post_init__(self) -> None:
+        if not self.filename or _has_control(self.filename) or any(c in self.filename for c in "/\\"):
+            raise ValueError(
+                f"Attachment filename {self.filename!r} must be a non-empty base name without "
+                "path separators or control characters."
+            )
+        if not _CONTENT_TYPE.match(self.content_type):
+            raise ValueError(
+                f"Attachment content_type {self.content_type!r} must look like 'type/subtype', "
+                "e.g. 'text/calendar'."
+            )
+        if isinstance(self.content, bytearray | memoryview):
+            object.__setattr__(self, "content", bytes(self.content))
+        if not isinstance(self.content, bytes):
+            raise TypeError(f"Attachment content must be bytes (got {type(self.content).__name__}).")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Envelope:
+    """One message to deliver, built by the caller from database rows.
+
+    ``key`` is the stable idempotency key of the reminder, derived by the
+    caller from (attendee, workshop): it becomes the ``Idempotency-Key`` header,
+    the SMTP ``Message-ID`` and the file name, so a re-send is recognisable.
+    ``deadline_at`` is an aware wall-clock instant; no provider call starts at
+    or after it. ``payload`` carries extra text fields for the http channel.
+    """
+
+    reminder_id: int
+    key: str
+    recipient: str
+    recipient_name: str
+    subject: str
+    text_body: str
+    deadline_at: datetime
+    html_body: str | None = None
+    attachments: tuple[Attachment, ...] = ()
+    payload: Mapping[str, str] = field(default_factory=FrozenMap)
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.reminder_id, int) or isinstance(self.reminder_id, bool):
+            raise TypeError(f"Envelope.reminder_id must be an int (got {self.reminder_id!r}).")
+        if not isinstance(self.key, str) or not self.key:
+            raise ValueError("Envelope.key is empty; pass the reminder's stable idempotency key.")
+        if len(self.key) > MAX_KEY_LENGTH or _has_control(self.key) or not self.key.isascii():
+            raise ValueError(
+                f"Envelope.key {self.key!r} must be at most {MAX_KEY_LENGTH} printable ASCII "
+                "characters (it is sent as an HTTP header); hash longer keys."
+            )
+        for name in ("recipient", "recipient_name", "subject", "text_body"):
+            if not isinstance(getattr(self, name), str):
+                raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
+        if self.html_body is not None and not isinstance(self.html_body, str):
+            raise TypeError("Envelope.html_body must be str or None.")
+        if not isinstance(self.deadline_at, datetime):
+            raise TypeError(f"Envelope.deadline_at must be a datetime (got {self.deadline_at!r}).")
+        if self.deadline_at.tzinfo is None or self.deadline_at.utcoffset() is None:
+            raise ValueError(
+                "Envelope.deadline_at is naive; pass an aware datetime (e.g. tzinfo=UTC)."
+            )
+        object.__setattr__(self, "deadline_at", self.deadline_at.astimezone(UTC))
+        attachments = tuple(self.attachments)
+        for attachment in attachments:
+            if not isinstance(attachment, Attachment):
+                raise TypeError(
+                    f"Envelope.attachments must hold Attachment objects (got {attachment!r})."
+                )
+        object.__setattr__(self, "attachments", attachments)
+        if not isinstance(self.payload, FrozenMap):
+            object.__setattr__(self, "payload", FrozenMap(self.payload))

@@ -1,0 +1,294 @@
+"""Rate limiters: at most R provider call starts in any window of one second.
+
+A concurrency limit bounds calls in flight; a provider also bounds calls per
+second, and a 429 costs more than waiting. Both limiters keep an exact sliding
+window (a log of recent starts, not a token bucket), so no window of
+``window`` seconds ever holds more than ``per_second`` starts.
+
+``margin`` lengthens the window the limiter enforces a little beyond the
+provider's: the provider counts *arrivals*, which trail our starts by a few
+milliseconds of network and scheduling jitter, and without a margin two starts
+exactly one window apart can arrive less than one window apart. The default
+costs 2% of throughput.
+
+- ``LocalRateLimiter``: one event loop, driven by the injected clock.
+- ``RedisRateLimiter``: every worker process on every host shares one window
+  through Redis; a Lua script prunes, counts and records atomically using
+  Redis's own ``TIME``, so hosts with different clocks still agree.
+
+Both raise ``DeadlineReached`` from ``acquire`` when the wait would end at or
+after the caller's deadline (without sleeping through it), and give up the
+wait at once when cancelled. ``pause`` is how a 429 slows every caller down.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+import math
+import uuid
+from collections import deque
+from datetime import datetime, timedelta
+from typing import Protocol, runtime_checkable
+
+from clock import Clock
+
+__all__ = [
+    "RateLimiter",
+    "DeadlineReached",
+    "LocalRateLimiter",
+    "RedisRateLimiter",
+    "DEFAULT_MARGIN",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_WINDOW = 1.0
+DEFAULT_MARGIN = 0.02
+# How long a 429 without Retry-After pauses the limiter, in windows.
+DEFAULT_PAUSE_WINDOWS = 1.0
+
+
+class DeadlineReached(Exception):
+    """The wait for a start would end at or after the caller's deadline."""
+
+
+@runtime_checkable
+class RateLimiter(Protocol):
+    """What the engine needs from a rate limiter."""
+
+    async def acquire(self, *, deadline_at: datetime | None = None) -> None:
+        """Wait until one more call may start now; record that it starts."""
+
+    async def pause(self, seconds: float) -> None:
+        """Let no call start for ``seconds`` (the provider asked us to back off)."""
+
+    async def aclose(self) -> None:
+        """Release connections."""
+
+
+def _check_limit(per_second: object, window: object, margin: object) -> None:
+    if not isinstance(per_second, int) or isinstance(per_second, bool) or per_second < 1:
+        raise ValueError(
+            f"per_second must be an integer >= 1 (got {per_second!r}); it counts call starts "
+            "per window."
+        )
+    if not isinstance(window, int | float) or not math.isfinite(window) or window <= 0:
+        raise ValueError(f"window must be a positive number of seconds (got {window!r}).")
+    if not isinstance(margin, int | float) or not math.isfinite(margin) or margin < 0:
+        raise ValueError(f"margin must be a number of seconds >= 0 (got {margin!r}).")
+
+
+def _seconds_left(clock: Clock, deadline_at: datetime | None) -> float | None:
+    if deadline_at is None:
+        return None
+    return (deadline_at - clock.now()).total_seconds()
+
+
+class LocalRateLimiter:
+    """Limit call starts within one event loop (one batch, or one process's loop).
+
+    Waiters are served first come, first served (an ``asyncio.Lock`` is FIFO):
+    the head of the queue sleeps until the oldest start leaves the window.
+    Create one per event loop; for a limit shared by processes use
+    ``RedisRateLimiter``.
+    """
+
+    def __init__(
+        self,
+        per_second: int,
+        *,
+        clock: Clock,
+        window: float = DEFAULT_WINDOW,
+        margin: float = DEFAULT_MARGIN,
+    ) -> None:
+        _check_limit(per_second, window, margin)
+        self.per_second = per_second
+        self.window = window
+        self._span = window + margin
+        self._clock = clock
+        self._starts: deque[float] = deque()
+        self._paused_until = -math.inf
+        self._lock = asyncio.Lock()
+
+    def _wait_needed(self) -> float:
+        now = self._clock.monotonic()
+        while self._starts and self._starts[0] <= now - self._span:
+            self._starts.popleft()
+        wait = self._paused_until - now
+        if len(self._starts) >= self.per_second:
+            wait = max(wait, self._starts[0] + self._span - now)
+        return wait
+
+    async def acquire(self, *, deadline_at: datetime | None = None) -> None:
+        left = _seconds_left(self._clock, deadline_at)
+        if left is not None and left <= 0:
+            raise DeadlineReached("the deadline passed before a start was granted")
+        try:
+            # The timeout bounds the time spent queueing behind other waiters.
+            async with self._clock.timeout(left):
+                async with self._lock:
+                    while (wait := self._wait_needed()) > 0:
+                        if deadline_at is not None and (
+                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
+                        ):
+                            raise DeadlineReached(
+                                f"the next start is {wait:.3f}s away, at or after the deadline"
+                            )
+                        await self._clock.sleep(wait)
+                    self._starts.append(self._clock.monotonic())
+        except TimeoutError:
+            raise DeadlineReached("the deadline passed while waiting for a start") from None
+
+    async def pause(self, seconds: float) -> None:
+        if seconds > 0:
+            self._paused_until = max(self._paused_until, self._clock.monotonic() + seconds)
+            logger.info("Rate limiter paused for %.3fs", seconds)
+
+    async def aclose(self) -> None:
+        return None
+
+    def __repr__(self) -> str:
+        return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
+
+
+# KEYS[1]: sorted set of start times (µs, Redis TIME); KEYS[2]: pause-until (µs).
+# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member.
+# Returns {1, 0} when the start is granted and recorded, else {0, µs to wait}.
+_ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
+if paused > now then
+  return {0, paused - now}
+end
+local span = tonumber(ARGV[2])
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
+if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
+  redis.call('ZADD', KEYS[1], now, ARGV[3])
+  redis.call('PEXPIRE', KEYS[1], math.ceil(span / 1000) + 1000)
+  return {1, 0}
+end
+local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+return {0, math.max(1, tonumber(oldest[2]) + span - now)}
+"""
+
+# KEYS[1]: pause-until (µs). ARGV[1]: pause length in µs. Never shortens a pause.
+_PAUSE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local resume = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if resume > current then
+  redis.call('SET', KEYS[1], string.format('%.0f', resume),
+             'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
+end
+return 1
+"""
+
+
+class RedisRateLimiter:
+    """Limit call starts across every process that shares ``account`` in Redis.
+
+    Within a process, waiters queue on a local lock so only the head of the
+    queue polls Redis; across processes the Lua script decides. A pause set
+    by one worker (after a 429) stops every worker until it ends.
+
+    The client is created lazily inside the running event loop (a
+    ``redis.asyncio`` client belongs to one loop), so build one limiter per
+    batch, e.g. through ``deliver_sync(limiter_factory=...)``. Every Redis
+    call has a socket timeout; if Redis is unreachable ``acquire`` raises and
+    the engine counts a transient failure that never reached the provider.
+    """
+
+    def __init__(
+        self,
+        *,
+        url: str,
+        account: str,
+        per_second: int,
+        clock: Clock,
+        window: float = DEFAULT_WINDOW,
+        margin: float = DEFAULT_MARGIN,
+        key_prefix: str = "delivery:ratelimit",
+        socket_timeout: float = 2.0,
+    ) -> None:
+        _check_limit(per_second, window, margin)
+        if not url:
+            raise ValueError("RedisRateLimiter needs url, e.g. redis://127.0.0.1:6379/0.")
+        if not account:
+            raise ValueError(
+                "RedisRateLimiter needs account: the provider account whose limit is shared."
+            )
+        self.per_second = per_second
+        self.window = window
+        self.account = account
+        self._span_us = round((window + margin) * 1_000_000)
+        self._clock = clock
+        self._url = url
+        self._socket_timeout = socket_timeout
+        # The hash tag keeps both keys in one Redis Cluster slot (one script).
+        self.starts_key = f"{key_prefix}:{{{account}}}:starts"
+        self.pause_key = f"{key_prefix}:{{{account}}}:pause"
+        self._member_prefix = uuid.uuid4().hex
+        self._members = itertools.count()
+        self._client = None
+        self._acquire_script = None
+        self._pause_script = None
+        self._lock = asyncio.Lock()
+
+    def _scripts(self):
+        if self._client is None:
+            import redis.asyncio as aioredis
+
+            self._client = aioredis.Redis.from_url(
+                self._url,
+                socket_timeout=self._socket_timeout,
+                socket_connect_timeout=self._socket_timeout,
+            )
+            self._acquire_script = self._client.register_script(_ACQUIRE)
+            self._pause_script = self._client.register_script(_PAUSE)
+        return self._acquire_script, self._pause_script
+
+    async def acquire(self, *, deadline_at: datetime | None = None) -> None:
+        acquire_script, _ = self._scripts()
+        left = _seconds_left(self._clock, deadline_at)
+        if left is not None and left <= 0:
+            raise DeadlineReached("the deadline passed before a start was granted")
+        try:
+            async with self._clock.timeout(left):
+                async with self._lock:
+                    while True:
+                        member = f"{self._member_prefix}:{next(self._members)}"
+                        granted, wait_us = await acquire_script(
+                            keys=[self.starts_key, self.pause_key],
+                            args=[self.per_second, self._span_us, member],
+                        )
+                        if int(granted):
+                            return
+                        wait = int(wait_us) / 1_000_000
+                        if deadline_at is not None and (
+                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
+                        ):
+                            raise DeadlineReached(
+                                f"the next start is {wait:.3f}s away, at or after the deadline"
+                            )
+                        await self._clock.sleep(wait)
+        except TimeoutError:
+            raise DeadlineReached("the deadline passed while waiting for a start") from None
+
+    async def pause(self, seconds: float) -> None:
+        if seconds <= 0:
+            return
+        _, pause_script = self._scripts()
+        await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
+        logger.info("Rate limiter %s paused for %.3fs", self.account, seconds)
+
+    async def aclose(self) -> None:
+        client, self._client = self._client, None
+        if client is not None:
+            await client.aclose()
+
+    def __repr__(self) -> str:
+        return f"RedisRateLimiter(account={self.account!r}, per_second={self.per_second})"

@@ -1,0 +1,158 @@
+"""Reminders and their delivery attempts.
+
+``Reminder`` is one row per (attendee, workshop), enforced by a database unique
+constraint: that constraint is the sent marker the design rests on. Plans,
+scans, retries, redeliveries and replays can only ever touch the one row, and a
+status changes only through a guarded UPDATE in ``reminders.services`` (never
+``save()``), whose row count says which caller won.
+"""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+from workshops.models import Attendee, Enrollment, Workshop
+
+
+def reminder_key(*, attendee_id: int, workshop_id: int, prefix: str | None = None) -> str:
+    """Return the stable idempotency key of the reminder for (attendee, workshop).
+
+    The plan builds the same text in SQL (reminders.services.reminders_plan);
+    REMINDERS_KEY_PREFIX keeps two deployments (or a rebuilt database whose ids
+    start again) from sharing keys at a provider that deduplicates by key.
+    """
+    prefix = settings.REMINDERS_KEY_PREFIX if prefix is None else prefix
+    return f"{prefix}-w{workshop_id}-a{attendee_id}"
+
+
+class Reminder(models.Model):
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending (window not open or not yet queued)"
+        QUEUED = "queued", "Queued"
+        SENDING = "sending", "Sending (claimed by a worker)"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+        MISSED = "missed", "Missed (deadline passed)"
+        CANCELLED = "cancelled", "Cancelled"
+        UNKNOWN = "unknown", "Unknown (may have reached the provider)"
+
+    # Statuses in which the reminder may still be sent automatically.
+    OPEN_STATUSES = (Status.PENDING, Status.QUEUED)
+    # Statuses that end the reminder's life unless staff act.
+    FINAL_STATUSES = (Status.SENT, Status.FAILED, Status.MISSED, Status.CANCELLED, Status.UNKNOWN)
+
+    attendee = models.ForeignKey(Attendee, on_delete=models.PROTECT, related_name="reminders")
+    workshop = models.ForeignKey(Workshop, on_delete=models.PROTECT, related_name="reminders")
+    enrollment = models.ForeignKey(Enrollment, on_delete=models.PROTECT, related_name="reminders")
+    key = models.CharField(max_length=64, unique=True, editable=False)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.PENDING, editable=False
+    )
+    status_reason = models.CharField(max_length=200, blank=True, editable=False)
+    window_opens_at = models.DateTimeField(editable=False)
+    deadline_at = models.DateTimeField(editable=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    attempts = models.PositiveIntegerField(default=0, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    queued_until = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When the broker message carrying this reminder expires.",
+    )
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    channel = models.CharField(max_length=16, blank=True, editable=False)
+    provider_message_id = models.CharField(max_length=255, blank=True, editable=False)
+    sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["deadline_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attendee", "workshop"], name="reminder_unique_attendee_workshop"
+            ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    status__in=[
+                        "pending",
+                        "queued",
+                        "sending",
+                        "sent",
+                        "failed",
+                        "missed",
+                        "cancelled",
+                        "unknown",
+                    ]
+                ),
+                name="reminder_status_valid",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(deadline_at__gt=models.F("window_opens_at")),
+                name="reminder_window_before_deadline",
+            ),
+            models.CheckConstraint(
+                condition=~models.Q(status="sending")
+                | models.Q(claim_token__isnull=False, lease_expires_at__isnull=False),
+                name="reminder_sending_has_lease",
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["window_opens_at", "deadline_at"],
+                name="reminder_due_open",
+                condition=models.Q(status__in=["pending", "queued"]),
+            ),
+            models.Index(
+                fields=["lease_expires_at"],
+                name="reminder_sending_lease",
+                condition=models.Q(status="sending"),
+            ),
+            models.Index(fields=["status", "deadline_at"], name="reminder_status_deadline"),
+        ]
+        permissions = [
+            ("replay_reminder", "Can replay reminders"),
+            ("resolve_unknown_reminder", "Can decide reminders whose outcome is unknown"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Reminder {self.key} ({self.status})"
+
+
+class DeliveryAttempt(models.Model):
+    """One claim of a reminder by a worker, and what became of it (append-only history)."""
+
+    class Outcome(models.TextChoices):
+        IN_FLIGHT = "in_flight", "In flight"
+        SENT = "sent", "Sent"
+        TRANSIENT = "transient", "Transient failure"
+        PERMANENT = "permanent", "Permanent failure"
+        TIMED_OUT = "timed_out", "Timed out"
+        CANCELLED = "cancelled", "Cancelled (worker stopped)"
+        NOT_STARTED = "not_started", "Released before the provider call"
+        LEASE_EXPIRED = "lease_expired", "Lease expired (worker lost)"
+
+    reminder = models.ForeignKey(Reminder, on_delete=models.CASCADE, related_name="attempts_log")
+    number = models.PositiveIntegerField()
+    claim_token = models.UUIDField(db_index=True)
+    channel = models.CharField(max_length=16)
+    worker = models.CharField(max_length=200, blank=True)
+    claimed_at = models.DateTimeField()
+    lease_expires_at = models.DateTimeField()
+    finished_at = models.DateTimeField(null=True, blank=True)
+    outcome = models.CharField(max_length=16, choices=Outcome.choices, default=Outcome.IN_FLIGHT)
+    provider_calls = models.PositiveIntegerField(default=0)
+    error = models.TextField(blank=True)
+    provider_message_id = models.CharField(max_length=255, blank=True)
+
+    class Meta:
+        ordering = ["reminder", "number"]
+        constraints = [
+            models.UniqueConstraint(fields=["reminder", "number"], name="attempt_unique_number"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Attempt {self.number} of reminder {self.reminder_id}: {self.outcome}"

@@ -1,0 +1,58 @@
+"""The one deadline rule: when a reminder's send window opens and when it closes.
+
+Both instants are computed here, from the workshop's absolute start (UTC), and
+nowhere else. Computing from the aware UTC start, never from local wall time,
+keeps the rule right across daylight-saving transitions: "30 minutes before a
+09:00 start in Berlin" is the same UTC instant whatever the clocks did overnight.
+
+The rule is *enforced* in one place only: the claim (reminders.services.
+reminder_claim_batch), which refuses to hand a reminder to a worker once
+``deadline_at`` has passed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+
+
+@dataclass(frozen=True, slots=True)
+class ReminderPolicy:
+    lead: timedelta
+    cutoff: timedelta
+
+    def __post_init__(self) -> None:
+        if self.cutoff < timedelta(0):
+            raise ValueError("cutoff must not be negative.")
+        if self.lead <= self.cutoff:
+            raise ValueError("lead must be longer than cutoff: the window opens before it closes.")
+
+    @classmethod
+    def from_settings(cls) -> ReminderPolicy:
+        """Build the policy from REMINDERS_LEAD_MINUTES and REMINDERS_CUTOFF_MINUTES."""
+        return cls(
+            lead=timedelta(minutes=settings.REMINDERS_LEAD_MINUTES),
+            cutoff=timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES),
+        )
+
+    def window_opens_at(self, starts_at: datetime) -> datetime:
+        """Return the first instant a reminder for a workshop starting then may be sent."""
+        return _utc(starts_at) - self.lead
+
+    def deadline_at(self, starts_at: datetime) -> datetime:
+        """Return the instant after which a reminder must not be sent (start minus cutoff)."""
+        return _utc(starts_at) - self.cutoff
+
+
+def _utc(moment: datetime) -> datetime:
+    """Return ``moment`` in UTC, so subtraction counts elapsed time, not wall time.
+
+    Python subtracts a timedelta from a zone-aware datetime on the *wall
+    clock*: 03:15 EDT minus 30 minutes gives 02:45, a time that does not exist
+    on a spring-forward day. In UTC the same subtraction is exact.
+    """
+    if moment.tzinfo is None or moment.utcoffset() is None:
+        raise ValueError("The deadline rule needs an aware datetime; got a naive one.")
+    return moment.astimezone(UTC)

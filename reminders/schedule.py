@@ -1,0 +1,68 @@
+"""The beat-owned schedule of the scan: one interval task, kept in the database.
+
+Only celery-beat (django-celery-beat's DatabaseScheduler) decides when a scan
+runs. Workshops and reminders never see timers or polling: they are rows that
+the scan reads.
+"""
+
+from __future__ import annotations
+
+import json
+
+from django.conf import settings
+
+SCAN_TASK_NAME = "Scan for workshops starting soon"
+SCAN_TASK = "reminders.scan"
+SCAN_QUEUE = "scan"
+
+
+def scan_expiry_seconds(every: int) -> int:
+    """Return how long a scan message may wait before it is dropped.
+
+    Shorter than the interval: when workers are down, beat keeps publishing
+    scans; only the newest is worth running, the piled-up ones expire.
+    """
+    return max(1, (every * 4) // 5)
+
+
+def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
+    """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL.
+
+    Idempotent: run by the data migration and at every beat start (config/
+    celery.py, ``beat_init``), so changing the variable and restarting beat is
+    enough. Return the PeriodicTask.
+    """
+    if interval_model is None or task_model is None:
+        from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+        interval_model = interval_model or IntervalSchedule
+        task_model = task_model or PeriodicTask
+    every = every or settings.REMINDERS_SCAN_INTERVAL
+    interval, _ = interval_model.objects.get_or_create(every=every, period="seconds")
+    task, created = task_model.objects.get_or_create(
+        name=SCAN_TASK_NAME,
+        defaults={
+            "task": SCAN_TASK,
+            "interval": interval,
+            "queue": SCAN_QUEUE,
+            "expire_seconds": scan_expiry_seconds(every),
+            "args": json.dumps([]),
+            "kwargs": json.dumps({}),
+            "enabled": True,
+            "description": "Plan, dispatch, reconcile and reap reminders (REMINDERS_SCAN_INTERVAL).",
+        },
+    )
+    if not created:
+        wanted = {
+            "task": SCAN_TASK,
+            "interval_id": interval.pk,
+            "queue": SCAN_QUEUE,
+            "expire_seconds": scan_expiry_seconds(every),
+            "enabled": True,
+        }
+        if any(getattr(task, field) != value for field, value in wanted.items()):
+            for field, value in wanted.items():
+                setattr(task, field, value)
+            task.crontab = None
+            task.save()
+    return task

@@ -1,0 +1,48 @@
+"""The effective Celery configuration, read from the app: a misspelt setting cannot pass."""
+
+from django.conf import settings
+
+from config.celery import app
+
+
+def test_effective_celery_configuration():
+    conf = app.conf
+    budget = settings.REMINDERS_BATCH_BUDGET
+    assert conf.task_acks_late is True
+    assert conf.task_reject_on_worker_lost is False
+    assert conf.worker_prefetch_multiplier == 1
+    assert conf.task_soft_time_limit == budget + 30
+    assert conf.task_time_limit == budget + 60
+    assert conf.task_soft_time_limit < conf.task_time_limit < settings.REMINDERS_LEASE_SECONDS
+    assert conf.worker_soft_shutdown_timeout == budget + 15
+    assert conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
+    assert conf.timezone == "UTC"
+    assert conf.enable_utc is True
+    assert conf.task_serializer == "json"
+    assert conf.accept_content == ["json"]
+    assert conf.task_ignore_result is True
+    assert conf.task_publish_retry_policy["max_retries"] == 2
+    assert conf.broker_transport_options["visibility_timeout"] > conf.task_time_limit
+
+
+def test_no_celery_setting_is_misspelt():
+    """Every CELERY_* Django setting maps onto a key Celery knows."""
+    known = set(app.conf.keys())
+    names = [name for name in dir(settings) if name.startswith("CELERY_")]
+    unknown = [name for name in names if name.removeprefix("CELERY_").lower() not in known]
+    assert names
+    assert unknown == []
+
+
+def test_task_names_and_routes_are_explicit():
+    app.loader.import_default_modules()
+    assert {"reminders.scan"} <= set(app.tasks)
+    assert app.conf.task_routes["reminders.scan"] == {"queue": "scan"}
+
+
+def test_a_worker_with_no_flags_consumes_every_queue():
+    """`celery -A config worker` with no -Q must consume the scan and delivery queues."""
+    consumed = set(app.amqp.queues.consume_from or app.amqp.queues)
+    routed = {route["queue"] for route in app.conf.task_routes.values()}
+    assert routed <= consumed
+    assert app.conf.task_default_queue in consumed

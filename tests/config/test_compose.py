@@ -1,0 +1,66 @@
+"""docker-compose.yml and the Procfile refer only to things that exist in the project."""
+
+import importlib
+import shlex
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _compose():
+    return yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+
+
+def _check_command(argv: list[str]) -> None:
+    program = Path(argv[0]).name
+    if program == "celery":
+        assert argv[1:3] == ["-A", "config"]
+        assert importlib.import_module("config").celery_app.main == "reminders"
+        assert argv[3] in {"worker", "beat"}
+    elif program == "gunicorn":
+        module, _, attribute = argv[1].partition(":")
+        assert hasattr(importlib.import_module(module), attribute or "application")
+    elif program == "python":
+        assert argv[1] == "manage.py"
+        assert (ROOT / "manage.py").exists()
+        from django.core.management import get_commands
+
+        assert argv[2] in get_commands()
+    else:
+        raise AssertionError(f"unexpected program {program!r} in {argv}")
+
+
+def test_every_app_service_command_refers_to_existing_modules():
+    services = _compose()["services"]
+    app_services = {name: spec for name, spec in services.items() if spec.get("build")}
+    assert set(app_services) == {"migrate", "web", "worker", "beat"}
+    for spec in app_services.values():
+        _check_command(spec["command"])
+        assert spec["environment"]["DATABASE_URL"].startswith("postgres://")
+        assert spec["environment"]["CELERY_BROKER_URL"].startswith("redis://")
+
+
+def test_compose_has_exactly_one_beat_and_the_backing_services():
+    services = _compose()["services"]
+    assert {"postgres", "redis", "mailpit", "web", "worker", "beat"} <= set(services)
+    beats = [
+        name
+        for name, spec in services.items()
+        if spec.get("command", [])[:4] == ["celery", "-A", "config", "beat"]
+    ]
+    assert beats == ["beat"]
+    assert services["beat"]["deploy"]["replicas"] == 1
+
+
+def test_procfile_commands_match_compose():
+    procfile = dict(
+        line.split(": ", 1) for line in (ROOT / "Procfile").read_text().splitlines() if line
+    )
+    assert set(procfile) == {"web", "worker", "beat"}
+    services = _compose()["services"]
+    for name in ("worker", "beat"):
+        assert shlex.split(procfile[name]) == services[name]["command"]
+    for line in procfile.values():
+        _check_command(shlex.split(line))

@@ -1,0 +1,98 @@
+"""Shared fixtures: a fake clock installed as the process clock, domain factories,
+and guards that keep the suite on real PostgreSQL and Redis."""
+
+from __future__ import annotations
+
+import os
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from clock import FakeClock, set_default_clock
+
+START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+
+
+def pytest_configure(config):
+    if not config.pluginmanager.hasplugin("django"):
+        return
+    from django.conf import settings
+
+    engine = settings.DATABASES["default"]["ENGINE"]
+    if engine != "django.db.backends.postgresql":
+        pytest.exit(
+            "The tests run against PostgreSQL, not "
+            f"{engine.rsplit('.', 1)[-1]}: set DATABASE_URL=postgres://postgres@127.0.0.1:5432/"
+            "reminders (make test does this).",
+            returncode=2,
+        )
+
+
+@pytest.fixture
+def clock():
+    """Return a FakeClock installed as the process-wide clock for the test."""
+    fake = FakeClock(START)
+    previous = set_default_clock(fake)
+    try:
+        yield fake
+    finally:
+        set_default_clock(previous)
+
+
+@pytest.fixture
+def redis_url() -> str:
+    return os.environ.get("CELERY_BROKER_URL", "redis://127.0.0.1:6379/15")
+
+
+@pytest.fixture
+def make_workshop(clock):
+    """Create a scheduled workshop through the service, starting ``starts_in`` from now."""
+    from workshops.services import workshop_create
+
+    counter = iter(range(1, 1_000_000))
+
+    def make(
+        *,
+        starts_in: timedelta = timedelta(hours=3),
+        zone: str = "Europe/Berlin",
+        title: str | None = None,
+        duration: timedelta = timedelta(hours=1),
+    ):
+        return workshop_create(
+            title=title or f"Workshop {next(counter)}",
+            starts_at=clock.now() + starts_in,
+            duration=duration,
+            timezone=zone,
+            clock=clock,
+        )
+
+    return make
+
+
+@pytest.fixture
+def make_attendee():
+    from workshops.services import attendee_get_or_create
+
+    counter = iter(range(1, 1_000_000))
+
+    def make(*, email: str | None = None, name: str = "Attendee", zone: str = ""):
+        number = next(counter)
+        attendee, _ = attendee_get_or_create(
+            email=email or f"person{number}@example.com", name=f"{name} {number}", timezone=zone
+        )
+        return attendee
+
+    return make
+
+
+@pytest.fixture
+def enrol(make_attendee):
+    """Enrol ``count`` new attendees in ``workshop``; return the enrollments."""
+    from workshops.services import enrollment_create
+
+    def make(workshop, count: int = 1):
+        return [
+            enrollment_create(attendee=make_attendee(), workshop=workshop) for _ in range(count)
+        ]
+
+    return make

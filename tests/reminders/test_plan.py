@@ -1,0 +1,99 @@
+"""The plan: one set-based statement turns enrollments into reminders, idempotently."""
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from reminders.models import Reminder
+from reminders.services import REASON_ENROLLED_LATE, reminders_plan
+from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
+
+pytestmark = pytest.mark.django_db
+
+
+def test_plan_creates_one_reminder_per_active_enrollment_in_one_statement(
+    clock, make_workshop, enrol
+):
+    for _ in range(5):
+        enrol(make_workshop(starts_in=timedelta(hours=30)), count=3)  # outside the lead
+    Reminder.objects.all().delete()
+    clock.advance(timedelta(hours=8).total_seconds())  # now inside the 24 h lead
+    with CaptureQueriesContext(connection) as queries:
+        created = reminders_plan(clock=clock)
+    assert created == 15
+    assert len(queries) == 1
+    assert queries[0]["sql"].startswith("INSERT INTO")
+    assert Reminder.objects.filter(status="pending").count() == 15
+
+
+def test_second_plan_creates_nothing(clock, make_workshop, enrol):
+    enrol(make_workshop(), count=4)
+    assert Reminder.objects.count() == 4  # planned as the enrollments were made
+    assert reminders_plan(clock=clock) == 0
+    assert Reminder.objects.count() == 4
+
+
+def test_window_and_deadline_come_from_the_policy(clock, make_workshop, enrol):
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    enrol(workshop)
+    reminder = Reminder.objects.get()
+    assert reminder.deadline_at == workshop.starts_at - timedelta(minutes=30)
+    assert reminder.window_opens_at == workshop.starts_at - timedelta(hours=24)
+    assert reminder.key == f"rem-w{workshop.pk}-a{reminder.attendee_id}"
+
+
+def test_enrolling_inside_the_cutoff_gives_missed_with_its_reason(clock, make_workshop, enrol):
+    """T6: enrolling inside the cutoff gives no reminder to send, and says why."""
+    workshop = make_workshop(starts_in=timedelta(minutes=20))
+    enrol(workshop)
+    reminder = Reminder.objects.get()
+    assert (reminder.status, reminder.status_reason) == ("missed", REASON_ENROLLED_LATE)
+
+
+def test_workshops_beyond_the_lead_are_not_planned_yet(clock, make_workshop, enrol):
+    enrol(make_workshop(starts_in=timedelta(days=7)))
+    assert Reminder.objects.count() == 0
+
+
+def test_cancelling_the_workshop_cancels_its_unsent_reminders(clock, make_workshop, enrol):
+    """S1: a cancelled workshop leaves no reminder to send."""
+    workshop = make_workshop()
+    enrol(workshop, count=3)
+    workshop_cancel(workshop=workshop)
+    assert set(Reminder.objects.values_list("status", "status_reason")) == {
+        ("cancelled", "workshop cancelled")
+    }
+
+
+def test_cancelling_an_enrollment_cancels_its_reminder(clock, make_workshop, enrol):
+    """S2."""
+    first, second = enrol(make_workshop(), count=2)
+    enrollment_cancel(enrollment=first)
+    assert Reminder.objects.get(enrollment=first).status == "cancelled"
+    assert Reminder.objects.get(enrollment=second).status == "pending"
+
+
+def test_moving_a_workshop_later_moves_the_deadline(clock, make_workshop, enrol):
+    """T3."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop)
+    workshop_update(
+        workshop=workshop,
+        starts_at=workshop.starts_at + timedelta(hours=2),
+        ends_at=workshop.ends_at + timedelta(hours=2),
+    )
+    reminder = Reminder.objects.get()
+    assert reminder.deadline_at == workshop.starts_at + timedelta(hours=2) - timedelta(minutes=30)
+    assert reminder.status == "pending"
+
+
+def test_moving_a_workshop_inside_the_cutoff_marks_reminders_missed(clock, make_workshop, enrol):
+    """T4: moved earlier into the cutoff is missed, not an immediate blast."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    workshop_update(workshop=workshop, starts_at=clock.now() + timedelta(minutes=10))
+    assert set(Reminder.objects.values_list("status", "status_reason")) == {
+        ("missed", "workshop moved inside the cutoff")
+    }

@@ -1,0 +1,131 @@
+"""Workshops, attendees and enrollments.
+
+These models hold facts only. They know nothing of reminders, timers or
+queues: deadlines and scheduling belong to the reminders app, which reads
+these tables; this app never imports it.
+"""
+
+from __future__ import annotations
+
+from zoneinfo import ZoneInfo
+
+from django.core.exceptions import ValidationError
+from django.db import models
+from django.db.models.functions import Lower
+
+from workshops.validators import validate_zone
+
+
+class Workshop(models.Model):
+    class Status(models.TextChoices):
+        SCHEDULED = "scheduled", "Scheduled"
+        CANCELLED = "cancelled", "Cancelled"
+
+    title = models.CharField(max_length=200)
+    starts_at = models.DateTimeField(help_text="Start, stored in UTC.")
+    ends_at = models.DateTimeField(help_text="End, stored in UTC.")
+    timezone = models.CharField(
+        max_length=64,
+        validators=[validate_zone],
+        help_text="IANA zone the workshop is held in, e.g. Europe/Berlin.",
+    )
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["starts_at", "id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(ends_at__gt=models.F("starts_at")),
+                name="workshop_ends_after_start",
+                violation_error_message="The end must be after the start.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["scheduled", "cancelled"]),
+                name="workshop_status_valid",
+            ),
+        ]
+        indexes = [models.Index(fields=["status", "starts_at"], name="workshop_status_start")]
+
+    def __str__(self) -> str:
+        return f"{self.title} ({self.local_start():%Y-%m-%d %H:%M %Z})"
+
+    def clean(self) -> None:
+        errors: dict[str, str] = {}
+        for field in ("starts_at", "ends_at"):
+            value = getattr(self, field)
+            if value is not None and value.tzinfo is None:
+                errors[field] = (
+                    "Give a time zone with the time (an aware datetime), not a naive one."
+                )
+        if not errors and self.starts_at and self.ends_at and self.ends_at <= self.starts_at:
+            errors["ends_at"] = "The end must be after the start."
+        if errors:
+            raise ValidationError(errors)
+
+    @property
+    def zone(self) -> ZoneInfo:
+        return ZoneInfo(self.timezone)
+
+    def local_start(self):
+        return self.starts_at.astimezone(self.zone)
+
+    @property
+    def is_scheduled(self) -> bool:
+        return self.status == self.Status.SCHEDULED
+
+
+class Attendee(models.Model):
+    name = models.CharField(max_length=200)
+    email = models.EmailField(max_length=254)
+    timezone = models.CharField(
+        max_length=64,
+        blank=True,
+        validators=[validate_zone],
+        help_text="Optional IANA zone; reminders show times in it, else in the workshop's.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["email"]
+        constraints = [
+            models.UniqueConstraint(
+                Lower("email"),
+                name="attendee_email_ci_unique",
+                violation_error_message="An attendee with this email already exists.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name} <{self.email}>"
+
+
+class Enrollment(models.Model):
+    class Status(models.TextChoices):
+        ACTIVE = "active", "Active"
+        CANCELLED = "cancelled", "Cancelled"
+
+    attendee = models.ForeignKey(Attendee, on_delete=models.CASCADE, related_name="enrollments")
+    workshop = models.ForeignKey(Workshop, on_delete=models.CASCADE, related_name="enrollments")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.ACTIVE)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["workshop", "attendee"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attendee", "workshop"],
+                name="enrollment_unique_attendee_workshop",
+                violation_error_message="This attendee is already enrolled in this workshop.",
+            ),
+            models.CheckConstraint(
+                condition=models.Q(status__in=["active", "cancelled"]),
+                name="enrollment_status_valid",
+            ),
+        ]
+        indexes = [models.Index(fields=["workshop", "status"], name="enrollment_workshop_status")]
+
+    def __str__(self) -> str:
+        return f"{self.attendee} in {self.workshop.title}"

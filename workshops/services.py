@@ -1,0 +1,135 @@
+"""Writes to workshops, attendees and enrollments.
+
+Each service validates everything first (``full_clean``), owns its transaction
+and announces the change through ``workshops.signals`` inside it, so listeners'
+writes are atomic with the change. Nothing is half-saved: a validation error
+leaves the database as it was.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
+
+from clock import Clock, default_clock
+from workshops.models import Attendee, Enrollment, Workshop
+from workshops.signals import enrollment_changed, workshop_changed
+
+RESCHEDULABLE_FIELDS = frozenset({"title", "starts_at", "ends_at", "timezone"})
+
+
+def workshop_create(
+    *,
+    title: str,
+    starts_at: datetime,
+    timezone: str,
+    ends_at: datetime | None = None,
+    duration: timedelta | None = None,
+    clock: Clock | None = None,
+) -> Workshop:
+    """Create a scheduled workshop that starts in the future."""
+    clock = clock or default_clock()
+    if ends_at is None and duration is not None and starts_at is not None:
+        ends_at = starts_at + duration
+    workshop = Workshop(title=title, starts_at=starts_at, ends_at=ends_at, timezone=timezone)
+    workshop.full_clean()
+    if workshop.starts_at <= clock.now():
+        raise ValidationError(
+            {"starts_at": "The start is in the past; give a future start time."}, code="past_start"
+        )
+    with transaction.atomic():
+        workshop.save()
+        workshop_changed.send(sender=Workshop, workshop=workshop, changed=frozenset({"created"}))
+    return workshop
+
+
+def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
+    """Change a workshop's title, time or zone; listeners recompute what depends on it.
+
+    A start moved into the past is allowed (the event happened earlier than
+    planned); the reminders app then marks unsent reminders as missed.
+    """
+    unknown = set(changes) - RESCHEDULABLE_FIELDS
+    if unknown:
+        raise TypeError(
+            f"workshop_update() cannot change {sorted(unknown)}; use workshop_cancel() for status."
+        )
+    with transaction.atomic():
+        locked = Workshop.objects.select_for_update().get(pk=workshop.pk)
+        changed = frozenset(
+            name for name, value in changes.items() if getattr(locked, name) != value
+        )
+        for name, value in changes.items():
+            setattr(locked, name, value)
+        locked.full_clean()
+        if changed:
+            locked.save()
+            workshop_changed.send(sender=Workshop, workshop=locked, changed=changed)
+    return locked
+
+
+def workshop_cancel(*, workshop: Workshop) -> Workshop:
+    """Cancel a workshop; its unsent reminders become cancelled in the same transaction."""
+    with transaction.atomic():
+        updated = Workshop.objects.filter(pk=workshop.pk, status=Workshop.Status.SCHEDULED).update(
+            status=Workshop.Status.CANCELLED
+        )
+        workshop.refresh_from_db()
+        if updated:
+            workshop_changed.send(sender=Workshop, workshop=workshop, changed=frozenset({"status"}))
+    return workshop
+
+
+def attendee_get_or_create(*, email: str, name: str, timezone: str = "") -> tuple[Attendee, bool]:
+    """Return the attendee with this email (case-insensitively), creating it if needed."""
+    email = (email or "").strip()
+    candidate = Attendee(email=email, name=(name or "").strip(), timezone=timezone)
+    candidate.full_clean(validate_constraints=False)
+    existing = Attendee.objects.filter(email__iexact=email).first()
+    if existing is not None:
+        return existing, False
+    try:
+        with transaction.atomic():
+            candidate.save()
+    except IntegrityError:
+        # A concurrent enrolment created the same attendee between our read and
+        # write; the case-insensitive unique constraint chose the winner.
+        return Attendee.objects.get(email__iexact=email), False
+    return candidate, True
+
+
+def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
+    """Enrol an attendee; re-activate a cancelled enrollment instead of duplicating it."""
+    if not workshop.is_scheduled:
+        raise ValidationError(
+            {"workshop": "This workshop is cancelled; enrol in a scheduled workshop."},
+            code="workshop_cancelled",
+        )
+    with transaction.atomic():
+        enrollment, created = Enrollment.objects.select_for_update().get_or_create(
+            attendee=attendee, workshop=workshop
+        )
+        if not created:
+            if enrollment.status == Enrollment.Status.ACTIVE:
+                raise ValidationError(
+                    {"attendee": "This attendee is already enrolled in this workshop."},
+                    code="duplicate_enrollment",
+                )
+            enrollment.status = Enrollment.Status.ACTIVE
+            enrollment.save(update_fields=["status", "updated_at"])
+        enrollment_changed.send(sender=Enrollment, enrollment=enrollment, created=created)
+    return enrollment
+
+
+def enrollment_cancel(*, enrollment: Enrollment) -> Enrollment:
+    """Cancel an enrollment; its unsent reminder becomes cancelled in the same transaction."""
+    with transaction.atomic():
+        updated = Enrollment.objects.filter(
+            pk=enrollment.pk, status=Enrollment.Status.ACTIVE
+        ).update(status=Enrollment.Status.CANCELLED)
+        enrollment.refresh_from_db()
+        if updated:
+            enrollment_changed.send(sender=Enrollment, enrollment=enrollment, created=False)
+    return enrollment
