@@ -200,7 +200,7 @@ if REMINDERS_LEAD_MINUTES <= REMINDERS_CUTOFF_MINUTES:
         "lead and closes at the cutoff."
     )
 REMINDERS_CONCURRENCY = env_int("REMINDERS_CONCURRENCY", 20, minimum=1, maximum=500)
-REMINDERS_RATE_LIMIT = env_float(
+REMINDERS_RATE_LIMIT = env_int(
     "REMINDERS_RATE_LIMIT", 0, minimum=0, maximum=100000, unit="sends per second (0 = none)"
 )
 REMINDERS_BATCH_SIZE = env_int("REMINDERS_BATCH_SIZE", 100, minimum=1, maximum=1000)
@@ -333,3 +333,19 @@ if (
         "REMINDERS_KEY_PREFIX must be 1-20 letters, digits, '-' or '_'; "
         f"got {REMINDERS_KEY_PREFIX!r}."
     )
+
+# Retry between claims (pipeline level; the engine also retries inside a batch):
+# the n-th failed claim waits min(MAX, BASE * 2**(n-1)) seconds.
+REMINDERS_RETRY_BASE = env_int("REMINDERS_RETRY_BASE", 30, minimum=0, maximum=3600, unit="seconds")
+REMINDERS_RETRY_MAX = env_int("REMINDERS_RETRY_MAX", 600, minimum=0, maximum=86400, unit="seconds")
+# A queued reminder whose message has not been consumed this long is queued
+# again by the scan (the old message expires at the same moment, so at most
+# one message per reminder is live). This is how lost messages are recovered.
+REMINDERS_REQUEUE_AFTER = env_int(
+    "REMINDERS_REQUEUE_AFTER", 300, minimum=10, maximum=86400, unit="seconds"
+)
+# Most reminders one scan queues; the next scan takes the rest.
+REMINDERS_DISPATCH_LIMIT = env_int("REMINDERS_DISPATCH_LIMIT", 20000, minimum=1, maximum=1000000)
+# Provider calls per reminder inside one batch (with backoff and jitter)
+# before the batch gives the reminder back for a later claim.
+REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, maximum=20)

@@ -1,18 +1,117 @@
-"""Compose the services into the scan that beat runs."""
+"""Compose the services into the two jobs the workers run: the scan and a delivery batch.
+
+Both are synchronous and own no state: every decision is a guarded UPDATE in
+reminders.services, so a scan or batch may run twice, overlap another, or die
+at any line without sending anything twice.
+"""
 
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
+
+from django.conf import settings
 
 from clock import Clock, default_clock
-from reminders.services import reminders_plan
+from delivery.results import DeliveryResult, Outcome
+from reminders import bridge
+from reminders.content import reminder_envelope
+from reminders.services import (
+    reminder_claim_batch,
+    reminder_record_batch,
+    reminder_release,
+    reminders_dispatch,
+    reminders_expire,
+    reminders_plan,
+    reminders_reap,
+    reminders_unpublished,
+)
 
 logger = logging.getLogger(__name__)
 
 
 def scan(*, clock: Clock | None = None) -> dict[str, int]:
-    """Plan missing reminders; return counts for the log."""
+    """Expire stale work, reap lost claims, plan new reminders and dispatch due ones."""
     clock = clock or default_clock()
-    counts = {"planned": reminders_plan(clock=clock)}
+    counts: dict[str, int] = {"missed": reminders_expire(clock=clock)}
+    counts.update({f"reaped_{key}": value for key, value in reminders_reap(clock=clock).items()})
+    counts["planned"] = reminders_plan(clock=clock)
+    counts["dispatched"] = reminders_dispatch(clock=clock)
     logger.info("Scan finished: %s", counts)
     return counts
+
+
+def deliver(
+    ids: list[int],
+    *,
+    clock: Clock | None = None,
+    channel: str | None = None,
+    worker: str = "",
+    stop: threading.Event | None = None,
+) -> dict[str, int]:
+    """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
+
+    A chunk is never larger than the concurrency limit, so a worker killed
+    mid-batch leaves at most that many reminders in ``sending`` for the reaper
+    (the rest are still queued and are dispatched again). Ids that cannot be
+    claimed (sent, cancelled, unknown, held by another worker) are skipped.
+    """
+    clock = clock or default_clock()
+    channel = channel or settings.REMINDERS_CHANNEL
+    started = clock.monotonic()
+    budget = float(settings.REMINDERS_BATCH_BUDGET)
+    chunk_size = settings.REMINDERS_CONCURRENCY
+    counts: Counter[str] = Counter()
+    for offset in range(0, len(ids), chunk_size):
+        remaining = budget - (clock.monotonic() - started)
+        if remaining < 1 or (stop is not None and stop.is_set()):
+            left = ids[offset:]
+            reminders_unpublished(ids=left, clock=clock)
+            counts["deferred"] += len(left)
+            logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
+            break
+        chunk = ids[offset : offset + chunk_size]
+        claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
+        counts["skipped"] += len(chunk) - len(claim.reminders)
+        if not claim.reminders:
+            continue
+        results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
+        counts.update(reminder_record_batch(claim=claim, results=results, clock=clock))
+    if counts["skipped"]:
+        logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
+    return dict(counts)
+
+
+def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[DeliveryResult]:
+    envelopes, results = [], []
+    now = clock.now()
+    try:
+        for reminder in claim.reminders:
+            try:
+                envelopes.append(reminder_envelope(reminder=reminder, now=now))
+            except (ValueError, TypeError, LookupError) as exc:
+                # Bad data in one row is that reminder's permanent failure,
+                # recorded with the reason, not a crash of the batch.
+                results.append(_unbuildable(reminder.pk, reminder.key, exc))
+    except BaseException:
+        reminder_release(claim=claim, clock=clock)
+        raise
+    # From here on a provider may be called: never release, the lease decides.
+    results.extend(
+        bridge.deliver_envelopes(envelopes, channel=channel, clock=clock, budget=budget, stop=stop)
+    )
+    return results
+
+
+def _unbuildable(reminder_id: int, key: str, exc: Exception) -> DeliveryResult:
+    return DeliveryResult(
+        reminder_id=reminder_id,
+        key=key,
+        outcome=Outcome.PERMANENT,
+        message_id=None,
+        error=f"could not build the message: {exc}",
+        attempts=0,
+        provider_reached=False,
+        maybe_delivered=False,
+    )

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
+from django.db.models import Q
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +41,20 @@ class ReminderPolicy:
     def window_opens_at(self, starts_at: datetime) -> datetime:
         """Return the first instant a reminder for a workshop starting then may be sent."""
         return _utc(starts_at) - self.lead
+
+    @staticmethod
+    def is_late(*, deadline_at: datetime, now: datetime) -> bool:
+        """Return True once nothing may be sent: the deadline is the first late instant."""
+        return deadline_at <= now
+
+    @staticmethod
+    def late_q(now: datetime) -> Q:
+        """Return the ``is_late`` rule as a filter, for the claim and the expiry sweep."""
+        return Q(deadline_at__lte=now)
+
+    @staticmethod
+    def on_time_q(now: datetime) -> Q:
+        return Q(deadline_at__gt=now)
 
     def deadline_at(self, starts_at: datetime) -> datetime:
         """Return the instant after which a reminder must not be sent (start minus cutoff)."""

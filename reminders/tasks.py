@@ -1,10 +1,16 @@
-"""Celery entry points: thin wrappers that take ids, call one service, return counts."""
+"""Celery entry points: thin wrappers that take ids, call one pipeline job, return counts.
+
+Settings that shape their runtime (acks late, prefetch 1, time limits above
+the batch budget, no requeue of a lost worker's message) are in
+config/settings.py, each with its reason.
+"""
 
 from __future__ import annotations
 
 import logging
 
 from celery import shared_task
+from django.conf import settings
 
 from reminders import pipeline
 
@@ -15,3 +21,24 @@ logger = logging.getLogger(__name__)
 def scan() -> dict[str, int]:
     """Run one scan: expire, reap, plan and dispatch (owned by celery-beat)."""
     return pipeline.scan()
+
+
+def parse_ids(value: object) -> list[int] | None:
+    """Return the list of positive int ids in ``value``, or None when it is malformed."""
+    if not isinstance(value, list) or not value or len(value) > settings.REMINDERS_BATCH_SIZE * 10:
+        return None
+    if not all(isinstance(item, int) and not isinstance(item, bool) and item > 0 for item in value):
+        return None
+    return list(dict.fromkeys(value))
+
+
+@shared_task(name="reminders.deliver_batch", bind=True, ignore_result=True, max_retries=0)
+def deliver_batch(self, reminder_ids) -> dict[str, int]:
+    """Deliver the reminders named by id; malformed arguments are rejected, never retried."""
+    ids = parse_ids(reminder_ids)
+    if ids is None:
+        logger.error("Rejected deliver_batch with malformed ids %.200r", reminder_ids)
+        return {"rejected": 1}
+    counts = pipeline.deliver(ids, worker=self.request.hostname or "")
+    logger.info("Batch of %s finished: %s", len(ids), counts)
+    return counts

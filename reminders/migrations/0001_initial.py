@@ -5,94 +5,217 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     initial = True
 
     dependencies = [
-        ('workshops', '0001_initial'),
+        ("workshops", "0001_initial"),
     ]
 
     operations = [
         migrations.CreateModel(
-            name='Reminder',
+            name="Reminder",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('key', models.CharField(editable=False, max_length=64, unique=True)),
-                ('status', models.CharField(choices=[('pending', 'Pending (window not open or not yet queued)'), ('queued', 'Queued'), ('sending', 'Sending (claimed by a worker)'), ('sent', 'Sent'), ('failed', 'Failed'), ('missed', 'Missed (deadline passed)'), ('cancelled', 'Cancelled'), ('unknown', 'Unknown (may have reached the provider)')], default='pending', editable=False, max_length=16)),
-                ('status_reason', models.CharField(blank=True, editable=False, max_length=200)),
-                ('window_opens_at', models.DateTimeField(editable=False)),
-                ('deadline_at', models.DateTimeField(editable=False)),
-                ('next_attempt_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('attempts', models.PositiveIntegerField(default=0, editable=False)),
-                ('last_error', models.TextField(blank=True, editable=False)),
-                ('queued_until', models.DateTimeField(blank=True, editable=False, help_text='When the broker message carrying this reminder expires.', null=True)),
-                ('claim_token', models.UUIDField(blank=True, editable=False, null=True)),
-                ('lease_expires_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('channel', models.CharField(blank=True, editable=False, max_length=16)),
-                ('provider_message_id', models.CharField(blank=True, editable=False, max_length=255)),
-                ('sent_at', models.DateTimeField(blank=True, editable=False, null=True)),
-                ('created_at', models.DateTimeField(auto_now_add=True)),
-                ('updated_at', models.DateTimeField(auto_now=True)),
-                ('attendee', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reminders', to='workshops.attendee')),
-                ('enrollment', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reminders', to='workshops.enrollment')),
-                ('workshop', models.ForeignKey(on_delete=django.db.models.deletion.PROTECT, related_name='reminders', to='workshops.workshop')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("key", models.CharField(editable=False, max_length=64, unique=True)),
+                (
+                    "status",
+                    models.CharField(
+                        choices=[
+                            ("pending", "Pending (window not open or not yet queued)"),
+                            ("queued", "Queued"),
+                            ("sending", "Sending (claimed by a worker)"),
+                            ("sent", "Sent"),
+                            ("failed", "Failed"),
+                            ("missed", "Missed (deadline passed)"),
+                            ("cancelled", "Cancelled"),
+                            ("unknown", "Unknown (may have reached the provider)"),
+                        ],
+                        default="pending",
+                        editable=False,
+                        max_length=16,
+                    ),
+                ),
+                ("status_reason", models.CharField(blank=True, editable=False, max_length=200)),
+                ("window_opens_at", models.DateTimeField(editable=False)),
+                ("deadline_at", models.DateTimeField(editable=False)),
+                ("next_attempt_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("attempts", models.PositiveIntegerField(default=0, editable=False)),
+                ("last_error", models.TextField(blank=True, editable=False)),
+                (
+                    "queued_until",
+                    models.DateTimeField(
+                        blank=True,
+                        editable=False,
+                        help_text="When the broker message carrying this reminder expires.",
+                        null=True,
+                    ),
+                ),
+                ("claim_token", models.UUIDField(blank=True, editable=False, null=True)),
+                ("lease_expires_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("channel", models.CharField(blank=True, editable=False, max_length=16)),
+                (
+                    "provider_message_id",
+                    models.CharField(blank=True, editable=False, max_length=255),
+                ),
+                ("sent_at", models.DateTimeField(blank=True, editable=False, null=True)),
+                ("created_at", models.DateTimeField(auto_now_add=True)),
+                ("updated_at", models.DateTimeField(auto_now=True)),
+                (
+                    "attendee",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reminders",
+                        to="workshops.attendee",
+                    ),
+                ),
+                (
+                    "enrollment",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reminders",
+                        to="workshops.enrollment",
+                    ),
+                ),
+                (
+                    "workshop",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="reminders",
+                        to="workshops.workshop",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['deadline_at', 'id'],
-                'permissions': [('replay_reminder', 'Can replay reminders'), ('resolve_unknown_reminder', 'Can decide reminders whose outcome is unknown')],
+                "ordering": ["deadline_at", "id"],
+                "permissions": [
+                    ("replay_reminder", "Can replay reminders"),
+                    ("resolve_unknown_reminder", "Can decide reminders whose outcome is unknown"),
+                ],
             },
         ),
         migrations.CreateModel(
-            name='DeliveryAttempt',
+            name="DeliveryAttempt",
             fields=[
-                ('id', models.BigAutoField(auto_created=True, primary_key=True, serialize=False, verbose_name='ID')),
-                ('number', models.PositiveIntegerField()),
-                ('claim_token', models.UUIDField(db_index=True)),
-                ('channel', models.CharField(max_length=16)),
-                ('worker', models.CharField(blank=True, max_length=200)),
-                ('claimed_at', models.DateTimeField()),
-                ('lease_expires_at', models.DateTimeField()),
-                ('finished_at', models.DateTimeField(blank=True, null=True)),
-                ('outcome', models.CharField(choices=[('in_flight', 'In flight'), ('sent', 'Sent'), ('transient', 'Transient failure'), ('permanent', 'Permanent failure'), ('timed_out', 'Timed out'), ('cancelled', 'Cancelled (worker stopped)'), ('not_started', 'Released before the provider call'), ('lease_expired', 'Lease expired (worker lost)')], default='in_flight', max_length=16)),
-                ('provider_calls', models.PositiveIntegerField(default=0)),
-                ('error', models.TextField(blank=True)),
-                ('provider_message_id', models.CharField(blank=True, max_length=255)),
-                ('reminder', models.ForeignKey(on_delete=django.db.models.deletion.CASCADE, related_name='attempts_log', to='reminders.reminder')),
+                (
+                    "id",
+                    models.BigAutoField(
+                        auto_created=True, primary_key=True, serialize=False, verbose_name="ID"
+                    ),
+                ),
+                ("number", models.PositiveIntegerField()),
+                ("claim_token", models.UUIDField(db_index=True)),
+                ("channel", models.CharField(max_length=16)),
+                ("worker", models.CharField(blank=True, max_length=200)),
+                ("claimed_at", models.DateTimeField()),
+                ("lease_expires_at", models.DateTimeField()),
+                ("finished_at", models.DateTimeField(blank=True, null=True)),
+                (
+                    "outcome",
+                    models.CharField(
+                        choices=[
+                            ("in_flight", "In flight"),
+                            ("sent", "Sent"),
+                            ("transient", "Transient failure"),
+                            ("permanent", "Permanent failure"),
+                            ("timed_out", "Timed out"),
+                            ("cancelled", "Cancelled (worker stopped)"),
+                            ("not_started", "Released before the provider call"),
+                            ("lease_expired", "Lease expired (worker lost)"),
+                        ],
+                        default="in_flight",
+                        max_length=16,
+                    ),
+                ),
+                ("provider_calls", models.PositiveIntegerField(default=0)),
+                ("error", models.TextField(blank=True)),
+                ("provider_message_id", models.CharField(blank=True, max_length=255)),
+                (
+                    "reminder",
+                    models.ForeignKey(
+                        on_delete=django.db.models.deletion.CASCADE,
+                        related_name="attempts_log",
+                        to="reminders.reminder",
+                    ),
+                ),
             ],
             options={
-                'ordering': ['reminder', 'number'],
+                "ordering": ["reminder", "number"],
             },
         ),
         migrations.AddIndex(
-            model_name='reminder',
-            index=models.Index(condition=models.Q(('status__in', ['pending', 'queued'])), fields=['window_opens_at', 'deadline_at'], name='reminder_due_open'),
+            model_name="reminder",
+            index=models.Index(
+                condition=models.Q(("status__in", ["pending", "queued"])),
+                fields=["window_opens_at", "deadline_at"],
+                name="reminder_due_open",
+            ),
         ),
         migrations.AddIndex(
-            model_name='reminder',
-            index=models.Index(condition=models.Q(('status', 'sending')), fields=['lease_expires_at'], name='reminder_sending_lease'),
+            model_name="reminder",
+            index=models.Index(
+                condition=models.Q(("status", "sending")),
+                fields=["lease_expires_at"],
+                name="reminder_sending_lease",
+            ),
         ),
         migrations.AddIndex(
-            model_name='reminder',
-            index=models.Index(fields=['status', 'deadline_at'], name='reminder_status_deadline'),
+            model_name="reminder",
+            index=models.Index(fields=["status", "deadline_at"], name="reminder_status_deadline"),
         ),
         migrations.AddConstraint(
-            model_name='reminder',
-            constraint=models.UniqueConstraint(fields=('attendee', 'workshop'), name='reminder_unique_attendee_workshop'),
+            model_name="reminder",
+            constraint=models.UniqueConstraint(
+                fields=("attendee", "workshop"), name="reminder_unique_attendee_workshop"
+            ),
         ),
         migrations.AddConstraint(
-            model_name='reminder',
-            constraint=models.CheckConstraint(condition=models.Q(('status__in', ['pending', 'queued', 'sending', 'sent', 'failed', 'missed', 'cancelled', 'unknown'])), name='reminder_status_valid'),
+            model_name="reminder",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    (
+                        "status__in",
+                        [
+                            "pending",
+                            "queued",
+                            "sending",
+                            "sent",
+                            "failed",
+                            "missed",
+                            "cancelled",
+                            "unknown",
+                        ],
+                    )
+                ),
+                name="reminder_status_valid",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='reminder',
-            constraint=models.CheckConstraint(condition=models.Q(('deadline_at__gt', models.F('window_opens_at'))), name='reminder_window_before_deadline'),
+            model_name="reminder",
+            constraint=models.CheckConstraint(
+                condition=models.Q(("deadline_at__gt", models.F("window_opens_at"))),
+                name="reminder_window_before_deadline",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='reminder',
-            constraint=models.CheckConstraint(condition=models.Q(models.Q(('status', 'sending'), _negated=True), models.Q(('claim_token__isnull', False), ('lease_expires_at__isnull', False)), _connector='OR'), name='reminder_sending_has_lease'),
+            model_name="reminder",
+            constraint=models.CheckConstraint(
+                condition=models.Q(
+                    models.Q(("status", "sending"), _negated=True),
+                    models.Q(("claim_token__isnull", False), ("lease_expires_at__isnull", False)),
+                    _connector="OR",
+                ),
+                name="reminder_sending_has_lease",
+            ),
         ),
         migrations.AddConstraint(
-            model_name='deliveryattempt',
-            constraint=models.UniqueConstraint(fields=('reminder', 'number'), name='attempt_unique_number'),
+            model_name="deliveryattempt",
+            constraint=models.UniqueConstraint(
+                fields=("reminder", "number"), name="attempt_unique_number"
+            ),
         ),
     ]

@@ -1,0 +1,125 @@
+"""Render a claimed reminder into a delivery envelope (sync, before any async work).
+
+Subject and bodies come from Django templates; times are shown in the
+attendee's zone (else the workshop's) with the zone's abbreviation for that
+date, so a reminder for a workshop on a daylight-saving day says CEST or CET
+correctly. An iCalendar file with the start in UTC is attached.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo
+
+from django.template.loader import render_to_string
+
+from delivery.envelope import Attachment, Envelope, FrozenMap
+from reminders.models import Reminder
+
+TIME_FORMAT = "%A %d %B %Y at %H:%M"
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())
+
+
+def reminder_envelope(*, reminder: Reminder, now: datetime) -> Envelope:
+    """Return the envelope for a reminder whose attendee and workshop are loaded."""
+    attendee, workshop = reminder.attendee, reminder.workshop
+    workshop_zone = ZoneInfo(workshop.timezone)
+    zone = ZoneInfo(attendee.timezone) if attendee.timezone else workshop_zone
+    start, end = workshop.starts_at.astimezone(zone), workshop.ends_at.astimezone(zone)
+    start_there = workshop.starts_at.astimezone(workshop_zone)
+    context = {
+        "attendee_name": attendee.name,
+        "workshop_title": workshop.title,
+        "start_local": start.strftime(TIME_FORMAT),
+        "zone_abbr": start.tzname(),
+        "zone_name": zone.key,
+        "end_local": end.strftime("%H:%M"),
+        "end_zone_abbr": end.tzname(),
+        "show_workshop_zone": zone.key != workshop_zone.key,
+        "start_workshop": start_there.strftime(TIME_FORMAT),
+        "workshop_zone_abbr": start_there.tzname(),
+        "workshop_zone": workshop_zone.key,
+    }
+    return Envelope(
+        reminder_id=reminder.pk,
+        key=reminder.key,
+        recipient=attendee.email,
+        recipient_name=_one_line(attendee.name),
+        subject=_one_line(render_to_string("reminders/email/subject.txt", context)),
+        text_body=render_to_string("reminders/email/body.txt", context),
+        html_body=render_to_string("reminders/email/body.html", context),
+        attachments=(
+            Attachment(
+                filename="workshop.ics",
+                content_type="text/calendar",
+                content=workshop_ics(reminder=reminder, now=now),
+            ),
+        ),
+        deadline_at=reminder.deadline_at,
+        payload=FrozenMap(
+            {
+                "reminder_id": str(reminder.pk),
+                "workshop_id": str(workshop.pk),
+                "workshop_title": workshop.title,
+                "starts_at": workshop.starts_at.astimezone(UTC).isoformat(),
+                "ends_at": workshop.ends_at.astimezone(UTC).isoformat(),
+                "workshop_timezone": workshop_zone.key,
+                "attendee_timezone": zone.key,
+                "deadline_at": reminder.deadline_at.astimezone(UTC).isoformat(),
+            }
+        ),
+    )
+
+
+def _ics_text(value: str) -> str:
+    """Escape text for an iCalendar property value (RFC 5545, 3.3.11)."""
+    return (
+        value.replace("\\", "\\\\")
+        .replace(";", "\\;")
+        .replace(",", "\\,")
+        .replace("\r\n", "\\n")
+        .replace("\n", "\\n")
+        .replace("\r", "\\n")
+    )
+
+
+def _fold(line: str) -> str:
+    """Fold a content line at 75 octets without splitting a UTF-8 character."""
+    out, current = [], ""
+    for char in line:
+        limit = 75 if not out else 74
+        if len((current + char).encode()) > limit:
+            out.append(current)
+            current = char
+        else:
+            current += char
+    out.append(current)
+    return "\r\n ".join(out)
+
+
+def _ics_time(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+
+
+def workshop_ics(*, reminder: Reminder, now: datetime) -> bytes:
+    """Return an iCalendar (.ics) invitation for the reminder's workshop."""
+    workshop = reminder.workshop
+    lines = [
+        "BEGIN:VCALENDAR",
+        "VERSION:2.0",
+        "PRODID:-//Workshop Reminders//EN",
+        "METHOD:PUBLISH",
+        "BEGIN:VEVENT",
+        f"UID:workshop-{workshop.pk}@workshop-reminders",
+        f"DTSTAMP:{_ics_time(now)}",
+        f"DTSTART:{_ics_time(workshop.starts_at)}",
+        f"DTEND:{_ics_time(workshop.ends_at)}",
+        f"SUMMARY:{_ics_text(workshop.title)}",
+        f"DESCRIPTION:{_ics_text(f'Held in {workshop.timezone}.')}",
+        "END:VEVENT",
+        "END:VCALENDAR",
+    ]
+    return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()

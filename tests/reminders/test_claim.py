@@ -1,0 +1,217 @@
+"""The claim: one guarded UPDATE makes one worker the owner; the record is fenced by it."""
+
+import random
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections
+from django.test.utils import CaptureQueriesContext
+
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.services import (
+    REASON_LATE_AT_CLAIM,
+    reminder_claim_batch,
+    reminder_record_batch,
+    reminder_release,
+    reminders_reap,
+)
+from workshops.services import workshop_cancel
+
+pytestmark = pytest.mark.django_db
+
+
+def _result(reminder, outcome=Outcome.SENT, **fields):
+    values = {
+        "reminder_id": reminder.pk,
+        "key": reminder.key,
+        "outcome": outcome,
+        "message_id": "msg-1" if outcome == Outcome.SENT else None,
+        "error": "" if outcome == Outcome.SENT else "boom",
+        "attempts": 1,
+        "provider_reached": True,
+        "maybe_delivered": outcome == Outcome.SENT,
+    }
+    values.update(fields)
+    return DeliveryResult(**values)
+
+
+def test_second_claim_on_a_reminder_gets_nothing(clock, due_reminders):
+    ids = due_reminders(3)
+    first = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+    second = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+    assert sorted(first.ids) == sorted(ids)
+    assert second.reminders == []
+    assert DeliveryAttempt.objects.count() == 3
+
+
+def test_claim_records_token_lease_and_an_attempt_before_any_send(clock, due_reminders, settings):
+    (reminder_id,) = due_reminders(1)
+    claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", worker="w1", clock=clock)
+    row = Reminder.objects.get(pk=reminder_id)
+    assert row.status == "sending"
+    assert row.claim_token == claim.token
+    assert row.lease_expires_at == clock.now() + timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
+    assert row.attempts == 1
+    attempt = DeliveryAttempt.objects.get()
+    assert (attempt.number, attempt.outcome, attempt.worker) == (1, "in_flight", "w1")
+
+
+def test_claim_refused_for_lateness_moves_the_reminder_to_missed(clock, due_reminders):
+    """T1: the claim is where the deadline is enforced."""
+    ids = due_reminders(2, starts_in=timedelta(hours=1))
+    clock.advance(timedelta(minutes=31).total_seconds())
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+    assert claim.reminders == []
+    assert set(Reminder.objects.values_list("status", "status_reason")) == {
+        ("missed", REASON_LATE_AT_CLAIM)
+    }
+
+
+def test_reminders_of_a_cancelled_workshop_are_never_claimed(clock, due_reminders):
+    ids = due_reminders(2)
+    workshop_cancel(workshop=Reminder.objects.get(pk=ids[0]).workshop)
+    assert reminder_claim_batch(ids=ids, channel="smtp", clock=clock).reminders == []
+
+
+def test_unknown_and_sent_ids_are_a_no_op(clock, due_reminders):
+    """Bad input on the worker side: ids that do not exist or were sent change nothing."""
+    ids = due_reminders(2)
+    claim = reminder_claim_batch(ids=[ids[0]], channel="smtp", clock=clock)
+    reminder_record_batch(claim=claim, results=[_result(claim.reminders[0])], clock=clock)
+    again = reminder_claim_batch(ids=[ids[0], 999_999], channel="smtp", clock=clock)
+    assert again.reminders == []
+    assert Reminder.objects.get(pk=ids[0]).status == "sent"
+
+
+def test_record_by_a_claimer_whose_lease_was_reaped_changes_nothing(clock, due_reminders, settings):
+    (reminder_id,) = due_reminders(1)
+    stale = reminder_claim_batch(ids=[reminder_id], channel="http", clock=clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    assert reminders_reap(clock=clock)["requeued"] == 1
+    fresh = reminder_claim_batch(ids=[reminder_id], channel="http", clock=clock)
+    assert fresh.ids == [reminder_id]
+    failed = _result(stale.reminders[0], Outcome.PERMANENT, error="stale worker says failed")
+    assert reminder_record_batch(claim=stale, results=[failed], clock=clock)
+    row = Reminder.objects.get(pk=reminder_id)
+    assert (row.status, row.claim_token) == ("sending", fresh.token)
+
+
+def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(
+    clock, due_reminders
+):
+    ids = due_reminders(100)
+    with CaptureQueriesContext(connection) as queries:
+        claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+        reminder_record_batch(
+            claim=claim, results=[_result(r) for r in claim.reminders], clock=clock
+        )
+    # Savepoints exist only because the test runs inside a transaction.
+    statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
+    print(f"\nclaim + record of 100 reminders: {len(statements)} statements")
+    assert len(claim.reminders) == 100
+    assert len(statements) / 100 <= 0.06
+    assert Reminder.objects.filter(status="sent").count() == 100
+
+
+@pytest.mark.parametrize(
+    ("outcome", "fields", "channel", "status"),
+    [
+        (Outcome.SENT, {}, "smtp", "sent"),
+        (Outcome.PERMANENT, {}, "smtp", "failed"),
+        (Outcome.TRANSIENT, {"maybe_delivered": False}, "smtp", "pending"),
+        (Outcome.TIMED_OUT, {"maybe_delivered": True}, "smtp", "unknown"),
+        (Outcome.TIMED_OUT, {"maybe_delivered": True}, "http", "pending"),
+        (Outcome.CANCELLED, {"attempts": 0, "provider_reached": False}, "smtp", "pending"),
+        (Outcome.EXPIRED, {"provider_reached": False, "attempts": 0}, "smtp", "missed"),
+    ],
+)
+def test_each_delivery_outcome_moves_the_reminder_to_its_status(
+    clock, due_reminders, outcome, fields, channel, status
+):
+    (reminder_id,) = due_reminders(1)
+    claim = reminder_claim_batch(ids=[reminder_id], channel=channel, clock=clock)
+    result = _result(claim.reminders[0], outcome, **fields)
+    assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {status: 1}
+    row = Reminder.objects.get(pk=reminder_id)
+    assert row.status == status
+    assert row.claim_token is None and row.lease_expires_at is None
+    if outcome == Outcome.CANCELLED:
+        assert row.attempts == 0  # never reached the provider: not counted
+
+
+def test_transient_failure_retries_with_backoff_then_gives_up_at_the_cap(
+    clock, due_reminders, settings
+):
+    settings.REMINDERS_MAX_ATTEMPTS = 2
+    (reminder_id,) = due_reminders(1, starts_in=timedelta(hours=6))
+    for expected in ("pending", "failed"):
+        claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
+        result = _result(claim.reminders[0], Outcome.TRANSIENT, maybe_delivered=False)
+        reminder_record_batch(claim=claim, results=[result], clock=clock)
+        row = Reminder.objects.get(pk=reminder_id)
+        assert row.status == expected
+        if expected == "pending":
+            assert row.next_attempt_at == clock.now() + timedelta(seconds=30)
+            assert reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock).ids == []
+            clock.advance(30)
+    assert "gave up after 2 attempts" in Reminder.objects.get(pk=reminder_id).status_reason
+
+
+def test_retry_that_would_land_past_the_deadline_is_missed(clock, due_reminders):
+    """T2: the deadline passes while a send waits in backoff: missed, not sent late."""
+    (reminder_id,) = due_reminders(1, starts_in=timedelta(minutes=30, seconds=20))
+    claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
+    result = _result(claim.reminders[0], Outcome.TRANSIENT, maybe_delivered=False, error="503")
+    reminder_record_batch(claim=claim, results=[result], clock=clock)
+    row = Reminder.objects.get(pk=reminder_id)
+    assert (row.status, row.status_reason) == ("missed", "deadline passed while retrying: 503")
+
+
+def test_release_hands_back_untouched_reminders_and_refunds_the_attempt(clock, due_reminders):
+    ids = due_reminders(2)
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+    assert reminder_release(claim=claim, clock=clock) == 2
+    assert set(Reminder.objects.values_list("status", "attempts")) == {("pending", 0)}
+    assert set(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"not_started"}
+
+
+@pytest.mark.django_db(transaction=True)
+def test_eight_threads_racing_for_the_same_thousand_reminders_claim_each_once(
+    clock, due_reminders
+):
+    """D1 on PostgreSQL: concurrent claimers split the rows; none is claimed twice."""
+    ids = due_reminders(1000, per_workshop=50)
+    barrier = threading.Barrier(8)
+    claimed: list[list[int]] = [[] for _ in range(8)]
+
+    def worker(index: int) -> None:
+        try:
+            chunks = [ids[offset : offset + 50] for offset in range(0, len(ids), 50)]
+            random.Random(index).shuffle(chunks)  # each thread meets the others mid-way
+            barrier.wait()
+            for chunk in chunks:
+                claim = reminder_claim_batch(
+                    ids=chunk, channel="http", worker=f"t{index}", clock=clock
+                )
+                claimed[index].extend(claim.ids)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+    counts = Counter(i for per_thread in claimed for i in per_thread)
+    print(
+        f"\nrace: 8 threads, {len(ids)} reminders, claims per thread "
+        f"{[len(c) for c in claimed]}, claimed once {sum(1 for v in counts.values() if v == 1)}, "
+        f"claimed twice or more {sum(1 for v in counts.values() if v > 1)}"
+    )
+    assert len(counts) == 1000
+    assert set(counts.values()) == {1}
+    assert DeliveryAttempt.objects.count() == 1000
+    assert Reminder.objects.filter(status="sending").count() == 1000
