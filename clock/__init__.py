@@ -98,12 +98,17 @@ class FakeClock:
     the clock jumps to the earliest pending wake-up (like Trio's autojump
     ``MockClock``), so a test of a ten-minute backoff finishes in milliseconds.
     ``settle`` is how many event-loop turns the clock lets ready tasks run
-    before it decides that they are all waiting on it.
+    before it decides that they are all waiting on it. Work in other threads
+    (``asyncio.to_thread``, file or socket I/O) is invisible to that check:
+    with ``autojump=False`` time moves only when the test calls ``advance()``,
+    which is what a test of real I/O under a fake calendar needs.
     """
 
     DEFAULT_START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
-    def __init__(self, start: datetime | None = None, *, settle: int = 25) -> None:
+    def __init__(
+        self, start: datetime | None = None, *, settle: int = 25, autojump: bool = True
+    ) -> None:
         start = start or self.DEFAULT_START
         if start.tzinfo is None:
             raise ValueError("FakeClock needs an aware start time; pass tzinfo=UTC.")
@@ -113,6 +118,7 @@ class FakeClock:
         self._timers: list[_Timer] = []
         self._seq = itertools.count()
         self._settle = settle
+        self.autojump = autojump
         self._jumper: asyncio.Task[None] | None = None
 
     # -- reading -------------------------------------------------------------
@@ -157,6 +163,8 @@ class FakeClock:
         return timer
 
     def _ensure_jumper(self) -> None:
+        if not self.autojump:
+            return
         try:
             loop = asyncio.get_running_loop()
         except RuntimeError:

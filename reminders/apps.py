@@ -6,4 +6,4 @@ class RemindersConfig(AppConfig):
     verbose_name = "Reminders"
 
     def ready(self) -> None:
-        from reminders import receivers  # noqa: F401  (connects workshops.signals)
+        from reminders import checks, receivers  # noqa: F401  (registers checks, signals)

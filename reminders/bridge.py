@@ -104,6 +104,14 @@ def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
     )
 
 
+def check_channel(name: str, *, clock: Clock) -> None:
+    """Build the named channel once, so a bad setting fails before any reminder is claimed.
+
+    Raise ``ValueError`` naming the setting. Channel constructors do no I/O.
+    """
+    channel_factory(name, clock=clock)()
+
+
 def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
     """Return the cross-worker limiter for REMINDERS_RATE_LIMIT, or None when unlimited."""
     per_second = settings.REMINDERS_RATE_LIMIT

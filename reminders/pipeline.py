@@ -59,6 +59,7 @@ def deliver(
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
+    bridge.check_channel(channel, clock=clock)
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     chunk_size = settings.REMINDERS_CONCURRENCY

@@ -31,7 +31,7 @@ from django.db.models import (
     Value,
     When,
 )
-from django.db.models.functions import Cast, Concat, Least
+from django.db.models.functions import Cast, Concat, Least, Left
 
 from clock import Clock, default_clock
 from delivery.results import DeliveryResult, Outcome
@@ -305,10 +305,18 @@ def reminders_expire(*, clock: Clock | None = None) -> int:
         status_reason=Case(
             When(
                 last_error__gt="",
-                then=Concat(Value("deadline passed while retrying: "), "last_error"),
+                then=Left(
+                    Concat(
+                        Value("deadline passed while retrying: "),
+                        "last_error",
+                        output_field=TextField(),
+                    ),
+                    200,
+                ),
             ),
             When(status=Status.QUEUED, then=Value(REASON_LATE_IN_QUEUE)),
             default=Value(REASON_LATE_AT_CLAIM),
+            output_field=TextField(),
         ),
         queued_until=None,
         next_attempt_at=None,

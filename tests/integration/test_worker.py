@@ -14,7 +14,7 @@ from workshops.models import Attendee, Enrollment, Workshop
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
-def test_worker_process_runs_the_scan_it_was_sent(redis_url):
+def test_worker_process_runs_the_scan_it_was_sent(redis_url, tmp_path):
     redis.Redis.from_url(redis_url).flushdb()
     now = SystemClock().now()
     workshop = Workshop.objects.create(
@@ -30,7 +30,11 @@ def test_worker_process_runs_the_scan_it_was_sent(redis_url):
     Enrollment.objects.bulk_create(Enrollment(attendee=p, workshop=workshop) for p in people)
     assert Reminder.objects.count() == 0
 
-    with celery_worker(process_env()) as worker:
+    outbox = tmp_path / "outbox"
+    env = process_env(REMINDERS_CHANNEL="file", REMINDERS_FILE_DIR=str(outbox))
+    with celery_worker(env) as worker:
         app.send_task("reminders.scan")
         worker.wait_for_line("Scan finished")
-    assert Reminder.objects.filter(workshop=workshop, status="pending").count() == 3
+        worker.wait_for_line("Batch of 3 finished")
+    assert Reminder.objects.filter(workshop=workshop, status="sent").count() == 3
+    assert len(list(outbox.glob("*.eml"))) == 3

@@ -36,7 +36,13 @@ def due_reminders(clock, make_workshop, enrol):
 
 
 @pytest.fixture
-def outbox(settings, tmp_path):
+def outbox(settings, tmp_path, clock):
+    """Deliver through the real file channel; the fake clock moves only when told to.
+
+    File writes run in threads, which the fake clock's autojump cannot see, so
+    it would mistake a write in progress for a hung call and time it out.
+    """
+    clock.autojump = False
     settings.REMINDERS_FILE_DIR = tmp_path / "outbox"
     settings.REMINDERS_CHANNEL = "file"
     return tmp_path / "outbox"

@@ -99,9 +99,7 @@ def test_record_by_a_claimer_whose_lease_was_reaped_changes_nothing(clock, due_r
     assert (row.status, row.claim_token) == ("sending", fresh.token)
 
 
-def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(
-    clock, due_reminders
-):
+def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(clock, due_reminders):
     ids = due_reminders(100)
     with CaptureQueriesContext(connection) as queries:
         claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
@@ -179,9 +177,7 @@ def test_release_hands_back_untouched_reminders_and_refunds_the_attempt(clock, d
 
 
 @pytest.mark.django_db(transaction=True)
-def test_eight_threads_racing_for_the_same_thousand_reminders_claim_each_once(
-    clock, due_reminders
-):
+def test_eight_threads_racing_for_the_same_thousand_reminders_claim_each_once(clock, due_reminders):
     """D1 on PostgreSQL: concurrent claimers split the rows; none is claimed twice."""
     ids = due_reminders(1000, per_workshop=50)
     barrier = threading.Barrier(8)

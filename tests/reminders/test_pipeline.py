@@ -1,0 +1,188 @@
+"""The pipeline on a fake clock: scan, dispatch, claim, send through a real channel, record."""
+
+import threading
+from collections import Counter
+from datetime import UTC, datetime, timedelta
+from email import message_from_bytes, policy
+from zoneinfo import ZoneInfo
+
+import pytest
+from django.db import connections
+
+from reminders import pipeline
+from reminders.models import Reminder
+from reminders.services import REASON_LATE_IN_QUEUE, reminders_reap
+from workshops.services import attendee_get_or_create, enrollment_create, workshop_update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _messages(outbox):
+    return [
+        message_from_bytes(path.read_bytes(), policy=policy.default)
+        for path in outbox.glob("*.eml")
+    ]
+
+
+def test_scan_then_batch_sends_each_due_reminder_once(clock, due_reminders, published, outbox):
+    ids = due_reminders(25)
+    counts = pipeline.scan(clock=clock)
+    assert counts["dispatched"] == 25
+    for batch, _ in published:
+        pipeline.deliver(batch, clock=clock)
+    # The same messages delivered again (a redelivery) change nothing.
+    for batch, _ in published:
+        assert pipeline.deliver(batch, clock=clock) == {"skipped": len(batch)}
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 25}
+    assert len(list(outbox.glob("*.eml"))) == 25
+    assert sorted(Reminder.objects.values_list("id", flat=True)) == sorted(ids)
+
+
+def test_message_shows_the_start_in_the_attendees_zone_on_a_dst_day(clock, outbox, settings):
+    """T5: 09:00 in Berlin on the spring-forward day is 07:00 UTC, shown as 09:00 CEST."""
+    from workshops.services import workshop_create
+
+    clock.advance_to(datetime(2026, 3, 28, 12, 0, tzinfo=UTC))
+    workshop = workshop_create(
+        title="Spring forward",
+        starts_at=datetime(2026, 3, 29, 9, 0, tzinfo=ZoneInfo("Europe/Berlin")),
+        duration=timedelta(hours=2),
+        timezone="Europe/Berlin",
+        clock=clock,
+    )
+    ny, _ = attendee_get_or_create(
+        email="ny@example.com", name="New Yorker", timezone="America/New_York"
+    )
+    local, _ = attendee_get_or_create(email="be@example.com", name="Berliner")
+    for attendee in (ny, local):
+        enrollment_create(attendee=attendee, workshop=workshop)
+    reminders = list(Reminder.objects.all())
+    assert {r.deadline_at for r in reminders} == {datetime(2026, 3, 29, 6, 30, tzinfo=UTC)}
+    pipeline.deliver([r.pk for r in reminders], clock=clock)
+    by_recipient = {m["To"].addresses[0].addr_spec: m for m in _messages(outbox)}
+    assert by_recipient["be@example.com"]["Subject"] == (
+        "Reminder: Spring forward starts Sunday 29 March 2026 at 09:00 CEST"
+    )
+    # New York springs forward on 8 March: 03:00 EDT, and the Berlin time too.
+    ny_text = by_recipient["ny@example.com"].get_body(("plain",)).get_content()
+    assert "Sunday 29 March 2026 at 03:00 EDT (America/New_York)" in ny_text
+    assert "Sunday 29 March 2026 at 09:00 CEST where it is held (Europe/Berlin)" in ny_text
+    ics = [part for part in by_recipient["be@example.com"].iter_attachments()][0]
+    assert ics.get_content_type() == "text/calendar"
+    assert "DTSTART:20260329T070000Z" in ics.get_content()
+
+
+def test_backlog_of_forty_minutes_is_missed_never_sent_late(
+    clock, due_reminders, published, outbox
+):
+    """T1: workers down for 40 minutes; past-deadline work is marked, not sent."""
+    due_reminders(10, starts_in=timedelta(minutes=60))
+    pipeline.scan(clock=clock)
+    clock.advance(timedelta(minutes=40).total_seconds())
+    counts = pipeline.scan(clock=clock)
+    assert counts["missed"] == 10
+    for batch, _ in published:  # the workers come back and read the old messages
+        pipeline.deliver(batch, clock=clock)
+    assert set(Reminder.objects.values_list("status", "status_reason")) == {
+        ("missed", REASON_LATE_IN_QUEUE)
+    }
+    assert list(outbox.glob("*.eml")) == []
+
+
+def test_workshop_moved_into_the_past_sends_nothing(clock, due_reminders, published, outbox):
+    """T4."""
+    ids = due_reminders(3)
+    pipeline.scan(clock=clock)
+    workshop = Reminder.objects.get(pk=ids[0]).workshop
+    workshop_update(
+        workshop=workshop,
+        starts_at=clock.now() - timedelta(hours=1),
+        ends_at=clock.now() + timedelta(minutes=1),
+    )
+    for batch, _ in published:
+        pipeline.deliver(batch, clock=clock)
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
+    assert list(outbox.glob("*.eml")) == []
+
+
+def test_enrolling_after_the_window_opened_is_reminded_at_the_next_scan(
+    clock, make_workshop, enrol, published, outbox
+):
+    """T6: reminded once, promptly."""
+    workshop = make_workshop(starts_in=timedelta(hours=2))
+    enrol(workshop, count=2)
+    pipeline.scan(clock=clock)
+    clock.advance(60)
+    enrol(workshop, count=1)
+    pipeline.scan(clock=clock)
+    assert [len(batch) for batch, _ in published] == [2, 1]
+    for batch, _ in published:
+        pipeline.deliver(batch, clock=clock)
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 3}
+
+
+def test_two_scans_at_once_queue_each_reminder_once(clock, make_workshop, published):
+    """D2: overlapping scans (or two beats) make no extra rows and no extra messages."""
+    from workshops.models import Attendee, Enrollment
+
+    workshops = [make_workshop(starts_in=timedelta(hours=2)) for _ in range(20)]
+    people = Attendee.objects.bulk_create(
+        Attendee(name=f"P{i}", email=f"p{i}@example.com") for i in range(20)
+    )
+    Enrollment.objects.bulk_create(
+        Enrollment(attendee=p, workshop=w) for w in workshops for p in people
+    )
+    barrier = threading.Barrier(2)
+    results = []
+
+    def run():
+        try:
+            barrier.wait()
+            results.append(pipeline.scan(clock=clock))
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=run) for _ in range(2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert sum(r["planned"] for r in results) == 400
+    assert Reminder.objects.count() == 400
+    published_ids = [i for batch, _ in published for i in batch]
+    assert len(published_ids) == len(set(published_ids)) == 400
+
+
+@pytest.mark.parametrize(
+    ("channel", "status"), [("http", "pending"), ("file", "pending"), ("smtp", "unknown")]
+)
+def test_reaper_requeues_with_the_key_or_marks_unknown(
+    clock, due_reminders, settings, channel, status
+):
+    """C1/C2: an expired lease is requeued where the provider dedupes by key, else unknown."""
+    from reminders.services import reminder_claim_batch
+
+    ids = due_reminders(2)
+    reminder_claim_batch(ids=ids, channel=channel, clock=clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS - 1)
+    assert reminders_reap(clock=clock) == {"requeued": 0, "unknown": 0, "failed": 0}
+    clock.advance(1)
+    reminders_reap(clock=clock)
+    assert set(Reminder.objects.values_list("status", flat=True)) == {status}
+    keys_before = set(Reminder.objects.values_list("key", flat=True))
+    assert keys_before == {Reminder.objects.get(pk=i).key for i in ids}
+
+
+def test_reaper_fails_a_reminder_that_keeps_killing_its_worker(clock, due_reminders, settings):
+    """C4/C6: a poison reminder stops coming back once it hits the attempt cap."""
+    from reminders.services import reminder_claim_batch
+
+    settings.REMINDERS_MAX_ATTEMPTS = 3
+    (reminder_id,) = due_reminders(1, starts_in=timedelta(hours=6))
+    for _ in range(3):
+        assert reminder_claim_batch(ids=[reminder_id], channel="http", clock=clock).ids
+        clock.advance(settings.REMINDERS_LEASE_SECONDS)
+        reminders_reap(clock=clock)
+    row = Reminder.objects.get(pk=reminder_id)
+    assert row.status == "failed"
+    assert row.status_reason.startswith("gave up after 3 attempts")
