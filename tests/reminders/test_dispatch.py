@@ -1,15 +1,14 @@
 """Dispatch: due reminders are queued and published by id in batches, only after commit."""
 
-from datetime import timedelta
-
 import subprocess
 import sys
+from datetime import timedelta
 
 import pytest
 from django.db import transaction
 
-from reminders.models import Reminder
 from clock import SystemClock
+from reminders.models import Reminder
 from reminders.services import reminders_dispatch
 from tests.support.processes import process_env
 
