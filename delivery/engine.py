@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import random as _random
 import threading
 from collections.abc import Callable, Iterable
@@ -34,7 +33,6 @@ from delivery.channel import Channel
 from delivery.envelope import Envelope
 from delivery.errors import (
     DeliveryError,
-    PermanentError,
     RateLimitedError,
     TransientError,
 )
@@ -65,6 +63,7 @@ class _Failure:
     final: bool = False
     ambiguous: bool = False
     retry_after: float | None = None
+    rate_limited: bool = False
 
 
 @dataclass(slots=True)
@@ -120,11 +119,15 @@ class _Batch:
 
     async def run(self, stop: asyncio.Event | None) -> list[DeliveryResult]:
         todo = self._preflight()
-        if todo:
+        if stop is not None and stop.is_set():
+            self._stop_reason = "stop signal"
+        elif todo:
             await self._with_channel(todo, stop)
         for progress in self._progress:
             if progress.result is None:  # never handed to a task
-                progress.finish(Outcome.CANCELLED, f"stopped ({self._stop_reason}) before the first attempt")
+                progress.finish(
+                    Outcome.CANCELLED, f"stopped ({self._stop_reason}) before the first attempt"
+                )
         results = [progress.result for progress in self._progress]
         assert all(result is not None for result in results)
         return results  # type: ignore[return-value]
@@ -193,9 +196,7 @@ class _Batch:
                 watcher = group.create_task(self._watch(stop), name="delivery.watch")
                 group.create_task(self._feed(todo, slots, watcher), name="delivery.feed")
         except* _Stopped:
-            logger.warning(
-                "Delivery batch on %s stopped: %s", self._name, self._stop_reason
-            )
+            logger.warning("Delivery batch on %s stopped: %s", self._name, self._stop_reason)
 
     async def _watch(self, stop: asyncio.Event) -> None:
         left = self._policy.budget - (self._clock.monotonic() - self._started_at)
@@ -288,15 +289,18 @@ class _Batch:
             self._log_result(progress)
 
     async def _try_once(self, progress: _Progress) -> _Failure | None:
-        """Make one try: wait for the rate limiter, call the channel, classify the end."""
+        """Make one try: wait for the rate limiter, call the channel, classify the end.
+
+        Return None when the envelope is finished (sent, or its deadline came
+        while waiting for the limiter), else the failure of this try.
+        """
         envelope = progress.envelope
         if self._limiter is not None:
             try:
                 await self._limiter.acquire(deadline_at=envelope.deadline_at)
             except DeadlineReached:
-                return _Failure(Outcome.EXPIRED, "", final=True) if self._finish_at_deadline(
-                    progress
-                ) else None
+                self._finish_at_deadline(progress)
+                return None
             except Exception as exc:
                 logger.warning("Rate limiter failed for reminder %s: %r", envelope.reminder_id, exc)
                 return _Failure(Outcome.TRANSIENT, f"rate limiter unavailable: {exc!r}")
@@ -321,33 +325,30 @@ class _Batch:
                 f"provider call exceeded call_timeout={self._policy.call_timeout:g}s",
                 ambiguous=True,
             )
-        finally:
-            progress.in_flight = False
+        # Not in a finally: a cancellation must still see the call as in flight.
+        progress.in_flight = False
         if failure is None:
             progress.reached = True
             progress.maybe_delivered = True
             progress.finish(Outcome.SENT, message_id=message_id or None)
             return None
-        if isinstance(failure, _Failure) and failure.outcome is Outcome.TRANSIENT:
-            await self._maybe_pause(failure)
+        if failure.rate_limited and self._limiter is not None:
+            await self._pause_limiter(failure.retry_after)
         return failure
 
     def _classify(self, progress: _Progress, exc: Exception) -> _Failure:
         if isinstance(exc, DeliveryError):
             progress.reached |= exc.reached
             progress.maybe_delivered |= exc.maybe_delivered
-            text = f"{exc}"
             if isinstance(exc, TransientError):
-                failure = _Failure(
+                return _Failure(
                     Outcome.TRANSIENT,
-                    text,
+                    str(exc),
                     ambiguous=exc.maybe_delivered,
                     retry_after=exc.retry_after,
+                    rate_limited=isinstance(exc, RateLimitedError),
                 )
-                if isinstance(exc, RateLimitedError):
-                    self._pending_pause = exc.retry_after
-                return failure
-            return _Failure(Outcome.PERMANENT, text, final=True)
+            return _Failure(Outcome.PERMANENT, str(exc), final=True)
         progress.reached = True
         progress.maybe_delivered = True
         if isinstance(exc, OSError):
@@ -372,41 +373,34 @@ class _Batch:
             final=True,
         )
 
-    _pending_pause: float | None = None
-
-    async def _maybe_pause(self, failure: _Failure) -> None:
-        if self._limiter is None or self._pending_pause is None and not self._rate_limited(failure):
-            return
-        seconds = self._pending_pause
-        self._pending_pause = None
-        if seconds is None:
-            seconds = getattr(self._limiter, "window", 1.0) * DEFAULT_PAUSE_WINDOWS
+    async def _pause_limiter(self, retry_after: float | None) -> None:
+        """Slow every caller of the limiter down after the provider's 429."""
+        assert self._limiter is not None
+        if retry_after is None:
+            retry_after = getattr(self._limiter, "window", 1.0) * DEFAULT_PAUSE_WINDOWS
         try:
-            await self._limiter.pause(seconds)
+            await self._limiter.pause(retry_after)
         except Exception:
             logger.warning("Could not pause the rate limiter", exc_info=True)
-
-    @staticmethod
-    def _rate_limited(failure: _Failure) -> bool:
-        return False
 
     # -- endings -----------------------------------------------------------------
 
     def _deadline_text(self, envelope: Envelope) -> str:
         return f"deadline {envelope.deadline_at.isoformat()} reached before the call could start"
 
-    def _finish_at_deadline(self, progress: _Progress) -> bool:
+    def _finish_at_deadline(self, progress: _Progress) -> None:
         last = progress.last_failure
-        if progress.attempts == 0 and last is None:
-            progress.finish(Outcome.EXPIRED, self._deadline_text(progress.envelope))
-        else:
-            outcome = last.outcome if last is not None else Outcome.TRANSIENT
-            error = last.error if last is not None else ""
-            progress.finish(
-                outcome,
-                f"deadline reached after {progress.attempts} attempts; last error: {error}",
-            )
-        return True
+        if progress.attempts == 0:
+            text = self._deadline_text(progress.envelope)
+            if last is not None:
+                text += f"; last error: {last.error}"
+            progress.finish(Outcome.EXPIRED, text)
+            return
+        assert last is not None
+        progress.finish(
+            last.outcome,
+            f"deadline reached after {progress.attempts} attempts; last error: {last.error}",
+        )
 
     def _finish_cancelled(self, progress: _Progress) -> None:
         reason = self._stop_reason
@@ -578,7 +572,3 @@ async def _reap_leftovers() -> None:
     for task in leftovers:
         task.cancel()
     await asyncio.gather(*leftovers, return_exceptions=True)
-
-
-def _unused() -> float:  # pragma: no cover - keeps math imported for type checkers
-    return math.inf

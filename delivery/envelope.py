@@ -77,7 +77,11 @@ class Attachment:
     content: bytes
 
     def __post_init__(self) -> None:
-        if not self.filename or _has_control(self.filename) or any(c in self.filename for c in "/\\"):
+        if (
+            not self.filename
+            or _has_control(self.filename)
+            or any(c in self.filename for c in "/\\")
+        ):
             raise ValueError(
                 f"Attachment filename {self.filename!r} must be a non-empty base name without "
                 "path separators or control characters."
@@ -90,7 +94,9 @@ class Attachment:
         if isinstance(self.content, bytearray | memoryview):
             object.__setattr__(self, "content", bytes(self.content))
         if not isinstance(self.content, bytes):
-            raise TypeError(f"Attachment content must be bytes (got {type(self.content).__name__}).")
+            raise TypeError(
+                f"Attachment content must be bytes (got {type(self.content).__name__})."
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -2,14 +2,25 @@
 
 A concurrency limit bounds calls in flight; a provider also bounds calls per
 second, and a 429 costs more than waiting. Both limiters keep an exact sliding
-window (a log of recent starts, not a token bucket), so no window of
-``window`` seconds ever holds more than ``per_second`` starts.
+window (a log of recent starts, not a token bucket, which would let 2R
+through across a window boundary), so no window of ``window`` seconds ever
+holds more than ``per_second`` starts.
+
+By default they also *spread* starts evenly, one every
+``(window + margin) / per_second`` seconds, instead of granting R at once and
+then nothing: a burst of R requests leaves a client over tens of
+milliseconds and reaches the provider bunched and reordered, and the start of
+the next burst can then land inside the provider's window of the previous
+one. Evenly spread starts each keep a full interval of slack, and the
+provider sees a smooth rate. The schedule is anchored to the ideal start
+times (a start that wakes a millisecond late does not push every later one
+back), and restarts only after the limiter sat idle for a whole interval.
+Pass ``spread=False`` for the bare window.
 
 ``margin`` lengthens the window the limiter enforces a little beyond the
-provider's: the provider counts *arrivals*, which trail our starts by a few
-milliseconds of network and scheduling jitter, and without a margin two starts
-exactly one window apart can arrive less than one window apart. The default
-costs 2% of throughput.
+provider's, for the same reason: the provider counts *arrivals*, which trail
+our starts by network and scheduling jitter. The default costs 2% of
+throughput.
 
 - ``LocalRateLimiter``: one event loop, driven by the injected clock.
 - ``RedisRateLimiter``: every worker process on every host shares one window
@@ -90,7 +101,7 @@ class LocalRateLimiter:
     """Limit call starts within one event loop (one batch, or one process's loop).
 
     Waiters are served first come, first served (an ``asyncio.Lock`` is FIFO):
-    the head of the queue sleeps until the oldest start leaves the window.
+    the head of the queue sleeps until the next start is allowed.
     Create one per event loop; for a limit shared by processes use
     ``RedisRateLimiter``.
     """
@@ -102,13 +113,16 @@ class LocalRateLimiter:
         clock: Clock,
         window: float = DEFAULT_WINDOW,
         margin: float = DEFAULT_MARGIN,
+        spread: bool = True,
     ) -> None:
         _check_limit(per_second, window, margin)
         self.per_second = per_second
         self.window = window
         self._span = window + margin
+        self._interval = self._span / per_second if spread else 0.0
         self._clock = clock
         self._starts: deque[float] = deque()
+        self._next_at = -math.inf
         self._paused_until = -math.inf
         self._lock = asyncio.Lock()
 
@@ -119,7 +133,16 @@ class LocalRateLimiter:
         wait = self._paused_until - now
         if len(self._starts) >= self.per_second:
             wait = max(wait, self._starts[0] + self._span - now)
+        if self._interval:
+            wait = max(wait, self._next_at - now)
         return wait
+
+    def _record_start(self) -> None:
+        now = self._clock.monotonic()
+        self._starts.append(now)
+        if self._interval:
+            on_schedule = now - self._next_at < self._interval
+            self._next_at = (self._next_at if on_schedule else now) + self._interval
 
     async def acquire(self, *, deadline_at: datetime | None = None) -> None:
         left = _seconds_left(self._clock, deadline_at)
@@ -137,7 +160,7 @@ class LocalRateLimiter:
                                 f"the next start is {wait:.3f}s away, at or after the deadline"
                             )
                         await self._clock.sleep(wait)
-                    self._starts.append(self._clock.monotonic())
+                    self._record_start()
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
 
@@ -153,8 +176,10 @@ class LocalRateLimiter:
         return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
 
 
-# KEYS[1]: sorted set of start times (µs, Redis TIME); KEYS[2]: pause-until (µs).
-# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member.
+# KEYS[1]: sorted set of start times (µs, Redis TIME); KEYS[2]: pause-until (µs);
+# KEYS[3]: when the next spread start is due (µs).
+# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member;
+# ARGV[4]: interval between spread starts in µs (0: no spreading).
 # Returns {1, 0} when the start is granted and recorded, else {0, µs to wait}.
 _ACQUIRE = """
 local t = redis.call('TIME')
@@ -164,10 +189,21 @@ if paused > now then
   return {0, paused - now}
 end
 local span = tonumber(ARGV[2])
+local interval = tonumber(ARGV[4])
+local due = tonumber(redis.call('GET', KEYS[3]) or '0')
+if interval > 0 and due > now then
+  return {0, due - now}
+end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
 if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
   redis.call('ZADD', KEYS[1], now, ARGV[3])
   redis.call('PEXPIRE', KEYS[1], math.ceil(span / 1000) + 1000)
+  if interval > 0 then
+    local base = now
+    if now - due < interval then base = due end
+    redis.call('SET', KEYS[3], string.format('%.0f', base + interval),
+               'PX', math.ceil(span / 1000) + 1000)
+  end
   return {1, 0}
 end
 local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
@@ -211,6 +247,7 @@ class RedisRateLimiter:
         clock: Clock,
         window: float = DEFAULT_WINDOW,
         margin: float = DEFAULT_MARGIN,
+        spread: bool = True,
         key_prefix: str = "delivery:ratelimit",
         socket_timeout: float = 2.0,
     ) -> None:
@@ -225,12 +262,14 @@ class RedisRateLimiter:
         self.window = window
         self.account = account
         self._span_us = round((window + margin) * 1_000_000)
+        self._interval_us = self._span_us // per_second if spread else 0
         self._clock = clock
         self._url = url
         self._socket_timeout = socket_timeout
         # The hash tag keeps both keys in one Redis Cluster slot (one script).
         self.starts_key = f"{key_prefix}:{{{account}}}:starts"
         self.pause_key = f"{key_prefix}:{{{account}}}:pause"
+        self.due_key = f"{key_prefix}:{{{account}}}:due"
         self._member_prefix = uuid.uuid4().hex
         self._members = itertools.count()
         self._client = None
@@ -262,8 +301,8 @@ class RedisRateLimiter:
                     while True:
                         member = f"{self._member_prefix}:{next(self._members)}"
                         granted, wait_us = await acquire_script(
-                            keys=[self.starts_key, self.pause_key],
-                            args=[self.per_second, self._span_us, member],
+                            keys=[self.starts_key, self.pause_key, self.due_key],
+                            args=[self.per_second, self._span_us, member, self._interval_us],
                         )
                         if int(granted):
                             return

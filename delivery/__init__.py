@@ -1,0 +1,103 @@
+"""Deliver reminders to providers: immutable envelopes in, exactly one result each out.
+
+This package knows nothing of Django, the ORM or Celery (an import-linter
+contract enforces it). Its only crossing between synchronous and
+asynchronous code is this one, in a Celery task:
+
+1. prepare envelopes with the ORM (claim rows, build ``Envelope`` values);
+2. call ``deliver_sync(envelopes, channel_factory, policy=..., clock=...)``,
+   which runs one fresh event loop for the batch and returns when every task
+   of it has ended;
+3. record the ``DeliveryResult`` values with the ORM afterwards.
+
+No ORM call happens inside the loop, and no event loop outlives the call.
+
+Public API
+----------
+``Envelope``, ``Attachment``           the input (frozen)
+``DeliveryPolicy``                     concurrency, timeouts, retries, budget
+``Channel``                            protocol; implementations in ``delivery.channels``
+``deliver`` / ``deliver_sync``         run a batch (async / from sync code)
+``DeliveryResult``, ``Outcome``        the output, one per envelope, in order
+``summarise`` -> ``Summary``           successes / failures / unfinished by reminder id
+``delivery.limiter``                   ``LocalRateLimiter``, ``RedisRateLimiter``
+``delivery.hedge``                     ``hedged_send``, ``HedgedChannel``
+
+Exceptions
+----------
+Channels report failures with this tree (``delivery.errors``)::
+
+    DeliveryError                   (reached, maybe_delivered)
+    ├── TransientError              retried: backoff, within max_attempts and the deadline
+    │   ├── RateLimitedError        429; retried, and the rate limiter pauses for everyone
+    │   ├── OutcomeUnknownError     answer lost after sending; retried only if the channel
+    │   │                           honours idempotency keys, else ends the envelope
+    │   └── HedgeTransientError     all hedged endpoints failed, some transiently
+    └── PermanentError              not retried
+        └── HedgePermanentError     all hedged endpoints failed permanently
+
+Anything else a channel raises is a per-envelope failure, never a crash of
+the batch: ``OSError`` (network trouble the channel did not translate) is
+treated like ``OutcomeUnknownError``; any other exception is a bug that
+another attempt would repeat, so it is ``PERMANENT``, logged with its
+traceback, and counted as possibly delivered. The engine's own call timeout
+ends a call ``TIMED_OUT``; it is retried only where keys make that safe.
+
+``deliver`` itself raises only when the batch cannot run at all: the same
+reminder id twice (``ValueError``). ``deliver_sync`` also raises
+``RuntimeError`` when called inside a running event loop.
+
+Where cancellation lands
+------------------------
+A stop signal, the budget running out, a call timeout or a lost hedge
+cancels a task wherever it awaits: inside ``channel.send`` (the channel's
+cleanup runs; the call counts as possibly delivered), in the rate limiter's
+``acquire`` (the wait is abandoned; no call starts), in a backoff sleep, or
+while waiting for a concurrency slot. Envelopes that never started a call
+are reported ``CANCELLED`` with ``provider_reached=False``. Cancelling
+``deliver`` itself (rather than setting ``stop``) propagates
+``CancelledError`` after the same cleanup, without results.
+
+Time comes only from the injected ``clock``: wall-clock ``now()`` for
+deadlines, monotonic time for timeouts, backoff and rate windows.
+"""
+
+from delivery.channel import Channel
+from delivery.engine import deliver, deliver_sync
+from delivery.envelope import Attachment, Envelope, FrozenMap
+from delivery.errors import (
+    DeliveryError,
+    HedgeError,
+    HedgePermanentError,
+    HedgeRefusedError,
+    HedgeTransientError,
+    OutcomeUnknownError,
+    PermanentError,
+    RateLimitedError,
+    TransientError,
+)
+from delivery.policy import DeliveryPolicy
+from delivery.results import DeliveryResult, Outcome, Summary, summarise
+
+__all__ = [
+    "Attachment",
+    "Channel",
+    "DeliveryError",
+    "DeliveryPolicy",
+    "DeliveryResult",
+    "Envelope",
+    "FrozenMap",
+    "HedgeError",
+    "HedgePermanentError",
+    "HedgeRefusedError",
+    "HedgeTransientError",
+    "Outcome",
+    "OutcomeUnknownError",
+    "PermanentError",
+    "RateLimitedError",
+    "Summary",
+    "TransientError",
+    "deliver",
+    "deliver_sync",
+    "summarise",
+]

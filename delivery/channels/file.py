@@ -1,0 +1,86 @@
+"""Write each message as an ``.eml`` file: a provider for development and demos.
+
+The file name is derived from the envelope's key, so a re-send replaces the
+file instead of adding a second one: the channel honours idempotency keys.
+Each file is written to a temporary name in the same directory, flushed to
+disk and renamed over the target, so a reader never sees half a message.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+from pathlib import Path
+from types import TracebackType
+from typing import Self
+
+from clock import Clock
+from delivery.envelope import Envelope
+from delivery.errors import TransientError
+from delivery.message import build_message, key_digest, message_id_for, parse_sender
+
+__all__ = ["FileChannel"]
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=".tmp-", suffix=".eml")
+    try:
+        with os.fdopen(fd, "wb") as handle:
+            handle.write(data)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        Path(temporary).unlink(missing_ok=True)
+        raise
+
+
+class FileChannel:
+    """Deliver by writing ``<key digest>.eml`` files under ``directory``."""
+
+    honours_idempotency_keys = True
+    max_concurrency = None
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        from_email: str,
+        clock: Clock,
+        name: str = "file",
+        message_id_domain: str = "",
+    ) -> None:
+        if not str(directory):
+            raise ValueError("FileChannel needs a directory to write .eml files into.")
+        self.name = name
+        self.directory = Path(directory)
+        self._sender = parse_sender(from_email, setting="FileChannel from_email")
+        self._domain = message_id_domain or self._sender.domain
+        self._clock = clock
+
+    def path_for(self, key: str) -> Path:
+        """Return the file a message with ``key`` is written to."""
+        return self.directory / f"{key_digest(key)}.eml"
+
+    async def __aenter__(self) -> Self:
+        await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        return None
+
+    async def send(self, envelope: Envelope) -> str:
+        message = build_message(
+            envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
+        )
+        try:
+            await asyncio.to_thread(_write_atomically, self.path_for(envelope.key), bytes(message))
+        except OSError as exc:
+            raise TransientError(f"could not write {self.path_for(envelope.key)}: {exc}") from exc
+        return message_id_for(envelope.key, self._domain)

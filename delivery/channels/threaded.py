@@ -1,0 +1,127 @@
+"""Run a blocking send callable (e.g. Django's mail API) inside the async limits.
+
+Each call runs in its own thread, so the engine's concurrency limit, rate
+limiter, deadline checks and call timeout all apply to blocking code too.
+
+A thread cannot be force-cancelled. When a call times out or the batch is
+stopped, the engine reports it ``TIMED_OUT``/``CANCELLED`` with
+``provider_reached=True`` and ``maybe_delivered=True`` (it may still
+succeed), returns without waiting, and the thread finishes in the
+background; its late outcome is only logged. Threads are not daemons, so a
+process exiting normally lets them finish rather than cutting a send short.
+A thread per call (not a fixed pool) means an abandoned call never makes a
+later one queue, where a timeout could not tell "never sent" from "sent".
+
+The callable should raise ``TransientError``/``PermanentError``; anything
+else is classified by the engine (``OSError`` as outcome unknown, other
+exceptions as permanent). It runs outside the caller's thread: it must not
+touch the ORM (prepare everything in the envelope before the batch).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+from collections.abc import Callable
+from types import TracebackType
+from typing import Self
+
+from delivery.envelope import Envelope
+
+__all__ = ["ThreadedChannel"]
+
+logger = logging.getLogger(__name__)
+
+
+class ThreadedChannel:
+    """Adapt ``send(envelope) -> message id`` (blocking) to the ``Channel`` protocol."""
+
+    def __init__(
+        self,
+        name: str,
+        send: Callable[[Envelope], str],
+        *,
+        honours_idempotency_keys: bool = False,
+        max_concurrency: int | None = None,
+    ) -> None:
+        if not name:
+            raise ValueError("ThreadedChannel needs a name, e.g. 'django-mail'.")
+        self.name = name
+        self.honours_idempotency_keys = honours_idempotency_keys
+        self.max_concurrency = max_concurrency
+        self._send = send
+        self._lock = threading.Lock()
+        self._running = 0
+
+    @property
+    def running_threads(self) -> int:
+        """Return how many send threads are still running (including abandoned ones)."""
+        with self._lock:
+            return self._running
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        running = self.running_threads
+        if running:
+            logger.warning(
+                "Channel %s closes with %d send threads still running in the background",
+                self.name,
+                running,
+            )
+        return None
+
+    async def send(self, envelope: Envelope) -> str:
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[str] = loop.create_future()
+
+        def report_late(result: str | None, error: BaseException | None) -> None:
+            logger.warning(
+                "Abandoned send of reminder %s via %s finished late: %s",
+                envelope.reminder_id,
+                self.name,
+                f"error {error!r}" if error is not None else f"sent as {result}",
+            )
+
+        def settle(result: str | None, error: BaseException | None) -> None:
+            if future.done():  # the call timed out or the batch was stopped
+                report_late(result, error)
+            elif error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(result or "")
+
+        def run() -> None:
+            result: str | None = None
+            error: BaseException | None = None
+            try:
+                result = self._send(envelope)
+            except BaseException as exc:  # handed to the awaiting task
+                error = exc
+            finally:
+                with self._lock:
+                    self._running -= 1
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the batch's event loop is closed
+                report_late(result, error)
+
+        with self._lock:
+            self._running += 1
+        thread = threading.Thread(
+            target=run, name=f"delivery-{self.name}-{envelope.reminder_id}", daemon=False
+        )
+        try:
+            thread.start()
+        except BaseException:
+            with self._lock:
+                self._running -= 1
+            raise
+        return await future

@@ -1,0 +1,163 @@
+"""First result wins: send one message to several endpoints, keep the first success.
+
+Hedging trades extra requests for latency and availability, and it is only
+safe where the provider deduplicates by idempotency key: two endpoints may
+both accept the message, and without keys that is two emails. So
+``hedged_send`` refuses unless every channel honours keys, and plain SMTP
+never hedges.
+
+The losers are cancelled as soon as a winner returns: their cleanup runs,
+and they never report "finished". When every endpoint fails, the error lists
+each failure; it is transient when any failure was, permanent otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from types import TracebackType
+from typing import Self
+
+from clock import Clock
+from delivery.channel import Channel
+from delivery.envelope import Envelope
+from delivery.errors import (
+    DeliveryError,
+    HedgePermanentError,
+    HedgeRefusedError,
+    HedgeTransientError,
+    PermanentError,
+)
+
+__all__ = ["hedged_send", "HedgedChannel", "check_hedgeable"]
+
+
+class _Won(Exception):
+    def __init__(self, index: int, message_id: str) -> None:
+        super().__init__(index, message_id)
+        self.index = index
+        self.message_id = message_id
+
+
+def check_hedgeable(channels: Sequence[Channel]) -> None:
+    """Raise ``HedgeRefusedError`` unless hedging across ``channels`` is safe."""
+    if not channels:
+        raise HedgeRefusedError("hedging needs at least one channel; pass two or more.")
+    unsafe = [c.name for c in channels if not getattr(c, "honours_idempotency_keys", False)]
+    if unsafe:
+        raise HedgeRefusedError(
+            f"refusing to hedge across {', '.join(map(repr, unsafe))}: without idempotency keys "
+            "two endpoints may both deliver the message; send through one channel instead."
+        )
+
+
+async def hedged_send(
+    envelope: Envelope,
+    channels: Sequence[Channel],
+    *,
+    clock: Clock,
+    stagger: float = 0.0,
+) -> str:
+    """Send ``envelope`` through every channel; return the first message id.
+
+    With ``stagger`` > 0, channel *i* starts only ``stagger`` seconds after
+    channel *i-1* started, or as soon as it failed, whichever is first: most
+    calls then cost one request, and a slow or failing endpoint is covered.
+    Channels must already be open.
+    """
+    check_hedgeable(channels)
+    count = len(channels)
+    failures: list[BaseException | None] = [None] * count
+    started = [asyncio.Event() for _ in range(count)]
+    failed = [asyncio.Event() for _ in range(count)]
+
+    async def attempt(index: int, channel: Channel) -> None:
+        if index > 0:
+            await started[index - 1].wait()
+            if stagger > 0 and not failed[index - 1].is_set():
+                with contextlib.suppress(TimeoutError):
+                    async with clock.timeout(stagger):
+                        await failed[index - 1].wait()
+        started[index].set()
+        try:
+            message_id = await channel.send(envelope)
+        except Exception as exc:
+            failures[index] = exc
+            failed[index].set()
+            return
+        raise _Won(index, message_id)
+
+    winner: _Won | None = None
+    try:
+        async with asyncio.TaskGroup() as group:
+            for index, channel in enumerate(channels):
+                group.create_task(attempt(index, channel), name=f"hedge:{channel.name}")
+    except* _Won as won:
+        # Two endpoints can finish in the same loop turn; the first listed wins.
+        winner = min(won.exceptions, key=lambda exc: exc.index)  # type: ignore[attr-defined]
+    if winner is not None:
+        return winner.message_id
+    return _raise_all_failed(channels, failures)
+
+
+def _raise_all_failed(channels: Sequence[Channel], failures: list[BaseException | None]):
+    pairs = tuple(
+        (channel.name, exc) for channel, exc in zip(channels, failures, strict=True) if exc
+    )
+    reached = any(not isinstance(exc, DeliveryError) or exc.reached for _, exc in pairs)
+    if all(isinstance(exc, PermanentError) for _, exc in pairs):
+        raise HedgePermanentError(pairs, reached=reached)
+    maybe_delivered = any(
+        not isinstance(exc, DeliveryError) or exc.maybe_delivered for _, exc in pairs
+    )
+    hints = [getattr(exc, "retry_after", None) for _, exc in pairs]
+    retry_after = min((hint for hint in hints if hint is not None), default=None)
+    raise HedgeTransientError(pairs, retry_after, reached=reached, maybe_delivered=maybe_delivered)
+
+
+class HedgedChannel:
+    """A channel that hedges every send across several idempotent channels.
+
+    Construction refuses channels that do not honour idempotency keys.
+    """
+
+    honours_idempotency_keys = True
+
+    def __init__(
+        self,
+        channels: Sequence[Channel],
+        *,
+        clock: Clock,
+        stagger: float = 0.0,
+        name: str | None = None,
+    ) -> None:
+        check_hedgeable(channels)
+        self._channels = tuple(channels)
+        self._clock = clock
+        self._stagger = stagger
+        self.name = name or "hedge(" + ",".join(c.name for c in self._channels) + ")"
+        caps = [getattr(c, "max_concurrency", None) for c in self._channels]
+        self.max_concurrency = min((cap for cap in caps if cap), default=None)
+        self._stack: contextlib.AsyncExitStack | None = None
+
+    async def __aenter__(self) -> Self:
+        async with contextlib.AsyncExitStack() as stack:
+            for channel in self._channels:
+                await stack.enter_async_context(channel)
+            self._stack = stack.pop_all()
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool | None:
+        stack, self._stack = self._stack, None
+        if stack is not None:
+            await stack.__aexit__(exc_type, exc, tb)
+        return None
+
+    async def send(self, envelope: Envelope) -> str:
+        return await hedged_send(envelope, self._channels, clock=self._clock, stagger=self._stagger)

@@ -1,0 +1,228 @@
+"""HttpChannel against a real loopback HTTP provider (loopback.http_sink)."""
+
+from __future__ import annotations
+
+import re
+import socket
+
+import pytest
+
+from delivery import Attachment, DeliveryPolicy, Outcome, deliver
+from delivery.channels import HttpChannel, HttpSettings
+from delivery.channels.http import parse_retry_after
+from loopback.http_sink import HttpSink
+from tests.delivery.conftest import START, run
+
+pytestmark = pytest.mark.timeout(30)
+
+QUICK = DeliveryPolicy(concurrency=10, call_timeout=5, max_attempts=3, backoff_base=0.01)
+
+
+def channel_for(sink: HttpSink, clock, **settings) -> HttpChannel:
+    values = {"url": sink.url, "secret": "test-secret"}
+    values.update(settings)
+    return HttpChannel(HttpSettings(**values), clock=clock)
+
+
+def test_a_reminder_is_posted_as_signed_json_with_its_idempotency_key(
+    http_sink, system_clock, make_real_envelope
+):
+    envelope = make_real_envelope(
+        subject="Erinnerung: Töpferkurs\nbeginnt",
+        html_body="<p>Bis gleich</p>",
+        attachments=[Attachment(filename="kurs.ics", content_type="text/calendar", content=b"IC")],
+        payload={"workshop_title": "Töpferkurs", "starts_at": "2026-03-02T10:00:00+01:00"},
+    )
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert (result.outcome, result.message_id, result.attempts) == (Outcome.SENT, "sink-1", 1)
+    [request] = http_sink.requests
+    assert request.status == 200  # the sink verified the signature
+    assert request.headers["idempotency-key"] == envelope.key
+    assert request.headers["x-reminders-signature"].startswith("sha256=")
+    assert request.json() == {
+        "version": 1,
+        "key": envelope.key,
+        "reminder_id": envelope.reminder_id,
+        "recipient": {"email": envelope.recipient, "name": envelope.recipient_name},
+        "subject": "Erinnerung: Töpferkurs beginnt",
+        "text_body": "See you there.",
+        "html_body": "<p>Bis gleich</p>",
+        "attachments": [
+            {"filename": "kurs.ics", "content_type": "text/calendar", "content_base64": "SUM="}
+        ],
+        "deadline_at": envelope.deadline_at.isoformat().replace("+00:00", "Z"),
+        "payload": {"workshop_title": "Töpferkurs", "starts_at": "2026-03-02T10:00:00+01:00"},
+    }
+
+
+def test_a_wrong_secret_is_rejected_by_the_provider_and_fails_permanently(
+    http_sink, system_clock, make_real_envelope
+):
+    channel = channel_for(http_sink, system_clock, secret="not-the-secret")
+
+    [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+    assert result.outcome is Outcome.PERMANENT
+    assert result.error == (
+        f"HTTP 401 from {http_sink.url}: missing or invalid X-Reminders-Signature"
+    )
+    assert http_sink.stats()["bad_signatures"] == 1
+
+
+def test_a_resend_of_the_same_key_is_deduplicated_by_the_provider(
+    http_sink, system_clock, make_real_envelope
+):
+    """Two batches send one key: same message id, one duplicate counted, one message."""
+    envelope = make_real_envelope()
+
+    first = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+    second = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert first[0].message_id == second[0].message_id == "sink-1"
+    stats = http_sink.stats()
+    assert (stats["accepted"], stats["duplicates"]) == (1, 1)
+
+
+def test_server_errors_are_retried_until_the_provider_accepts(
+    http_sink, system_clock, make_real_envelope
+):
+    envelope = make_real_envelope()
+    http_sink.script(envelope.key, 503, 502)
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 3)
+    assert [r.status for r in http_sink.requests] == [503, 502, 200]
+
+
+def test_a_429_with_retry_after_delays_the_retry_by_that_long(
+    http_sink, system_clock, make_real_envelope
+):
+    envelope = make_real_envelope()
+    http_sink.configure(retry_after=0.3)
+    http_sink.script(envelope.key, 429)
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2)
+    first, second = http_sink.arrivals()
+    assert second - first >= 0.3
+
+
+def test_a_permanent_4xx_is_not_retried_and_keeps_the_providers_reason(
+    http_sink, system_clock, make_real_envelope
+):
+    envelope = make_real_envelope()
+    http_sink.script(envelope.key, 422)
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert (result.outcome, result.attempts) == (Outcome.PERMANENT, 1)
+    assert result.error == f"HTTP 422 from {http_sink.url}: scripted 422"
+
+
+def test_a_slow_provider_call_times_out_while_the_rest_of_the_batch_is_sent(
+    http_sink, system_clock, make_real_envelope
+):
+    """The batch takes about the 0.3 s call timeout, not the provider's 5 s."""
+    envelopes = [make_real_envelope() for _ in range(5)]
+    http_sink.slow(envelopes[2].key, 5.0)
+    policy = DeliveryPolicy(concurrency=5, call_timeout=0.3, max_attempts=1)
+    began = system_clock.monotonic()
+
+    results = run(
+        deliver(envelopes, channel_for(http_sink, system_clock), policy=policy, clock=system_clock)
+    )
+    elapsed = system_clock.monotonic() - began
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 2 + [Outcome.TIMED_OUT] + [
+        Outcome.SENT
+    ] * 2
+    assert results[2].maybe_delivered is True
+    assert 0.3 <= elapsed < 1.0
+
+
+def test_a_lost_answer_is_retried_with_the_same_key_and_the_provider_sends_once(
+    http_sink, system_clock, make_real_envelope
+):
+    """The provider accepted the first request but answered too late; the retry is a duplicate."""
+    envelope = make_real_envelope()
+    http_sink.slow(envelope.key, 1.0)
+    policy = DeliveryPolicy(call_timeout=0.2, max_attempts=3, backoff_base=0.01)
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=policy, clock=system_clock)
+    )
+
+    assert (result.outcome, result.attempts, result.message_id) == (Outcome.SENT, 2, "sink-1")
+    stats = http_sink.stats()
+    assert (stats["accepted"], stats["duplicates"]) == (1, 1)
+
+
+def test_a_provider_that_refuses_connections_was_never_reached(system_clock, make_real_envelope):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed again before the batch: nothing listens
+    channel = HttpChannel(
+        HttpSettings(url=f"http://127.0.0.1:{port}/reminders", secret="s"), clock=system_clock
+    )
+
+    [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+    assert result.outcome is Outcome.TRANSIENT
+    assert (result.attempts, result.provider_reached, result.maybe_delivered) == (3, False, False)
+    assert "could not connect to" in result.error
+
+
+def test_hedged_urls_return_the_fastest_provider_and_drop_the_slow_one(
+    system_clock, make_real_envelope
+):
+    with HttpSink(secret="test-secret", delay=3.0) as slow, HttpSink(secret="test-secret") as fast:
+        channel = HttpChannel(
+            HttpSettings(url=slow.url, hedge_urls=(fast.url,), secret="test-secret"),
+            clock=system_clock,
+        )
+        began = system_clock.monotonic()
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert result.outcome is Outcome.SENT
+        assert result.message_id == "sink-1"
+        assert system_clock.monotonic() - began < 1.0
+        assert fast.stats()["accepted"] == 1
+
+
+@pytest.mark.parametrize(
+    ("settings", "message"),
+    [
+        ({"url": "", "secret": "s"}, "HttpSettings.url '' is not an http(s) URL"),
+        ({"url": "ftp://x/y", "secret": "s"}, "HttpSettings.url 'ftp://x/y' is not an http(s) URL"),
+        ({"url": "http://x/y", "secret": ""}, "HttpSettings.secret is empty"),
+        ({"url": "http://x/y", "secret": "s", "hedge_urls": ["http://x/y"]}, "repeats a URL"),
+        ({"url": "http://x/y", "secret": "s", "timeout": 0}, "timeout must be seconds > 0"),
+    ],
+)
+def test_missing_or_bad_settings_fail_at_construction(settings, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        HttpSettings(**settings)
+
+
+def test_retry_after_is_read_as_seconds_or_as_an_http_date():
+    assert parse_retry_after("120", now=START) == 120.0
+    assert parse_retry_after("Mon, 02 Mar 2026 09:00:30 GMT", now=START) == 30.0
+    assert parse_retry_after("soon", now=START) is None
+    assert parse_retry_after(None, now=START) is None

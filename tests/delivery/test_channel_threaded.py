@@ -1,0 +1,141 @@
+"""ThreadedChannel: blocking senders inside the async limits."""
+
+from __future__ import annotations
+
+import smtplib
+import threading
+
+import pytest
+
+from delivery import DeliveryPolicy, Outcome, PermanentError, TransientError, deliver_sync
+from delivery.channels import ThreadedChannel
+from delivery.channels.smtp import translate_smtplib_error
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
+    system_clock, make_real_envelope
+):
+    lock = threading.Lock()
+    running = 0
+    peak = 0
+
+    def send(envelope):
+        nonlocal running, peak
+        with lock:
+            running += 1
+            peak = max(peak, running)
+        system_clock.sleep_blocking(0.05)
+        with lock:
+            running -= 1
+        return f"django-{envelope.reminder_id}"
+
+    envelopes = [make_real_envelope() for _ in range(12)]
+    began = system_clock.monotonic()
+
+    results = deliver_sync(
+        envelopes,
+        lambda: ThreadedChannel("django-mail", send),
+        policy=DeliveryPolicy(concurrency=4),
+        clock=system_clock,
+    )
+
+    assert [r.message_id for r in results] == [f"django-{e.reminder_id}" for e in envelopes]
+    assert peak == 4
+    assert system_clock.monotonic() - began < 0.5  # 3 rounds of 50 ms, not 12
+
+
+def test_a_timed_out_thread_is_reported_and_left_to_finish_in_the_background(
+    system_clock, make_real_envelope
+):
+    """The batch returns at the call timeout; the stuck thread finishes later on its own."""
+    release = threading.Event()
+    finished = threading.Event()
+    channels: list[ThreadedChannel] = []
+
+    def send(envelope):
+        release.wait(10)
+        finished.set()
+        return "late"
+
+    def factory():
+        channels.append(ThreadedChannel("django-mail", send))
+        return channels[-1]
+
+    began = system_clock.monotonic()
+    [result] = deliver_sync(
+        [make_real_envelope()],
+        factory,
+        policy=DeliveryPolicy(call_timeout=0.2),
+        clock=system_clock,
+    )
+    elapsed = system_clock.monotonic() - began
+
+    assert result.outcome is Outcome.TIMED_OUT
+    assert (result.attempts, result.provider_reached, result.maybe_delivered) == (1, True, True)
+    assert elapsed < 1.0
+    assert channels[0].running_threads == 1
+    release.set()
+    assert finished.wait(5)
+
+
+@pytest.mark.parametrize(
+    ("error", "outcome", "attempts"),
+    [
+        (PermanentError("550 no such user"), Outcome.PERMANENT, 1),
+        (smtplib.SMTPServerDisconnected("lost"), Outcome.TRANSIENT, 1),
+    ],
+)
+def test_errors_raised_in_the_thread_are_classified_like_any_channel_error(
+    system_clock, make_real_envelope, error, outcome, attempts
+):
+    """A lost SMTP connection is an unknown outcome: not retried without keys."""
+
+    def send(envelope):
+        raise error
+
+    [result] = deliver_sync(
+        [make_real_envelope()],
+        lambda: ThreadedChannel("django-mail", send),
+        policy=DeliveryPolicy(max_attempts=3, backoff_base=0.01),
+        clock=system_clock,
+    )
+
+    assert (result.outcome, result.attempts) == (outcome, attempts)
+
+
+def test_smtplib_errors_from_a_blocking_sender_are_translated_by_reply_code(
+    system_clock, make_real_envelope
+):
+    """A Django-style sender refused 550 fails permanently; 451 is retried; refused port
+    never reached the provider."""
+    from loopback.smtp_sink import SmtpSink
+
+    with SmtpSink() as sink:
+        refused, greylisted = make_real_envelope(), make_real_envelope()
+        sink.script_rcpt(refused.recipient, "550 5.1.1 No such user")
+        sink.script_rcpt(greylisted.recipient, "451 4.7.1 Greylisted")
+
+        def send(envelope):
+            try:
+                with smtplib.SMTP("127.0.0.1", sink.port, timeout=5) as client:
+                    client.sendmail("r@example.org", [envelope.recipient], b"Subject: hi\r\n\r\nx")
+            except Exception as exc:
+                raise translate_smtplib_error(exc) from exc
+            return "ok"
+
+        results = deliver_sync(
+            [refused, greylisted],
+            lambda: ThreadedChannel("django-mail", send),
+            policy=DeliveryPolicy(max_attempts=3, backoff_base=0.01),
+            clock=system_clock,
+        )
+
+    assert (results[0].outcome, results[0].error) == (
+        Outcome.PERMANENT,
+        "SMTP 550 on RCPT TO: 5.1.1 No such user",
+    )
+    assert (results[1].outcome, results[1].attempts) == (Outcome.SENT, 2)
+    assert isinstance(translate_smtplib_error(ConnectionRefusedError()), TransientError)
+    assert translate_smtplib_error(ConnectionRefusedError()).reached is False

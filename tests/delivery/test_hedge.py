@@ -1,0 +1,124 @@
+"""First result wins, only across channels that honour idempotency keys."""
+
+from __future__ import annotations
+
+import pytest
+
+from delivery import (
+    DeliveryPolicy,
+    HedgePermanentError,
+    HedgeRefusedError,
+    HedgeTransientError,
+    Outcome,
+    PermanentError,
+    TransientError,
+    deliver,
+)
+from delivery.channels import MemoryChannel, SmtpChannel, SmtpSettings
+from delivery.hedge import HedgedChannel, hedged_send
+from tests.delivery.conftest import run
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def channels(clock, *delays):
+    """Return keyed memory channels named a, b, c... answering after ``delays``."""
+    names = "abcdefgh"[: len(delays)]
+    return [MemoryChannel(clock=clock, name=n, delay=d) for n, d in zip(names, delays, strict=True)]
+
+
+def test_the_fastest_success_wins_and_the_others_are_cancelled(fake_clock, make_envelope):
+    """Delays 3, 1, 2 s: b wins at 1 s; a and c are cancelled and never finish."""
+    a, b, c = channels(fake_clock, 3.0, 1.0, 2.0)
+    envelope = make_envelope()
+
+    message_id = run(hedged_send(envelope, [a, b, c], clock=fake_clock))
+
+    assert message_id == "b-1"
+    assert fake_clock.monotonic() == 1.0
+    assert [call.outcome for call in a.calls + c.calls] == ["cancelled", "cancelled"]
+    assert a.messages == c.messages == []
+    assert [call.ended_at for call in a.calls + c.calls] == [1.0, 1.0]
+
+
+def test_a_failure_is_not_a_winner(fake_clock, make_envelope):
+    """The fast endpoint fails; the slower one's success is returned."""
+    a, b = channels(fake_clock, 0.1, 2.0)
+    envelope = make_envelope()
+    a.fail(envelope.key, TransientError("HTTP 503"))
+
+    assert run(hedged_send(envelope, [a, b], clock=fake_clock)) == "b-1"
+
+
+def test_when_every_endpoint_fails_the_error_lists_every_reason(fake_clock, make_envelope):
+    a, b, c = channels(fake_clock, 0.1, 0.2, 0.3)
+    envelope = make_envelope()
+    a.fail(envelope.key, TransientError("a is down"))
+    b.fail(envelope.key, PermanentError("b says no"))
+    c.fail(envelope.key, TransientError("c is busy", retry_after=4))
+
+    with pytest.raises(HedgeTransientError) as caught:
+        run(hedged_send(envelope, [a, b, c], clock=fake_clock))
+
+    assert str(caught.value) == (
+        "all 3 hedged endpoints failed: a: TransientError: a is down; "
+        "b: PermanentError: b says no; c: TransientError: c is busy"
+    )
+    assert [name for name, _ in caught.value.failures] == ["a", "b", "c"]
+    assert caught.value.retry_after == 4
+
+
+def test_when_every_endpoint_refuses_permanently_the_failure_is_permanent(
+    fake_clock, make_envelope
+):
+    a, b = channels(fake_clock, 0.1, 0.2)
+    envelope = make_envelope()
+    a.fail(envelope.key, PermanentError("422 bad address"))
+    b.fail(envelope.key, PermanentError("422 bad address"))
+
+    with pytest.raises(HedgePermanentError, match="all 2 hedged endpoints failed"):
+        run(hedged_send(envelope, [a, b], clock=fake_clock))
+
+
+def test_hedging_is_refused_unless_every_channel_honours_idempotency_keys(
+    fake_clock, make_envelope
+):
+    keyed = MemoryChannel(clock=fake_clock, name="keyed")
+    keyless = MemoryChannel(clock=fake_clock, name="keyless", honours_idempotency_keys=False)
+    smtp = SmtpChannel(SmtpSettings(host="127.0.0.1", from_email="r@example.com"), clock=fake_clock)
+
+    with pytest.raises(HedgeRefusedError, match="refusing to hedge across 'keyless'"):
+        run(hedged_send(make_envelope(), [keyed, keyless], clock=fake_clock))
+    with pytest.raises(HedgeRefusedError, match="refusing to hedge across 'smtp'"):
+        HedgedChannel([keyed, smtp], clock=fake_clock)
+    assert keyed.calls == keyless.calls == []
+
+
+def test_a_stagger_sends_the_hedge_only_when_the_first_is_slow(fake_clock, make_envelope):
+    """With a 2 s stagger, b starts at 2 s (a is slow) and wins at 3 s."""
+    a, b = channels(fake_clock, 5.0, 1.0)
+
+    assert run(hedged_send(make_envelope(), [a, b], clock=fake_clock, stagger=2.0)) == "b-1"
+    assert [call.started_at for call in a.calls + b.calls] == [0.0, 2.0]
+    assert fake_clock.monotonic() == 3.0
+
+
+def test_a_stagger_is_cut_short_when_the_first_endpoint_fails(fake_clock, make_envelope):
+    a, b = channels(fake_clock, 0.5, 1.0)
+    envelope = make_envelope()
+    a.fail(envelope.key, TransientError("HTTP 502"))
+
+    assert run(hedged_send(envelope, [a, b], clock=fake_clock, stagger=10.0)) == "b-1"
+    assert b.calls[0].started_at == 0.5
+
+
+def test_a_hedged_channel_delivers_a_batch_through_the_engine(fake_clock, make_envelope):
+    a, b = channels(fake_clock, 1.0, 0.2)
+    hedged = HedgedChannel([a, b], clock=fake_clock)
+    envelopes = [make_envelope() for _ in range(3)]
+
+    results = run(deliver(envelopes, hedged, policy=DeliveryPolicy(), clock=fake_clock))
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 3
+    assert [r.message_id for r in results] == ["b-1", "b-2", "b-3"]
+    assert (a.opened, a.closed, b.opened, b.closed) == (1, 1, 1, 1)

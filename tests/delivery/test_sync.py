@@ -1,0 +1,133 @@
+"""deliver_sync: the one sync/async crossing, used by the Celery task."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+
+import pytest
+
+from delivery import DeliveryPolicy, Outcome, deliver_sync
+from delivery.channels import MemoryChannel
+from delivery.limiter import LocalRateLimiter
+from tests.delivery.conftest import run
+
+pytestmark = pytest.mark.timeout(30)
+
+
+def test_deliver_sync_runs_a_batch_on_a_fresh_event_loop(system_clock, make_real_envelope):
+    """The channel is built inside the batch's loop and closed before the call returns."""
+    built: list[MemoryChannel] = []
+
+    def channel_factory():
+        asyncio.get_running_loop()  # raises unless called inside the loop
+        built.append(MemoryChannel(clock=system_clock))
+        return built[-1]
+
+    results = deliver_sync(
+        [make_real_envelope() for _ in range(3)],
+        channel_factory,
+        policy=DeliveryPolicy(),
+        clock=system_clock,
+    )
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 3
+    assert (built[0].opened, built[0].closed) == (1, 1)
+
+
+def test_deliver_sync_refuses_to_run_inside_a_running_event_loop(system_clock, make_real_envelope):
+    async def inside_a_loop():
+        deliver_sync(
+            [make_real_envelope()],
+            lambda: MemoryChannel(clock=system_clock),
+            policy=DeliveryPolicy(),
+            clock=system_clock,
+        )
+
+    with pytest.raises(RuntimeError, match=r"await delivery\.deliver\(\) there instead"):
+        run(inside_a_loop())
+
+
+def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
+    system_clock, make_real_envelope, caplog
+):
+    """A warm shutdown in another thread stops a hanging call; no task is left behind."""
+    channels: list[MemoryChannel] = []
+    envelopes = [make_real_envelope() for _ in range(3)]
+
+    def channel_factory():
+        channel = MemoryChannel(clock=system_clock)
+        channel.hang(envelopes[1].key)
+        channels.append(channel)
+        return channel
+
+    stop = threading.Event()
+    timer = threading.Timer(0.2, stop.set)
+    timer.start()
+    began = system_clock.monotonic()
+    try:
+        with caplog.at_level(logging.ERROR, logger="delivery"):
+            results = deliver_sync(
+                envelopes,
+                channel_factory,
+                policy=DeliveryPolicy(concurrency=3, call_timeout=30),
+                clock=system_clock,
+                stop=stop,
+            )
+    finally:
+        timer.cancel()
+    elapsed = system_clock.monotonic() - began
+
+    assert [r.outcome for r in results] == [Outcome.SENT, Outcome.CANCELLED, Outcome.SENT]
+    assert results[1].error == "stopped (stop signal) while call 1 was in flight"
+    assert channels[0].calls_for(envelopes[1].key)[0].outcome == "cancelled"
+    assert 0.2 <= elapsed < 1.0
+    assert "left" not in caplog.text  # the leftover-task guard found nothing
+
+
+def test_deliver_sync_builds_and_closes_the_limiter_inside_the_loop(
+    system_clock, make_real_envelope
+):
+    closed: list[bool] = []
+
+    class TrackedLimiter(LocalRateLimiter):
+        async def aclose(self):
+            closed.append(True)
+
+    results = deliver_sync(
+        [make_real_envelope()],
+        lambda: MemoryChannel(clock=system_clock),
+        policy=DeliveryPolicy(),
+        clock=system_clock,
+        limiter_factory=lambda: TrackedLimiter(5, clock=system_clock),
+    )
+
+    assert results[0].outcome is Outcome.SENT
+    assert closed == [True]
+
+
+@pytest.mark.parametrize("kind", ["http", "smtp"])
+def test_a_real_channel_batch_through_deliver_sync_leaves_no_task_behind(
+    kind, system_clock, make_real_envelope, http_sink, smtp_sink, caplog
+):
+    """The guard that reaps leftover tasks finds none after a real network batch."""
+    from delivery.channels import HttpChannel, HttpSettings, SmtpChannel, SmtpSettings
+
+    def factory():
+        if kind == "http":
+            settings = HttpSettings(url=http_sink.url, secret="test-secret")
+            return HttpChannel(settings, clock=system_clock)
+        settings = SmtpSettings(host="127.0.0.1", port=smtp_sink.port, from_email="r@example.org")
+        return SmtpChannel(settings, clock=system_clock)
+
+    with caplog.at_level(logging.ERROR, logger="delivery"):
+        results = deliver_sync(
+            [make_real_envelope() for _ in range(20)],
+            factory,
+            policy=DeliveryPolicy(concurrency=10),
+            clock=system_clock,
+        )
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 20
+    assert caplog.records == []
