@@ -258,11 +258,18 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
             maximum=86400,
             unit="seconds",
         ),
+        # How often a worker looks for unacked messages past the visibility
+        # timeout (kombu sweeps every interval x throttle seconds; its default is
+        # 100 s). A quarter of the timeout, at most 10 s, one cheap ZRANGE each.
+        "unacked_restore_throttle": 1,
         # A dead Redis must not hang a publish from the admin or the scan.
         "socket_connect_timeout": 5,
         "socket_timeout": 10,
         "retry_on_timeout": True,
     }
+    CELERY_BROKER_TRANSPORT_OPTIONS["unacked_restore_interval"] = max(
+        1, min(10, CELERY_BROKER_TRANSPORT_OPTIONS["visibility_timeout"] // 4)
+    )
     REMINDERS_REDIS_URL = REMINDERS_REDIS_URL or CELERY_BROKER_URL
 else:
     raise ImproperlyConfigured(
@@ -349,3 +356,6 @@ REMINDERS_DISPATCH_LIMIT = env_int("REMINDERS_DISPATCH_LIMIT", 20000, minimum=1,
 # Provider calls per reminder inside one batch (with backoff and jitter)
 # before the batch gives the reminder back for a later claim.
 REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, maximum=20)
+# SMTP connections one worker process keeps open to EMAIL_HOST during a batch;
+# each carries one message at a time, so this caps the smtp channel's concurrency.
+REMINDERS_SMTP_CONNECTIONS = env_int("REMINDERS_SMTP_CONNECTIONS", 4, minimum=1, maximum=100)

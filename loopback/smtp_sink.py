@@ -143,6 +143,9 @@ class SmtpSink:
         self._rcpt_scripts: dict[str, deque[str]] = {}
         self._data_replies: deque[str] = deque()
         self.data_delay = 0.0
+        #: Seconds to wait *after* recording a message before answering 250: a
+        #: client that dies meanwhile had its message accepted but never heard.
+        self.reply_delay = 0.0
         self._reset_state()
 
     def _reset_state(self) -> None:
@@ -332,6 +335,8 @@ class SmtpSink:
         if self._jsonl is not None:
             with self._jsonl.open("a", encoding="utf-8") as handle:
                 handle.write(json.dumps(message.as_json(), ensure_ascii=False) + "\n")
+        if self.reply_delay > 0:
+            await self._clock.sleep(self.reply_delay)
         return "250 Message accepted for delivery"
 
 

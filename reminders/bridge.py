@@ -25,7 +25,7 @@ from clock import Clock
 from delivery.channel import Channel
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
-from delivery.channels.smtp import SmtpChannel, SmtpSettings
+from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_error
 from delivery.channels.threaded import ThreadedChannel
 from delivery.engine import deliver_sync
 from delivery.envelope import Envelope
@@ -48,6 +48,7 @@ def smtp_settings() -> SmtpSettings:
         use_tls=settings.EMAIL_USE_SSL,
         timeout=float(settings.EMAIL_TIMEOUT),
         from_email=settings.DEFAULT_FROM_EMAIL,
+        max_connections=settings.REMINDERS_SMTP_CONNECTIONS,
     )
 
 
@@ -69,8 +70,13 @@ def send_with_django(envelope: Envelope) -> str:
         message.attach_alternative(envelope.html_body, "text/html")
     for attachment in envelope.attachments:
         message.attach(attachment.filename, attachment.content, attachment.content_type)
-    with get_connection(fail_silently=False) as connection:
-        sent = connection.send_messages([message])
+    try:
+        with get_connection(fail_silently=False) as connection:
+            sent = connection.send_messages([message])
+    except Exception as exc:
+        # smtplib errors become the engine's transient or permanent errors, so
+        # a refused recipient is "failed", not an unknown outcome.
+        raise translate_smtplib_error(exc) from exc
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")
     return message_id
@@ -104,12 +110,18 @@ def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
     )
 
 
-def check_channel(name: str, *, clock: Clock) -> None:
+def check_channel(name: str, *, clock: Clock) -> int:
     """Build the named channel once, so a bad setting fails before any reminder is claimed.
 
-    Raise ``ValueError`` naming the setting. Channel constructors do no I/O.
+    Raise ``ValueError`` naming the setting (channel constructors do no I/O).
+    Return how many provider calls may really be in flight at once: the
+    smaller of REMINDERS_CONCURRENCY and the channel's own limit (an SMTP
+    connection carries one message at a time).
     """
-    channel_factory(name, clock=clock)()
+    channel = channel_factory(name, clock=clock)()
+    own_limit = getattr(channel, "max_concurrency", None)
+    concurrency = settings.REMINDERS_CONCURRENCY
+    return min(concurrency, own_limit) if own_limit else concurrency
 
 
 def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:

@@ -59,10 +59,11 @@ def deliver(
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
-    bridge.check_channel(channel, clock=clock)
+    # A chunk is what can really be in flight at once, so a killed worker
+    # leaves no more than that to the reaper.
+    chunk_size = bridge.check_channel(channel, clock=clock)
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
-    chunk_size = settings.REMINDERS_CONCURRENCY
     counts: Counter[str] = Counter()
     for offset in range(0, len(ids), chunk_size):
         remaining = budget - (clock.monotonic() - started)

@@ -20,7 +20,9 @@ PACKAGES = ("clock", "config", "delivery", "loopback", "reminders", "workshops")
 def tree(tmp_path):
     for package in PACKAGES:
         if (ROOT / package).exists():
-            shutil.copytree(ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__"))
+            shutil.copytree(
+                ROOT / package, tmp_path / package, ignore=shutil.ignore_patterns("__pycache__")
+            )
     for name in (".importlinter", "pyproject.toml"):
         shutil.copy(ROOT / name, tmp_path / name)
     return tmp_path

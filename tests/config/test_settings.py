@@ -50,10 +50,13 @@ def _start(**env: str) -> subprocess.CompletedProcess:
             {"REMINDERS_LEAD_MINUTES": "20", "REMINDERS_CUTOFF_MINUTES": "30"},
             "REMINDERS_LEAD_MINUTES (20) must be greater than REMINDERS_CUTOFF_MINUTES (30)",
         ),
-        ({"REMINDERS_CHANNEL": "http"}, "REMINDERS_HTTP_URL must be set when REMINDERS_CHANNEL=http"),
+        (
+            {"REMINDERS_CHANNEL": "http"},
+            "REMINDERS_HTTP_URL must be set when REMINDERS_CHANNEL=http",
+        ),
         ({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, "CELERY_BROKER_URL must be redis://"),
         ({"DATABASE_URL": "oracle-ish://nope"}, "DATABASE_URL must be a database URL"),
-        ({"REMINDERS_RATE_LIMIT": "-1"}, "REMINDERS_RATE_LIMIT must be a number"),
+        ({"REMINDERS_RATE_LIMIT": "-1"}, "REMINDERS_RATE_LIMIT must be a whole number"),
     ],
 )
 def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):

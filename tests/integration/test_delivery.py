@@ -1,0 +1,212 @@
+"""End to end with real processes: Celery workers on Redis, PostgreSQL, a loopback SMTP server.
+
+Each test counts what the SMTP server received: one message per due
+(attendee, workshop), whatever was killed or redelivered on the way.
+"""
+
+import signal
+import sys
+from collections import Counter
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from clock import SystemClock
+from reminders import pipeline
+from reminders.models import Reminder
+from reminders.services import reminders_reap
+from tests.support.processes import Proc, celery_worker, process_env
+from workshops.services import enrollment_cancel, workshop_cancel
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+_real = SystemClock()
+
+
+def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
+    deadline = _real.monotonic() + timeout
+    while _real.monotonic() < deadline:
+        if predicate():
+            return
+        _real.sleep_blocking(0.1)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def _smtp_env(sink, **extra) -> dict[str, str]:
+    return process_env(
+        REMINDERS_CHANNEL="smtp",
+        EMAIL_HOST="127.0.0.1",
+        EMAIL_PORT=str(sink.port),
+        REMINDERS_BATCH_SIZE="20",
+        **extra,
+    )
+
+
+def _settled() -> bool:
+    return not Reminder.objects.filter(status__in=["pending", "queued", "sending"]).exists()
+
+
+def _received_per_recipient(sink) -> Counter:
+    return Counter((r.lower(), m.subject) for m in sink.received() for r in m.rcpt_tos)
+
+
+def test_scan_turns_enrollments_into_exactly_one_message_each(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings
+):
+    due = [make_workshop(starts_in=timedelta(hours=h)) for h in (2, 3, 5)]
+    for workshop in due:
+        enrol(workshop, count=10)
+    cancelled = make_workshop(starts_in=timedelta(hours=2))
+    enrol(cancelled, count=3)
+    workshop_cancel(workshop=cancelled)
+    first, *_ = enrol(due[0], count=2)
+    enrollment_cancel(enrollment=first)
+    enrol(make_workshop(starts_in=timedelta(minutes=20)), count=2)  # inside the cutoff
+    enrol(make_workshop(starts_in=timedelta(days=3)), count=2)  # not yet due
+
+    with celery_worker(_smtp_env(smtp_sink), concurrency=2):
+        pipeline.scan(clock=live_clock)
+        _wait_until(_settled, what="every due reminder to be sent")
+
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    assert statuses == {"sent": 31, "cancelled": 4, "missed": 2}
+    per_pair = _received_per_recipient(smtp_sink)
+    assert len(per_pair) == 31
+    assert set(per_pair.values()) == {1}
+    ids = {m.message_id for m in smtp_sink.received()}
+    assert ids == {
+        f"<{r.provider_message_id.strip('<>')}>" for r in Reminder.objects.filter(status="sent")
+    }
+
+
+@pytest.mark.parametrize("moment", ["before_accept", "after_accept"])
+def test_sigkill_mid_batch_leaves_no_duplicate_and_nothing_stuck(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings, moment
+):
+    """C1/C2: a worker killed mid-send (before, or after, the server accepted the message)."""
+    for _ in range(4):
+        enrol(make_workshop(starts_in=timedelta(hours=3)), count=10)
+    # Each message takes half a second: before the server records it, or after
+    # it recorded it and before it answers (the provider has it, the worker not).
+    setattr(smtp_sink, "data_delay" if moment == "before_accept" else "reply_delay", 0.5)
+    env = _smtp_env(smtp_sink, REMINDERS_SMTP_CONNECTIONS="2", REMINDERS_CONCURRENCY="2")
+    with celery_worker(env, concurrency=1, name="victim") as victim:
+        pipeline.scan(clock=live_clock)
+        _wait_until(lambda: len(smtp_sink.received()) >= 3, what="some messages to arrive")
+        _wait_until(
+            lambda: Reminder.objects.filter(status="sending").exists(), what="a claim in flight"
+        )
+        victim.signal_group(signal.SIGKILL)
+        victim.popen.wait(10)
+    in_flight = Reminder.objects.filter(status="sending").count()
+    assert 0 < in_flight <= 2  # at most the chunk: the concurrency the channel allows
+    # Let the server finish whatever the dead worker had sent.
+    _wait_until(
+        lambda: smtp_sink.open_connections == 0, what="the dead worker's connections to close"
+    )
+    smtp_sink.data_delay = smtp_sink.reply_delay = 0
+    received_at_kill = len(smtp_sink.received())
+
+    # Time moves past the lease: the reaper decides, then a new worker drains the rest.
+    live_clock.advance(settings.REMINDERS_LEASE_SECONDS + settings.REMINDERS_REQUEUE_AFTER)
+    reaped = reminders_reap(clock=live_clock)
+    assert reaped == {"requeued": 0, "unknown": in_flight, "failed": 0}
+    with celery_worker(_smtp_env(smtp_sink), concurrency=2, name="rescuer"):
+        pipeline.scan(clock=live_clock)
+        _wait_until(_settled, what="the rest to be sent")
+
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(
+        f"\ncrash {moment}: killed with {in_flight} in flight; statuses {dict(statuses)}; "
+        f"messages received {len(smtp_sink.received())} ({received_at_kill} at the kill)"
+    )
+    assert statuses["sent"] + statuses["unknown"] == 40
+    assert statuses["unknown"] == in_flight
+    per_pair = _received_per_recipient(smtp_sink)
+    assert set(per_pair.values()) == {1}, "a pair received two messages"
+    sent_pairs = {
+        (r.attendee.email.lower(), r.workshop.title)
+        for r in Reminder.objects.filter(status="sent").select_related("attendee", "workshop")
+    }
+    assert len(sent_pairs) == statuses["sent"]
+    assert len(per_pair) - statuses["sent"] <= in_flight  # unknown ones may have arrived
+
+
+def test_redelivered_message_still_sends_one_message_per_pair(
+    live_clock, broker, smtp_sink, make_workshop, enrol
+):
+    """D5: a 2-second visibility timeout makes Redis hand a running batch to a second process."""
+    # 15 one-second sends outlast kombu's restore cycle (10 s) and the 2 s timeout.
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=15)
+    smtp_sink.data_delay = 1.0
+    env = _smtp_env(
+        smtp_sink,
+        REMINDERS_VISIBILITY_TIMEOUT="2",
+        REMINDERS_SMTP_CONNECTIONS="1",
+        REMINDERS_CONCURRENCY="1",
+    )
+    with celery_worker(env, concurrency=2) as worker:
+        pipeline.scan(clock=live_clock)
+        _wait_until(_settled, timeout=90, what="the batch to finish")
+        _real.sleep_blocking(3)  # a redelivery arriving late must also find nothing to do
+        batches = [line for line in worker.lines if "Batch of 15 finished" in line]
+    per_pair = _received_per_recipient(smtp_sink)
+    print(f"\nredelivery: batch ran {len(batches)} times; messages {len(smtp_sink.received())}")
+    assert len(batches) >= 2, "the message was not redelivered; the test proves nothing"
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 15}
+    assert len(per_pair) == 15 and set(per_pair.values()) == {1}
+
+
+def test_two_beat_processes_send_nothing_twice(
+    live_clock, broker, smtp_sink, make_workshop, enrol, tmp_path
+):
+    """D2 with real schedulers: two beats publish every scan twice; no extra rows or sends."""
+    from workshops.models import Attendee, Enrollment
+
+    workshops = [make_workshop(starts_in=timedelta(hours=2)) for _ in range(3)]
+    people = Attendee.objects.bulk_create(
+        Attendee(name=f"B{i}", email=f"b{i}@example.com") for i in range(8)
+    )
+    Enrollment.objects.bulk_create(
+        Enrollment(attendee=p, workshop=w) for w in workshops for p in people
+    )
+    env = _smtp_env(smtp_sink, REMINDERS_SCAN_INTERVAL="5")
+    celery = str(Path(sys.executable).with_name("celery"))
+    with celery_worker(env, concurrency=2) as worker:
+        beats = [
+            Proc(
+                [
+                    celery,
+                    "-A",
+                    "config",
+                    "beat",
+                    "--loglevel=INFO",
+                    f"--pidfile={tmp_path}/beat{i}.pid",
+                    f"--schedule={tmp_path}/beat{i}.db",
+                ],
+                env,
+                f"beat{i}",
+            )  # fmt: skip
+            for i in range(2)
+        ]
+        try:
+            for beat in beats:
+                beat.wait_ready()
+            _wait_until(_settled, timeout=90, what="the scans to send everything")
+            _real.sleep_blocking(11)  # two more intervals: every scan now finds nothing
+        finally:
+            for beat in beats:
+                beat.stop()
+        scans = [line for line in worker.lines if "Scan finished" in line]
+        published = sum(1 for beat in beats for line in beat.lines if "Sending due task" in line)
+    assert Reminder.objects.count() == 24
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 24}
+    per_pair = _received_per_recipient(smtp_sink)
+    print(
+        f"\ntwo beats: {published} scans published, {len(scans)} ran; "
+        f"messages {len(smtp_sink.received())}"
+    )
+    assert published >= 4
+    assert len(scans) >= 4
+    assert len(per_pair) == 24 and set(per_pair.values()) == {1}
