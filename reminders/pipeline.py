@@ -31,13 +31,16 @@ from reminders.services import (
 logger = logging.getLogger(__name__)
 
 
-def scan(*, clock: Clock | None = None) -> dict[str, int]:
-    """Expire stale work, reap lost claims, plan new reminders and dispatch due ones."""
+def scan(*, clock: Clock | None = None, publish=None) -> dict[str, int]:
+    """Expire stale work, reap lost claims, plan new reminders and dispatch due ones.
+
+    ``publish`` replaces the broker publish (benchmarks count messages with it).
+    """
     clock = clock or default_clock()
     counts: dict[str, int] = {"missed": reminders_expire(clock=clock)}
     counts.update({f"reaped_{key}": value for key, value in reminders_reap(clock=clock).items()})
     counts["planned"] = reminders_plan(clock=clock)
-    counts["dispatched"] = reminders_dispatch(clock=clock)
+    counts["dispatched"] = reminders_dispatch(clock=clock, publish=publish)
     logger.info("Scan finished: %s", counts)
     return counts
 

@@ -1,0 +1,232 @@
+"""Benchmark the scan against a naive per-workshop loop, on PostgreSQL (not a test).
+
+    .venv/bin/python -m bench.scan                      # 100, 1,000 and 10,000 workshops
+    .venv/bin/python -m bench.scan --sizes 100 1000     # smaller
+
+For each size it seeds N workshops starting within the lead window, ten
+enrollments each, then measures on the same data:
+
+- the scan (``reminders.pipeline.scan``: expire, reap, one-statement plan,
+  set-based dispatch), with Django's query capture;
+- a naive baseline: for each workshop, for each enrollment, ``get_or_create``
+  the reminder, then mark each due one queued and publish it alone.
+
+Then the claim and the record of one delivery batch of 100 reminders, in
+queries per reminder. Uses its own database (``reminders_bench`` unless
+BENCH_DATABASE_URL says otherwise), created if missing and emptied per size.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from datetime import timedelta
+
+BENCH_DB = os.environ.get(
+    "BENCH_DATABASE_URL", "postgres://postgres@127.0.0.1:5432/reminders_bench"
+)
+os.environ["DATABASE_URL"] = BENCH_DB
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
+os.environ.setdefault("SECRET_KEY", "bench-only")
+os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
+
+
+def _ensure_database() -> None:
+    import dj_database_url
+    import psycopg
+
+    config = dj_database_url.parse(BENCH_DB)
+    with psycopg.connect(
+        host=config["HOST"] or "127.0.0.1",
+        port=config["PORT"] or 5432,
+        user=config["USER"] or "postgres",
+        password=config["PASSWORD"] or None,
+        dbname="postgres",
+        autocommit=True,
+    ) as admin:
+        exists = admin.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (config["NAME"],)
+        ).fetchone()
+        if not exists:
+            admin.execute(f'CREATE DATABASE "{config["NAME"]}"')
+
+
+class QueryCounter:
+    """Count every statement sent to the database (no cap, unlike the debug query log)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, execute, sql, params, many, context):
+        if not sql.lstrip().upper().startswith(("SAVEPOINT", "RELEASE SAVEPOINT")):
+            self.count += 1
+        return execute(sql, params, many, context)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000, 10000])
+    parser.add_argument("--per-workshop", type=int, default=10)
+    parser.add_argument("--batch", type=int, default=100)
+    args = parser.parse_args(argv)
+
+    _ensure_database()
+    import django
+
+    django.setup()
+    from django.core.management import call_command
+
+    call_command("migrate", verbosity=0)
+    return _run(args)
+
+
+def _run(args) -> int:
+    from django.db import connection, transaction
+
+    from clock import FakeClock, SystemClock
+    from reminders import pipeline
+    from reminders.models import Reminder
+    from reminders.policy import ReminderPolicy
+    from reminders.services import reminder_claim_batch, reminder_record_batch
+    from workshops.models import Attendee, Enrollment, Workshop
+
+    real = SystemClock()
+    clock = FakeClock(real.now(), autojump=False)
+    policy = ReminderPolicy.from_settings()
+
+    def reset() -> None:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "TRUNCATE reminders_deliveryattempt, reminders_reminder, workshops_enrollment, "
+                "workshops_attendee, workshops_workshop RESTART IDENTITY CASCADE"
+            )
+
+    def seed(size: int) -> None:
+        reset()
+        now = clock.now()
+        workshops = Workshop.objects.bulk_create(
+            Workshop(
+                title=f"Bench {i}",
+                starts_at=now + timedelta(hours=1, minutes=i % 600),
+                ends_at=now + timedelta(hours=2, minutes=i % 600),
+                timezone="Europe/Berlin",
+            )
+            for i in range(size)
+        )
+        people = Attendee.objects.bulk_create(
+            Attendee(name=f"P{i}", email=f"p{i}@example.com") for i in range(1000)
+        )
+        Enrollment.objects.bulk_create(
+            (
+                Enrollment(attendee=people[(w * 7 + k) % len(people)], workshop=workshop)
+                for w, workshop in enumerate(workshops)
+                for k in range(args.per_workshop)
+            ),
+            batch_size=5000,
+        )
+
+    def naive_scan() -> int:
+        published = 0
+        now = clock.now()
+        for workshop in Workshop.objects.filter(
+            status="scheduled", starts_at__gt=now, starts_at__lte=now + policy.lead
+        ):
+            for enrollment in workshop.enrollments.filter(status="active"):
+                reminder, _ = Reminder.objects.get_or_create(
+                    attendee_id=enrollment.attendee_id,
+                    workshop=workshop,
+                    defaults={
+                        "enrollment": enrollment,
+                        "key": f"naive-w{workshop.pk}-a{enrollment.attendee_id}",
+                        "window_opens_at": policy.window_opens_at(workshop.starts_at),
+                        "deadline_at": policy.deadline_at(workshop.starts_at),
+                    },
+                )
+                if reminder.status == "pending":
+                    reminder.status = "queued"
+                    reminder.queued_until = reminder.deadline_at
+                    reminder.save(update_fields=["status", "queued_until"])
+                    published += 1  # one broker message per reminder
+        return published
+
+    def scan_into(messages: list[int]):
+        """Return a scan job that counts broker messages instead of publishing them."""
+        return lambda: pipeline.scan(
+            clock=clock, publish=lambda ids, expires: messages.append(len(ids))
+        )
+
+    def measure(job):
+        counter = QueryCounter()
+        with connection.execute_wrapper(counter):
+            started = real.monotonic()
+            with transaction.atomic():
+                outcome = job()
+            elapsed = real.monotonic() - started
+        return outcome, counter.count, elapsed
+
+    print(f"scan benchmark on PostgreSQL, {args.per_workshop} enrollments per workshop")
+    print(
+        f"{'workshops':>9} {'reminders':>9} | {'scan q':>6} {'scan s':>7} {'msgs':>5} | "
+        f"{'naive q':>8} {'naive s':>8} {'msgs':>6} | {'speed-up':>8}"
+    )
+    rows = []
+    for size in args.sizes:
+        seed(size)
+        messages: list[int] = []
+        counts, scan_queries, scan_time = measure(scan_into(messages))
+        reminders = counts["planned"]
+        seed(size)
+        naive_messages, naive_queries, naive_time = measure(naive_scan)
+        speedup = naive_time / scan_time
+        rows.append((size, scan_queries, speedup))
+        print(
+            f"{size:>9} {reminders:>9} | {scan_queries:>6} {scan_time:>7.3f} {len(messages):>5} | "
+            f"{naive_queries:>8} {naive_time:>8.2f} {naive_messages:>6} | {speedup:>7.1f}x"
+        )
+
+    # One delivery batch: claim and record cost per reminder.
+    seed(max(1, args.batch // args.per_workshop))
+    pipeline.scan(clock=clock, publish=lambda ids, expires: None)
+    ids = list(Reminder.objects.values_list("id", flat=True)[: args.batch])
+    from delivery.results import DeliveryResult, Outcome
+
+    counter = QueryCounter()
+    with connection.execute_wrapper(counter):
+        claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+        reminder_record_batch(
+            claim=claim,
+            results=[
+                DeliveryResult(
+                    reminder_id=r.pk,
+                    key=r.key,
+                    outcome=Outcome.SENT,
+                    message_id=f"m{r.pk}",
+                    error="",
+                    attempts=1,
+                    provider_reached=True,
+                    maybe_delivered=True,
+                )  # fmt: skip
+                for r in claim.reminders
+            ],
+            clock=clock,
+        )
+    per_reminder = counter.count / len(ids)
+    print(
+        f"claim + record of a batch of {len(claim.reminders)}: {counter.count} statements = "
+        f"{per_reminder:.3f} queries per reminder"
+    )
+    flat = len({q for _, q, _ in rows}) == 1
+    largest = rows[-1]
+    print(
+        f"queries per scan constant across sizes: {'yes' if flat else 'NO'} "
+        f"({', '.join(str(q) for _, q, _ in rows)}); "
+        f"speed-up at {largest[0]} workshops: {largest[2]:.1f}x (target >= 20x); "
+        f"claim+record {per_reminder:.3f} q/reminder (target < 0.1)"
+    )
+    reset()
+    return 0 if flat and per_reminder < 0.1 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
