@@ -383,6 +383,7 @@ def reminders_dispatch(
     batch_size: int | None = None,
     limit: int | None = None,
     publish: Callable[[list[int], datetime], None] | None = None,
+    ids: list[int] | None = None,
 ) -> int:
     """Queue due reminders and publish them by id in batches, after commit.
 
@@ -392,7 +393,8 @@ def reminders_dispatch(
     whose message is still live is left alone, so a slow queue is not flooded.
     Each message expires at ``queued_until``, no later than the earliest
     deadline in its batch, so a message and its row agree on when it is stale.
-    Return how many reminders were queued.
+    ``ids`` restricts the dispatch to those reminders (replay uses it); the
+    same due rule applies. Return how many reminders were queued.
     """
     from reminders.publish import publish_batch
 
@@ -412,6 +414,8 @@ def reminders_dispatch(
         .order_by("deadline_at", "id")
         .values_list("id", flat=True)
     )
+    if ids is not None:
+        due = due.filter(id__in=ids)
     with transaction.atomic():
         ids = list(due.select_for_update(skip_locked=True)[:limit])
         if not ids:
