@@ -1,0 +1,87 @@
+"""Faults around a batch, in process, with real servers: a stop mid-batch, a lost database
+connection, beat coming back after a gap."""
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import OperationalError, connection
+
+from clock import SystemClock
+from loopback.http_sink import HttpSink
+from reminders import pipeline
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from tests.reminders.test_claim import _result
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def http_channel(settings):
+    with HttpSink() as sink:
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = "s3cret"
+        yield sink
+
+
+def test_budget_running_out_mid_batch_records_partial_results_and_leaves_nothing_sending(
+    live_clock, due_reminders, http_channel, settings
+):
+    """C5: the stop lands mid-call; finished ones are recorded, the rest handed back."""
+    settings.REMINDERS_CONCURRENCY = 4
+    settings.REMINDERS_BATCH_BUDGET = 2
+    ids = due_reminders(8)
+    http_channel.configure(delay=5.0)
+    counts = pipeline.deliver(ids, clock=SystemClock())
+    # The first chunk of four was cut off in flight (idempotent channel: retry
+    # later with the same key); the second chunk was never claimed.
+    assert counts == {"skipped": 0, "pending": 4, "deferred": 4}
+    assert not Reminder.objects.filter(status="sending").exists()
+    assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"cancelled": 4}
+
+    http_channel.configure(delay=0.0)
+    # The retry time passes (moved by hand: this test does not wait for it).
+    Reminder.objects.filter(status="pending").update(next_attempt_at=None)
+    pipeline.deliver(ids, clock=SystemClock())
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 8}
+    stats = http_channel.stats()
+    assert stats["accepted"] == 8  # one message per key, whatever was retried
+
+
+def test_database_connection_lost_between_claim_and_record_sends_nothing_twice(
+    live_clock, due_reminders, settings
+):
+    """C7: the record fails; the lease holds the row; the reaper decides, no second claim."""
+    ids = due_reminders(3)
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=live_clock)
+    pid = connection.connection.info.backend_pid
+    with connection.cursor() as cursor:  # another session would do this; so does a restart
+        cursor.execute("SELECT 1")
+    from django.db import connections
+
+    other = connections.create_connection("default")
+    with other.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    other.close()
+    with pytest.raises(OperationalError):
+        reminder_record_batch(
+            claim=claim, results=[_result(r) for r in claim.reminders], clock=live_clock
+        )
+    connection.close()  # Django reconnects on the next query
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sending"}
+    assert reminder_claim_batch(ids=ids, channel="smtp", clock=live_clock).reminders == []
+    live_clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    assert reminders_reap(clock=live_clock)["unknown"] == 3
+
+
+def test_beat_back_after_ten_minutes_catches_up_once(clock, due_reminders, published):
+    """T7: no scan for ten minutes; the first scan after it queues everything due, once."""
+    due_reminders(12, starts_in=timedelta(hours=2))
+    Reminder.objects.update(status="pending")
+    clock.advance(600)
+    first = pipeline.scan(clock=clock)
+    second = pipeline.scan(clock=clock)
+    assert (first["dispatched"], second["dispatched"]) == (12, 0)
+    assert sum(len(batch) for batch, _ in published) == 12

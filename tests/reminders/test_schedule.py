@@ -1,0 +1,53 @@
+"""The beat-owned schedule: one interval task, registered idempotently, following the setting."""
+
+import pytest
+from django.core.management import call_command
+from django_celery_beat.models import IntervalSchedule, PeriodicTask
+
+from reminders.schedule import SCAN_TASK_NAME, ensure_scan_schedule, scan_expiry_seconds
+
+pytestmark = pytest.mark.django_db
+
+
+def test_migration_registers_one_interval_scan_with_an_expiry_below_the_interval():
+    task = PeriodicTask.objects.get(name=SCAN_TASK_NAME)
+    assert task.task == "reminders.scan"
+    assert task.crontab is None
+    assert (task.interval.every, task.interval.period) == (60, "seconds")
+    assert 0 < task.expire_seconds < task.interval.every
+    assert task.queue == "scan"
+    assert task.enabled
+
+
+def test_registering_again_changes_nothing():
+    before = PeriodicTask.objects.get(name=SCAN_TASK_NAME)
+    ensure_scan_schedule()
+    ensure_scan_schedule()
+    assert PeriodicTask.objects.filter(task="reminders.scan").count() == 1
+    assert PeriodicTask.objects.get(name=SCAN_TASK_NAME).pk == before.pk
+
+
+def test_schedule_follows_the_scan_interval_setting(settings):
+    """Change REMINDERS_SCAN_INTERVAL and restart beat (which calls this): the task follows."""
+    settings.REMINDERS_SCAN_INTERVAL = 15
+    ensure_scan_schedule()
+    task = PeriodicTask.objects.get(name=SCAN_TASK_NAME)
+    assert task.interval.every == 15
+    assert task.expire_seconds == scan_expiry_seconds(15) == 12
+    assert PeriodicTask.objects.filter(task="reminders.scan").count() == 1
+    assert IntervalSchedule.objects.filter(every=15, period="seconds").count() == 1
+
+
+def test_migrating_back_and_forth_keeps_one_task():
+    call_command("migrate", "reminders", "0001", verbosity=0)
+    assert not PeriodicTask.objects.filter(name=SCAN_TASK_NAME).exists()
+    call_command("migrate", "reminders", verbosity=0)
+    assert PeriodicTask.objects.filter(name=SCAN_TASK_NAME).count() == 1
+
+
+def test_beat_start_signal_syncs_the_schedule(settings):
+    from celery.signals import beat_init
+
+    settings.REMINDERS_SCAN_INTERVAL = 30
+    beat_init.send(sender=None)
+    assert PeriodicTask.objects.get(name=SCAN_TASK_NAME).interval.every == 30

@@ -1,0 +1,44 @@
+"""The tasks are thin: they validate arguments and call one pipeline job."""
+
+from datetime import timedelta
+
+import pytest
+
+from reminders.models import Reminder
+from reminders.tasks import deliver_batch, parse_ids
+
+
+@pytest.mark.parametrize(
+    "value",
+    [None, "1,2", [], ["1"], [1.5], [0], [-3], [True], {"ids": [1]}, list(range(1, 2000))],
+)
+def test_malformed_ids_are_refused(value):
+    assert parse_ids(value) is None
+
+
+def test_ids_are_deduplicated_in_order():
+    assert parse_ids([3, 1, 3, 2, 1]) == [3, 1, 2]
+
+
+def test_malformed_arguments_are_rejected_once_without_retry(caplog):
+    """Bad input on the worker side: logged once, a small result, no exception to retry."""
+    result = deliver_batch.run(["not", "ids"])
+    assert result == {"rejected": 1}
+    assert [r.getMessage() for r in caplog.records] == [
+        "Rejected deliver_batch with malformed ids ['not', 'ids']"
+    ]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_missing_sent_and_cancelled_ids_are_a_no_op(clock, due_reminders, outbox):
+    from workshops.services import workshop_cancel
+
+    ids = due_reminders(3, starts_in=timedelta(hours=2))
+    from reminders import pipeline
+
+    pipeline.deliver([ids[0]], clock=clock)
+    workshop_cancel(workshop=Reminder.objects.get(pk=ids[1]).workshop)
+    counts = pipeline.deliver([ids[0], 987654], clock=clock)
+    assert counts == {"skipped": 2}
+    assert Reminder.objects.get(pk=ids[0]).status == "sent"
+    assert Reminder.objects.get(pk=ids[1]).status == "cancelled"
