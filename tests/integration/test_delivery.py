@@ -34,13 +34,13 @@ def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None
 
 
 def _smtp_env(sink, **extra) -> dict[str, str]:
-    return process_env(
-        REMINDERS_CHANNEL="smtp",
-        EMAIL_HOST="127.0.0.1",
-        EMAIL_PORT=str(sink.port),
-        REMINDERS_BATCH_SIZE="20",
-        **extra,
-    )
+    values = {
+        "REMINDERS_CHANNEL": "smtp",
+        "EMAIL_HOST": "127.0.0.1",
+        "EMAIL_PORT": str(sink.port),
+        "REMINDERS_BATCH_SIZE": "20",
+    }
+    return process_env(**{**values, **extra})
 
 
 def _settled() -> bool:
@@ -210,3 +210,45 @@ def test_two_beat_processes_send_nothing_twice(
     assert published >= 4
     assert len(scans) >= 4
     assert len(per_pair) == 24 and set(per_pair.values()) == {1}
+
+
+def test_sigterm_mid_batch_finishes_or_hands_back_and_exits(
+    live_clock, broker, smtp_sink, make_workshop, enrol
+):
+    """C3: warm shutdown during a batch: sends finish or stop at the budget, all recorded."""
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=30)
+    smtp_sink.data_delay = 0.5
+    env = _smtp_env(
+        smtp_sink,
+        REMINDERS_BATCH_SIZE="30",
+        REMINDERS_BATCH_BUDGET="6",
+        REMINDERS_SMTP_CONNECTIONS="2",
+    )
+    with celery_worker(env, concurrency=1) as worker:
+        pipeline.scan(clock=live_clock)
+        _wait_until(lambda: len(smtp_sink.received()) >= 2, what="the batch to be under way")
+        worker.popen.send_signal(signal.SIGTERM)  # the main process only: a warm shutdown
+        code = worker.popen.wait(60)
+        lines = list(worker.lines)
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(
+        f"\nsigterm: exit {code}; statuses {dict(statuses)}; received {len(smtp_sink.received())}"
+    )
+    assert code == 0
+    assert any("Batch of 30 finished" in line for line in lines)
+    assert statuses["sending"] == 0
+    assert statuses["sent"] == len(smtp_sink.received())
+    assert statuses["sent"] + statuses["queued"] + statuses["pending"] == 30
+    assert statuses["queued"] + statuses["pending"] > 0  # the budget cut it short
+
+
+def test_malformed_message_is_rejected_once_by_a_real_worker(broker):
+    from config.celery import app
+
+    with celery_worker(process_env(), concurrency=1) as worker:
+        app.send_task("reminders.deliver_batch", args=[["not", "ids"]])
+        worker.wait_for_line("Rejected deliver_batch")
+        app.send_task("reminders.scan")  # a later task runs: the bad one did not jam the queue
+        worker.wait_for_line("Scan finished")
+        rejected = [line for line in worker.lines if "Rejected deliver_batch" in line]
+    assert len(rejected) == 1
