@@ -22,7 +22,7 @@ $(VENV)/.synced: pyproject.toml uv.lock | $(UV)
 venv: $(VENV)/.synced
 
 run: venv
-	@export DEBUG=$${DEBUG:-1}; \
+	@export DEBUG=$${DEBUG:-1} PATH="$(CURDIR)/$(VENV)/bin:$$PATH"; \
 	$(PY) manage.py migrate --verbosity 0 && \
 	$(PY) manage.py collectstatic --noinput --verbosity 0 && \
 	$(PY) manage.py seed_demo && \
