@@ -26,6 +26,7 @@ run: venv
 	$(PY) manage.py migrate --verbosity 0 && \
 	$(PY) manage.py collectstatic --noinput --verbosity 0 && \
 	$(PY) manage.py seed_demo && \
+	$(PY) manage.py scan && \
 	echo "Starting web (http://127.0.0.1:8000/admin/), worker and beat; Ctrl-C stops all three." && \
 	exec $(VENV)/bin/honcho start
 

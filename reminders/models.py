@@ -156,3 +156,59 @@ class DeliveryAttempt(models.Model):
 
     def __str__(self) -> str:
         return f"Attempt {self.number} of reminder {self.reminder_id}: {self.outcome}"
+
+
+class ReplayAudit(models.Model):
+    """One staff decision on reminders: a replay, or the resolution of unknown outcomes.
+
+    Append-only, written by reminders.replay in the same transaction as the
+    guarded UPDATE it records, so an audit row exists exactly when the change
+    committed. ``reminder_ids`` lists the reminders the UPDATE changed (its row
+    count is ``changed``); ``skipped`` counts the rest of the selection by
+    reason.
+    """
+
+    class Action(models.TextChoices):
+        REPLAY = "replay", "Replay"
+        MARK_SENT = "mark_sent", "Unknown outcome resolved: marked as sent"
+        SEND_AGAIN = "send_again", "Unknown outcome resolved: sent again"
+
+    action = models.CharField(max_length=16, choices=Action.choices, editable=False)
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+    )
+    actor_name = models.CharField(
+        max_length=150, editable=False, help_text="The actor's username at the time."
+    )
+    created_at = models.DateTimeField(editable=False)
+    reason = models.TextField(blank=True, editable=False)
+    selected = models.PositiveIntegerField(editable=False, help_text="Reminders in the selection.")
+    changed = models.PositiveIntegerField(
+        editable=False, help_text="Reminders the guarded update changed."
+    )
+    queued = models.PositiveIntegerField(
+        editable=False, help_text="Reminders queued for delivery after commit."
+    )
+    skipped = models.JSONField(
+        default=dict, editable=False, help_text="Reminders left alone, counted by reason."
+    )
+    reminder_ids = models.JSONField(
+        default=list, editable=False, help_text="Ids of the reminders changed."
+    )
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.CheckConstraint(
+                condition=models.Q(action__in=["replay", "mark_sent", "send_again"]),
+                name="replay_audit_action_valid",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_action_display()} by {self.actor_name} at {self.created_at:%Y-%m-%d %H:%M} UTC"

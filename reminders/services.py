@@ -681,7 +681,8 @@ def reminder_record_batch(
         )
     counts: dict[str, int] = {}
     for verdict, _ in verdicts.values():
-        counts[verdict.status] = counts.get(verdict.status, 0) + 1
+        status = str(verdict.status)
+        counts[status] = counts.get(status, 0) + 1
     return counts
 
 

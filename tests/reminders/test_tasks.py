@@ -42,3 +42,14 @@ def test_missing_sent_and_cancelled_ids_are_a_no_op(clock, due_reminders, outbox
     assert counts == {"skipped": 2}
     assert Reminder.objects.get(pk=ids[0]).status == "sent"
     assert Reminder.objects.get(pk=ids[1]).status == "cancelled"
+
+
+@pytest.mark.django_db(transaction=True)
+def test_scan_command_runs_one_scan(clock, due_reminders, published):
+    from django.core.management import call_command
+
+    due_reminders(4)
+    out = __import__("io").StringIO()
+    call_command("scan", stdout=out)
+    assert "dispatched 4" in out.getvalue()
+    assert sum(len(batch) for batch, _ in published) == 4

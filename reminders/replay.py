@@ -1,0 +1,275 @@
+"""Staff decisions on reminders: replay, and the resolution of unknown outcomes.
+
+The synchronous bridge from the admin to delivery. Each service, in one
+durable transaction:
+
+1. counts the selection (one aggregate, reminders.selectors),
+2. changes the eligible rows with one guarded, set-based
+   ``UPDATE ... WHERE status IN (...) RETURNING id``,
+3. queues the changed ids with ``reminders_dispatch(ids=...)``, whose
+   publish is registered with ``transaction.on_commit`` (FAULTS S3),
+4. writes one ReplayAudit row,
+
+and returns counts at once: workers deliver. The query count does not depend
+on the size of the selection, and the broker receives one message per
+REMINDERS_BATCH_SIZE reminders.
+
+Concurrency guarantee relied on: the UPDATE's WHERE names the statuses it
+may leave (``failed``/``missed`` for a replay, ``unknown`` for a resolution).
+Under PostgreSQL's READ COMMITTED, a concurrent replay of the same rows blocks
+on their row locks, then re-evaluates the WHERE against the committed rows
+(now ``pending`` or ``queued``) and changes nothing: each reminder is re-armed
+and published once, whoever clicks twice (FAULTS D3). ``sent`` is never in a
+replay's WHERE (D3), and the automatic path only ever holds ``pending``,
+``queued`` or ``sending`` rows, which no replay touches (D4).
+
+``attempts`` is not reset on re-arming: reminder_claim_batch numbers each
+DeliveryAttempt by ``Reminder.attempts``, and the unique (reminder, number)
+constraint makes the next claim of a reminder whose counter went down fail.
+A replayed reminder therefore gets the claims left under
+REMINDERS_MAX_ATTEMPTS, and at least one.
+
+Raises ``django.core.exceptions.ValidationError`` for a missing reason or an
+unknown decision; nothing else is expected.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.core.exceptions import EmptyResultSet, ValidationError
+from django.db import connections, transaction
+from django.db.models import Q, QuerySet
+from django.db.models.sql import UpdateQuery
+
+from clock import Clock, default_clock
+from reminders.models import Reminder, ReplayAudit
+from reminders.selectors import (
+    REPLAYABLE_STATUSES,
+    SelectionPreview,
+    reminder_replay_preview,
+    reminder_resolve_preview,
+    selection_of,
+    sendable_q,
+)
+from reminders.services import reminders_dispatch
+
+logger = logging.getLogger(__name__)
+
+Status = Reminder.Status
+Publish = Callable[[list[int], datetime], object]
+
+REASON_REPLAYED = "replayed by {actor}"
+REASON_SENT_AGAIN = "sent again by {actor}: {reason}"
+REASON_MARKED_SENT = "marked as sent by {actor}: {reason}"
+REASON_MAX_LENGTH = 500
+
+
+@dataclass(frozen=True, slots=True)
+class StaffActionResult:
+    """What a replay or a resolution did: counts for the message, and the audit row."""
+
+    action: str
+    selected: int
+    changed: int
+    queued: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    audit_id: int | None = None
+
+    @property
+    def waiting(self) -> int:
+        """Return how many re-armed reminders wait for their send window (the scan queues them)."""
+        if self.action == ReplayAudit.Action.MARK_SENT:
+            return 0
+        return self.changed - self.queued
+
+
+def reminder_replay(
+    *,
+    reminders: QuerySet[Reminder],
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+    publish: Publish | None = None,
+) -> StaffActionResult:
+    """Re-arm the replayable reminders of a selection and queue them for delivery after commit.
+
+    Replayable: ``failed``, or ``missed`` while still before the deadline, of
+    a scheduled workshop and an active enrollment. They go back to
+    ``pending`` with no retry time, and are dispatched at once when their
+    window is open. Everything else is counted and left alone.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    with transaction.atomic(durable=True):
+        preview = reminder_replay_preview(reminders=reminders, clock=clock)
+        rearmed = _update_returning_ids(
+            selection_of(reminders).filter(Q(status__in=REPLAYABLE_STATUSES), sendable_q(now)),
+            status=Status.PENDING,
+            status_reason=REASON_REPLAYED.format(actor=actor.get_username())[:200],
+            next_attempt_at=None,
+            queued_until=None,
+            claim_token=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+        queued = reminders_dispatch(ids=rearmed, clock=clock, publish=publish) if rearmed else 0
+        result = _audit(
+            action=ReplayAudit.Action.REPLAY,
+            actor=actor,
+            now=now,
+            preview=preview,
+            changed=rearmed,
+            queued=queued,
+            reason="",
+        )
+    logger.info(
+        "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s",
+        actor.get_username(),
+        result.selected,
+        result.changed,
+        result.queued,
+        result.skipped,
+    )
+    return result
+
+
+def reminder_resolve_unknown(
+    *,
+    reminders: QuerySet[Reminder],
+    decision: str,
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+    publish: Publish | None = None,
+) -> StaffActionResult:
+    """Decide the reminders of a selection whose outcome is ``unknown``, recording why.
+
+    ``decision`` is ReplayAudit.Action.MARK_SENT (the attendee got it: status
+    ``sent``; ``sent_at`` stays empty because nobody knows when it went out)
+    or ReplayAudit.Action.SEND_AGAIN (re-armed and dispatched like a replay,
+    only while before the deadline; the attendee may receive it twice, which
+    is the risk staff accept by choosing it).
+    """
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError(
+            {"reason": "Give a reason: it is recorded with the decision."}, code="required"
+        )
+    if len(reason) > REASON_MAX_LENGTH:
+        raise ValidationError(
+            {"reason": f"Shorten the reason to {REASON_MAX_LENGTH} characters or fewer."},
+            code="max_length",
+        )
+    if decision not in (ReplayAudit.Action.MARK_SENT, ReplayAudit.Action.SEND_AGAIN):
+        raise ValidationError(
+            {"decision": "Choose 'mark as sent' or 'send again'."}, code="invalid_choice"
+        )
+    clock = clock or default_clock()
+    now = clock.now()
+    send_again = decision == ReplayAudit.Action.SEND_AGAIN
+    actor_name = actor.get_username()
+    unknown = selection_of(reminders).filter(status=Status.UNKNOWN)
+    with transaction.atomic(durable=True):
+        preview = reminder_resolve_preview(reminders=reminders, send_again=send_again, clock=clock)
+        if send_again:
+            changed = _update_returning_ids(
+                unknown.filter(sendable_q(now)),
+                status=Status.PENDING,
+                status_reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason)[:200],
+                next_attempt_at=None,
+                queued_until=None,
+                claim_token=None,
+                lease_expires_at=None,
+                updated_at=now,
+            )
+            queued = reminders_dispatch(ids=changed, clock=clock, publish=publish) if changed else 0
+        else:
+            changed = _update_returning_ids(
+                unknown,
+                status=Status.SENT,
+                status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
+                updated_at=now,
+            )
+            queued = 0
+        result = _audit(
+            action=decision,
+            actor=actor,
+            now=now,
+            preview=preview,
+            changed=changed,
+            queued=queued,
+            reason=reason,
+        )
+    logger.info(
+        "Unknown outcomes resolved by %s (%s): %s changed, %s queued, skipped %s",
+        actor_name,
+        decision,
+        result.changed,
+        result.queued,
+        result.skipped,
+    )
+    return result
+
+
+def _audit(
+    *,
+    action: str,
+    actor: AbstractBaseUser,
+    now: datetime,
+    preview: SelectionPreview,
+    changed: list[int],
+    queued: int,
+    reason: str,
+) -> StaffActionResult:
+    skipped = dict(preview.skipped)
+    # Counted eligible a moment ago, but a concurrent replay or a worker took
+    # them first: the guarded UPDATE's row count is what happened.
+    raced = preview.eligible - len(changed)
+    if raced > 0:
+        skipped["raced"] = raced
+    audit = ReplayAudit.objects.create(
+        action=action,
+        actor=actor if actor.pk else None,
+        actor_name=actor.get_username(),
+        created_at=now,
+        reason=reason,
+        selected=preview.selected,
+        changed=len(changed),
+        queued=queued,
+        skipped=skipped,
+        reminder_ids=sorted(changed),
+    )
+    return StaffActionResult(
+        action=action,
+        selected=preview.selected,
+        changed=len(changed),
+        queued=queued,
+        skipped=skipped,
+        audit_id=audit.pk,
+    )
+
+
+def _update_returning_ids(queryset: QuerySet[Reminder], **values) -> list[int]:
+    """Run ``queryset.update(**values)`` as one ``UPDATE ... RETURNING id``; return the ids changed.
+
+    Built by Django's own update compiler (as ``QuerySet.update`` does), so
+    filters across relations become a ``pk IN (subquery)`` in the same
+    statement; only the RETURNING clause is added.
+    """
+    query = queryset.query.chain(UpdateQuery)
+    query.add_update_values(values)
+    query.annotations = {}
+    connection = connections[queryset.db]
+    try:
+        sql, params = query.get_compiler(queryset.db).as_sql()
+    except EmptyResultSet:
+        return []
+    meta = Reminder._meta
+    returning = f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(meta.pk.column)}"
+    with connection.cursor() as cursor:
+        cursor.execute(f"{sql} RETURNING {returning}", params)
+        return [row[0] for row in cursor.fetchall()]

@@ -1,0 +1,251 @@
+"""Reads for the staff surface: scheduler health, and what a replay or resolution would do.
+
+Nothing here is cached. The health counts are one aggregate over indexed
+columns and the last scan time is one row of django-celery-beat's table: cheap
+enough to read on every admin page view, and a cache would be one more thing
+that could claim beat is alive when it is not. The send path
+(reminders.pipeline, services, tasks, publish, bridge) never imports this
+module: every delivery decision is a guarded UPDATE on the reminder rows
+themselves, never a read taken earlier (tests/admin/test_health.py enforces it).
+
+Each selection a staff member makes is passed in as an unevaluated queryset
+and used as a subquery, so a preview costs one query whatever its size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db.models import Count, Q, QuerySet
+
+from clock import Clock, default_clock
+from reminders.models import Reminder
+from reminders.policy import ReminderPolicy
+from reminders.schedule import SCAN_TASK_NAME
+from workshops.models import Enrollment, Workshop
+
+Status = Reminder.Status
+
+# A scan older than this many intervals means beat is not running (FAULTS T8).
+STALE_AFTER_INTERVALS = 3
+# celery.beat.Scheduler.sync_every: unless CELERY_BEAT_SYNC_EVERY is 1, beat
+# writes PeriodicTask.last_run_at to the database only this often, so the
+# stored time may lag the real last scan by that much while beat is healthy.
+BEAT_SYNC_SECONDS = 3 * 60
+
+REPLAYABLE_STATUSES = (Status.FAILED, Status.MISSED)
+
+# Why a selected reminder is left alone, in the order staff read them.
+SKIP_REASONS = {
+    "sent": "already sent",
+    "past_cutoff": "past the cutoff",
+    "cancelled": "cancelled",
+    "unknown": "outcome unknown (resolve it instead)",
+    "in_progress": "already pending, queued or sending",
+    "not_unknown": "not of unknown outcome",
+    "not_found": "no longer exist",
+    "raced": "changed meanwhile by another staff member or a worker",
+}
+
+
+def selection_of(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
+    """Return the reminders of ``reminders`` as a plain queryset filtered by a subquery.
+
+    Strips the admin's ordering, joins and annotations, so the selection can
+    feed an aggregate or a guarded UPDATE in one statement.
+    """
+    return Reminder.objects.filter(pk__in=reminders.order_by().values("pk"))
+
+
+def sendable_q(now: datetime) -> Q:
+    """Return the rule for "may still be sent": before the deadline, workshop and enrollment on."""
+    return (
+        ReminderPolicy.on_time_q(now)
+        & Q(workshop__status=Workshop.Status.SCHEDULED)
+        & Q(enrollment__status=Enrollment.Status.ACTIVE)
+    )
+
+
+def _called_off_q() -> Q:
+    return ~Q(workshop__status=Workshop.Status.SCHEDULED) | ~Q(
+        enrollment__status=Enrollment.Status.ACTIVE
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class SelectionPreview:
+    """What a replay or a resolution would do to a selection, before it runs."""
+
+    selected: int
+    eligible: int
+    skipped: dict[str, int] = field(default_factory=dict)
+
+    def skipped_total(self) -> int:
+        return sum(self.skipped.values())
+
+
+def reminder_replay_preview(
+    *, reminders: QuerySet[Reminder], clock: Clock | None = None
+) -> SelectionPreview:
+    """Count, in one query, how many selected reminders a replay would re-arm and why not the rest.
+
+    Replayable: ``failed``, or ``missed``, while still before the deadline, of a
+    scheduled workshop and an active enrollment. Never ``sent``.
+    """
+    now = (clock or default_clock()).now()
+    replayable = Q(status__in=REPLAYABLE_STATUSES)
+    late = replayable & ReminderPolicy.late_q(now)
+    counts = selection_of(reminders).aggregate(
+        selected=Count("pk"),
+        eligible=Count("pk", filter=replayable & sendable_q(now)),
+        sent=Count("pk", filter=Q(status=Status.SENT)),
+        past_cutoff=Count("pk", filter=late),
+        cancelled=Count(
+            "pk",
+            filter=Q(status=Status.CANCELLED)
+            | (replayable & ReminderPolicy.on_time_q(now) & _called_off_q()),
+        ),
+        unknown=Count("pk", filter=Q(status=Status.UNKNOWN)),
+        in_progress=Count(
+            "pk", filter=Q(status__in=(Status.PENDING, Status.QUEUED, Status.SENDING))
+        ),
+    )
+    selected, eligible = counts.pop("selected"), counts.pop("eligible")
+    return SelectionPreview(
+        selected=selected,
+        eligible=eligible,
+        skipped={reason: count for reason, count in counts.items() if count},
+    )
+
+
+def reminder_resolve_preview(
+    *, reminders: QuerySet[Reminder], send_again: bool, clock: Clock | None = None
+) -> SelectionPreview:
+    """Count how many selected reminders of unknown outcome can be resolved as asked.
+
+    Any ``unknown`` reminder can be marked as sent; only one still before its
+    deadline, of a scheduled workshop and an active enrollment, can be sent again.
+    """
+    now = (clock or default_clock()).now()
+    unknown = Q(status=Status.UNKNOWN)
+    counts = selection_of(reminders).aggregate(
+        selected=Count("pk"),
+        eligible=Count("pk", filter=unknown & sendable_q(now) if send_again else unknown),
+        not_unknown=Count("pk", filter=~unknown),
+        past_cutoff=Count("pk", filter=unknown & ReminderPolicy.late_q(now)),
+        cancelled=Count("pk", filter=unknown & ReminderPolicy.on_time_q(now) & _called_off_q()),
+    )
+    selected, eligible = counts.pop("selected"), counts.pop("eligible")
+    if not send_again:
+        counts = {"not_unknown": counts["not_unknown"]}
+    return SelectionPreview(
+        selected=selected,
+        eligible=eligible,
+        skipped={reason: count for reason, count in counts.items() if count},
+    )
+
+
+# --- Scheduler health ---------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerHealth:
+    """What staff need to see whether beat and the workers are doing their job (FAULTS T8)."""
+
+    now: datetime
+    interval: timedelta
+    stale_after: timedelta
+    last_scan_at: datetime | None
+    scan_registered: bool
+    scan_enabled: bool
+    due_now: int
+    queued: int
+    sending: int
+    lease_expired: int
+    failed: int
+    unknown: int
+
+    @property
+    def last_scan_age(self) -> timedelta | None:
+        return None if self.last_scan_at is None else self.now - self.last_scan_at
+
+    @property
+    def is_stale(self) -> bool:
+        """Return True when beat has not started a scan for longer than ``stale_after``."""
+        age = self.last_scan_age
+        return not self.scan_enabled or age is None or age > self.stale_after
+
+    @property
+    def warning(self) -> str:
+        """Return what is wrong with the scheduler and what to do, or "" when it is healthy."""
+        if not self.scan_registered:
+            return (
+                f"The periodic scan ({SCAN_TASK_NAME!r}) is not registered: run "
+                "`manage.py migrate`, then start celery beat. No reminder is being sent."
+            )
+        if not self.scan_enabled:
+            return (
+                f"The periodic scan ({SCAN_TASK_NAME!r}) is disabled in Periodic tasks; "
+                "restart celery beat to enable it again. No new reminder is being queued."
+            )
+        if self.last_scan_at is None:
+            return (
+                "Celery beat has never started a scan: start exactly one `celery -A config "
+                "beat`. No new reminder is being queued."
+            )
+        if self.is_stale:
+            minutes = int(self.last_scan_age.total_seconds() // 60)
+            return (
+                f"The last scan started {minutes} minutes ago, more than "
+                f"{STALE_AFTER_INTERVALS} scan intervals: celery beat is down. Start exactly "
+                "one `celery -A config beat`; due reminders wait until it runs."
+            )
+        return ""
+
+
+def stale_after(*, interval: int | None = None) -> timedelta:
+    """Return how old the stored last scan may be before beat counts as down.
+
+    Three scan intervals, plus the time beat may hold a new ``last_run_at``
+    in memory before writing it (BEAT_SYNC_SECONDS) unless
+    CELERY_BEAT_SYNC_EVERY = 1 makes it write after every scan.
+    """
+    interval = interval or settings.REMINDERS_SCAN_INTERVAL
+    lag = 0 if getattr(settings, "CELERY_BEAT_SYNC_EVERY", 0) == 1 else BEAT_SYNC_SECONDS
+    return timedelta(seconds=STALE_AFTER_INTERVALS * interval + lag)
+
+
+def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
+    """Read the last scan time from beat's own records and count reminders by state (two queries)."""
+    from django_celery_beat.models import PeriodicTask
+
+    now = (clock or default_clock()).now()
+    scan = PeriodicTask.objects.filter(name=SCAN_TASK_NAME).values("last_run_at", "enabled").first()
+    retry_reached = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
+    counts = Reminder.objects.filter(
+        status__in=(Status.PENDING, Status.QUEUED, Status.SENDING, Status.FAILED, Status.UNKNOWN)
+    ).aggregate(
+        due_now=Count(
+            "pk",
+            filter=ReminderPolicy.on_time_q(now)
+            & retry_reached
+            & Q(window_opens_at__lte=now)
+            & (Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)),
+        ),
+        queued=Count("pk", filter=Q(status=Status.QUEUED)),
+        sending=Count("pk", filter=Q(status=Status.SENDING)),
+        lease_expired=Count("pk", filter=Q(status=Status.SENDING, lease_expires_at__lte=now)),
+        failed=Count("pk", filter=Q(status=Status.FAILED)),
+        unknown=Count("pk", filter=Q(status=Status.UNKNOWN)),
+    )
+    return SchedulerHealth(
+        now=now,
+        interval=timedelta(seconds=settings.REMINDERS_SCAN_INTERVAL),
+        stale_after=stale_after(),
+        last_scan_at=scan["last_run_at"] if scan else None,
+        scan_registered=scan is not None,
+        scan_enabled=bool(scan and scan["enabled"]),
+        **counts,
+    )
