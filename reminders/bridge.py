@@ -22,6 +22,7 @@ from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
 
 from clock import Clock
+from delivery.addresses import clean_header_text
 from delivery.channel import Channel
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
@@ -56,14 +57,10 @@ def send_with_django(envelope: Envelope) -> str:
     """Send one envelope through Django's configured EMAIL_BACKEND (runs in a thread)."""
     message_id = message_id_for(envelope.key, domain=_from_domain())
     message = EmailMultiAlternatives(
-        subject=envelope.subject,
+        subject=clean_header_text(envelope.subject),
         body=envelope.text_body,
         from_email=settings.DEFAULT_FROM_EMAIL,
-        to=[
-            f"{envelope.recipient_name} <{envelope.recipient}>"
-            if envelope.recipient_name
-            else envelope.recipient
-        ],
+        to=[_mailbox(clean_header_text(envelope.recipient_name), envelope.recipient)],
         headers={"Message-ID": message_id},
     )
     if envelope.html_body:
@@ -80,6 +77,14 @@ def send_with_django(envelope: Envelope) -> str:
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")
     return message_id
+
+
+def _mailbox(name: str, address: str) -> str:
+    """Return ``"name" <address>`` with the name quoted, so ':' or ',' in it stay text."""
+    if not name:
+        return address
+    quoted = name.replace("\\", "\\\\").replace('"', '\\"')
+    return f'"{quoted}" <{address}>'
 
 
 def _from_domain() -> str:

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from clock import FakeClock, set_default_clock
+from clock import FakeClock, SystemClock, set_default_clock
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -141,3 +141,15 @@ def outbox(settings, tmp_path, clock):
     settings.REMINDERS_FILE_DIR = tmp_path / "outbox"
     settings.REMINDERS_CHANNEL = "file"
     return tmp_path / "outbox"
+
+
+@pytest.fixture
+def live_clock(clock):
+    """The fake clock moved to the real present: worker processes read the real clock.
+
+    It moves only when the test says so, which is how a test lets a lease
+    expire without waiting for it.
+    """
+    clock.autojump = False
+    clock.advance_to(SystemClock().now())
+    return clock
