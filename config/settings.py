@@ -329,6 +329,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 CELERY_WORKER_SEND_TASK_EVENTS = False
 
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
+# Write the scan's last_run_at to the database after every scan (default: every
+# 3 minutes), so the admin's health view reads beat's real heartbeat.
+CELERY_BEAT_SYNC_EVERY = 1
 # beat wakes at least this often to notice schedule changes in the database.
 CELERY_BEAT_MAX_LOOP_INTERVAL = min(REMINDERS_SCAN_INTERVAL, 60)
 DJANGO_CELERY_BEAT_TZ_AWARE = True

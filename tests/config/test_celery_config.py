@@ -46,3 +46,8 @@ def test_a_worker_with_no_flags_consumes_every_queue():
     routed = {route["queue"] for route in app.conf.task_routes.values()}
     assert routed <= consumed
     assert app.conf.task_default_queue in consumed
+
+
+def test_beat_records_every_scan_it_sends():
+    """The health view reads last_run_at; beat must write it after each scan."""
+    assert app.conf.beat_sync_every == 1
