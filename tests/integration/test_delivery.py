@@ -4,7 +4,9 @@ Each test counts what the SMTP server received: one message per due
 (attendee, workshop), whatever was killed or redelivered on the way.
 """
 
+import os
 import signal
+import subprocess
 import sys
 from collections import Counter
 from datetime import timedelta
@@ -252,3 +254,40 @@ def test_malformed_message_is_rejected_once_by_a_real_worker(broker):
         worker.wait_for_line("Scan finished")
         rejected = [line for line in worker.lines if "Rejected deliver_batch" in line]
     assert len(rejected) == 1
+
+
+def test_killed_pool_child_is_not_redelivered_and_the_reaper_decides(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings
+):
+    """C4: the pool child dies (OOM killer, hard time limit); no redelivery loop."""
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=10)
+    smtp_sink.data_delay = 0.5
+    env = _smtp_env(smtp_sink, REMINDERS_SMTP_CONNECTIONS="2")
+    with celery_worker(env, concurrency=1) as worker:
+        pipeline.scan(clock=live_clock)
+        _wait_until(
+            lambda: Reminder.objects.filter(status="sending").exists(), what="a claim in flight"
+        )
+        children = subprocess.run(
+            ["pgrep", "-P", str(worker.popen.pid)], capture_output=True, text=True, check=True
+        ).stdout.split()
+        assert len(children) == 1
+        os.kill(int(children[0]), signal.SIGKILL)
+        worker.wait_for_line("WorkerLostError")
+        _real.sleep_blocking(3)  # a redelivery, if any, would arrive now
+        received = [
+            line
+            for line in worker.lines
+            if "reminders.deliver_batch[" in line and "received" in line
+        ]
+    assert len(received) == 1, "the message of the killed child came back"
+    in_flight = Reminder.objects.filter(status="sending").count()
+    assert 0 < in_flight <= 2
+    live_clock.advance(settings.REMINDERS_LEASE_SECONDS + settings.REMINDERS_REQUEUE_AFTER)
+    assert reminders_reap(clock=live_clock)["unknown"] == in_flight
+    with celery_worker(_smtp_env(smtp_sink), concurrency=1, name="rescuer"):
+        pipeline.scan(clock=live_clock)
+        _wait_until(_settled, what="the rest to be sent")
+    per_pair = _received_per_recipient(smtp_sink)
+    assert set(per_pair.values()) == {1}
+    assert Counter(Reminder.objects.values_list("status", flat=True))["sending"] == 0
