@@ -1,15 +1,261 @@
-"""Admin for reminders: read-only history of what the pipeline did.
+"""Admin for reminders: what the pipeline did, scheduler health, and the staff decisions.
 
-Status is never editable by hand: only reminders.services changes it, through
-guarded updates. Staff act through admin actions (replay, resolve unknown).
+Status is never editable by hand: reminders are view-only here, and only
+services change a status, through guarded UPDATEs. Staff act through admin
+actions, each behind its own permission and a confirmation page that
+previews the outcome:
+
+- "Replay selected reminders" (and "Replay reminders for selected workshops"
+  on workshops), permission ``reminders.replay_reminder``;
+- "Decide reminders of unknown outcome", permission
+  ``reminders.resolve_unknown_reminder``, with a required reason.
+
+A selection is never loaded row by row: the action receives the changelist's
+queryset (``pk IN (...)`` of the ticked ids, or every row matching the
+filters when "select all" was used) and reminders.replay turns it into one
+aggregate and one guarded UPDATE. The confirmation form posts back the same
+ticked ids, the same ``select_across`` flag and, through its URL, the same
+filters, so confirming acts on the selection that was previewed. A POST
+naming an action the user may not run gets 403 before anything is read.
+
+This module also extends workshops.admin.WorkshopAdmin (the workshops app
+never imports reminders) with reminder counts and the workshop replay action.
 """
 
 from __future__ import annotations
 
-from django.contrib import admin
+from datetime import timedelta
 
-from reminders.models import DeliveryAttempt, Reminder
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import Count, Q, QuerySet
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+from django.utils.timesince import timesince
+
+from clock import default_clock
+from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
+from reminders.replay import (
+    REASON_MAX_LENGTH,
+    StaffActionResult,
+    reminder_replay,
+    reminder_resolve_unknown,
+)
+from reminders.selectors import (
+    SKIP_REASONS,
+    SelectionPreview,
+    reminder_replay_preview,
+    reminder_resolve_preview,
+    scheduler_health,
+)
+from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
 from workshops.admin import format_local, format_utc
+from workshops.models import Workshop
+
+Status = Reminder.Status
+CONFIRM = "post"
+
+
+def _plural(count: int, word: str) -> str:
+    return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+# Why selected items were left alone, in the order staff read them.
+SKIP_LABELS = {**SKIP_REASONS, "workshops_not_found": "selected workshops no longer exist"}
+
+
+def skipped_text(skipped: dict[str, int]) -> str:
+    """Return " Skipped: 2 already sent, 1 past the cutoff." in SKIP_LABELS order, or ""."""
+    parts = [f"{skipped[key]} {label}" for key, label in SKIP_LABELS.items() if skipped.get(key)]
+    return f" Skipped: {', '.join(parts)}." if parts else ""
+
+
+def replay_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
+    """Return the message staff read after a replay: what was queued and what was left alone."""
+    skipped = {**result.skipped, **not_found}
+    if not result.changed:
+        return "Nothing was replayed." + skipped_text(skipped)
+    text = f"Replayed {_plural(result.changed, 'reminder')}: {result.queued} queued for delivery"
+    if result.waiting:
+        text += f", {result.waiting} waiting for their send window"
+    return text + "." + skipped_text(skipped)
+
+
+def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
+    """Return the message staff read after deciding reminders of unknown outcome."""
+    skipped = {**result.skipped, **not_found}
+    if not result.changed:
+        return "No reminder was changed." + skipped_text(skipped)
+    if result.action == ReplayAudit.Action.MARK_SENT:
+        text = f"Marked {_plural(result.changed, 'reminder')} as sent"
+    else:
+        text = f"Sending {_plural(result.changed, 'reminder')} again: {result.queued} queued"
+        if result.waiting:
+            text += f", {result.waiting} waiting for their send window"
+    return text + "." + skipped_text(skipped)
+
+
+class ResolveUnknownForm(forms.Form):
+    decision = forms.ChoiceField(
+        label="Decision",
+        choices=[
+            (ReplayAudit.Action.MARK_SENT, "Mark as sent: the attendee received it"),
+            (
+                ReplayAudit.Action.SEND_AGAIN,
+                "Send again: re-arm and deliver (the attendee may receive it twice)",
+            ),
+        ],
+        widget=forms.RadioSelect,
+        error_messages={"required": "Choose 'mark as sent' or 'send again'."},
+    )
+    reason = forms.CharField(
+        label="Reason",
+        max_length=REASON_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with the decision, e.g. 'provider log shows it was delivered'.",
+        error_messages={"required": "Give a reason: it is recorded with the decision."},
+    )
+
+
+class StaffActionsMixin:
+    """Confirmation pages, permission checks and id validation for staff actions on a changelist."""
+
+    def has_replay_permission(self, request) -> bool:
+        return request.user.has_perm("reminders.replay_reminder")
+
+    def has_resolve_unknown_permission(self, request) -> bool:
+        return request.user.has_perm("reminders.resolve_unknown_reminder")
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "POST":
+            self._refuse_forbidden_action(request)
+        return super().changelist_view(request, extra_context)
+
+    def _refuse_forbidden_action(self, request) -> None:
+        """Raise PermissionDenied for a POST naming an action the user may not run.
+
+        Django would only answer "No action selected." (the action is not in
+        the user's choices); a forged request deserves a 403.
+        """
+        for name in request.POST.getlist("action"):
+            func = getattr(self, name, None) if name in (self.actions or ()) else None
+            needed = getattr(func, "allowed_permissions", ())
+            if needed and not any(
+                getattr(self, f"has_{permission}_permission")(request) for permission in needed
+            ):
+                raise PermissionDenied
+
+    def response_action(self, request, queryset):
+        invalid = [
+            value
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            if not (value.isascii() and value.isdigit() and 0 < int(value) < 2**63)
+        ]
+        if invalid:
+            shown = ", ".join(repr(value[:20]) for value in invalid[:3])
+            self.message_user(
+                request,
+                f"The selection held values that are not ids ({shown}); nothing was changed. "
+                "Select the items again.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
+    def _selection_state(self, request) -> dict:
+        return {
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") in ("1", "True", "true", "on"),
+        }
+
+    def _missing(self, request, *, found: int, key: str = "not_found") -> dict[str, int]:
+        """Return how many ticked ids matched nothing, as a skip count (none with "select all")."""
+        state = self._selection_state(request)
+        if state["select_across"]:
+            return {}
+        missing = len(set(state["selected_ids"])) - found
+        return {key: missing} if missing > 0 else {}
+
+    def _confirmation(
+        self,
+        request,
+        *,
+        action: str,
+        title: str,
+        intro: str,
+        preview: SelectionPreview,
+        missing: dict[str, int],
+        eligible_label: str,
+        submit_label: str,
+        form: forms.Form | None = None,
+    ) -> TemplateResponse:
+        skipped = {**preview.skipped, **missing}
+        rows = [(label, skipped[key]) for key, label in SKIP_LABELS.items() if skipped.get(key)]
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + (form.media if form is not None else forms.Media()),
+            "action": action,
+            "intro": intro,
+            "preview": preview,
+            "eligible_label": eligible_label,
+            "submit_label": submit_label,
+            "skipped_rows": rows,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(request, "admin/reminders/staff_action_confirmation.html", context)
+
+    def _replay(
+        self,
+        request,
+        *,
+        reminders: QuerySet[Reminder],
+        action: str,
+        title: str,
+        intro: str,
+        missing: dict[str, int] | None = None,
+    ):
+        """Preview a replay on a confirmation page, or run it once confirmed.
+
+        ``missing`` counts ticked ids that matched nothing; None means they
+        are reminder ids, counted from the preview without another query.
+        """
+        if request.POST.get(CONFIRM) != "yes":
+            preview = reminder_replay_preview(reminders=reminders)
+            if missing is None:
+                missing = self._missing(request, found=preview.selected)
+            return self._confirmation(
+                request,
+                action=action,
+                title=title,
+                intro=intro,
+                preview=preview,
+                missing=missing,
+                eligible_label="Will be queued for delivery again",
+                submit_label=f"Yes, replay {_plural(preview.eligible, 'reminder')}",
+            )
+        result = reminder_replay(reminders=reminders, actor=request.user)
+        if missing is None:
+            missing = self._missing(request, found=result.selected)
+        self.message_user(
+            request,
+            replay_message(result, not_found=missing),
+            messages.SUCCESS if result.changed else messages.WARNING,
+        )
+        return None
 
 
 class DeliveryAttemptInline(admin.TabularInline):
@@ -28,6 +274,7 @@ class DeliveryAttemptInline(admin.TabularInline):
         "provider_message_id",
     )
     readonly_fields = fields
+    ordering = ("number",)
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -35,52 +282,197 @@ class DeliveryAttemptInline(admin.TabularInline):
     def has_change_permission(self, request, obj=None) -> bool:
         return False
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+
+class DeadlineFilter(admin.SimpleListFilter):
+    title = "deadline"
+    parameter_name = "deadline"
+
+    def lookups(self, request, model_admin):
+        return [
+            ("passed", "Passed"),
+            ("hour", "Within the next hour"),
+            ("day", "Within the next 24 hours"),
+            ("later", "Later than 24 hours"),
+        ]
+
+    def queryset(self, request, queryset):
+        now = default_clock().now()
+        bounds = {
+            "passed": Q(deadline_at__lte=now),
+            "hour": Q(deadline_at__gt=now, deadline_at__lte=now + timedelta(hours=1)),
+            "day": Q(deadline_at__gt=now, deadline_at__lte=now + timedelta(days=1)),
+            "later": Q(deadline_at__gt=now + timedelta(days=1)),
+        }
+        value = self.value()
+        return queryset.filter(bounds[value]) if value in bounds else queryset
+
 
 @admin.register(Reminder)
-class ReminderAdmin(admin.ModelAdmin):
+class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     list_display = (
         "attendee_email",
         "workshop_title",
-        "status",
+        "status_value",
         "deadline_local",
         "deadline_utc",
         "attempts",
         "short_error",
         "provider_message_id",
     )
-    list_filter = ("status", ("deadline_at", admin.DateFieldListFilter), "channel", "workshop")
-    search_fields = ("attendee__email", "attendee__name", "workshop__title", "key")
+    list_filter = (
+        "status",
+        ("workshop", admin.RelatedOnlyFieldListFilter),
+        DeadlineFilter,
+        "channel",
+    )
+    search_fields = ("attendee__email", "workshop__title", "key")
+    search_help_text = "Search by attendee email, workshop title or reminder key."
     list_select_related = ("attendee", "workshop")
     inlines = [DeliveryAttemptInline]
-    readonly_fields = (
-        "attendee",
-        "workshop",
-        "enrollment",
-        "key",
-        "status",
-        "status_reason",
-        "window_opens_at",
-        "deadline_at",
-        "deadline_local",
-        "next_attempt_at",
-        "attempts",
-        "last_error",
-        "queued_until",
-        "claim_token",
-        "lease_expires_at",
-        "channel",
-        "provider_message_id",
-        "sent_at",
-        "created_at",
-        "updated_at",
+    actions = ["replay_selected", "resolve_unknown"]
+    fieldsets = (
+        (None, {"fields": ("attendee", "workshop", "enrollment", "key")}),
+        (
+            "Status",
+            {
+                "fields": (
+                    "status",
+                    "status_reason",
+                    "attempts",
+                    "last_error",
+                    "channel",
+                    "provider_message_id",
+                    "sent_at",
+                )
+            },
+        ),
+        (
+            "Timing",
+            {
+                "fields": (
+                    "window_opens_local",
+                    "deadline_local",
+                    "deadline_utc",
+                    "next_attempt_at",
+                    "queued_until",
+                    "claim_token",
+                    "lease_expires_at",
+                    "created_at",
+                    "updated_at",
+                )
+            },
+        ),
     )
-    fields = readonly_fields
+    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     def has_add_permission(self, request) -> bool:
         return False
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        # View-only: a status changes through services, never through a form.
+        return False
+
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+    def get_urls(self):
+        health = path(
+            "health/",
+            self.admin_site.admin_view(self.health_view),
+            name="reminders_reminder_health",
+        )
+        return [health, *super().get_urls()]
+
+    def changelist_view(self, request, extra_context=None):
+        extra_context = {**(extra_context or {})}
+        if request.method == "GET":
+            extra_context["health"] = scheduler_health()
+        return super().changelist_view(request, extra_context)
+
+    def health_view(self, request):
+        """Show when beat last started a scan and how many reminders wait, fail or are unknown."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        health = scheduler_health()
+        changelist = reverse("admin:reminders_reminder_changelist")
+
+        def link(**params) -> str:
+            return f"{changelist}?{urlencode(params)}"
+
+        rows = [
+            ("Due now, waiting for the next scan", health.due_now, ""),
+            ("Queued (message on the broker)", health.queued, link(status__exact="queued")),
+            ("Sending (claimed by a worker)", health.sending, link(status__exact="sending")),
+            ("Sending with an expired lease (waiting for the reaper)", health.lease_expired, ""),
+            ("Failed", health.failed, link(status__exact="failed")),
+            ("Unknown outcome (staff must decide)", health.unknown, link(status__exact="unknown")),
+        ]
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Scheduler health",
+            "subtitle": None,
+            "opts": self.model._meta,
+            "health": health,
+            "rows": rows,
+            "last_scan_ago": (
+                timesince(health.last_scan_at, now=health.now) if health.last_scan_at else ""
+            ),
+            "stale_after_seconds": int(health.stale_after.total_seconds()),
+            "interval_seconds": int(health.interval.total_seconds()),
+        }
+        return TemplateResponse(request, "admin/reminders/reminder/health.html", context)
+
+    @admin.action(description="Replay selected reminders", permissions=["replay"])
+    def replay_selected(self, request, queryset):
+        """Preview, then re-arm failed (and still on-time missed) reminders and queue them."""
+        return self._replay(
+            request,
+            reminders=queryset,
+            action="replay_selected",
+            title="Replay reminders",
+            intro="the selected reminders",
+        )
+
+    @admin.action(
+        description="Decide reminders of unknown outcome", permissions=["resolve_unknown"]
+    )
+    def resolve_unknown(self, request, queryset):
+        """Ask for a decision and a reason, then mark unknown reminders sent or send them again."""
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = ResolveUnknownForm(request.POST if confirming else None)
+        if confirming and form.is_valid():
+            result = reminder_resolve_unknown(
+                reminders=queryset,
+                decision=form.cleaned_data["decision"],
+                reason=form.cleaned_data["reason"],
+                actor=request.user,
+            )
+            self.message_user(
+                request,
+                resolve_message(result, not_found=self._missing(request, found=result.selected)),
+                messages.SUCCESS if result.changed else messages.WARNING,
+            )
+            return None
+        preview = reminder_resolve_preview(reminders=queryset, send_again=True)
+        return self._confirmation(
+            request,
+            action="resolve_unknown",
+            title="Decide reminders of unknown outcome",
+            intro="the selected reminders",
+            preview=preview,
+            missing=self._missing(request, found=preview.selected),
+            eligible_label="Of unknown outcome and still before the deadline (can be sent again)",
+            submit_label="Record the decision",
+            form=form,
+        )
+
+    @admin.display(description="Status", ordering="status")
+    def status_value(self, obj: Reminder) -> str:
+        """Show the short status; its full meaning is the tooltip."""
+        return format_html('<span title="{}">{}</span>', obj.get_status_display(), obj.status)
 
     @admin.display(description="Attendee", ordering="attendee__email")
     def attendee_email(self, obj: Reminder) -> str:
@@ -89,6 +481,10 @@ class ReminderAdmin(admin.ModelAdmin):
     @admin.display(description="Workshop", ordering="workshop__title")
     def workshop_title(self, obj: Reminder) -> str:
         return obj.workshop.title
+
+    @admin.display(description="Window opens (workshop's zone)", ordering="window_opens_at")
+    def window_opens_local(self, obj: Reminder) -> str:
+        return format_local(obj.window_opens_at, obj.workshop.zone)
 
     @admin.display(description="Deadline (workshop's zone)", ordering="deadline_at")
     def deadline_local(self, obj: Reminder) -> str:
@@ -102,3 +498,98 @@ class ReminderAdmin(admin.ModelAdmin):
     def short_error(self, obj: Reminder) -> str:
         text = obj.last_error or obj.status_reason
         return text if len(text) <= 80 else text[:77] + "..."
+
+
+@admin.register(ReplayAudit)
+class ReplayAuditAdmin(admin.ModelAdmin):
+    list_display = ("created_at", "action", "actor_name", "selected", "changed", "queued", "reason")
+    list_filter = ("action", ("created_at", admin.DateFieldListFilter))
+    search_fields = ("actor_name", "reason")
+    fields = (
+        "created_at",
+        "action",
+        "actor_name",
+        "reason",
+        "selected",
+        "changed",
+        "queued",
+        "skipped_counts",
+        "reminder_ids",
+    )
+    readonly_fields = fields
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    @admin.display(description="Skipped")
+    def skipped_counts(self, obj: ReplayAudit) -> str:
+        return skipped_text(obj.skipped).removeprefix(" Skipped: ") or "-"
+
+
+admin.site.unregister(Workshop)
+
+
+@admin.register(Workshop)
+class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
+    """Workshops with their reminders counted by status, and the workshop replay action."""
+
+    list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
+    actions = [*BaseWorkshopAdmin.actions, "replay_for_selected"]
+    readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts")
+    fields = (
+        "title",
+        "timezone",
+        "starts_at",
+        "ends_at",
+        "start_local",
+        "start_utc",
+        "status",
+        "reminder_counts",
+        "created_at",
+        "updated_at",
+    )
+
+    def get_queryset(self, request):
+        # One query for the whole page: a filtered COUNT per status.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                **{
+                    f"reminders_{status}": Count("reminders", filter=Q(reminders__status=status))
+                    for status in Status.values
+                }
+            )
+        )
+
+    @admin.display(description="Reminders")
+    def reminder_counts(self, obj: Workshop) -> str:
+        """Link each non-zero status count to the reminders changelist, filtered."""
+        changelist = reverse("admin:reminders_reminder_changelist")
+        counts = [(status, getattr(obj, f"reminders_{status}", 0)) for status in Status.values]
+        links = [
+            (f"{changelist}?{urlencode({'workshop__id__exact': obj.pk, 'status__exact': status})}",
+             count, status)
+            for status, count in counts
+            if count
+        ]  # fmt: skip
+        return format_html_join(", ", '<a href="{}">{}&nbsp;{}</a>', links) if links else "-"
+
+    @admin.action(description="Replay reminders for selected workshops", permissions=["replay"])
+    def replay_for_selected(self, request, queryset):
+        """Preview, then replay the replayable reminders of every selected workshop."""
+        found = 0 if self._selection_state(request)["select_across"] else queryset.count()
+        return self._replay(
+            request,
+            reminders=Reminder.objects.filter(workshop__in=queryset.order_by().values("pk")),
+            action="replay_for_selected",
+            title="Replay reminders of the selected workshops",
+            intro="the reminders of the selected workshops",
+            missing=self._missing(request, found=found, key="workshops_not_found"),
+        )

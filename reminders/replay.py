@@ -43,11 +43,21 @@ from datetime import datetime
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import EmptyResultSet, ValidationError
 from django.db import connections, transaction
-from django.db.models import Q, QuerySet
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    OuterRef,
+    Q,
+    QuerySet,
+    Subquery,
+    Value,
+)
 from django.db.models.sql import UpdateQuery
 
 from clock import Clock, default_clock
 from reminders.models import Reminder, ReplayAudit
+from reminders.policy import ReminderPolicy
 from reminders.selectors import (
     REPLAYABLE_STATUSES,
     SelectionPreview,
@@ -57,6 +67,7 @@ from reminders.selectors import (
     sendable_q,
 )
 from reminders.services import reminders_dispatch
+from workshops.models import Workshop
 
 logger = logging.getLogger(__name__)
 
@@ -107,9 +118,13 @@ def reminder_replay(
     with transaction.atomic(durable=True):
         preview = reminder_replay_preview(reminders=reminders, clock=clock)
         rearmed = _update_returning_ids(
-            selection_of(reminders).filter(Q(status__in=REPLAYABLE_STATUSES), sendable_q(now)),
+            _guarded(
+                Q(status__in=REPLAYABLE_STATUSES),
+                selection_of(reminders).filter(sendable_q(now)),
+            ),
             status=Status.PENDING,
             status_reason=REASON_REPLAYED.format(actor=actor.get_username())[:200],
+            **_schedule_from_workshop(),
             next_attempt_at=None,
             queued_until=None,
             claim_token=None,
@@ -172,14 +187,16 @@ def reminder_resolve_unknown(
     now = clock.now()
     send_again = decision == ReplayAudit.Action.SEND_AGAIN
     actor_name = actor.get_username()
-    unknown = selection_of(reminders).filter(status=Status.UNKNOWN)
+    selection = selection_of(reminders)
+    unknown = Q(status=Status.UNKNOWN)
     with transaction.atomic(durable=True):
         preview = reminder_resolve_preview(reminders=reminders, send_again=send_again, clock=clock)
         if send_again:
             changed = _update_returning_ids(
-                unknown.filter(sendable_q(now)),
+                _guarded(unknown, selection.filter(sendable_q(now))),
                 status=Status.PENDING,
                 status_reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason)[:200],
+                **_schedule_from_workshop(),
                 next_attempt_at=None,
                 queued_until=None,
                 claim_token=None,
@@ -189,7 +206,7 @@ def reminder_resolve_unknown(
             queued = reminders_dispatch(ids=changed, clock=clock, publish=publish) if changed else 0
         else:
             changed = _update_returning_ids(
-                unknown,
+                _guarded(unknown, selection),
                 status=Status.SENT,
                 status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
                 updated_at=now,
@@ -213,6 +230,43 @@ def reminder_resolve_unknown(
         result.skipped,
     )
     return result
+
+
+def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
+    """Return the rows of ``candidates`` still matching ``guard``, with the guard on the row itself.
+
+    The guard must be a condition on the updated table, not only inside a
+    subquery: when a concurrent transaction changed the row first, PostgreSQL
+    re-checks the UPDATE's own WHERE against the new row version, but keeps
+    a subquery's (or a join's) answer from the statement's snapshot. Django
+    moves the whole WHERE of an update that filters across relations into
+    ``pk IN (subquery)``; keeping the relations inside ``candidates`` and the
+    guard outside leaves ``WHERE status IN (...) AND id IN (...)``.
+    """
+    return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
+
+
+def _schedule_from_workshop() -> dict[str, ExpressionWrapper]:
+    """Return SET values recomputing the window and deadline from the workshop's current start.
+
+    The same arithmetic as the plan (reminders.services._plan_source), so a
+    re-armed reminder and its workshop agree even if the workshop moved while
+    the reminder was closed.
+    """
+    policy = ReminderPolicy.from_settings()
+    starts = Subquery(
+        Workshop.objects.filter(pk=OuterRef("workshop_id")).order_by().values("starts_at")[:1]
+    )
+
+    def before_start(duration) -> ExpressionWrapper:
+        return ExpressionWrapper(
+            starts - Value(duration, output_field=DurationField()), output_field=DateTimeField()
+        )
+
+    return {
+        "window_opens_at": before_start(policy.lead),
+        "deadline_at": before_start(policy.cutoff),
+    }
 
 
 def _audit(
@@ -269,7 +323,9 @@ def _update_returning_ids(queryset: QuerySet[Reminder], **values) -> list[int]:
     except EmptyResultSet:
         return []
     meta = Reminder._meta
-    returning = f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(meta.pk.column)}"
+    returning = (
+        f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(meta.pk.column)}"
+    )
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {returning}", params)
         return [row[0] for row in cursor.fetchall()]

@@ -59,10 +59,21 @@ def selection_of(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
     return Reminder.objects.filter(pk__in=reminders.order_by().values("pk"))
 
 
+def on_time_now_q(now: datetime) -> Q:
+    """Return "before the deadline", computed from the workshop's current start.
+
+    A reminder that is not open (failed, missed, unknown) keeps the deadline it
+    had when it closed: reminders.services reschedules open reminders only.
+    A replay must judge by where the workshop is now, or a workshop moved
+    earlier would be replayed past its real deadline.
+    """
+    return Q(workshop__starts_at__gt=now + ReminderPolicy.from_settings().cutoff)
+
+
 def sendable_q(now: datetime) -> Q:
     """Return the rule for "may still be sent": before the deadline, workshop and enrollment on."""
     return (
-        ReminderPolicy.on_time_q(now)
+        on_time_now_q(now)
         & Q(workshop__status=Workshop.Status.SCHEDULED)
         & Q(enrollment__status=Enrollment.Status.ACTIVE)
     )
@@ -96,7 +107,7 @@ def reminder_replay_preview(
     """
     now = (clock or default_clock()).now()
     replayable = Q(status__in=REPLAYABLE_STATUSES)
-    late = replayable & ReminderPolicy.late_q(now)
+    late = replayable & ~on_time_now_q(now)
     counts = selection_of(reminders).aggregate(
         selected=Count("pk"),
         eligible=Count("pk", filter=replayable & sendable_q(now)),
@@ -104,8 +115,7 @@ def reminder_replay_preview(
         past_cutoff=Count("pk", filter=late),
         cancelled=Count(
             "pk",
-            filter=Q(status=Status.CANCELLED)
-            | (replayable & ReminderPolicy.on_time_q(now) & _called_off_q()),
+            filter=Q(status=Status.CANCELLED) | (replayable & on_time_now_q(now) & _called_off_q()),
         ),
         unknown=Count("pk", filter=Q(status=Status.UNKNOWN)),
         in_progress=Count(
@@ -134,8 +144,8 @@ def reminder_resolve_preview(
         selected=Count("pk"),
         eligible=Count("pk", filter=unknown & sendable_q(now) if send_again else unknown),
         not_unknown=Count("pk", filter=~unknown),
-        past_cutoff=Count("pk", filter=unknown & ReminderPolicy.late_q(now)),
-        cancelled=Count("pk", filter=unknown & ReminderPolicy.on_time_q(now) & _called_off_q()),
+        past_cutoff=Count("pk", filter=unknown & ~on_time_now_q(now)),
+        cancelled=Count("pk", filter=unknown & on_time_now_q(now) & _called_off_q()),
     )
     selected, eligible = counts.pop("selected"), counts.pop("eligible")
     if not send_again:

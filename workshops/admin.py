@@ -2,15 +2,46 @@
 
 Times are shown twice: in the workshop's own zone (what attendees see) and in
 UTC (what the scheduler uses), so staff can check the deadline arithmetic.
-Writes go through workshops.services, so reminders follow every change.
+The workshop form takes the start and end as wall-clock times in the
+workshop's zone, and refuses a time that does not exist or happens twice
+there (daylight-saving changes).
+
+Every write goes through workshops.services, so reminders follow every change
+(the services announce it through workshops.signals): a workshop is created
+with workshop_create (also when "Save as new" copies one: the copy starts
+with no reminders, and its reminders are planned fresh, FAULTS S4), changed
+with workshop_update, cancelled with workshop_cancel; enrollments are
+created and cancelled with enrollment_create and enrollment_cancel. Status is
+never edited by hand, and nothing is deleted from an inline: cancel instead.
+
+This app never imports reminders: reminders/admin.py extends WorkshopAdmin
+with reminder counts and the replay action.
 """
 
 from __future__ import annotations
 
-from django.contrib import admin
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django import forms
+from django.contrib import admin, messages
+from django.contrib.admin.widgets import AdminSplitDateTime
+from django.core.exceptions import ValidationError
+from django.db.models import Count, Q
 from django.utils.html import format_html
 
+from clock import default_clock
 from workshops.models import Attendee, Enrollment, Workshop
+from workshops.services import (
+    enrollment_cancel,
+    enrollment_create,
+    workshop_cancel,
+    workshop_create,
+    workshop_update,
+)
+from workshops.validators import zone_choices
+
+ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin."
 
 
 def format_local(moment, zone) -> str:
@@ -21,14 +52,155 @@ def format_local(moment, zone) -> str:
 
 
 def format_utc(moment) -> str:
+    """Render an aware datetime in UTC."""
     if moment is None:
         return "-"
-    return moment.strftime("%Y-%m-%d %H:%M UTC")
+    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
+    """Return the UTC instant of the wall-clock time ``local`` in ``zone``.
+
+    Raise ValidationError when that wall time does not exist in the zone (the
+    clocks jump over it) or happens twice (the clocks go back over it): the
+    start of a workshop must be one unambiguous instant.
+    """
+    first, second = local.replace(tzinfo=zone, fold=0), local.replace(tzinfo=zone, fold=1)
+    if first.utcoffset() != second.utcoffset():
+        shown = local.strftime("%Y-%m-%d %H:%M")
+        if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != local:
+            raise ValidationError(
+                f"{shown} does not exist in {zone.key}: the clocks jump forward over it. "
+                "Choose a time outside the daylight-saving gap.",
+                code="nonexistent_time",
+            )
+        raise ValidationError(
+            f"{shown} happens twice in {zone.key}: the clocks go back over it. "
+            "Choose a time outside the daylight-saving overlap.",
+            code="ambiguous_time",
+        )
+    return first.astimezone(UTC)
+
+
+class LocalDateTimeField(forms.SplitDateTimeField):
+    """A date and a time typed as wall-clock time; the form attaches the workshop's zone."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("widget", AdminSplitDateTime)
+        super().__init__(**kwargs)
+
+    def compress(self, data_list):
+        if not data_list:
+            return None
+        day, time = data_list
+        if day in self.empty_values:
+            raise ValidationError(self.error_messages["invalid_date"], code="invalid_date")
+        if time in self.empty_values:
+            raise ValidationError(self.error_messages["invalid_time"], code="invalid_time")
+        return datetime.combine(day, time)
+
+
+class WorkshopForm(forms.ModelForm):
+    """Validate everything workshop_create / workshop_update would refuse, as field errors."""
+
+    timezone = forms.ChoiceField(
+        choices=zone_choices,
+        error_messages={"invalid_choice": ZONE_ERROR},
+        help_text="IANA zone the workshop is held in; the times below are in it.",
+    )
+    starts_at = LocalDateTimeField(
+        label="Start (in the workshop's zone)",
+        help_text="Wall-clock time where the workshop is held.",
+    )
+    ends_at = LocalDateTimeField(label="End (in the workshop's zone)")
+
+    class Meta:
+        model = Workshop
+        fields = ("title", "timezone", "starts_at", "ends_at")
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        instance = self.instance
+        if instance.pk and instance.timezone:
+            zone = instance.zone
+            for name in ("starts_at", "ends_at"):
+                value = getattr(instance, name)
+                if value is not None:
+                    self.initial[name] = value.astimezone(zone).replace(tzinfo=None)
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            zone = ZoneInfo(cleaned["timezone"]) if cleaned.get("timezone") else None
+        except (ZoneInfoNotFoundError, ValueError):
+            zone = None
+        for name in ("starts_at", "ends_at"):
+            local = cleaned.get(name)
+            if local is None:
+                continue
+            if zone is None:
+                # The zone has its own error; keep the times aware so the model
+                # does not add a second, misleading one.
+                cleaned[name] = local.replace(tzinfo=UTC)
+                continue
+            try:
+                cleaned[name] = aware_in_zone(local, zone)
+            except ValidationError as error:
+                self.add_error(name, error)
+        starts_at = cleaned.get("starts_at")
+        if (
+            self.instance.pk is None
+            and zone is not None
+            and starts_at is not None
+            and starts_at <= default_clock().now()
+        ):
+            self.add_error(
+                "starts_at",
+                ValidationError(
+                    "The start is in the past; give a future start time.", code="past_start"
+                ),
+            )
+        return cleaned
+
+
+class EnrollmentInlineForm(forms.ModelForm):
+    class Meta:
+        model = Enrollment
+        fields = ("attendee", "status")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk and "attendee" in self.changed_data:
+            self.add_error(
+                "attendee",
+                "An enrollment cannot move to another attendee: cancel it and enrol the other "
+                "attendee in a new row.",
+            )
+        return cleaned
+
+
+class EnrollmentInlineFormSet(forms.BaseInlineFormSet):
+    def clean(self) -> None:
+        super().clean()
+        workshop = self.instance
+        if workshop.pk is None or self.save_as_new or workshop.is_scheduled:
+            return
+        for form in self.forms:
+            adds = form.instance.pk is None and form.has_changed()
+            revives = form.instance.pk and "status" in form.changed_data
+            if (adds or revives) and form.cleaned_data.get("status") == Enrollment.Status.ACTIVE:
+                raise ValidationError(
+                    "This workshop is cancelled; enrol attendees in a scheduled workshop.",
+                    code="workshop_cancelled",
+                )
 
 
 class EnrollmentInline(admin.TabularInline):
     model = Enrollment
+    form = EnrollmentInlineForm
+    formset = EnrollmentInlineFormSet
     extra = 0
+    can_delete = False
     fields = ("attendee", "status", "created_at")
     readonly_fields = ("created_at",)
     autocomplete_fields = ("attendee",)
@@ -37,17 +209,20 @@ class EnrollmentInline(admin.TabularInline):
 
 @admin.register(Workshop)
 class WorkshopAdmin(admin.ModelAdmin):
+    form = WorkshopForm
     list_display = ("title", "start_local", "start_utc", "timezone", "status")
     list_filter = ("status", ("starts_at", admin.DateFieldListFilter), "timezone")
     search_fields = ("title",)
     date_hierarchy = "starts_at"
     inlines = [EnrollmentInline]
-    readonly_fields = ("created_at", "updated_at", "start_local", "start_utc")
+    save_as = True
+    actions = ["cancel_selected"]
+    readonly_fields = ("status", "start_local", "start_utc", "created_at", "updated_at")
     fields = (
         "title",
+        "timezone",
         "starts_at",
         "ends_at",
-        "timezone",
         "start_local",
         "start_utc",
         "status",
@@ -63,6 +238,56 @@ class WorkshopAdmin(admin.ModelAdmin):
     def start_utc(self, obj: Workshop) -> str:
         return format_utc(obj.starts_at)
 
+    def save_model(self, request, obj: Workshop, form, change: bool) -> None:
+        """Save through workshop_create / workshop_update, never ``obj.save()``."""
+        values = {name: form.cleaned_data[name] for name in WorkshopForm.Meta.fields}
+        if change:
+            saved = workshop_update(workshop=obj, **values)
+        else:
+            # Also "Save as new": the copy is a new workshop with nothing of the
+            # original but these four fields; its reminders are planned fresh.
+            saved = workshop_create(**values)
+        # The admin carries on with ``obj`` (inlines, change log, redirect).
+        for model_field in Workshop._meta.concrete_fields:
+            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
+        obj._state.adding = False
+        obj._state.db = saved._state.db
+
+    def save_formset(self, request, form, formset, change: bool) -> None:
+        if formset.model is not Enrollment:
+            return super().save_formset(request, form, formset, change)
+        workshop = form.instance
+        formset.save(commit=False)
+        for enrollment in formset.new_objects:
+            # A cancelled row in a copy ("Save as new") is not carried over.
+            if enrollment.status == Enrollment.Status.ACTIVE:
+                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+        for enrollment, changed in formset.changed_objects:
+            if "status" not in changed:
+                continue
+            if enrollment.status == Enrollment.Status.CANCELLED:
+                enrollment_cancel(enrollment=enrollment)
+            else:
+                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+        return None
+
+    @admin.action(description="Cancel selected workshops", permissions=["change"])
+    def cancel_selected(self, request, queryset) -> None:
+        """Cancel each selected scheduled workshop through workshop_cancel."""
+        scheduled = list(
+            Workshop.objects.filter(
+                pk__in=queryset.order_by().values("pk"), status=Workshop.Status.SCHEDULED
+            )
+        )
+        for workshop in scheduled:
+            workshop_cancel(workshop=workshop)
+        already = queryset.count() - len(scheduled)
+        text = f"Cancelled {len(scheduled)} workshop{'s' if len(scheduled) != 1 else ''}"
+        text += "; their unsent reminders are cancelled." if scheduled else "."
+        if already:
+            text += f" {already} {'was' if already == 1 else 'were'} already cancelled."
+        self.message_user(request, text, messages.SUCCESS if scheduled else messages.WARNING)
+
 
 @admin.register(Attendee)
 class AttendeeAdmin(admin.ModelAdmin):
@@ -70,18 +295,70 @@ class AttendeeAdmin(admin.ModelAdmin):
     search_fields = ("name", "email")
     list_filter = ("timezone",)
 
-    @admin.display(description="Enrollments")
+    def get_queryset(self, request):
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                active_enrollments=Count(
+                    "enrollments", filter=Q(enrollments__status=Enrollment.Status.ACTIVE)
+                )
+            )
+        )
+
+    @admin.display(description="Active enrollments", ordering="active_enrollments")
     def enrollment_count(self, obj: Attendee) -> int:
-        return obj.enrollments.count()
+        return obj.active_enrollments
+
+
+class EnrollmentForm(forms.ModelForm):
+    class Meta:
+        model = Enrollment
+        fields = ("attendee", "workshop", "status")
+
+    def clean(self):
+        cleaned = super().clean()
+        workshop = cleaned.get("workshop") or getattr(self.instance, "workshop", None)
+        activates = cleaned.get("status") == Enrollment.Status.ACTIVE and (
+            self.instance.pk is None or "status" in self.changed_data
+        )
+        if activates and workshop is not None and not workshop.is_scheduled:
+            self.add_error(
+                "workshop" if self.instance.pk is None else "status",
+                "This workshop is cancelled; enrol the attendee in a scheduled workshop.",
+            )
+        return cleaned
 
 
 @admin.register(Enrollment)
 class EnrollmentAdmin(admin.ModelAdmin):
+    form = EnrollmentForm
     list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at")
     list_filter = ("status", "workshop__status")
     search_fields = ("attendee__email", "attendee__name", "workshop__title")
     list_select_related = ("attendee", "workshop")
     autocomplete_fields = ("attendee", "workshop")
+
+    def get_readonly_fields(self, request, obj=None):
+        # An enrollment is a fact about one attendee and one workshop: to move
+        # someone, cancel this one and enrol them elsewhere.
+        return ("attendee", "workshop", "created_at") if obj else ("created_at",)
+
+    def save_model(self, request, obj: Enrollment, form, change: bool) -> None:
+        """Save through enrollment_create / enrollment_cancel, never ``obj.save()``."""
+        if not change:
+            saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
+            if obj.status == Enrollment.Status.CANCELLED:
+                saved = enrollment_cancel(enrollment=saved)
+        elif "status" not in form.changed_data:
+            return
+        elif obj.status == Enrollment.Status.CANCELLED:
+            saved = enrollment_cancel(enrollment=obj)
+        else:
+            saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
+        for model_field in Enrollment._meta.concrete_fields:
+            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
+        obj._state.adding = False
 
     @admin.display(description="Workshop", ordering="workshop__title")
     def workshop_link(self, obj: Enrollment) -> str:

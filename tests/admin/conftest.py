@@ -187,3 +187,9 @@ def bulk_failed(clock, make_workshop):
 
 def messages_of(response) -> list[str]:
     return [str(message) for message in response.context["messages"]] if response.context else []
+
+
+@pytest.fixture(autouse=True)
+def fake_clock(clock):
+    """Install the FakeClock for every test here: forms and services read the process clock."""
+    return clock

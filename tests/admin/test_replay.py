@@ -80,7 +80,7 @@ def test_missed_and_failed_reminders_past_the_deadline_are_not_replayed(
 ):
     failed = make_reminders(1, "failed", starts_in=timedelta(hours=1))
     missed = make_reminders(1, "missed", starts_in=timedelta(hours=1))
-    clock.advance(timedelta(minutes=31))  # past both deadlines (start minus 30 minutes)
+    clock.advance(31 * 60)  # past both deadlines (start minus 30 minutes)
     with django_capture_on_commit_callbacks(execute=True):
         result = reminder_replay(reminders=_all(failed + missed), actor=replayer, clock=clock)
     assert (result.changed, result.skipped) == (0, {"past_cutoff": 2})
@@ -243,7 +243,7 @@ def test_unknown_reminder_past_its_deadline_cannot_be_sent_again_but_can_be_mark
     clock, make_reminders, published, resolver, django_capture_on_commit_callbacks
 ):
     unknown = make_reminders(1, "unknown", starts_in=timedelta(hours=1))
-    clock.advance(timedelta(minutes=45))
+    clock.advance(45 * 60)
     with django_capture_on_commit_callbacks(execute=True):
         again = reminder_resolve_unknown(
             reminders=_all(unknown), decision="send_again", reason="r", actor=resolver, clock=clock

@@ -1,0 +1,404 @@
+"""The replay and unknown-outcome actions in the admin: preview, permission, confirm, bad input."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+from django.urls import reverse
+
+from clock import SystemClock
+from reminders.models import Reminder, ReplayAudit
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/reminders/reminder/"
+WORKSHOPS = "/admin/workshops/workshop/"
+
+
+def post_action(
+    client, action, ids, *, confirm=False, url=CHANGELIST, select_across=False, **extra
+):
+    """POST what the changelist form (or, with ``confirm``, the confirmation page) posts."""
+    data = {
+        "action": action,
+        "_selected_action": [str(i) for i in ids],
+        "select_across": "1" if select_across else "0",
+        **extra,
+    }
+    if confirm:
+        data["post"] = "yes"
+    else:
+        data["index"] = "0"
+    return client.post(url, data, follow=confirm)
+
+
+def messages_of(response) -> list[str]:
+    return [str(m) for m in response.context["messages"]]
+
+
+def statuses(ids) -> Counter:
+    return Counter(Reminder.objects.filter(pk__in=ids).values_list("status", flat=True))
+
+
+def published_ids(published) -> Counter:
+    return Counter(i for batch in published for i in batch)
+
+
+def test_replay_action_is_offered_only_to_users_with_the_replay_permission(
+    make_reminders, login, replayer, viewer
+):
+    make_reminders(1, "failed")
+    offered = login(replayer).get(CHANGELIST)
+    hidden = login(viewer).get(CHANGELIST)
+    assert "replay_selected" in offered.context["action_form"].fields["action"].choices[1]
+    assert [name for name, _ in offered.context["action_form"].fields["action"].choices] == [
+        "",
+        "replay_selected",
+    ]
+    assert b"Replay selected reminders" in offered.content
+    assert b"Replay selected reminders" not in hidden.content
+    assert b"Decide reminders of unknown outcome" not in hidden.content
+
+
+def test_confirmation_page_previews_the_outcome_and_changes_nothing(
+    make_reminders, login, replayer, published
+):
+    failed = make_reminders(3, "failed")
+    sent = make_reminders(2, "sent")
+    unknown = make_reminders(1, "unknown")
+    cancelled = make_reminders(1, "cancelled")
+    queued = make_reminders(1, "queued")
+    response = post_action(
+        login(replayer), "replay_selected", failed + sent + unknown + cancelled + queued
+    )
+    assert response.status_code == 200
+    assert response.templates[0].name == "admin/reminders/staff_action_confirmation.html"
+    preview = response.context["preview"]
+    assert (preview.selected, preview.eligible) == (8, 3)
+    assert response.context["skipped_rows"] == [
+        ("already sent", 2),
+        ("cancelled", 1),
+        ("outcome unknown (resolve it instead)", 1),
+        ("already pending, queued or sending", 1),
+    ]
+    html = response.content.decode()
+    assert 'value="Yes, replay 3 reminders"' in html
+    assert "csrfmiddlewaretoken" in html
+    assert statuses(failed) == {"failed": 3}
+    assert published == [] and not ReplayAudit.objects.exists()
+
+
+def test_confirming_replays_queues_and_reports_the_counts(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    failed = make_reminders(3, "failed")
+    sent = make_reminders(1, "sent")
+    missed = make_reminders(1, "missed")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post_action(
+            login(replayer), "replay_selected", failed + sent + missed, confirm=True
+        )
+    assert response.redirect_chain == [(CHANGELIST, 302)]
+    assert messages_of(response) == [
+        "Replayed 4 reminders: 4 queued for delivery. Skipped: 1 already sent."
+    ]
+    assert published_ids(published) == Counter(failed + missed)
+    assert statuses(failed + missed) == {"queued": 4}
+    assert statuses(sent) == {"sent": 1}
+    audit = ReplayAudit.objects.get()
+    assert (audit.actor, audit.changed, audit.skipped) == (replayer, 4, {"sent": 1})
+
+
+def test_double_click_on_confirm_queues_each_reminder_once(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    """D3."""
+    failed = make_reminders(3, "failed")
+    client = login(replayer)
+    with django_capture_on_commit_callbacks(execute=True):
+        post_action(client, "replay_selected", failed, confirm=True)
+        second = post_action(client, "replay_selected", failed, confirm=True)
+    assert messages_of(second) == [
+        "Nothing was replayed. Skipped: 3 already pending, queued or sending."
+    ]
+    assert published_ids(published) == Counter(failed)
+
+
+@pytest.mark.parametrize("confirm", [False, True])
+def test_forged_replay_by_a_user_without_the_permission_gets_403_and_queues_nothing(
+    make_reminders, login, viewer, published, confirm, django_capture_on_commit_callbacks
+):
+    failed = make_reminders(2, "failed")
+    with django_capture_on_commit_callbacks(execute=True):
+        response = login(viewer).post(
+            CHANGELIST,
+            {"action": "replay_selected", "_selected_action": failed, "post": "yes"}
+            if confirm
+            else {"action": "replay_selected", "_selected_action": failed, "index": "0"},
+        )
+    assert response.status_code == 403
+    assert statuses(failed) == {"failed": 2}
+    assert published == [] and not ReplayAudit.objects.exists()
+
+
+def test_replay_without_a_csrf_token_gets_403(make_reminders, login, replayer, published):
+    failed = make_reminders(1, "failed")
+    client = login(replayer, enforce_csrf_checks=True)
+    response = client.post(
+        CHANGELIST, {"action": "replay_selected", "_selected_action": failed, "post": "yes"}
+    )
+    assert response.status_code == 403
+    assert statuses(failed) == {"failed": 1}
+    assert published == []
+
+
+def test_empty_selection_is_refused_with_a_message(make_reminders, login, replayer, published):
+    make_reminders(1, "failed")
+    response = login(replayer).post(
+        CHANGELIST, {"action": "replay_selected", "index": "0"}, follow=True
+    )
+    assert messages_of(response) == [
+        "Items must be selected in order to perform actions on them. No items have been changed."
+    ]
+    assert published == [] and not ReplayAudit.objects.exists()
+
+
+@pytest.mark.parametrize("bad", ["abc", "-3", "1 OR 1=1", "99999999999999999999", "٣"])
+def test_tampered_ids_are_refused_and_nothing_is_queued(
+    make_reminders, login, replayer, published, bad
+):
+    failed = make_reminders(2, "failed")
+    response = post_action(login(replayer), "replay_selected", [*failed, bad], confirm=True)
+    assert response.redirect_chain == [(CHANGELIST, 302)]
+    (message,) = messages_of(response)
+    assert message.startswith("The selection held values that are not ids (")
+    assert message.endswith("); nothing was changed. Select the items again.")
+    assert statuses(failed) == {"failed": 2}
+    assert published == [] and not ReplayAudit.objects.exists()
+
+
+def test_ids_that_no_longer_exist_are_counted_and_skipped(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    failed = make_reminders(2, "failed")
+    client = login(replayer)
+    preview = post_action(client, "replay_selected", [*failed, 987654])
+    assert ("no longer exist", 1) in preview.context["skipped_rows"]
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post_action(client, "replay_selected", [*failed, 987654], confirm=True)
+    assert messages_of(done) == [
+        "Replayed 2 reminders: 2 queued for delivery. Skipped: 1 no longer exist."
+    ]
+    assert published_ids(published) == Counter(failed)
+
+
+def test_selection_of_nothing_replayable_offers_no_confirm_button(make_reminders, login, replayer):
+    sent = make_reminders(2, "sent")
+    response = post_action(login(replayer), "replay_selected", sent)
+    html = response.content.decode()
+    assert "Nothing in this selection can be replayed." in html
+    assert 'id="confirm-staff-action"' not in html
+
+
+def test_select_all_across_pages_replays_every_row_matching_the_filters(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    failed = make_reminders(5, "failed")
+    other = make_reminders(3, "failed")
+    sent = make_reminders(2, "sent")
+    workshop_id = Reminder.objects.get(pk=failed[0]).workshop_id
+    url = f"{CHANGELIST}?status__exact=failed&workshop__id__exact={workshop_id}"
+    client = login(replayer)
+    preview = post_action(client, "replay_selected", failed[:1], url=url, select_across=True)
+    assert (preview.context["preview"].selected, preview.context["preview"].eligible) == (5, 5)
+    html = preview.content.decode()
+    assert 'name="select_across" value="1"' in html
+    assert f'action="{url.replace("&", "&amp;")}"' in html
+    with django_capture_on_commit_callbacks(execute=True):
+        post_action(
+            client, "replay_selected", failed[:1], url=url, select_across=True, confirm=True
+        )
+    assert published_ids(published) == Counter(failed)
+    assert statuses(other) == {"failed": 3} and statuses(sent) == {"sent": 2}
+
+
+def _replay_request_queries(client, workshop, first: int, *, capture) -> list[str]:
+    """Confirm a select-all replay of the workshop's failed reminders; return the SQL it ran."""
+    url = f"{CHANGELIST}?status__exact=failed&workshop__id__exact={workshop.pk}"
+    # Publishes run on commit (after the request's queries), one per batch.
+    with capture(execute=True), CaptureQueriesContext(connection) as queries:
+        response = client.post(
+            url,
+            {
+                "action": "replay_selected",
+                "_selected_action": [first],
+                "select_across": "1",
+                "post": "yes",
+            },
+        )
+    assert response.status_code == 302
+    return [query["sql"] for query in queries]
+
+
+def test_replaying_10000_reminders_costs_the_same_queries_as_10(
+    bulk_failed,
+    login,
+    replayer,
+    published,
+    settings,
+    django_assert_max_num_queries,
+    django_capture_on_commit_callbacks,
+):
+    """Set-based all the way: the selection is a subquery, never rows loaded into Python."""
+    client = login(replayer)
+    client.get(CHANGELIST)  # warm the session and the content types
+    small, large = bulk_failed(10), bulk_failed(10_000)
+    capture = django_capture_on_commit_callbacks
+    ticked = {
+        w: Reminder.objects.filter(workshop=w).values_list("pk", flat=True)[0]
+        for w in (small, large)
+    }
+    at_10 = _replay_request_queries(client, small, ticked[small], capture=capture)
+    published.clear()
+    started = SystemClock().monotonic()
+    with django_assert_max_num_queries(len(at_10)):
+        at_10000 = _replay_request_queries(client, large, ticked[large], capture=capture)
+    elapsed = SystemClock().monotonic() - started
+    print(
+        f"\nqueries for one replay request: {len(at_10)} at 10 reminders, "
+        f"{len(at_10000)} at 10,000 ({elapsed:.2f} s, {len(published)} broker messages)"
+    )
+    assert len(at_10000) == len(at_10), "\n".join(at_10000)
+    assert len(published) == 10_000 // settings.REMINDERS_BATCH_SIZE
+    assert published_ids(published) == Counter(
+        Reminder.objects.filter(workshop=large).values_list("pk", flat=True)
+    )
+    assert Reminder.objects.filter(workshop=large, status="queued").count() == 10_000
+
+
+# --- Workshops -------------------------------------------------------------------
+
+
+def test_workshop_replay_previews_and_replays_the_reminders_of_the_selected_workshops(
+    make_reminders, login, replayer, viewer, published, django_capture_on_commit_callbacks
+):
+    failed = make_reminders(2, "failed")
+    workshop = Reminder.objects.get(pk=failed[0]).workshop
+    sent = make_reminders(1, "sent", workshop=workshop)
+    elsewhere = make_reminders(2, "failed")
+    assert b"Replay reminders for selected workshops" not in login(viewer).get(WORKSHOPS).content
+    client = login(replayer)
+    assert b"Replay reminders for selected workshops" in client.get(WORKSHOPS).content
+    preview = post_action(client, "replay_for_selected", [workshop.pk], url=WORKSHOPS)
+    assert (preview.context["preview"].selected, preview.context["preview"].eligible) == (3, 2)
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post_action(
+            client, "replay_for_selected", [workshop.pk, 424242], url=WORKSHOPS, confirm=True
+        )
+    assert messages_of(done) == [
+        "Replayed 2 reminders: 2 queued for delivery. "
+        "Skipped: 1 already sent, 1 selected workshops no longer exist."
+    ]
+    assert published_ids(published) == Counter(failed)
+    assert statuses(elsewhere) == {"failed": 2} and statuses(sent) == {"sent": 1}
+
+
+def test_forged_workshop_replay_gets_403(make_reminders, login, viewer, published):
+    failed = make_reminders(1, "failed")
+    workshop_id = Reminder.objects.get(pk=failed[0]).workshop_id
+    response = login(viewer).post(
+        WORKSHOPS,
+        {"action": "replay_for_selected", "_selected_action": [workshop_id], "post": "yes"},
+    )
+    assert response.status_code == 403
+    assert statuses(failed) == {"failed": 1} and published == []
+
+
+# --- Unknown outcomes ------------------------------------------------------------
+
+
+def test_resolve_action_needs_its_own_permission(make_reminders, login, replayer, resolver):
+    unknown = make_reminders(1, "unknown")
+    assert b"Decide reminders of unknown outcome" in login(resolver).get(CHANGELIST).content
+    assert b"Decide reminders of unknown outcome" not in login(replayer).get(CHANGELIST).content
+    response = login(replayer).post(
+        CHANGELIST,
+        {
+            "action": "resolve_unknown",
+            "_selected_action": unknown,
+            "post": "yes",
+            "decision": "mark_sent",
+            "reason": "forged",
+        },
+    )
+    assert response.status_code == 403
+    assert statuses(unknown) == {"unknown": 1}
+
+
+def test_resolving_without_a_reason_shows_the_form_again_and_changes_nothing(
+    make_reminders, login, resolver
+):
+    unknown = make_reminders(2, "unknown")
+    response = post_action(
+        login(resolver), "resolve_unknown", unknown, confirm=True, decision="mark_sent", reason=" "
+    )
+    assert response.status_code == 200
+    assert response.context["form"].errors == {
+        "reason": ["Give a reason: it is recorded with the decision."]
+    }
+    assert statuses(unknown) == {"unknown": 2}
+    assert not ReplayAudit.objects.exists()
+
+
+def test_marking_unknown_reminders_sent_from_the_admin(make_reminders, login, resolver):
+    unknown = make_reminders(2, "unknown")
+    failed = make_reminders(1, "failed")
+    client = login(resolver)
+    preview = post_action(client, "resolve_unknown", unknown + failed)
+    assert "decision" in preview.content.decode() and preview.context["preview"].eligible == 2
+    done = post_action(
+        client,
+        "resolve_unknown",
+        unknown + failed,
+        confirm=True,
+        decision="mark_sent",
+        reason="provider log shows delivery",
+    )
+    assert messages_of(done) == ["Marked 2 reminders as sent. Skipped: 1 not of unknown outcome."]
+    assert statuses(unknown) == {"sent": 2} and statuses(failed) == {"failed": 1}
+    assert ReplayAudit.objects.get().reason == "provider log shows delivery"
+
+
+def test_sending_unknown_reminders_again_from_the_admin(
+    make_reminders, login, resolver, published, django_capture_on_commit_callbacks
+):
+    unknown = make_reminders(2, "unknown")
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post_action(
+            login(resolver),
+            "resolve_unknown",
+            unknown,
+            confirm=True,
+            decision="send_again",
+            reason="provider has no record of it",
+        )
+    assert messages_of(done) == ["Sending 2 reminders again: 2 queued."]
+    assert published_ids(published) == Counter(unknown)
+
+
+def test_audit_records_are_listed_read_only(make_reminders, login, replayer, make_staff):
+    failed = make_reminders(1, "failed")
+    post_action(login(replayer), "replay_selected", failed, confirm=True)
+    auditor = make_staff("reminders.view_replayaudit")
+    client = login(auditor)
+    listing = client.get(reverse("admin:reminders_replayaudit_changelist"))
+    assert listing.status_code == 200 and b"replayer" in listing.content
+    audit = ReplayAudit.objects.get()
+    assert (
+        client.post(reverse("admin:reminders_replayaudit_change", args=[audit.pk])).status_code
+        == 403
+    )
+    assert client.get(reverse("admin:reminders_replayaudit_add")).status_code == 403

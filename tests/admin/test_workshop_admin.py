@@ -1,0 +1,305 @@
+"""The workshops admin: writes go through workshops.services; nothing is half-saved."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import pytest
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from reminders.models import Reminder
+from workshops.models import Enrollment, Workshop
+from workshops.services import workshop_cancel
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/workshops/workshop/"
+
+
+def form_data(
+    *,
+    title="Django admin deep dive",
+    zone="America/New_York",
+    starts="2026-03-02 10:00",
+    ends="2026-03-02 12:00",
+    rows=(),
+    **extra,
+) -> dict:
+    """Return what the workshop form posts; ``rows`` are (enrollment id or "", attendee id, status)."""
+    data = {
+        "title": title,
+        "timezone": zone,
+        "starts_at_0": starts.split()[0],
+        "starts_at_1": starts.split()[1],
+        "ends_at_0": ends.split()[0],
+        "ends_at_1": ends.split()[1],
+        "enrollments-TOTAL_FORMS": str(len(rows)),
+        "enrollments-INITIAL_FORMS": str(sum(1 for row in rows if row[0])),
+        "enrollments-MIN_NUM_FORMS": "0",
+        "enrollments-MAX_NUM_FORMS": "1000",
+        **extra,
+    }
+    for index, (enrollment_id, attendee_id, status) in enumerate(rows):
+        data[f"enrollments-{index}-id"] = str(enrollment_id)
+        data[f"enrollments-{index}-attendee"] = str(attendee_id)
+        data[f"enrollments-{index}-status"] = status
+    return data
+
+
+def field_errors(response) -> dict:
+    return dict(response.context["adminform"].form.errors)
+
+
+def test_new_workshop_takes_local_time_in_its_zone_and_plans_reminders(admin_client, make_attendee):
+    people = [make_attendee(), make_attendee()]
+    response = admin_client.post(
+        f"{CHANGELIST}add/",
+        form_data(rows=[("", p.pk, "active") for p in people]),
+    )
+    assert response.status_code == 302, field_errors(response)
+    workshop = Workshop.objects.get()
+    # 10:00 EST is 15:00 UTC.
+    assert workshop.starts_at == datetime.fromisoformat("2026-03-02T15:00:00+00:00")
+    assert workshop.ends_at == datetime.fromisoformat("2026-03-02T17:00:00+00:00")
+    assert list(Reminder.objects.filter(workshop=workshop).values_list("status", flat=True)) == [
+        "pending",
+        "pending",
+    ]
+
+
+def test_start_in_the_past_is_a_field_error_and_nothing_is_saved(admin_client, make_attendee):
+    attendee = make_attendee()
+    response = admin_client.post(
+        f"{CHANGELIST}add/",
+        form_data(
+            starts="2026-03-01 10:00", ends="2026-03-01 12:00", rows=[("", attendee.pk, "active")]
+        ),
+    )
+    assert response.status_code == 200
+    assert field_errors(response) == {
+        "starts_at": ["The start is in the past; give a future start time."]
+    }
+    assert not Workshop.objects.exists() and not Enrollment.objects.exists()
+
+
+def test_unknown_zone_is_a_field_error_and_nothing_is_saved(admin_client):
+    response = admin_client.post(f"{CHANGELIST}add/", form_data(zone="Mars/Olympus_Mons"))
+    assert field_errors(response) == {
+        "timezone": [
+            "Mars/Olympus_Mons is not a known time zone; use an IANA name such as Europe/Berlin."
+        ]
+    }
+    assert not Workshop.objects.exists()
+
+
+def test_local_time_skipped_by_daylight_saving_is_refused(admin_client):
+    response = admin_client.post(
+        f"{CHANGELIST}add/",
+        form_data(zone="Europe/Berlin", starts="2026-03-29 02:30", ends="2026-03-29 04:00"),
+    )
+    assert field_errors(response) == {
+        "starts_at": [
+            "2026-03-29 02:30 does not exist in Europe/Berlin: the clocks jump forward over it. "
+            "Choose a time outside the daylight-saving gap."
+        ]
+    }
+    assert not Workshop.objects.exists()
+
+
+def test_end_before_start_is_a_field_error(admin_client):
+    response = admin_client.post(
+        f"{CHANGELIST}add/", form_data(starts="2026-03-02 12:00", ends="2026-03-02 11:00")
+    )
+    assert field_errors(response) == {"ends_at": ["The end must be after the start."]}
+    assert not Workshop.objects.exists()
+
+
+def test_change_form_shows_local_time_and_moving_the_start_reschedules_reminders(
+    admin_client, make_workshop, enrol
+):
+    workshop = make_workshop(zone="Asia/Tokyo", starts_in=timedelta(hours=3))  # 12:00 UTC
+    (enrollment,) = enrol(workshop, 1)
+    page = admin_client.get(f"{CHANGELIST}{workshop.pk}/change/").content.decode()
+    assert (
+        'value="2026-03-02" name="starts_at_0"' in page
+        or 'name="starts_at_0" value="2026-03-02"' in page
+    )
+    assert "21:00:00" in page  # 12:00 UTC is 21:00 JST
+    response = admin_client.post(
+        f"{CHANGELIST}{workshop.pk}/change/",
+        form_data(
+            title=workshop.title,
+            zone="Asia/Tokyo",
+            starts="2026-03-02 23:00",
+            ends="2026-03-03 00:00",
+            rows=[(enrollment.pk, enrollment.attendee_id, "active")],
+            status="cancelled",  # not a form field: ignored
+        ),
+    )
+    assert response.status_code == 302, field_errors(response)
+    workshop.refresh_from_db()
+    assert workshop.starts_at == datetime.fromisoformat("2026-03-02T14:00:00+00:00")
+    assert workshop.status == "scheduled"
+    reminder = Reminder.objects.get(workshop=workshop)
+    assert reminder.deadline_at == datetime.fromisoformat("2026-03-02T13:30:00+00:00")
+
+
+def test_save_as_new_copies_no_reminders_and_no_sent_markers(
+    admin_client, make_reminders, make_attendee
+):
+    """S4: the copy is created by workshop_create; its reminders are planned fresh."""
+    sent = make_reminders(1, "sent")
+    original = Reminder.objects.get(pk=sent[0]).workshop
+    failed = make_reminders(1, "failed", workshop=original)
+    cancelled = make_reminders(1, "cancelled", workshop=original)
+    rows = [
+        (e.pk, e.attendee_id, e.status)
+        for e in Enrollment.objects.filter(workshop=original).order_by("pk")
+    ]
+    local = original.starts_at.astimezone(original.zone)
+    response = admin_client.post(
+        f"{CHANGELIST}{original.pk}/change/",
+        form_data(
+            title=f"{original.title} (again)",
+            zone=original.timezone,
+            starts=local.strftime("%Y-%m-%d %H:%M"),
+            ends=original.ends_at.astimezone(original.zone).strftime("%Y-%m-%d %H:%M"),
+            rows=rows,
+            _saveasnew="Save as new",
+        ),
+    )
+    assert response.status_code == 302, field_errors(response)
+    copy = Workshop.objects.exclude(pk=original.pk).get()
+    assert (copy.title, copy.starts_at, copy.status) == (
+        f"{original.title} (again)",
+        original.starts_at,
+        "scheduled",
+    )
+    copied = list(Reminder.objects.filter(workshop=copy))
+    assert len(copied) == 2  # the cancelled enrollment is not carried over
+    assert {
+        (r.status, r.attempts, r.sent_at, r.provider_message_id, r.last_error) for r in copied
+    } == {("pending", 0, None, "", "")}
+    assert set(Reminder.objects.filter(workshop=original).values_list("pk", "status")) == {
+        (sent[0], "sent"),
+        (failed[0], "failed"),
+        (cancelled[0], "cancelled"),
+    }
+
+
+def test_copy_of_a_past_workshop_is_refused_with_a_field_error(admin_client, make_workshop, clock):
+    workshop = make_workshop(starts_in=timedelta(hours=1))
+    clock.advance(2 * 3600)
+    local = workshop.starts_at.astimezone(workshop.zone)
+    response = admin_client.post(
+        f"{CHANGELIST}{workshop.pk}/change/",
+        form_data(
+            zone=workshop.timezone,
+            starts=local.strftime("%Y-%m-%d %H:%M"),
+            ends=(local + timedelta(hours=1)).strftime("%Y-%m-%d %H:%M"),
+            _saveasnew="Save as new",
+        ),
+    )
+    assert field_errors(response) == {
+        "starts_at": ["The start is in the past; give a future start time."]
+    }
+    assert Workshop.objects.count() == 1
+
+
+def test_enrollment_inline_enrols_and_cancels_through_the_services(
+    admin_client, make_workshop, enrol, make_attendee
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (existing,) = enrol(workshop, 1)
+    newcomer = make_attendee()
+    local = workshop.starts_at.astimezone(workshop.zone)
+    response = admin_client.post(
+        f"{CHANGELIST}{workshop.pk}/change/",
+        form_data(
+            title=workshop.title,
+            zone=workshop.timezone,
+            starts=local.strftime("%Y-%m-%d %H:%M"),
+            ends=workshop.ends_at.astimezone(workshop.zone).strftime("%Y-%m-%d %H:%M"),
+            rows=[(existing.pk, existing.attendee_id, "cancelled"), ("", newcomer.pk, "active")],
+        ),
+    )
+    assert response.status_code == 302, response.context and response.context["errors"]
+    statuses = dict(Reminder.objects.filter(workshop=workshop).values_list("attendee_id", "status"))
+    assert statuses == {existing.attendee_id: "cancelled", newcomer.pk: "pending"}
+
+
+def test_cancel_action_cancels_through_the_service(admin_client, make_reminders, make_workshop):
+    pending = make_reminders(2, "pending")
+    workshop = Reminder.objects.get(pk=pending[0]).workshop
+    already = make_workshop()
+    workshop_cancel(workshop=already)
+    response = admin_client.post(
+        CHANGELIST,
+        {"action": "cancel_selected", "_selected_action": [workshop.pk, already.pk], "index": "0"},
+        follow=True,
+    )
+    assert [str(m) for m in response.context["messages"]] == [
+        "Cancelled 1 workshop; their unsent reminders are cancelled. 1 was already cancelled."
+    ]
+    assert set(Reminder.objects.filter(pk__in=pending).values_list("status", flat=True)) == {
+        "cancelled"
+    }
+
+
+def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminders):
+    make_reminders(2, "failed")
+    admin_client.get(CHANGELIST)
+    with CaptureQueriesContext(connection) as one:
+        first = admin_client.get(CHANGELIST)
+    for status in ("sent", "failed", "pending", "unknown", "queued", "cancelled"):
+        make_reminders(2, status)
+    with CaptureQueriesContext(connection) as seven:
+        response = admin_client.get(CHANGELIST)
+    assert len(seven) == len(one)
+    assert (
+        len(first.context["cl"].result_list) == 1 and len(response.context["cl"].result_list) == 7
+    )
+    html = response.content.decode()
+    assert "2&nbsp;failed</a>" in html and "2&nbsp;unknown</a>" in html
+    assert "?workshop__id__exact=" in html and "status__exact=failed" in html
+
+
+def test_enrollment_admin_enrols_and_cancels_through_the_services(
+    admin_client, make_workshop, make_attendee
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    attendee = make_attendee()
+    added = admin_client.post(
+        "/admin/workshops/enrollment/add/",
+        {"attendee": attendee.pk, "workshop": workshop.pk, "status": "active"},
+    )
+    assert added.status_code == 302
+    enrollment = Enrollment.objects.get()
+    assert Reminder.objects.get(enrollment=enrollment).status == "pending"
+    changed = admin_client.post(
+        f"/admin/workshops/enrollment/{enrollment.pk}/change/", {"status": "cancelled"}
+    )
+    assert changed.status_code == 302
+    assert Reminder.objects.get(enrollment=enrollment).status == "cancelled"
+    duplicate = admin_client.post(
+        "/admin/workshops/enrollment/add/",
+        {"attendee": attendee.pk, "workshop": workshop.pk, "status": "active"},
+    )
+    assert duplicate.status_code == 200
+    assert Enrollment.objects.count() == 1
+
+
+def test_enrolling_in_a_cancelled_workshop_is_a_field_error(
+    admin_client, make_workshop, make_attendee
+):
+    workshop = make_workshop()
+    workshop_cancel(workshop=workshop)
+    response = admin_client.post(
+        "/admin/workshops/enrollment/add/",
+        {"attendee": make_attendee().pk, "workshop": workshop.pk, "status": "active"},
+    )
+    assert response.context["adminform"].form.errors == {
+        "workshop": ["This workshop is cancelled; enrol the attendee in a scheduled workshop."]
+    }
+    assert not Enrollment.objects.exists()
