@@ -23,11 +23,9 @@ and published once, whoever clicks twice (FAULTS D3). ``sent`` is never in a
 replay's WHERE (D3), and the automatic path only ever holds ``pending``,
 ``queued`` or ``sending`` rows, which no replay touches (D4).
 
-``attempts`` is not reset on re-arming: reminder_claim_batch numbers each
-DeliveryAttempt by ``Reminder.attempts``, and the unique (reminder, number)
-constraint makes the next claim of a reminder whose counter went down fail.
-A replayed reminder therefore gets the claims left under
-REMINDERS_MAX_ATTEMPTS, and at least one.
+Re-arming resets ``attempts``: a replayed reminder gets the full
+REMINDERS_MAX_ATTEMPTS again. The DeliveryAttempt history keeps every earlier
+claim, numbered on from the last one.
 
 Raises ``django.core.exceptions.ValidationError`` for a missing reason or an
 unknown decision; nothing else is expected.
@@ -123,6 +121,7 @@ def reminder_replay(
                 selection_of(reminders).filter(sendable_q(now)),
             ),
             status=Status.PENDING,
+            attempts=0,
             status_reason=REASON_REPLAYED.format(actor=actor.get_username())[:200],
             **_schedule_from_workshop(),
             next_attempt_at=None,
@@ -195,6 +194,7 @@ def reminder_resolve_unknown(
             changed = _update_returning_ids(
                 _guarded(unknown, selection.filter(sendable_q(now))),
                 status=Status.PENDING,
+                attempts=0,
                 status_reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason)[:200],
                 **_schedule_from_workshop(),
                 next_attempt_at=None,

@@ -515,19 +515,37 @@ def reminder_claim_batch(
             .select_related("attendee", "workshop")
             .order_by("deadline_at", "id")
         )
-        DeliveryAttempt.objects.bulk_create(
-            DeliveryAttempt(
-                reminder_id=reminder.pk,
-                number=reminder.attempts,
-                claim_token=token,
-                channel=channel,
-                worker=worker[:200],
-                claimed_at=now,
-                lease_expires_at=lease,
-            )
-            for reminder in claimed
-        )
+        _record_attempts(token=token, worker=worker)
     return Claim(token=token, lease_expires_at=lease, channel=channel, reminders=claimed)
+
+
+def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
+    """Insert one in-flight DeliveryAttempt per reminder of the claim, in one statement.
+
+    Each attempt is numbered after the reminder's highest earlier one, not by
+    ``Reminder.attempts``: that counter goes down when a claim is refunded
+    (released before any provider call, or replayed by staff), and the
+    history must stay append-only and uniquely numbered.
+    """
+    attempt = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
+    reminder = connection.ops.quote_name(Reminder._meta.db_table)
+    token_value = Reminder._meta.get_field("claim_token").get_db_prep_value(token, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {attempt} (reminder_id, number, claim_token, channel, worker, "
+            "claimed_at, lease_expires_at, finished_at, outcome, provider_calls, error, "
+            "provider_message_id) "
+            f"SELECT r.id, COALESCE((SELECT MAX(a.number) FROM {attempt} a "
+            "WHERE a.reminder_id = r.id), 0) + 1, r.claim_token, r.channel, %s, "
+            "r.updated_at, r.lease_expires_at, NULL, %s, 0, '', '' "
+            f"FROM {reminder} r WHERE r.claim_token = %s AND r.status = %s",
+            [
+                worker[:200],
+                DeliveryAttempt.Outcome.IN_FLIGHT.value,
+                token_value,
+                Status.SENDING.value,
+            ],
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -211,3 +211,17 @@ def test_eight_threads_racing_for_the_same_thousand_reminders_claim_each_once(cl
     assert set(counts.values()) == {1}
     assert DeliveryAttempt.objects.count() == 1000
     assert Reminder.objects.filter(status="sending").count() == 1000
+
+
+def test_claim_after_a_refunded_attempt_numbers_the_history_on(clock, due_reminders):
+    """A release refunds the attempt counter; the history still numbers 1, 2, 3."""
+    (reminder_id,) = due_reminders(1)
+    for _ in range(2):
+        claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
+        reminder_release(claim=claim, clock=clock)
+    claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
+    assert claim.ids == [reminder_id]
+    assert Reminder.objects.get(pk=reminder_id).attempts == 1
+    assert list(
+        DeliveryAttempt.objects.order_by("number").values_list("number", "outcome")
+    ) == [(1, "not_started"), (2, "not_started"), (3, "in_flight")]
