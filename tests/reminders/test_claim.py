@@ -222,6 +222,8 @@ def test_claim_after_a_refunded_attempt_numbers_the_history_on(clock, due_remind
     claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
     assert claim.ids == [reminder_id]
     assert Reminder.objects.get(pk=reminder_id).attempts == 1
-    assert list(
-        DeliveryAttempt.objects.order_by("number").values_list("number", "outcome")
-    ) == [(1, "not_started"), (2, "not_started"), (3, "in_flight")]
+    assert list(DeliveryAttempt.objects.order_by("number").values_list("number", "outcome")) == [
+        (1, "not_started"),
+        (2, "not_started"),
+        (3, "in_flight"),
+    ]
