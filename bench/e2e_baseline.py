@@ -1,0 +1,64 @@
+"""The e2e benchmark's baseline: one Celery task per reminder, a blocking client.
+
+Loaded only by the baseline workers of ``bench/e2e.py``::
+
+    celery -A config worker -I bench.e2e_baseline -Q baseline
+
+so the product's tasks and routes are untouched. This is the design the
+project replaces, done carefully: each task loads its reminder with one
+query, renders it with the product's own templates, posts it with a
+module-level ``httpx.Client`` (one kept-alive connection per pool process)
+signed as ``delivery/HTTP_CONTRACT.md`` says, and writes the provider's
+message id back with one UPDATE (no status change: statuses belong to
+reminders.services). Celery's own per-task ``rate_limit`` throttles it:
+a token bucket per worker process, not shared between workers, so the
+driver sets it to the provider's limit divided by the number of workers
+(``BENCH_BASELINE_RATE``).
+"""
+
+from __future__ import annotations
+
+import os
+
+import httpx
+from celery import shared_task
+from django.conf import settings
+
+from clock import default_clock
+from delivery.channels.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, encode_body, sign
+from reminders.content import reminder_envelope
+from reminders.models import Reminder
+
+RATE = os.environ.get("BENCH_BASELINE_RATE", "100/s")
+_client: httpx.Client | None = None
+
+
+def _http() -> httpx.Client:
+    global _client
+    if _client is None:
+        _client = httpx.Client(timeout=settings.REMINDERS_CALL_TIMEOUT)
+    return _client
+
+
+@shared_task(name="bench.baseline_send", rate_limit=RATE, ignore_result=True)
+def baseline_send(reminder_id: int) -> str:
+    """Deliver one reminder over HTTP, blocking, and store the provider's message id."""
+    clock = default_clock()
+    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
+    envelope = reminder_envelope(reminder=reminder, now=clock.now())
+    body = encode_body(envelope)
+    timestamp = str(int(clock.now().timestamp()))
+    response = _http().post(
+        settings.REMINDERS_HTTP_URL,
+        content=body,
+        headers={
+            "Content-Type": "application/json",
+            "Idempotency-Key": envelope.key,
+            TIMESTAMP_HEADER: timestamp,
+            SIGNATURE_HEADER: sign(settings.REMINDERS_HTTP_SECRET, timestamp, body),
+        },
+    )
+    response.raise_for_status()
+    message_id = response.json().get("message_id", "")
+    Reminder.objects.filter(pk=reminder_id).update(provider_message_id=message_id[:255])
+    return message_id
