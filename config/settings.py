@@ -316,7 +316,10 @@ CELERY_TASK_TIME_LIMIT = REMINDERS_BATCH_BUDGET + 60
 # On SIGTERM, let running batches finish within the budget before a cold stop.
 CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(REMINDERS_BATCH_BUDGET + 15)
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
-CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = True
+# A broker restart must not kill running batches: their claims would go
+# unrecorded (and become unknown on SMTP). The message is redelivered and the
+# claim makes the second run a no-op.
+CELERY_WORKER_CANCEL_LONG_RUNNING_TASKS_ON_CONNECTION_LOSS = False
 CELERY_BROKER_CONNECTION_RETRY_ON_STARTUP = True
 # Publishing gives up quickly when the broker is down; the scan re-enqueues
 # whatever was not published, so a failed publish loses nothing.

@@ -114,6 +114,10 @@ class _Batch:
         self._concurrency = min(policy.concurrency, channel_cap or policy.concurrency)
         self._stop_reason = "the batch was cancelled"
         self._started_at = clock.monotonic()
+        # Set when the budget is used up and in-flight calls may still finish.
+        self._draining = False
+        self._calls_in_flight = 0
+        self._no_calls: asyncio.Event | None = None
 
     # -- the batch ---------------------------------------------------------------
 
@@ -206,7 +210,33 @@ class _Batch:
             self._stop_reason = "stop signal"
         except TimeoutError:
             self._stop_reason = f"budget of {self._policy.budget:g}s used up"
+            await self._drain(stop)
         raise _Stopped(self._stop_reason)
+
+    async def _drain(self, stop: asyncio.Event) -> None:
+        """Start no new call; give calls in flight up to ``policy.drain`` to end.
+
+        A call that ends here has a known outcome; one cut off by the stop
+        that follows may have reached the provider. A stop signal during the
+        drain ends it at once.
+        """
+        self._draining = True
+        if self._policy.drain <= 0 or self._calls_in_flight == 0:
+            return
+        self._no_calls = asyncio.Event()
+        waiters = [
+            asyncio.ensure_future(self._no_calls.wait()),
+            asyncio.ensure_future(stop.wait()),
+        ]
+        try:
+            async with self._clock.timeout(self._policy.drain):
+                await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+        except TimeoutError:
+            pass
+        finally:
+            for waiter in waiters:
+                waiter.cancel()
+            await asyncio.gather(*waiters, return_exceptions=True)
 
     async def _feed(
         self, todo: list[_Progress], slots: asyncio.Semaphore, watcher: asyncio.Task
@@ -236,6 +266,9 @@ class _Batch:
                     holding = True
                 if self._clock.now() >= envelope.deadline_at:
                     self._finish_at_deadline(progress)
+                    return
+                if self._draining:
+                    self._finish_cancelled(progress)
                     return
                 failure = await self._try_once(progress)
                 tries += 1
@@ -307,10 +340,14 @@ class _Batch:
             if self._clock.now() >= envelope.deadline_at:
                 self._finish_at_deadline(progress)
                 return None
+        if self._draining:  # the budget ran out while this one waited for the limiter
+            self._finish_cancelled(progress)
+            return None
         progress.attempts += 1
         progress.in_flight = True
         failure: _Failure | None = None
         message_id = ""
+        self._calls_in_flight += 1
         try:
             async with self._clock.timeout(self._policy.call_timeout):
                 try:
@@ -325,6 +362,10 @@ class _Batch:
                 f"provider call exceeded call_timeout={self._policy.call_timeout:g}s",
                 ambiguous=True,
             )
+        finally:
+            self._calls_in_flight -= 1
+            if self._calls_in_flight == 0 and self._no_calls is not None:
+                self._no_calls.set()
         # Not in a finally: a cancellation must still see the call as in flight.
         progress.in_flight = False
         if failure is None:

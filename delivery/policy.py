@@ -55,6 +55,11 @@ class DeliveryPolicy:
     backoff_max: float = DEFAULT_BACKOFF_MAX
     jitter: float = DEFAULT_JITTER
     budget: float = DEFAULT_BUDGET
+    #: Seconds that calls already in flight may still take once the budget is
+    #: used up (no new call starts meanwhile); 0 cancels them at once. On a
+    #: channel without idempotency keys a cancelled call is an unknown outcome,
+    #: so letting it finish (within ``call_timeout``) keeps outcomes known.
+    drain: float = 0.0
 
     def __post_init__(self) -> None:
         _check_int("concurrency", self.concurrency, "pass how many provider calls may run at once.")
@@ -84,6 +89,9 @@ class DeliveryPolicy:
             )
         _check_seconds(
             "budget", self.budget, allow_zero=False, hint="set it below the task's time limit."
+        )
+        _check_seconds(
+            "drain", self.drain, allow_zero=True, hint="pass 0 to cancel calls at the budget."
         )
 
     def backoff(self, retry: int, *, draw: float, retry_after: float | None = None) -> float:

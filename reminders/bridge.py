@@ -36,6 +36,7 @@ from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
+LIMITER_MARGIN = 0.05
 
 
 def smtp_settings() -> SmtpSettings:
@@ -137,20 +138,34 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
     if not settings.REMINDERS_REDIS_URL:
         from delivery.limiter import LocalRateLimiter
 
-        return lambda: LocalRateLimiter(per_second, clock=clock)
+        return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     url = settings.REMINDERS_REDIS_URL
+    # 50 ms of margin per window: a start granted at the edge of a window can
+    # reach a provider on a loaded host that much later (seen at 20 ms).
     return lambda: RedisRateLimiter(
-        url=url, account=RATE_LIMIT_ACCOUNT, per_second=per_second, clock=clock
+        url=url,
+        account=RATE_LIMIT_ACCOUNT,
+        per_second=per_second,
+        clock=clock,
+        margin=LIMITER_MARGIN,
     )
 
 
 def delivery_policy(*, budget: float) -> DeliveryPolicy:
-    """Return the engine's policy from settings, bounded by what is left of the batch budget."""
+    """Return the engine's policy from settings, bounded by what is left of the batch budget.
+
+    The last part of the budget is a drain: no call starts in it, and calls
+    already in flight may finish, so their outcome is known instead of
+    ``unknown`` (a call cut off on SMTP may have reached the server).
+    """
+    budget = max(1.0, budget)
+    drain = min(settings.REMINDERS_CALL_TIMEOUT, budget / 4)
     return DeliveryPolicy(
         concurrency=settings.REMINDERS_CONCURRENCY,
         call_timeout=settings.REMINDERS_CALL_TIMEOUT,
         max_attempts=settings.REMINDERS_ENGINE_ATTEMPTS,
-        budget=max(1.0, budget),
+        budget=budget - drain,
+        drain=drain,
     )
 
 

@@ -12,6 +12,7 @@ import threading
 from collections import Counter
 
 from django.conf import settings
+from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
 from delivery.results import DeliveryResult, Outcome
@@ -29,6 +30,19 @@ from reminders.services import (
 )
 
 logger = logging.getLogger(__name__)
+
+# How long a finished chunk keeps trying to record its outcome while the
+# database is unreachable (a restart, a failover). Far inside the lease, so no
+# reaper can take the rows meanwhile; the record is fenced, so a retry is safe.
+RECORD_RETRY_SECONDS = 60.0
+
+
+class DatabaseUnavailable(Exception):
+    """The database could not be reached before ``ids`` were claimed; nothing was sent."""
+
+    def __init__(self, ids: list[int]) -> None:
+        super().__init__(f"database unavailable before claiming {len(ids)} reminders")
+        self.ids = ids
 
 
 def scan(*, clock: Clock | None = None, publish=None) -> dict[str, int]:
@@ -77,15 +91,42 @@ def deliver(
             logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
             break
         chunk = ids[offset : offset + chunk_size]
-        claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
+        try:
+            claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
+        except (OperationalError, InterfaceError) as exc:
+            # Nothing of this chunk or after it is claimed: hand them back whole.
+            connection.close()
+            raise DatabaseUnavailable(ids[offset:]) from exc
         counts["skipped"] += len(chunk) - len(claim.reminders)
         if not claim.reminders:
             continue
         results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
-        counts.update(reminder_record_batch(claim=claim, results=results, clock=clock))
+        counts.update(record_with_retry(claim=claim, results=results, clock=clock))
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
     return dict(counts)
+
+
+def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> dict[str, int]:
+    """Record a chunk's outcomes, retrying while the database is briefly unreachable.
+
+    Outcomes are known once the engine returns; losing them to a database
+    restart would leave the reaper to guess (``unknown`` on SMTP). The record
+    is fenced by the claim token, so running it again is harmless.
+    """
+    give_up_at = clock.monotonic() + RECORD_RETRY_SECONDS
+    delay = 0.5
+    while True:
+        try:
+            return reminder_record_batch(claim=claim, results=results, clock=clock)
+        except (OperationalError, InterfaceError) as exc:
+            connection.close()
+            if clock.monotonic() + delay > give_up_at:
+                logger.error("Could not record %s outcomes; the lease decides", len(results))
+                raise
+            logger.warning("Recording outcomes failed (%s); retrying in %.1f s", exc, delay)
+            clock.sleep_blocking(delay)
+            delay = min(delay * 2, 5.0)
 
 
 def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[DeliveryResult]:

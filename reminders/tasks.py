@@ -16,6 +16,9 @@ from reminders import pipeline
 
 logger = logging.getLogger(__name__)
 
+# Retries of a batch whose claim could not reach the database (1, 2, 4, 8, 16 s).
+DATABASE_RETRIES = 5
+
 
 @shared_task(name="reminders.scan", ignore_result=True)
 def scan() -> dict[str, int]:
@@ -32,13 +35,27 @@ def parse_ids(value: object) -> list[int] | None:
     return list(dict.fromkeys(value))
 
 
-@shared_task(name="reminders.deliver_batch", bind=True, ignore_result=True, max_retries=0)
+@shared_task(
+    name="reminders.deliver_batch", bind=True, ignore_result=True, max_retries=DATABASE_RETRIES
+)
 def deliver_batch(self, reminder_ids) -> dict[str, int]:
     """Deliver the reminders named by id; malformed arguments are rejected, never retried."""
     ids = parse_ids(reminder_ids)
     if ids is None:
         logger.error("Rejected deliver_batch with malformed ids %.200r", reminder_ids)
         return {"rejected": 1}
-    counts = pipeline.deliver(ids, worker=self.request.hostname or "")
+    try:
+        counts = pipeline.deliver(ids, worker=self.request.hostname or "")
+    except pipeline.DatabaseUnavailable as exc:
+        # Nothing was claimed: try again shortly instead of letting the queue
+        # drain into errors while PostgreSQL restarts. After the last retry the
+        # reminders stay queued and the scan dispatches them again.
+        if self.request.retries >= DATABASE_RETRIES:
+            logger.error("Database still unavailable; %s reminders left to the scan", len(exc.ids))
+            return {"database_unavailable": len(exc.ids)}
+        logger.warning("Database unavailable; retrying %s reminders", len(exc.ids))
+        raise self.retry(
+            args=[exc.ids], countdown=2**self.request.retries, max_retries=DATABASE_RETRIES
+        ) from exc
     logger.info("Batch of %s finished: %s", len(ids), counts)
     return counts

@@ -56,15 +56,7 @@ def test_database_connection_lost_between_claim_and_record_sends_nothing_twice(
     """C7: the record fails; the lease holds the row; the reaper decides, no second claim."""
     ids = due_reminders(3)
     claim = reminder_claim_batch(ids=ids, channel="smtp", clock=live_clock)
-    pid = connection.connection.info.backend_pid
-    with connection.cursor() as cursor:  # another session would do this; so does a restart
-        cursor.execute("SELECT 1")
-    from django.db import connections
-
-    other = connections.create_connection("default")
-    with other.cursor() as cursor:
-        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
-    other.close()
+    _terminate_my_connection()
     with pytest.raises(OperationalError):
         reminder_record_batch(
             claim=claim, results=[_result(r) for r in claim.reminders], clock=live_clock
@@ -85,3 +77,42 @@ def test_beat_back_after_ten_minutes_catches_up_once(clock, due_reminders, publi
     second = pipeline.scan(clock=clock)
     assert (first["dispatched"], second["dispatched"]) == (12, 0)
     assert sum(len(batch) for batch, _ in published) == 12
+
+
+def _terminate_my_connection() -> None:
+    """Kill this process's database session from another one, as a restart would."""
+    from django.db import connections
+
+    pid = connection.connection.info.backend_pid
+    other = connections.create_connection("default")
+    with other.cursor() as cursor:
+        cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+    other.close()
+
+
+def test_record_retries_through_a_lost_connection_and_keeps_known_outcomes(
+    live_clock, due_reminders
+):
+    """C7, improved: outcomes already known are recorded once the database answers again."""
+    ids = due_reminders(3)
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=live_clock)
+    _terminate_my_connection()
+    counts = pipeline.record_with_retry(
+        claim=claim, results=[_result(r) for r in claim.reminders], clock=live_clock
+    )
+    assert counts == {"sent": 3}
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
+    live_clock, due_reminders, outbox
+):
+    ids = due_reminders(3)
+    connection.ensure_connection()
+    _terminate_my_connection()
+    with pytest.raises(pipeline.DatabaseUnavailable) as caught:
+        pipeline.deliver(ids, clock=live_clock)
+    assert caught.value.ids == ids
+    connection.close()
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
+    assert pipeline.deliver(ids, clock=live_clock)["sent"] == 3
