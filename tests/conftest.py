@@ -153,3 +153,23 @@ def live_clock(clock):
     clock.autojump = False
     clock.advance_to(SystemClock().now())
     return clock
+
+
+@pytest.fixture
+def broker(redis_url):
+    """The test Redis database, emptied before and after the test."""
+    import redis
+
+    client = redis.Redis.from_url(redis_url)
+    client.flushdb()
+    yield redis_url
+    client.flushdb()
+
+
+@pytest.fixture
+def smtp_sink():
+    """A real SMTP server on 127.0.0.1 that records what it receives."""
+    from loopback.smtp_sink import SmtpSink
+
+    with SmtpSink() as sink:
+        yield sink

@@ -11,9 +11,6 @@ import os
 from pathlib import Path
 
 import pytest
-import redis
-
-from loopback.smtp_sink import SmtpSink
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -43,20 +40,6 @@ def plain_http_cookies(settings):
     """The live server speaks plain HTTP: secure-only cookies would never come back."""
     settings.SESSION_COOKIE_SECURE = False
     settings.CSRF_COOKIE_SECURE = False
-
-
-@pytest.fixture
-def broker(redis_url):
-    client = redis.Redis.from_url(redis_url)
-    client.flushdb()
-    yield redis_url
-    client.flushdb()
-
-
-@pytest.fixture
-def smtp_sink():
-    with SmtpSink() as sink:
-        yield sink
 
 
 @pytest.fixture(scope="module")
