@@ -9,6 +9,7 @@ the variable and what it accepts.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import dj_database_url
@@ -217,7 +218,12 @@ REMINDERS_CALL_TIMEOUT = env_float(
 REMINDERS_BATCH_BUDGET = env_int(
     "REMINDERS_BATCH_BUDGET", 120, minimum=5, maximum=3600, unit="seconds"
 )
-REMINDERS_LEASE_SECONDS = REMINDERS_BATCH_BUDGET + 90
+# A batch stops starting calls at its budget, then lets calls in flight finish
+# for at most one call timeout (the drain): this is its longest possible run.
+REMINDERS_BATCH_MAX_SECONDS = REMINDERS_BATCH_BUDGET + math.ceil(REMINDERS_CALL_TIMEOUT)
+# The claim lease outlasts Celery's hard time limit (below), so a live worker
+# never loses a claim it still holds; only a dead one's claims are reaped.
+REMINDERS_LEASE_SECONDS = REMINDERS_BATCH_MAX_SECONDS + 90
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
 REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
@@ -259,7 +265,7 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         # live batch is delivered twice; the claim would still deduplicate it.
         "visibility_timeout": env_int(
             "REMINDERS_VISIBILITY_TIMEOUT",
-            REMINDERS_BATCH_BUDGET + 300,
+            REMINDERS_BATCH_MAX_SECONDS + 300,
             minimum=1,
             maximum=86400,
             unit="seconds",
@@ -311,10 +317,10 @@ CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 # Time limits sit above the batch budget: the engine stops itself at the budget
 # with partial results; the soft limit is the safety net and the hard limit the
 # last resort (the lease, longer still, then lets the reaper decide).
-CELERY_TASK_SOFT_TIME_LIMIT = REMINDERS_BATCH_BUDGET + 30
-CELERY_TASK_TIME_LIMIT = REMINDERS_BATCH_BUDGET + 60
+CELERY_TASK_SOFT_TIME_LIMIT = REMINDERS_BATCH_MAX_SECONDS + 30
+CELERY_TASK_TIME_LIMIT = REMINDERS_BATCH_MAX_SECONDS + 60
 # On SIGTERM, let running batches finish within the budget before a cold stop.
-CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(REMINDERS_BATCH_BUDGET + 15)
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(REMINDERS_BATCH_MAX_SECONDS + 15)
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # A broker restart must not kill running batches: their claims would go
 # unrecorded (and become unknown on SMTP). The message is redelivered and the

@@ -154,18 +154,18 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 def delivery_policy(*, budget: float) -> DeliveryPolicy:
     """Return the engine's policy from settings, bounded by what is left of the batch budget.
 
-    The last part of the budget is a drain: no call starts in it, and calls
-    already in flight may finish, so their outcome is known instead of
-    ``unknown`` (a call cut off on SMTP may have reached the server).
+    At the budget no new call starts, and calls already in flight may finish
+    (the drain), so their outcome is known instead of ``unknown`` (a call cut
+    off on SMTP may have reached the server).
     """
-    budget = max(1.0, budget)
-    drain = min(settings.REMINDERS_CALL_TIMEOUT, budget / 4)
     return DeliveryPolicy(
         concurrency=settings.REMINDERS_CONCURRENCY,
         call_timeout=settings.REMINDERS_CALL_TIMEOUT,
         max_attempts=settings.REMINDERS_ENGINE_ATTEMPTS,
-        budget=budget - drain,
-        drain=drain,
+        budget=max(1.0, budget),
+        # A call in flight can always finish: the drain is one call timeout,
+        # and Celery's time limits sit above budget + call timeout.
+        drain=settings.REMINDERS_CALL_TIMEOUT,
     )
 
 

@@ -11,10 +11,13 @@ def test_effective_celery_configuration():
     assert conf.task_acks_late is True
     assert conf.task_reject_on_worker_lost is False
     assert conf.worker_prefetch_multiplier == 1
-    assert conf.task_soft_time_limit == budget + 30
-    assert conf.task_time_limit == budget + 60
-    assert conf.task_soft_time_limit < conf.task_time_limit < settings.REMINDERS_LEASE_SECONDS
-    assert conf.worker_soft_shutdown_timeout == budget + 15
+    longest = budget + settings.REMINDERS_CALL_TIMEOUT  # the budget, then the drain
+    assert settings.REMINDERS_BATCH_MAX_SECONDS >= longest
+    assert conf.task_soft_time_limit == settings.REMINDERS_BATCH_MAX_SECONDS + 30
+    assert conf.task_time_limit == settings.REMINDERS_BATCH_MAX_SECONDS + 60
+    assert longest < conf.task_soft_time_limit < conf.task_time_limit
+    assert conf.task_time_limit < settings.REMINDERS_LEASE_SECONDS
+    assert conf.worker_soft_shutdown_timeout > longest
     assert conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
     assert conf.timezone == "UTC"
     assert conf.enable_utc is True

@@ -32,6 +32,7 @@ def test_budget_running_out_mid_batch_records_partial_results_and_leaves_nothing
     """C5: the stop lands mid-call; finished ones are recorded, the rest handed back."""
     settings.REMINDERS_CONCURRENCY = 4
     settings.REMINDERS_BATCH_BUDGET = 2
+    settings.REMINDERS_CALL_TIMEOUT = 1  # the drain: shorter than the provider's 5 s
     ids = due_reminders(8)
     http_channel.configure(delay=5.0)
     counts = pipeline.deliver(ids, clock=SystemClock())
@@ -48,6 +49,20 @@ def test_budget_running_out_mid_batch_records_partial_results_and_leaves_nothing
     assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 8}
     stats = http_channel.stats()
     assert stats["accepted"] == 8  # one message per key, whatever was retried
+
+
+def test_calls_in_flight_at_the_budget_finish_in_the_drain_with_known_outcomes(
+    live_clock, due_reminders, http_channel, settings
+):
+    """C5 on a provider slower than the budget but faster than a call timeout: all sent."""
+    settings.REMINDERS_CONCURRENCY = 4
+    settings.REMINDERS_BATCH_BUDGET = 2
+    settings.REMINDERS_CALL_TIMEOUT = 10
+    ids = due_reminders(8)
+    http_channel.configure(delay=3.0)
+    counts = pipeline.deliver(ids, clock=SystemClock())
+    assert counts == {"skipped": 0, "sent": 4, "deferred": 4}
+    assert not Reminder.objects.filter(status="sending").exists()
 
 
 def test_database_connection_lost_between_claim_and_record_sends_nothing_twice(
