@@ -37,7 +37,7 @@ arrived (lost); a message arrived after its deadline (late); a message
 arrived for a cancelled reminder; or ``unknown`` exceeds what the kills
 could have interrupted: SIGKILLs x (pool processes x the channel's chunk,
 the per-worker in-flight limit) for smtp, zero for http (its provider
-honours idempotency keys). Leases are ``REMINDERS_BATCH_BUDGET`` + 90 s, so
+honours idempotency keys). Leases are ``REMINDERS_BATCH_BUDGET`` + call timeout + 90 s, so
 every run lasts at least that long after its last fault.
 """
 
@@ -102,7 +102,8 @@ class Setting:
 
     @property
     def lease(self) -> int:
-        return self.budget + 90
+        # config/settings.py: budget + one call timeout (15 s default, the drain) + 90 s.
+        return self.budget + 15 + 90
 
 
 CI = Setting(
