@@ -66,6 +66,11 @@ def test_clean_tree_keeps_every_contract(tree):
             "import django.db  # planted\n",
             "Delivery never touches Django, Celery or the apps",
         ),
+        (
+            "reminders/pipeline.py",
+            "import reminders.selectors  # planted\n",
+            "The send path never reads the staff selectors",
+        ),
     ],
 )
 def test_planted_import_breaks_its_contract(tree, path, line, contract):
