@@ -142,3 +142,25 @@ def test_check_deploy_is_clean_once_tls_settings_are_given():
         )
         == set()
     )
+
+
+def test_migration_check_runs_without_a_secret_key():
+    """makemigrations --check compares files only; it must not need production secrets."""
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
+    env["REMINDERS_VAR_DIR"] = str(ROOT / "var" / "test")
+    result = subprocess.run(
+        [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert "No changes detected" in result.stdout
+
+
+def test_other_commands_still_need_a_secret_key():
+    env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
+    result = subprocess.run(
+        [sys.executable, "manage.py", "check"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode != 0
+    assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
