@@ -45,7 +45,7 @@ def baseline_send(reminder_id: int) -> str:
     """Deliver one reminder over HTTP, blocking, and store the provider's message id."""
     clock = default_clock()
     reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
-    envelope = reminder_envelope(reminder=reminder, now=clock.now())
+    envelope = reminder_envelope(reminder=reminder)
     body = encode_body(envelope)
     timestamp = str(int(clock.now().timestamp()))
     response = _http().post(

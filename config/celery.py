@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init
+from celery.signals import beat_init, worker_init, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -23,3 +23,19 @@ def _follow_scan_interval(sender, **kwargs) -> None:
     from reminders.schedule import ensure_scan_schedule
 
     ensure_scan_schedule()
+
+
+@worker_init.connect
+def _share_shutdown_flag(sender, **kwargs) -> None:
+    """Create the warm-shutdown flag before the pool forks (reminders/shutdown.py)."""
+    from reminders import shutdown
+
+    shutdown.prepare()
+
+
+@worker_shutting_down.connect
+def _announce_shutdown(sender, **kwargs) -> None:
+    """Stop running batches from starting new calls; they drain and record, then exit."""
+    from reminders import shutdown
+
+    shutdown.announce()

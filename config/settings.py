@@ -24,6 +24,7 @@ from config.env import (
     env_list,
     env_str,
 )
+from config.timing import TimeBounds
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("REMINDERS_VAR_DIR", str(BASE_DIR / "var")))
@@ -218,12 +219,25 @@ REMINDERS_CALL_TIMEOUT = env_float(
 REMINDERS_BATCH_BUDGET = env_int(
     "REMINDERS_BATCH_BUDGET", 120, minimum=5, maximum=3600, unit="seconds"
 )
-# A batch stops starting calls at its budget, then lets calls in flight finish
-# for at most one call timeout (the drain): this is its longest possible run.
-REMINDERS_BATCH_MAX_SECONDS = REMINDERS_BATCH_BUDGET + math.ceil(REMINDERS_CALL_TIMEOUT)
+# Every bound around a batch (drain, channel close, record retry, Celery's soft
+# and hard time limits, the claim lease, Redis's visibility timeout) is derived
+# from the budget and the call timeout in config/timing.py, each inside the next.
+try:
+    REMINDERS_TIME_BOUNDS = TimeBounds.derive(
+        budget=REMINDERS_BATCH_BUDGET,
+        call_timeout=REMINDERS_CALL_TIMEOUT,
+        visibility_timeout=env_int(
+            "REMINDERS_VISIBILITY_TIMEOUT", 0, minimum=0, maximum=86400, unit="seconds"
+        )
+        or None,
+    )
+except ValueError as exc:
+    raise ImproperlyConfigured(str(exc)) from None
+# A batch's longest healthy run: budget, then drain, close and record.
+REMINDERS_BATCH_MAX_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.work)
 # The claim lease outlasts Celery's hard time limit (below), so a live worker
 # never loses a claim it still holds; only a dead one's claims are reaped.
-REMINDERS_LEASE_SECONDS = REMINDERS_BATCH_MAX_SECONDS + 90
+REMINDERS_LEASE_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.lease)
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
 REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
@@ -263,13 +277,7 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
         # An acks-late message whose worker vanished is redelivered after this
         # long. It must outlast the longest batch (budget + time limits), else a
         # live batch is delivered twice; the claim would still deduplicate it.
-        "visibility_timeout": env_int(
-            "REMINDERS_VISIBILITY_TIMEOUT",
-            REMINDERS_BATCH_MAX_SECONDS + 300,
-            minimum=1,
-            maximum=86400,
-            unit="seconds",
-        ),
+        "visibility_timeout": math.ceil(REMINDERS_TIME_BOUNDS.visibility_timeout),
         # How often a worker looks for unacked messages past the visibility
         # timeout (kombu sweeps every interval x throttle seconds; its default is
         # 100 s). A quarter of the timeout, at most 10 s, one cheap ZRANGE each.
@@ -314,13 +322,15 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = False
 # Take one message at a time, so a busy worker does not hoard batches that an
 # idle one could run before their deadline.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
-# Time limits sit above the batch budget: the engine stops itself at the budget
-# with partial results; the soft limit is the safety net and the hard limit the
+# Time limits sit above the batch's longest run: the engine stops itself at the
+# budget with partial results; the soft limit is the safety net (it stops the
+# batch like a warm shutdown and records what is known) and the hard limit the
 # last resort (the lease, longer still, then lets the reaper decide).
-CELERY_TASK_SOFT_TIME_LIMIT = REMINDERS_BATCH_MAX_SECONDS + 30
-CELERY_TASK_TIME_LIMIT = REMINDERS_BATCH_MAX_SECONDS + 60
-# On SIGTERM, let running batches finish within the budget before a cold stop.
-CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(REMINDERS_BATCH_MAX_SECONDS + 15)
+CELERY_TASK_SOFT_TIME_LIMIT = math.ceil(REMINDERS_TIME_BOUNDS.soft_limit)
+CELERY_TASK_TIME_LIMIT = math.ceil(REMINDERS_TIME_BOUNDS.hard_limit)
+# A cold shutdown (SIGQUIT, a second SIGTERM) first gives running batches this
+# long: a warm shutdown has already stopped them, so drain, close and record fit.
+CELERY_WORKER_SOFT_SHUTDOWN_TIMEOUT = float(math.ceil(REMINDERS_TIME_BOUNDS.stop_grace))
 CELERY_WORKER_ENABLE_SOFT_SHUTDOWN_ON_IDLE = True
 # A broker restart must not kill running batches: their claims would go
 # unrecorded (and become unknown on SMTP). The message is redelivered and the

@@ -26,6 +26,7 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Protocol
 
 from clock import Clock
 from delivery.addresses import address_problem
@@ -36,11 +37,12 @@ from delivery.errors import (
     RateLimitedError,
     TransientError,
 )
+from delivery.gate import Gate
 from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult, Outcome
 
-__all__ = ["deliver", "deliver_sync"]
+__all__ = ["Interrupted", "deliver", "deliver_sync"]
 
 logger = logging.getLogger("delivery")
 
@@ -101,12 +103,14 @@ class _Batch:
         clock: Clock,
         limiter: RateLimiter | None,
         random: Callable[[], float],
+        gate: Gate | None = None,
     ) -> None:
         self._progress = [_Progress(envelope) for envelope in envelopes]
         self._channel = channel
         self._policy = policy
         self._clock = clock
         self._limiter = limiter
+        self._gate = gate
         self._random = random
         self._keys = bool(getattr(channel, "honours_idempotency_keys", False))
         self._name = getattr(channel, "name", type(channel).__name__)
@@ -186,7 +190,7 @@ class _Batch:
 
     async def _close_channel(self, exc_type, exc) -> None:
         try:
-            async with self._clock.timeout(self._policy.call_timeout):
+            async with self._clock.timeout(self._policy.close_timeout):
                 await self._channel.__aexit__(exc_type, exc, exc.__traceback__ if exc else None)
         except Exception:
             # The results are already decided; a failed QUIT must not lose them.
@@ -207,27 +211,30 @@ class _Batch:
         try:
             async with self._clock.timeout(max(left, 0.0)):
                 await stop.wait()
-            self._stop_reason = "stop signal"
         except TimeoutError:
             self._stop_reason = f"budget of {self._policy.budget:g}s used up"
-            await self._drain(stop)
+            await self._drain(abort=stop)
+        else:
+            # A stop (warm shutdown) ends the batch like the budget does: no
+            # new call starts, and calls in flight get the drain to finish.
+            self._stop_reason = "stop signal"
+            await self._drain(abort=None)
         raise _Stopped(self._stop_reason)
 
-    async def _drain(self, stop: asyncio.Event) -> None:
+    async def _drain(self, abort: asyncio.Event | None) -> None:
         """Start no new call; give calls in flight up to ``policy.drain`` to end.
 
         A call that ends here has a known outcome; one cut off by the stop
-        that follows may have reached the provider. A stop signal during the
-        drain ends it at once.
+        that follows may have reached the provider. ``abort`` (the stop
+        signal, when the budget started the drain) ends it at once.
         """
         self._draining = True
         if self._policy.drain <= 0 or self._calls_in_flight == 0:
             return
         self._no_calls = asyncio.Event()
-        waiters = [
-            asyncio.ensure_future(self._no_calls.wait()),
-            asyncio.ensure_future(stop.wait()),
-        ]
+        waiters = [asyncio.ensure_future(self._no_calls.wait())]
+        if abort is not None:
+            waiters.append(asyncio.ensure_future(abort.wait()))
         try:
             async with self._clock.timeout(self._policy.drain):
                 await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
@@ -328,6 +335,10 @@ class _Batch:
         while waiting for the limiter), else the failure of this try.
         """
         envelope = progress.envelope
+        if self._gate is not None and self._withdraw(
+            progress, self._gate.withdrawn(envelope.reminder_id)
+        ):
+            return None  # withdrawn already: spend no limiter grant on it
         if self._limiter is not None:
             try:
                 await self._limiter.acquire(deadline_at=envelope.deadline_at)
@@ -343,13 +354,30 @@ class _Batch:
         if self._draining:  # the budget ran out while this one waited for the limiter
             self._finish_cancelled(progress)
             return None
+        if self._gate is not None:
+            try:
+                async with self._clock.timeout(self._seconds_left(envelope)):
+                    reason = await self._gate.clearance(envelope.reminder_id)
+            except TimeoutError:
+                self._finish_at_deadline(progress)
+                return None
+            if self._withdraw(progress, reason):
+                return None
+            if self._draining:
+                self._finish_cancelled(progress)
+                return None
+        # No call runs past the deadline: its timeout is clamped to what is left.
+        timeout = min(self._policy.call_timeout, self._seconds_left(envelope))
+        if timeout <= 0:
+            self._finish_at_deadline(progress)
+            return None
         progress.attempts += 1
         progress.in_flight = True
         failure: _Failure | None = None
         message_id = ""
         self._calls_in_flight += 1
         try:
-            async with self._clock.timeout(self._policy.call_timeout):
+            async with self._clock.timeout(timeout):
                 try:
                     message_id = await self._channel.send(envelope)
                 except Exception as exc:  # the channel's own errors, incl. its own TimeoutError
@@ -357,11 +385,11 @@ class _Batch:
         except TimeoutError:
             progress.reached = True
             progress.maybe_delivered = True
-            failure = _Failure(
-                Outcome.TIMED_OUT,
-                f"provider call exceeded call_timeout={self._policy.call_timeout:g}s",
-                ambiguous=True,
-            )
+            if timeout < self._policy.call_timeout:
+                text = f"provider call cut off at the deadline, after {timeout:.3g}s"
+            else:
+                text = f"provider call exceeded call_timeout={self._policy.call_timeout:g}s"
+            failure = _Failure(Outcome.TIMED_OUT, text, ambiguous=True)
         finally:
             self._calls_in_flight -= 1
             if self._calls_in_flight == 0 and self._no_calls is not None:
@@ -423,6 +451,15 @@ class _Batch:
             await self._limiter.pause(retry_after)
         except Exception:
             logger.warning("Could not pause the rate limiter", exc_info=True)
+
+    def _seconds_left(self, envelope: Envelope) -> float:
+        return (envelope.deadline_at - self._clock.now()).total_seconds()
+
+    def _withdraw(self, progress: _Progress, reason: str | None) -> bool:
+        if reason is None:
+            return False
+        progress.finish(Outcome.WITHDRAWN, f"withdrawn before the call: {reason}")
+        return True
 
     # -- endings -----------------------------------------------------------------
 
@@ -487,23 +524,47 @@ async def deliver(
     limiter: RateLimiter | None = None,
     stop: asyncio.Event | None = None,
     random: Callable[[], float] = _random.random,
+    gate: Gate | None = None,
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
     Open the channel once, fan out at most ``policy.concurrency`` calls (and
     no more than the channel's ``max_concurrency``), start calls no faster
     than ``limiter`` allows, and retry transient failures with backoff until
-    ``policy.max_attempts`` or each envelope's deadline. Setting ``stop`` or
-    using up ``policy.budget`` cancels what is unfinished and returns partial
-    results. Per-envelope failures are results; only a batch that cannot run
-    at all (the same reminder id twice) raises.
+    ``policy.max_attempts`` or each envelope's deadline. No call starts at or
+    after its envelope's deadline, and none runs past it (its timeout is
+    clamped). With a ``gate``, no call starts for an envelope the gate
+    withdrew, nor under a snapshot older than ``gate.max_age``. Setting
+    ``stop`` or using up ``policy.budget`` starts no new call, lets calls in
+    flight finish within ``policy.drain``, cancels what is left and returns
+    partial results. Per-envelope failures are results; only a batch that
+    cannot run at all (the same reminder id twice) raises.
 
-    The caller owns ``limiter``; ``random`` draws the backoff jitter.
+    The caller owns ``limiter`` and ``gate``; ``random`` draws the backoff jitter.
     """
     batch = _Batch(
-        list(envelopes), channel, policy=policy, clock=clock, limiter=limiter, random=random
+        list(envelopes),
+        channel,
+        policy=policy,
+        clock=clock,
+        limiter=limiter,
+        random=random,
+        gate=gate,
     )
     return await batch.run(stop)
+
+
+class Interrupted(Exception):
+    """The calling thread was interrupted (e.g. a soft time limit) while a batch ran.
+
+    The batch was stopped as by a stop signal and ran to its end; ``results``
+    holds its outcomes, to be recorded before ``cause`` is raised again.
+    """
+
+    def __init__(self, results: list[DeliveryResult], cause: BaseException) -> None:
+        super().__init__(f"batch interrupted by {cause!r}; {len(results)} results kept")
+        self.results = results
+        self.cause = cause
 
 
 def deliver_sync(
@@ -513,17 +574,27 @@ def deliver_sync(
     policy: DeliveryPolicy,
     clock: Clock,
     limiter_factory: Callable[[], RateLimiter] | None = None,
-    stop: threading.Event | None = None,
+    stop: _Flag | None = None,
     random: Callable[[], float] = _random.random,
+    gate: Gate | None = None,
+    tick: Callable[[], None] | None = None,
+    tick_interval: float = 0.25,
 ) -> list[DeliveryResult]:
     """Run one batch on a fresh event loop; the one entry point for synchronous code.
 
-    Build the channel and the limiter inside the new loop (their connections
-    belong to it), bridge ``stop`` (a ``threading.Event``, e.g. set by a
-    Celery warm-shutdown handler) into the loop, and return only when every
-    task of the batch has finished. Raise ``RuntimeError`` when called from
-    inside a running event loop, where it would block that loop: await
-    ``deliver`` there instead.
+    The loop runs in its own thread; the calling thread waits for it and,
+    every ``tick_interval`` seconds meanwhile, calls ``tick`` (the caller's
+    chance to refresh ``gate`` with its own, synchronous, resources). The
+    channel and the limiter are built inside the new loop (their connections
+    belong to it). ``stop`` is any object with ``is_set()`` (a
+    ``threading.Event``, or a ``multiprocessing.Event`` set by another
+    process); it is bridged into the loop.
+
+    An exception raised in the calling thread while it waits (a Celery soft
+    time limit, KeyboardInterrupt) stops the batch as ``stop`` would; once
+    the batch has ended, ``Interrupted`` is raised with its results and the
+    cause. Raise ``RuntimeError`` when called from inside a running event
+    loop: await ``deliver`` there instead.
     """
     try:
         asyncio.get_running_loop()
@@ -534,22 +605,57 @@ def deliver_sync(
             "deliver_sync() was called from inside a running event loop, which it would block; "
             "await delivery.deliver() there instead."
         )
-    batch = list(envelopes)
-    return asyncio.run(
-        _deliver_on_fresh_loop(
-            batch,
-            channel_factory,
-            policy=policy,
-            clock=clock,
-            limiter_factory=limiter_factory,
-            stop=stop,
-            random=random,
-        )
-    )
+    interrupt = threading.Event()
+    outcome: dict[str, object] = {}
+
+    def run_loop() -> None:
+        try:
+            outcome["results"] = asyncio.run(
+                _deliver_on_fresh_loop(
+                    list(envelopes),
+                    channel_factory,
+                    policy=policy,
+                    clock=clock,
+                    limiter_factory=limiter_factory,
+                    stops=[flag for flag in (stop, interrupt) if flag is not None],
+                    random=random,
+                    gate=gate,
+                )
+            )
+        except BaseException as exc:  # handed to the calling thread
+            outcome["error"] = exc
+        finally:
+            finished.set()
+
+    # Waiting on an Event, not on Thread.join: an exception raised into a join by
+    # a signal handler can leave the thread looking finished while it still runs.
+    finished = threading.Event()
+    loop_thread = threading.Thread(target=run_loop, name="delivery-loop", daemon=True)
+    loop_thread.start()
+    cause: BaseException | None = None
+    while not finished.is_set():
+        try:
+            if not finished.wait(tick_interval) and tick is not None:
+                tick()
+        except BaseException as exc:
+            # Stop the batch, let it finish (drain and all), then report.
+            interrupt.set()
+            cause = cause or exc
+    loop_thread.join()
+    if "error" in outcome:
+        raise outcome["error"]  # type: ignore[misc]
+    results: list[DeliveryResult] = outcome["results"]  # type: ignore[assignment]
+    if cause is not None:
+        raise Interrupted(results, cause)
+    return results
 
 
-async def _bridge_stop(stop: threading.Event, target: asyncio.Event, clock: Clock) -> None:
-    while not stop.is_set():
+class _Flag(Protocol):
+    def is_set(self) -> bool: ...
+
+
+async def _bridge_stop(stops: list[_Flag], target: asyncio.Event, clock: Clock) -> None:
+    while not any(flag.is_set() for flag in stops):
         await clock.sleep(STOP_POLL_INTERVAL)
     target.set()
 
@@ -561,20 +667,21 @@ async def _deliver_on_fresh_loop(
     policy: DeliveryPolicy,
     clock: Clock,
     limiter_factory: Callable[[], RateLimiter] | None,
-    stop: threading.Event | None,
+    stops: list[_Flag],
     random: Callable[[], float],
+    gate: Gate | None,
 ) -> list[DeliveryResult]:
     channel = channel_factory()
     limiter = limiter_factory() if limiter_factory is not None else None
     async_stop = asyncio.Event()
-    if stop is not None and stop.is_set():
+    if any(flag.is_set() for flag in stops):
         async_stop.set()
     try:
         async with asyncio.TaskGroup() as group:
             bridge = None
-            if stop is not None:
+            if stops:
                 bridge = group.create_task(
-                    _bridge_stop(stop, async_stop, clock), name="delivery.stop-bridge"
+                    _bridge_stop(stops, async_stop, clock), name="delivery.stop-bridge"
                 )
             try:
                 results = await deliver(
@@ -585,6 +692,7 @@ async def _deliver_on_fresh_loop(
                     limiter=limiter,
                     stop=async_stop,
                     random=random,
+                    gate=gate,
                 )
             finally:
                 if bridge is not None:

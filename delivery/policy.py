@@ -60,6 +60,9 @@ class DeliveryPolicy:
     #: channel without idempotency keys a cancelled call is an unknown outcome,
     #: so letting it finish (within ``call_timeout``) keeps outcomes known.
     drain: float = 0.0
+    #: Seconds the channel may take to close (SMTP QUIT, HTTP pool shutdown)
+    #: once the batch has ended; the results are decided before it.
+    close_timeout: float = DEFAULT_CALL_TIMEOUT
 
     def __post_init__(self) -> None:
         _check_int("concurrency", self.concurrency, "pass how many provider calls may run at once.")
@@ -92,6 +95,9 @@ class DeliveryPolicy:
         )
         _check_seconds(
             "drain", self.drain, allow_zero=True, hint="pass 0 to cancel calls at the budget."
+        )
+        _check_seconds(
+            "close_timeout", self.close_timeout, allow_zero=False, hint="closing needs a bound."
         )
 
     def backoff(self, retry: int, *, draw: float, retry_after: float | None = None) -> float:

@@ -26,6 +26,10 @@ class Outcome(StrEnum):
     CANCELLED = "cancelled"
     #: The deadline passed before any provider call started; the provider was never called.
     EXPIRED = "expired"
+    #: The caller's gate withdrew the envelope before a call started (the workshop or
+    #: enrollment was cancelled, or the message content changed): no call was made for it
+    #: after the withdrawal; ``attempts`` counts the calls made before it.
+    WITHDRAWN = "withdrawn"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,7 +102,7 @@ def summarise(results: Iterable[DeliveryResult]) -> Summary:
         counts[result.outcome] += 1
         if result.outcome is Outcome.SENT:
             successes[rid] = result
-        elif result.outcome is Outcome.CANCELLED:
+        elif result.outcome in (Outcome.CANCELLED, Outcome.WITHDRAWN):
             unfinished[rid] = result
         else:
             failures[rid] = result

@@ -15,11 +15,12 @@ This module also turns Django settings into the engine's plain values
 
 from __future__ import annotations
 
-import threading
+import logging
 from collections.abc import Callable
 
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
+from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock
 from delivery.addresses import clean_header_text
@@ -30,13 +31,23 @@ from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_
 from delivery.channels.threaded import ThreadedChannel
 from delivery.engine import deliver_sync
 from delivery.envelope import Envelope
+from delivery.gate import Gate
 from delivery.limiter import RateLimiter, RedisRateLimiter
 from delivery.message import message_id_for
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
+from reminders.models import Reminder
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
 LIMITER_MARGIN = 0.05
+# No provider call starts more than this many seconds after staff commit a
+# cancel or a move (plus the calls already in flight): the claim watch's
+# snapshot must be at most this old when a call starts.
+REVOCATION_WINDOW = 1.0
+# How often the claim watch re-reads the claimed rows while a batch runs.
+WATCH_INTERVAL = 0.25
+
+logger = logging.getLogger(__name__)
 
 
 def smtp_settings() -> SmtpSettings:
@@ -154,19 +165,84 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 def delivery_policy(*, budget: float) -> DeliveryPolicy:
     """Return the engine's policy from settings, bounded by what is left of the batch budget.
 
-    At the budget no new call starts, and calls already in flight may finish
-    (the drain), so their outcome is known instead of ``unknown`` (a call cut
-    off on SMTP may have reached the server).
+    At the budget (or a stop) no new call starts, and calls already in flight
+    may finish (the drain), so their outcome is known instead of ``unknown``
+    (a call cut off on SMTP may have reached the server). The drain and the
+    channel's close come from config/timing.py, where Celery's time limits
+    and the lease are derived to sit above them.
     """
+    bounds = settings.REMINDERS_TIME_BOUNDS
     return DeliveryPolicy(
         concurrency=settings.REMINDERS_CONCURRENCY,
         call_timeout=settings.REMINDERS_CALL_TIMEOUT,
         max_attempts=settings.REMINDERS_ENGINE_ATTEMPTS,
         budget=max(1.0, budget),
-        # A call in flight can always finish: the drain is one call timeout,
-        # and Celery's time limits sit above budget + call timeout.
-        drain=settings.REMINDERS_CALL_TIMEOUT,
+        drain=bounds.drain,
+        close_timeout=bounds.close,
     )
+
+
+class ClaimWatch:
+    """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
+
+    Runs in the calling (synchronous) thread, between the engine's loop
+    turns: ``deliver_sync`` calls ``refresh`` every ``WATCH_INTERVAL``
+    seconds. Each refresh is one query over the claimed reminders, their
+    workshops and enrollments; an envelope is withdrawn when its reminder is
+    no longer ``sending`` under this claim (reaped), its workshop or
+    enrollment is cancelled, or its workshop's title, time or zone differ
+    from what was rendered. With snapshots at most ``REVOCATION_WINDOW``
+    seconds old, no call starts later than that after staff commit a change.
+    """
+
+    def __init__(self, *, token, reminders, clock: Clock) -> None:
+        self._token = token
+        self._rendered = {reminder.pk: _rendered(reminder.workshop) for reminder in reminders}
+        self._clock = clock
+        self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
+
+    def refresh(self) -> None:
+        """Read the rows once and publish the withdrawals; a database error leaves the gate stale."""
+        taken_at = self._clock.monotonic()
+        try:
+            rows = list(
+                Reminder.objects.filter(pk__in=list(self._rendered)).values_list(
+                    "pk",
+                    "status",
+                    "claim_token",
+                    "workshop__status",
+                    "enrollment__status",
+                    "workshop__title",
+                    "workshop__starts_at",
+                    "workshop__ends_at",
+                    "workshop__timezone",
+                )
+            )
+        except (OperationalError, InterfaceError) as exc:
+            # No fresh snapshot: calls wait for one rather than guess.
+            logger.warning("Claim watch could not read the database: %s", exc)
+            connection.close()
+            return
+        withdrawn = dict.fromkeys(self._rendered, "the reminder no longer exists")
+        for pk, status, token, w_status, e_status, *shown in rows:
+            reason = None
+            if status != "sending" or token != self._token:
+                reason = "the claim was lost (lease expired)"
+            elif w_status != "scheduled":
+                reason = "workshop cancelled"
+            elif e_status != "active":
+                reason = "enrollment cancelled"
+            elif tuple(shown) != self._rendered[pk]:
+                reason = "workshop changed after the message was rendered"
+            if reason is None:
+                del withdrawn[pk]
+            else:
+                withdrawn[pk] = reason
+        self.gate.publish(withdrawn, taken_at=taken_at)
+
+
+def _rendered(workshop) -> tuple:
+    return (workshop.title, workshop.starts_at, workshop.ends_at, workshop.timezone)
 
 
 def deliver_envelopes(
@@ -175,11 +251,22 @@ def deliver_envelopes(
     channel: str,
     clock: Clock,
     budget: float,
-    stop: threading.Event | None = None,
+    stop=None,
+    watch: ClaimWatch | None = None,
 ) -> list[DeliveryResult]:
-    """Deliver a batch on a fresh event loop and return one result per envelope (blocking)."""
+    """Deliver a batch on a fresh event loop and return one result per envelope (blocking).
+
+    ``stop`` is anything with ``is_set()`` (reminders.worker's shutdown flag
+    in a worker). With ``watch``, the claim's rows are read once before the
+    first call and every ``WATCH_INTERVAL`` seconds after, and the engine
+    starts no call for an envelope the watch withdrew. Raises
+    ``delivery.engine.Interrupted`` (with the results) when this thread is
+    interrupted mid-batch, e.g. by Celery's soft time limit.
+    """
     if not envelopes:
         return []
+    if watch is not None:
+        watch.refresh()
     return deliver_sync(
         envelopes,
         channel_factory(channel, clock=clock),
@@ -187,4 +274,7 @@ def deliver_envelopes(
         clock=clock,
         limiter_factory=limiter_factory(clock=clock),
         stop=stop,
+        gate=watch.gate if watch is not None else None,
+        tick=watch.refresh if watch is not None else None,
+        tick_interval=WATCH_INTERVAL,
     )

@@ -23,8 +23,11 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-def reminder_envelope(*, reminder: Reminder, now: datetime) -> Envelope:
-    """Return the envelope for a reminder whose attendee and workshop are loaded."""
+def reminder_envelope(*, reminder: Reminder) -> Envelope:
+    """Return the envelope for a reminder whose attendee and workshop are loaded.
+
+    Deterministic: the same rows give byte-identical content, whenever it runs.
+    """
     attendee, workshop = reminder.attendee, reminder.workshop
     workshop_zone = ZoneInfo(workshop.timezone)
     zone = ZoneInfo(attendee.timezone) if attendee.timezone else workshop_zone
@@ -55,7 +58,7 @@ def reminder_envelope(*, reminder: Reminder, now: datetime) -> Envelope:
             Attachment(
                 filename="workshop.ics",
                 content_type="text/calendar",
-                content=workshop_ics(reminder=reminder, now=now),
+                content=workshop_ics(reminder=reminder),
             ),
         ),
         deadline_at=reminder.deadline_at,
@@ -104,8 +107,8 @@ def _ics_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def workshop_ics(*, reminder: Reminder, now: datetime) -> bytes:
-    """Return an iCalendar (.ics) invitation for the reminder's workshop."""
+def workshop_ics(*, reminder: Reminder) -> bytes:
+    """Return an iCalendar (.ics) invitation for the reminder's workshop (deterministic)."""
     workshop = reminder.workshop
     lines = [
         "BEGIN:VCALENDAR",
@@ -114,7 +117,10 @@ def workshop_ics(*, reminder: Reminder, now: datetime) -> bytes:
         "METHOD:PUBLISH",
         "BEGIN:VEVENT",
         f"UID:workshop-{workshop.pk}@workshop-reminders",
-        f"DTSTAMP:{_ics_time(now)}",
+        # When this reminder's invitation was first made: the same on every
+        # retry, requeue and replay, so one idempotency key always carries
+        # byte-identical content (a receiver may compare key and body).
+        f"DTSTAMP:{_ics_time(reminder.created_at)}",
         f"DTSTART:{_ics_time(workshop.starts_at)}",
         f"DTEND:{_ics_time(workshop.ends_at)}",
         f"SUMMARY:{_ics_text(workshop.title)}",

@@ -134,6 +134,7 @@ class DeliveryAttempt(models.Model):
         CANCELLED = "cancelled", "Cancelled (worker stopped)"
         NOT_STARTED = "not_started", "Released before the provider call"
         LEASE_EXPIRED = "lease_expired", "Lease expired (worker lost)"
+        WITHDRAWN = "withdrawn", "Withdrawn (workshop or enrollment changed before the call)"
 
     reminder = models.ForeignKey(Reminder, on_delete=models.CASCADE, related_name="attempts_log")
     number = models.PositiveIntegerField()

@@ -8,15 +8,16 @@ at any line without sending anything twice.
 from __future__ import annotations
 
 import logging
-import threading
 from collections import Counter
 
 from django.conf import settings
 from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
+from delivery.engine import Interrupted
 from delivery.results import DeliveryResult, Outcome
 from reminders import bridge
+from reminders import publish as publishing
 from reminders.content import reminder_envelope
 from reminders.services import (
     reminder_claim_batch,
@@ -30,11 +31,6 @@ from reminders.services import (
 )
 
 logger = logging.getLogger(__name__)
-
-# How long a finished chunk keeps trying to record its outcome while the
-# database is unreachable (a restart, a failover). Far inside the lease, so no
-# reaper can take the rows meanwhile; the record is fenced, so a retry is safe.
-RECORD_RETRY_SECONDS = 60.0
 
 
 class DatabaseUnavailable(Exception):
@@ -54,7 +50,9 @@ def scan(*, clock: Clock | None = None, publish=None) -> dict[str, int]:
     counts: dict[str, int] = {"missed": reminders_expire(clock=clock)}
     counts.update({f"reaped_{key}": value for key, value in reminders_reap(clock=clock).items()})
     counts["planned"] = reminders_plan(clock=clock)
-    counts["dispatched"] = reminders_dispatch(clock=clock, publish=publish)
+    counts["dispatched"] = reminders_dispatch(
+        clock=clock, publish=publish or publishing.publish_batch
+    )
     logger.info("Scan finished: %s", counts)
     return counts
 
@@ -65,7 +63,7 @@ def deliver(
     clock: Clock | None = None,
     channel: str | None = None,
     worker: str = "",
-    stop: threading.Event | None = None,
+    stop=None,
 ) -> dict[str, int]:
     """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
 
@@ -73,6 +71,9 @@ def deliver(
     mid-batch leaves at most that many reminders in ``sending`` for the reaper
     (the rest are still queued and are dispatched again). Ids that cannot be
     claimed (sent, cancelled, unknown, held by another worker) are skipped.
+    ``stop`` (anything with ``is_set()``, the worker's shutdown flag in
+    production) ends the batch: no new call, calls in flight drain, and the
+    ids not yet claimed are due again at the next scan.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
@@ -100,7 +101,14 @@ def deliver(
         counts["skipped"] += len(chunk) - len(claim.reminders)
         if not claim.reminders:
             continue
-        results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
+        try:
+            results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
+        except BaseException:
+            # Interrupted (a soft time limit): what was not claimed goes back.
+            left = ids[offset + len(chunk) :]
+            if left:
+                reminders_unpublished(ids=left, clock=clock)
+            raise
         counts.update(record_with_retry(claim=claim, results=results, clock=clock))
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
@@ -114,7 +122,9 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
     restart would leave the reaper to guess (``unknown`` on SMTP). The record
     is fenced by the claim token, so running it again is harmless.
     """
-    give_up_at = clock.monotonic() + RECORD_RETRY_SECONDS
+    # Far inside the lease (config/timing.py), so no reaper can take the rows
+    # meanwhile; the record is fenced, so a retry is safe.
+    give_up_at = clock.monotonic() + settings.REMINDERS_TIME_BOUNDS.record_retry
     delay = 0.5
     while True:
         try:
@@ -131,11 +141,10 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
 
 def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[DeliveryResult]:
     envelopes, results = [], []
-    now = clock.now()
     try:
         for reminder in claim.reminders:
             try:
-                envelopes.append(reminder_envelope(reminder=reminder, now=now))
+                envelopes.append(reminder_envelope(reminder=reminder))
             except (ValueError, TypeError, LookupError) as exc:
                 # Bad data in one row is that reminder's permanent failure,
                 # recorded with the reason, not a crash of the batch.
@@ -144,9 +153,17 @@ def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[Del
         reminder_release(claim=claim, clock=clock)
         raise
     # From here on a provider may be called: never release, the lease decides.
-    results.extend(
-        bridge.deliver_envelopes(envelopes, channel=channel, clock=clock, budget=budget, stop=stop)
-    )
+    watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+    try:
+        results.extend(
+            bridge.deliver_envelopes(
+                envelopes, channel=channel, clock=clock, budget=budget, stop=stop, watch=watch
+            )
+        )
+    except Interrupted as exc:
+        # A soft time limit stopped the batch mid-chunk: keep what is known.
+        record_with_retry(claim=claim, results=results + exc.results, clock=clock)
+        raise exc.cause from None
     return results
 
 

@@ -54,7 +54,18 @@ class ReminderPolicy:
 
     @staticmethod
     def on_time_q(now: datetime) -> Q:
+        """Return the negation of ``late_q``: the deadline is still ahead."""
         return Q(deadline_at__gt=now)
+
+    def late_start_q(self, now: datetime, *, through: str = "") -> Q:
+        """Return ``is_late`` as a filter on the workshop's start rather than a stored deadline.
+
+        ``deadline <= now`` with ``deadline = start - cutoff`` is
+        ``start <= now + cutoff``; ``through`` is the path to the workshop
+        (``"workshop__"`` from a reminder or an enrollment). The plan and the
+        staff previews use it, so they judge by where the workshop is now.
+        """
+        return Q(**{f"{through}starts_at__lte": now + self.cutoff})
 
     def deadline_at(self, starts_at: datetime) -> datetime:
         """Return the instant after which a reminder must not be sent (start minus cutoff)."""

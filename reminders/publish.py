@@ -4,6 +4,10 @@ Called from ``transaction.on_commit`` only, so a rolled-back transaction
 publishes nothing (S3). A publish that fails (Redis down, B1) is logged and
 the reminders are made due again for the next scan: nothing is lost and the
 request or scan that published returns promptly.
+
+The message names its task (``DELIVER_TASK``) instead of importing the task
+module, so the services that dispatch never depend on the Celery entry points
+that call them (an import contract keeps it so).
 """
 
 from __future__ import annotations
@@ -13,16 +17,18 @@ from datetime import datetime
 
 from kombu.exceptions import OperationalError
 
+from config.celery import app
+from reminders.services import reminders_unpublished
+
 logger = logging.getLogger(__name__)
+
+DELIVER_TASK = "reminders.deliver_batch"
 
 
 def publish_batch(ids: list[int], expires_at: datetime) -> bool:
     """Send one ``reminders.deliver_batch`` message for ``ids``; return whether it went out."""
-    from reminders.services import reminders_unpublished
-    from reminders.tasks import deliver_batch
-
     try:
-        deliver_batch.apply_async(args=[ids], expires=expires_at)
+        app.send_task(DELIVER_TASK, args=[ids], expires=expires_at)
     except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
         logger.error(
             "Could not publish a batch of %s reminders (%s); the next scan queues them again",

@@ -39,21 +39,15 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.contrib.auth.base_user import AbstractBaseUser
-from django.core.exceptions import EmptyResultSet, ValidationError
-from django.db import connections, transaction
+from django.core.exceptions import ValidationError
+from django.db import transaction
 from django.db.models import (
-    DateTimeField,
-    DurationField,
-    ExpressionWrapper,
-    OuterRef,
     Q,
     QuerySet,
-    Subquery,
-    Value,
 )
-from django.db.models.sql import UpdateQuery
 
 from clock import Clock, default_clock
+from reminders import publish as publishing
 from reminders.models import Reminder, ReplayAudit
 from reminders.policy import ReminderPolicy
 from reminders.selectors import (
@@ -62,10 +56,9 @@ from reminders.selectors import (
     reminder_replay_preview,
     reminder_resolve_preview,
     selection_of,
-    sendable_q,
 )
-from reminders.services import reminders_dispatch
-from workshops.models import Workshop
+from reminders.services import reminder_fate, reminders_dispatch, reminders_return, sources_locked
+from reminders.services._sql import update_returning
 
 logger = logging.getLogger(__name__)
 
@@ -115,22 +108,13 @@ def reminder_replay(
     now = clock.now()
     with transaction.atomic(durable=True):
         preview = reminder_replay_preview(reminders=reminders, clock=clock)
-        rearmed = _update_returning_ids(
-            _guarded(
-                Q(status__in=REPLAYABLE_STATUSES),
-                selection_of(reminders).filter(sendable_q(now)),
-            ),
-            status=Status.PENDING,
-            attempts=0,
-            status_reason=REASON_REPLAYED.format(actor=actor.get_username())[:200],
-            **_schedule_from_workshop(),
-            next_attempt_at=None,
-            queued_until=None,
-            claim_token=None,
-            lease_expires_at=None,
-            updated_at=now,
+        rearmed = _rearm(
+            candidates=selection_of(reminders),
+            guard=Q(status__in=REPLAYABLE_STATUSES),
+            reason=REASON_REPLAYED.format(actor=actor.get_username()),
+            now=now,
         )
-        queued = reminders_dispatch(ids=rearmed, clock=clock, publish=publish) if rearmed else 0
+        queued = _dispatch(rearmed, clock=clock, publish=publish)
         result = _audit(
             action=ReplayAudit.Action.REPLAY,
             actor=actor,
@@ -191,21 +175,15 @@ def reminder_resolve_unknown(
     with transaction.atomic(durable=True):
         preview = reminder_resolve_preview(reminders=reminders, send_again=send_again, clock=clock)
         if send_again:
-            changed = _update_returning_ids(
-                _guarded(unknown, selection.filter(sendable_q(now))),
-                status=Status.PENDING,
-                attempts=0,
-                status_reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason)[:200],
-                **_schedule_from_workshop(),
-                next_attempt_at=None,
-                queued_until=None,
-                claim_token=None,
-                lease_expires_at=None,
-                updated_at=now,
+            changed = _rearm(
+                candidates=selection,
+                guard=unknown,
+                reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason),
+                now=now,
             )
-            queued = reminders_dispatch(ids=changed, clock=clock, publish=publish) if changed else 0
+            queued = _dispatch(changed, clock=clock, publish=publish)
         else:
-            changed = _update_returning_ids(
+            changed = _update_ids(
                 _guarded(unknown, selection),
                 status=Status.SENT,
                 status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
@@ -246,27 +224,31 @@ def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
     return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
 
 
-def _schedule_from_workshop() -> dict[str, ExpressionWrapper]:
-    """Return SET values recomputing the window and deadline from the workshop's current start.
+def _rearm(*, candidates: QuerySet[Reminder], guard: Q, reason: str, now: datetime) -> list[int]:
+    """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is still ``pending``.
 
-    The same arithmetic as the plan (reminders.services._plan_source), so a
-    re-armed reminder and its workshop agree even if the workshop moved while
-    the reminder was closed.
+    The fate comes from the workshop and enrollment as they are now, read
+    under ``FOR SHARE`` (reminders.services.fate): a reminder of a workshop
+    cancelled or moved inside the cutoff meanwhile is left as it is. The
+    re-armed rows get the current window and deadline and a fresh attempt
+    count. Return the ids the guarded UPDATE changed.
     """
+    ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
-    starts = Subquery(
-        Workshop.objects.filter(pk=OuterRef("workshop_id")).order_by().values("starts_at")[:1]
-    )
-
-    def before_start(duration) -> ExpressionWrapper:
-        return ExpressionWrapper(
-            starts - Value(duration, output_field=DurationField()), output_field=DateTimeField()
+    fates = {}
+    for pk, source in sources_locked(ids).items():
+        fate = reminder_fate(
+            source=source, policy=policy, now=now, late_reason="", open_reason=reason
         )
+        if fate.status == Status.PENDING:
+            fates[pk] = fate
+    return sorted(reminders_return(fates=fates, guard=guard, now=now, extra={"attempts": 0}))
 
-    return {
-        "window_opens_at": before_start(policy.lead),
-        "deadline_at": before_start(policy.cutoff),
-    }
+
+def _dispatch(ids: list[int], *, clock: Clock, publish: Publish | None) -> int:
+    if not ids:
+        return 0
+    return reminders_dispatch(ids=ids, clock=clock, publish=publish or publishing.publish_batch)
 
 
 def _audit(
@@ -307,25 +289,6 @@ def _audit(
     )
 
 
-def _update_returning_ids(queryset: QuerySet[Reminder], **values) -> list[int]:
-    """Run ``queryset.update(**values)`` as one ``UPDATE ... RETURNING id``; return the ids changed.
-
-    Built by Django's own update compiler (as ``QuerySet.update`` does), so
-    filters across relations become a ``pk IN (subquery)`` in the same
-    statement; only the RETURNING clause is added.
-    """
-    query = queryset.query.chain(UpdateQuery)
-    query.add_update_values(values)
-    query.annotations = {}
-    connection = connections[queryset.db]
-    try:
-        sql, params = query.get_compiler(queryset.db).as_sql()
-    except EmptyResultSet:
-        return []
-    meta = Reminder._meta
-    returning = (
-        f"{connection.ops.quote_name(meta.db_table)}.{connection.ops.quote_name(meta.pk.column)}"
-    )
-    with connection.cursor() as cursor:
-        cursor.execute(f"{sql} RETURNING {returning}", params)
-        return [row[0] for row in cursor.fetchall()]
+def _update_ids(queryset: QuerySet[Reminder], **values) -> list[int]:
+    """Run the guarded UPDATE and return the ids it changed."""
+    return sorted(pk for pk, _ in update_returning(queryset, **values))

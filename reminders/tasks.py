@@ -12,7 +12,7 @@ import logging
 from celery import shared_task
 from django.conf import settings
 
-from reminders import pipeline
+from reminders import pipeline, shutdown
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,7 @@ def deliver_batch(self, reminder_ids) -> dict[str, int]:
         logger.error("Rejected deliver_batch with malformed ids %.200r", reminder_ids)
         return {"rejected": 1}
     try:
-        counts = pipeline.deliver(ids, worker=self.request.hostname or "")
+        counts = pipeline.deliver(ids, worker=self.request.hostname or "", stop=shutdown.flag())
     except pipeline.DatabaseUnavailable as exc:
         # Nothing was claimed: try again shortly instead of letting the queue
         # drain into errors while PostgreSQL restarts. After the last retry the

@@ -71,6 +71,12 @@ def test_clean_tree_keeps_every_contract(tree):
             "import reminders.selectors  # planted\n",
             "The send path never reads the staff selectors",
         ),
+        # The old circle: services -> publish -> tasks -> pipeline -> services.
+        (
+            "reminders/services/dispatch.py",
+            "import reminders.publish  # planted\n",
+            "The services never import the Celery tasks, the pipeline or the publisher",
+        ),
     ],
 )
 def test_planted_import_breaks_its_contract(tree, path, line, contract):

@@ -15,6 +15,7 @@ from django.core.exceptions import ValidationError
 from django.db import connection
 
 from delivery.results import Outcome
+from reminders import publish
 from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
 from reminders.replay import reminder_replay, reminder_resolve_unknown
 from reminders.selectors import reminder_replay_preview
@@ -338,7 +339,7 @@ def test_replay_racing_the_automatic_dispatch_queues_each_reminder_once(
     for _ in range(3):
         _race(
             lambda: reminder_replay(reminders=_all(failed + pending), actor=replayer, clock=clock),
-            lambda: reminders_dispatch(clock=clock),
+            lambda: reminders_dispatch(clock=clock, publish=publish.publish_batch),
         )
         per_id = Counter(i for batch in published for i in batch)
         assert per_id == Counter(failed + pending)

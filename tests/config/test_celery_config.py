@@ -1,5 +1,7 @@
 """The effective Celery configuration, read from the app: a misspelt setting cannot pass."""
 
+import math
+
 from django.conf import settings
 
 from config.celery import app
@@ -11,13 +13,16 @@ def test_effective_celery_configuration():
     assert conf.task_acks_late is True
     assert conf.task_reject_on_worker_lost is False
     assert conf.worker_prefetch_multiplier == 1
+    bounds = settings.REMINDERS_TIME_BOUNDS
     longest = budget + settings.REMINDERS_CALL_TIMEOUT  # the budget, then the drain
     assert settings.REMINDERS_BATCH_MAX_SECONDS >= longest
-    assert conf.task_soft_time_limit == settings.REMINDERS_BATCH_MAX_SECONDS + 30
-    assert conf.task_time_limit == settings.REMINDERS_BATCH_MAX_SECONDS + 60
+    # The values Celery sees are the derived ones (config/timing.py), rounded up.
+    assert conf.task_soft_time_limit == math.ceil(bounds.soft_limit)
+    assert conf.task_time_limit == math.ceil(bounds.hard_limit)
+    assert settings.REMINDERS_LEASE_SECONDS == math.ceil(bounds.lease)
     assert longest < conf.task_soft_time_limit < conf.task_time_limit
     assert conf.task_time_limit < settings.REMINDERS_LEASE_SECONDS
-    assert conf.worker_soft_shutdown_timeout > longest
+    assert conf.worker_soft_shutdown_timeout >= bounds.stop_grace
     assert conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
     assert conf.timezone == "UTC"
     assert conf.enable_utc is True

@@ -27,8 +27,8 @@ def test_results_are_grouped_into_successes_failures_and_unfinished():
 
     assert list(summary.successes) == [1]
     assert sorted(summary.failures) == [2, 3, 4, 6]
-    assert list(summary.unfinished) == [5]
-    assert summary.total == 6
+    assert list(summary.unfinished) == [5, 7]
+    assert summary.total == 7
     assert summary.counts[Outcome.CANCELLED] == 1
     assert summary.failures[6].outcome is Outcome.EXPIRED
 
@@ -46,4 +46,5 @@ def test_outcomes_are_plain_strings_for_the_database():
         "timed_out",
         "cancelled",
         "expired",
+        "withdrawn",
     ]

@@ -15,44 +15,84 @@ from tests.support.processes import process_env
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _dispatch(**kwargs):
+    """Dispatch through the publisher the scan uses (the ``published`` fixture records it)."""
+    from reminders import publish
+
+    kwargs.setdefault("publish", publish.publish_batch)
+    return reminders_dispatch(**kwargs)
+
+
 def test_due_reminders_are_published_in_batches_after_commit(
     clock, due_reminders, published, settings
 ):
     settings.REMINDERS_BATCH_SIZE = 4
     ids = due_reminders(10)
-    assert reminders_dispatch(clock=clock) == 10
+    assert _dispatch(clock=clock) == 10
     assert [len(batch) for batch, _ in published] == [4, 4, 2]
     assert sorted(i for batch, _ in published for i in batch) == sorted(ids)
     assert set(Reminder.objects.values_list("status", flat=True)) == {"queued"}
 
 
-def test_message_expiry_is_no_later_than_the_earliest_deadline_in_its_batch(
+def test_a_message_lives_while_any_of_its_reminders_can_be_sent(
     clock, due_reminders, published, settings
 ):
+    """Its expiry is the latest deadline of its batch (or the requeue time), and every
+    row of the batch is queued until that same instant."""
     settings.REMINDERS_REQUEUE_AFTER = 24 * 3600
+    settings.REMINDERS_BATCH_SIZE = 6
     due_reminders(3, starts_in=timedelta(hours=2))
     due_reminders(3, starts_in=timedelta(hours=1))
-    reminders_dispatch(clock=clock)
-    for batch, expires_at in published:
-        earliest = min(Reminder.objects.filter(id__in=batch).values_list("deadline_at", flat=True))
-        assert expires_at <= earliest
+    _dispatch(clock=clock)
+    ((batch, expires_at),) = published
+    deadlines = Reminder.objects.filter(id__in=batch).values_list("deadline_at", flat=True)
+    assert expires_at == max(deadlines)
+    assert set(Reminder.objects.values_list("queued_until", flat=True)) == {expires_at}
+
+
+def test_a_backlog_past_the_earliest_deadline_strands_no_reminder_with_time_left(
+    clock, due_reminders, published, outbox, settings
+):
+    """Item 6: one batch mixes deadlines 2, 4.5 and 60 minutes away, and the workers are
+    busy for 3 minutes. Simulated as Celery does it: a message past its ``expires`` is
+    dropped unrun; every scan queues what is due. Before the fix the message expired
+    with its earliest deadline and the 4.5-minute row stayed queued until its own
+    deadline: missed with minutes left."""
+    from reminders.pipeline import deliver, scan
+
+    settings.REMINDERS_BATCH_SIZE = 10
+    soon = due_reminders(1, starts_in=timedelta(minutes=32))
+    middle = due_reminders(1, starts_in=timedelta(minutes=34, seconds=30))
+    later = due_reminders(1, starts_in=timedelta(minutes=90))
+    _dispatch(clock=clock)
+    assert len(published) == 1
+    clock.advance(180)  # the backlog
+    for _ in range(4):
+        waiting, published[:] = list(published), []
+        for ids, expires_at in waiting:
+            if clock.now() < expires_at:
+                deliver(ids, clock=clock, channel="file")
+        scan(clock=clock, publish=lambda ids, expires: published.append((ids, expires)))
+        clock.advance(30)
+    statuses = dict(Reminder.objects.values_list("id", "status"))
+    assert statuses == {soon[0]: "missed", middle[0]: "sent", later[0]: "sent"}
 
 
 def test_live_message_is_not_published_again(clock, due_reminders, published):
     due_reminders(5)
-    assert reminders_dispatch(clock=clock) == 5
+    assert _dispatch(clock=clock) == 5
     clock.advance(60)
-    assert reminders_dispatch(clock=clock) == 0
+    assert _dispatch(clock=clock) == 0
     assert len(published) == 1
 
 
 def test_lost_message_is_published_again_once_it_expired(clock, due_reminders, published, settings):
     """B2: after the message's expiry the scan re-enqueues the same reminders, once."""
     due_reminders(5)
-    reminders_dispatch(clock=clock)
+    _dispatch(clock=clock)
     clock.advance(settings.REMINDERS_REQUEUE_AFTER)
-    assert reminders_dispatch(clock=clock) == 5
-    assert reminders_dispatch(clock=clock) == 0
+    assert _dispatch(clock=clock) == 5
+    assert _dispatch(clock=clock) == 0
     assert len(published) == 2
 
 
@@ -60,7 +100,7 @@ def test_rolled_back_transaction_publishes_nothing(clock, due_reminders, publish
     """S3."""
     due_reminders(3)
     with pytest.raises(RuntimeError), transaction.atomic():
-        reminders_dispatch(clock=clock)
+        _dispatch(clock=clock)
         raise RuntimeError("roll back")
     assert published == []
     assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
@@ -72,7 +112,7 @@ def test_window_not_open_and_retry_time_not_reached_are_not_dispatched(
     ids = due_reminders(3)
     Reminder.objects.filter(id=ids[0]).update(next_attempt_at=clock.now() + timedelta(minutes=5))
     Reminder.objects.filter(id=ids[2]).update(window_opens_at=clock.now() + timedelta(minutes=5))
-    assert reminders_dispatch(clock=clock) == 1
+    assert _dispatch(clock=clock) == 1
     assert published[0][0] == [ids[1]]
 
 
@@ -82,8 +122,8 @@ def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_
     due_reminders(3)
     script = (
         "import django; django.setup()\n"
-        "from reminders.services import reminders_dispatch\n"
-        "print('dispatched', reminders_dispatch())\n"
+        "from reminders.pipeline import scan\n"
+        "print('dispatched', scan()['dispatched'])\n"
     )
     real = SystemClock()
     started = real.monotonic()
@@ -104,4 +144,4 @@ def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_
     assert {r.status for r in reminders} == {"queued"}
     assert all(r.queued_until <= now for r in reminders)
     clock.advance_to(now)
-    assert reminders_dispatch(clock=clock, publish=lambda ids, expires: True) == 3
+    assert _dispatch(clock=clock, publish=lambda ids, expires: True) == 3

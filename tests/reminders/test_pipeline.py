@@ -11,7 +11,7 @@ from django.db import connections
 
 from reminders import pipeline
 from reminders.models import Reminder
-from reminders.services import REASON_LATE_IN_QUEUE, reminders_reap
+from reminders.services import reasons, reminders_reap
 from workshops.services import attendee_get_or_create, enrollment_create, workshop_update
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -84,7 +84,7 @@ def test_backlog_of_forty_minutes_is_missed_never_sent_late(
     for batch, _ in published:  # the workers come back and read the old messages
         pipeline.deliver(batch, clock=clock)
     assert set(Reminder.objects.values_list("status", "status_reason")) == {
-        ("missed", REASON_LATE_IN_QUEUE)
+        ("missed", reasons.LATE_IN_QUEUE)
     }
     assert list(outbox.glob("*.eml")) == []
 
@@ -165,7 +165,7 @@ def test_reaper_requeues_with_the_key_or_marks_unknown(
     ids = due_reminders(2)
     reminder_claim_batch(ids=ids, channel=channel, clock=clock)
     clock.advance(settings.REMINDERS_LEASE_SECONDS - 1)
-    assert reminders_reap(clock=clock) == {"requeued": 0, "unknown": 0, "failed": 0}
+    assert not any(reminders_reap(clock=clock).values())
     clock.advance(1)
     reminders_reap(clock=clock)
     assert set(Reminder.objects.values_list("status", flat=True)) == {status}

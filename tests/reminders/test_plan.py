@@ -7,7 +7,7 @@ from django.db import connection
 from django.test.utils import CaptureQueriesContext
 
 from reminders.models import Reminder
-from reminders.services import REASON_ENROLLED_LATE, reminders_plan
+from reminders.services import reasons, reminders_plan
 from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
 
 pytestmark = pytest.mark.django_db
@@ -49,7 +49,7 @@ def test_enrolling_inside_the_cutoff_gives_missed_with_its_reason(clock, make_wo
     workshop = make_workshop(starts_in=timedelta(minutes=20))
     enrol(workshop)
     reminder = Reminder.objects.get()
-    assert (reminder.status, reminder.status_reason) == ("missed", REASON_ENROLLED_LATE)
+    assert (reminder.status, reminder.status_reason) == ("missed", reasons.ENROLLED_LATE)
 
 
 def test_workshops_beyond_the_lead_are_not_planned_yet(clock, make_workshop, enrol):

@@ -1,0 +1,71 @@
+"""Writes to reminders, one module per stage of a reminder's life.
+
+- ``plan``: create rows; follow workshop and enrollment changes (cancel, move,
+  re-enrol) inside their transactions.
+- ``dispatch``: sweep stale open rows to ``missed``; queue due rows and
+  publish them in batches after commit.
+- ``claim``: one guarded UPDATE makes one worker the owner of a chunk.
+- ``record``: write each outcome, or release what was never sent, fenced by
+  the claim.
+- ``reap``: resolve claims whose worker vanished.
+- ``fate``: the one rule for a reminder handed back towards delivery, derived
+  from its workshop and enrollment as they are now.
+
+Each status change is a guarded, set-based UPDATE whose ``WHERE`` names the
+statuses it may leave; the rows it reports changed say which caller won, so
+two processes racing on the same reminder cannot both succeed. The only other
+writer of ``Reminder.status`` is ``reminders.replay`` (staff decisions), which
+uses the same fate and guards. These modules never import the Celery task
+module or the publisher: the dispatcher is handed its ``publish`` function.
+"""
+
+from reminders.services import reasons
+from reminders.services.claim import Claim, reminder_claim_batch
+from reminders.services.dispatch import (
+    message_expiry,
+    reminders_dispatch,
+    reminders_expire,
+    reminders_unpublished,
+)
+from reminders.services.fate import Fate, Source, reminder_fate, reminders_return, sources_locked
+from reminders.services.plan import (
+    reminders_follow_enrollment,
+    reminders_follow_workshop,
+    reminders_plan,
+)
+from reminders.services.reap import reminders_reap
+from reminders.services.record import (
+    CHANNELS_HONOURING_KEYS,
+    Verdict,
+    channel_honours_keys,
+    reminder_record_batch,
+    reminder_release,
+    reminder_verdict,
+    retry_delay,
+)
+
+__all__ = [
+    "CHANNELS_HONOURING_KEYS",
+    "Claim",
+    "Fate",
+    "Source",
+    "Verdict",
+    "channel_honours_keys",
+    "message_expiry",
+    "reasons",
+    "reminder_claim_batch",
+    "reminder_fate",
+    "reminder_record_batch",
+    "reminder_release",
+    "reminder_verdict",
+    "reminders_dispatch",
+    "reminders_expire",
+    "reminders_follow_enrollment",
+    "reminders_follow_workshop",
+    "reminders_plan",
+    "reminders_reap",
+    "reminders_return",
+    "reminders_unpublished",
+    "retry_delay",
+    "sources_locked",
+]

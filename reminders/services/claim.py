@@ -1,0 +1,129 @@
+"""The claim: one guarded UPDATE makes one worker the single owner of the reminders it may send."""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, QuerySet
+
+from clock import Clock, default_clock
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from workshops.models import Enrollment, Workshop
+
+Status = Reminder.Status
+
+
+def _scheduled_workshops() -> QuerySet:
+    return Workshop.objects.filter(status=Workshop.Status.SCHEDULED).values("id")
+
+
+def _active_enrollments() -> QuerySet:
+    return Enrollment.objects.filter(status=Enrollment.Status.ACTIVE).values("id")
+
+
+@dataclass(frozen=True, slots=True)
+class Claim:
+    """What one worker now owns: reminders fenced by ``token`` until ``lease_expires_at``."""
+
+    token: uuid.UUID
+    lease_expires_at: datetime
+    channel: str
+    reminders: list[Reminder]
+
+    @property
+    def ids(self) -> list[int]:
+        return [reminder.pk for reminder in self.reminders]
+
+
+def reminder_claim_batch(
+    *,
+    ids: list[int],
+    channel: str,
+    worker: str = "",
+    lease_seconds: int | None = None,
+    clock: Clock | None = None,
+) -> Claim:
+    """Make the calling worker the single owner of those of ``ids`` that may be sent now.
+
+    One guarded UPDATE (status, deadline, window and retry time in its WHERE)
+    takes the rows: under PostgreSQL's READ COMMITTED, a concurrent claimer
+    blocks on the row lock, then re-evaluates the WHERE against the committed
+    row, sees ``status = 'sending'`` and changes nothing. Exactly one claimer
+    wins each row. This is also the one place the deadline is *enforced*:
+    ids refused for lateness become ``missed`` here. The claim, its lease and
+    a DeliveryAttempt per reminder commit before any provider is called.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    lease = now + timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
+    token = uuid.uuid4()
+    with transaction.atomic():
+        Reminder.objects.filter(
+            ReminderPolicy.on_time_q(now),
+            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+            id__in=ids,
+            status__in=Reminder.OPEN_STATUSES,
+            window_opens_at__lte=now,
+            workshop_id__in=_scheduled_workshops(),
+            enrollment_id__in=_active_enrollments(),
+        ).update(
+            status=Status.SENDING,
+            claim_token=token,
+            lease_expires_at=lease,
+            attempts=F("attempts") + 1,
+            channel=channel,
+            queued_until=None,
+            next_attempt_at=None,
+            updated_at=now,
+        )
+        Reminder.objects.filter(
+            ReminderPolicy.late_q(now), id__in=ids, status__in=Reminder.OPEN_STATUSES
+        ).update(
+            status=Status.MISSED,
+            status_reason=reasons.LATE_AT_CLAIM,
+            queued_until=None,
+            next_attempt_at=None,
+            updated_at=now,
+        )
+        claimed = list(
+            Reminder.objects.filter(claim_token=token, status=Status.SENDING)
+            .select_related("attendee", "workshop")
+            .order_by("deadline_at", "id")
+        )
+        _record_attempts(token=token, worker=worker)
+    return Claim(token=token, lease_expires_at=lease, channel=channel, reminders=claimed)
+
+
+def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
+    """Insert one in-flight DeliveryAttempt per reminder of the claim, in one statement.
+
+    Each attempt is numbered after the reminder's highest earlier one, not by
+    ``Reminder.attempts``: that counter goes down when a claim is refunded
+    (released before any provider call, or replayed by staff), and the
+    history must stay append-only and uniquely numbered.
+    """
+    attempt = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
+    reminder = connection.ops.quote_name(Reminder._meta.db_table)
+    token_value = Reminder._meta.get_field("claim_token").get_db_prep_value(token, connection)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {attempt} (reminder_id, number, claim_token, channel, worker, "
+            "claimed_at, lease_expires_at, finished_at, outcome, provider_calls, error, "
+            "provider_message_id) "
+            f"SELECT r.id, COALESCE((SELECT MAX(a.number) FROM {attempt} a "
+            "WHERE a.reminder_id = r.id), 0) + 1, r.claim_token, r.channel, %s, "
+            "r.updated_at, r.lease_expires_at, NULL, %s, 0, '', '' "
+            f"FROM {reminder} r WHERE r.claim_token = %s AND r.status = %s",
+            [
+                worker[:200],
+                DeliveryAttempt.Outcome.IN_FLIGHT.value,
+                token_value,
+                Status.SENDING.value,
+            ],
+        )

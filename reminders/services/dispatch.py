@@ -1,0 +1,158 @@
+"""Queue due reminders for the workers, and sweep the ones nobody can send any more."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, DateTimeField, Q, TextField, Value, When
+from django.db.models.functions import Concat, Left
+
+from clock import Clock, default_clock
+from reminders.models import Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from reminders.services._sql import update_returning
+
+logger = logging.getLogger(__name__)
+
+Status = Reminder.Status
+Publish = Callable[[list[int], datetime], object]
+
+
+def reminders_expire(*, clock: Clock | None = None) -> int:
+    """Mark open reminders whose deadline has passed as ``missed``; return how many.
+
+    Work that sat in a queue past its deadline (workers down, messages
+    expired in the broker) would otherwise stay ``queued`` forever. The rule
+    is the policy's ``late_q``, the same one the claim enforces; the stored
+    deadline is current because every move and every return rewrites it.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    return Reminder.objects.filter(
+        ReminderPolicy.late_q(now), status__in=Reminder.OPEN_STATUSES
+    ).update(
+        status=Status.MISSED,
+        status_reason=Case(
+            When(
+                last_error__gt="",
+                then=Left(
+                    Concat(
+                        Value(reasons.LATE_IN_RETRY.format(error="")),
+                        "last_error",
+                        output_field=TextField(),
+                    ),
+                    200,
+                ),
+            ),
+            When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
+            default=Value(reasons.LATE_AT_CLAIM),
+            output_field=TextField(),
+        ),
+        queued_until=None,
+        next_attempt_at=None,
+        updated_at=now,
+    )
+
+
+def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
+    """Return when a batch message carrying reminders with these deadlines stops being useful.
+
+    At the *latest* deadline of the batch, or ``requeue_after`` from now if
+    that comes first: while any of its reminders can still be sent, the
+    message is worth running (the claim marks the late ones ``missed`` and
+    sends the rest). Every row of the batch is queued until that same
+    instant, so when the message expires, all of its rows are due again at
+    the next scan: an expiry never strands a row that still has time.
+    """
+    return min(now + requeue_after, max(deadlines))
+
+
+def reminders_dispatch(
+    *,
+    publish: Publish,
+    clock: Clock | None = None,
+    batch_size: int | None = None,
+    limit: int | None = None,
+    ids: list[int] | None = None,
+) -> int:
+    """Queue due reminders and publish them by id in batches, after commit.
+
+    Due: window open, deadline not passed, retry time reached, and either
+    never queued or queued under a message that has since expired (lost in a
+    broker restart, dropped unpublished): this is the reconciler. A reminder
+    whose message is still live is left alone, so a slow queue is not flooded.
+    Batches follow the deadline order; see ``message_expiry`` for when each
+    message and its rows expire. ``ids`` restricts the dispatch to those
+    reminders (replay uses it); the same due rule applies. ``publish`` sends
+    one batch (reminders.publish.publish_batch in production). Guarantee: a
+    row is queued only by the UPDATE that finds it ``pending`` or queued
+    under an expired message, so two dispatchers never both publish it.
+    Return how many reminders were queued.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    batch_size = batch_size or settings.REMINDERS_BATCH_SIZE
+    limit = limit or settings.REMINDERS_DISPATCH_LIMIT
+    requeue_after = timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
+    due_now = Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)
+    due = Reminder.objects.filter(
+        ReminderPolicy.on_time_q(now),
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+        due_now,
+        window_opens_at__lte=now,
+    ).order_by("deadline_at", "id")
+    if ids is not None:
+        due = due.filter(id__in=ids)
+    with transaction.atomic():
+        rows = list(
+            due.select_for_update(skip_locked=True).values_list("id", "deadline_at")[:limit]
+        )
+        if not rows:
+            return 0
+        batches = []
+        by_expiry: dict[datetime, list[int]] = defaultdict(list)
+        for start in range(0, len(rows), batch_size):
+            batch = rows[start : start + batch_size]
+            expires_at = message_expiry(
+                deadlines=[deadline for _, deadline in batch], now=now, requeue_after=requeue_after
+            )
+            batches.append(([pk for pk, _ in batch], expires_at))
+            by_expiry[expires_at].extend(pk for pk, _ in batch)
+        # One statement whatever the number of batches: each row is queued
+        # until its batch's expiry (usually one value for all of them).
+        changed = {
+            pk
+            for pk, _ in update_returning(
+                Reminder.objects.filter(due_now, id__in=[pk for pk, _ in rows]),
+                status=Status.QUEUED,
+                queued_until=Case(
+                    *[When(id__in=ids, then=Value(expiry)) for expiry, ids in by_expiry.items()],
+                    output_field=DateTimeField(),
+                ),
+                updated_at=now,
+            )
+        }
+        queued = 0
+        for batch_ids, expires_at in batches:
+            batch_ids = [pk for pk in batch_ids if pk in changed]
+            if batch_ids:
+                transaction.on_commit(partial(publish, batch_ids, expires_at))
+                queued += len(batch_ids)
+    if queued:
+        logger.info("Dispatched %s reminders in %s batches", queued, len(batches))
+    return queued
+
+
+def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
+    """Make queued reminders whose message failed to publish due again at the next scan."""
+    clock = clock or default_clock()
+    return Reminder.objects.filter(id__in=ids, status=Status.QUEUED).update(
+        queued_until=clock.now()
+    )

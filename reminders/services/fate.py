@@ -1,0 +1,191 @@
+"""A reminder's fate, re-derived from its workshop and enrollment as they are now.
+
+Every transition that hands a reminder back towards delivery (the record of a
+non-final outcome, a release, the reaper's requeue, a replay) decides the new
+status here, never from the row's own copies of the deadline and window:
+
+- ``cancelled`` when the workshop or the enrollment is cancelled now;
+- ``missed``, with the caller's reason, when the deadline computed from the
+  workshop's current start has passed (or will have by the next retry);
+- otherwise ``pending``, with the window and deadline of the current start.
+
+``sources_locked`` reads the workshop and enrollment with ``FOR SHARE``: a
+cancel or a move (which updates those rows, then the reminders, in one
+transaction) either committed before the read, and the fate sees it, or waits
+until the returning transaction commits, and then finds the row ``pending``
+and treats it like any open reminder. Lock order everywhere: workshop,
+enrollment, reminder, delivery attempt.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.db import connection
+from django.db.models import (
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    OuterRef,
+    Q,
+    Subquery,
+    Value,
+)
+
+from reminders.models import Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from reminders.services._sql import update_returning
+from workshops.models import Enrollment, Workshop
+
+Status = Reminder.Status
+
+
+@dataclass(frozen=True, slots=True)
+class Source:
+    """The facts a reminder's fate is derived from, as committed now."""
+
+    workshop_status: str
+    enrollment_status: str
+    starts_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Fate:
+    """Where a returning reminder goes, and the schedule it carries there."""
+
+    status: str
+    reason: str
+    window_opens_at: datetime
+    deadline_at: datetime
+    next_attempt_at: datetime | None = None
+
+
+def reminder_fate(
+    *,
+    source: Source,
+    policy: ReminderPolicy,
+    now: datetime,
+    late_reason: str,
+    retry_at: datetime | None = None,
+    open_reason: str = "",
+) -> Fate:
+    """Return the fate of a reminder going back towards delivery (pure).
+
+    ``retry_at`` is the earliest moment it may be tried again; a reminder
+    whose current deadline falls at or before it is missed now rather than
+    left to wait for a retry that could never be sent.
+    """
+    window = policy.window_opens_at(source.starts_at)
+    deadline = policy.deadline_at(source.starts_at)
+    if source.workshop_status != Workshop.Status.SCHEDULED:
+        return Fate(Status.CANCELLED, reasons.WORKSHOP_CANCELLED, window, deadline)
+    if source.enrollment_status != Enrollment.Status.ACTIVE:
+        return Fate(Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline)
+    if policy.is_late(deadline_at=deadline, now=max(now, retry_at or now)):
+        return Fate(Status.MISSED, late_reason, window, deadline)
+    return Fate(Status.PENDING, open_reason, window, deadline, retry_at)
+
+
+def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
+    """Return the current workshop and enrollment facts of each reminder in ``ids``.
+
+    On PostgreSQL the workshop and enrollment rows are locked ``FOR SHARE``
+    until the caller's transaction ends (call it inside ``atomic``), so they
+    cannot change between this read and the UPDATE that acts on it. SQLite
+    (the local run) serialises writers, so a plain read is enough there.
+    """
+    ids = sorted(set(ids))
+    if not ids:
+        return {}
+    if connection.vendor != "postgresql":
+        rows = Reminder.objects.filter(pk__in=ids).values_list(
+            "pk", "workshop__status", "enrollment__status", "workshop__starts_at"
+        )
+        return {pk: Source(w_status, e_status, starts) for pk, w_status, e_status, starts in rows}
+    quote = connection.ops.quote_name
+    sql = (
+        f"SELECT r.id, w.status, e.status, w.starts_at "
+        f"FROM {quote(Reminder._meta.db_table)} r "
+        f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
+        f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
+        f"WHERE r.id = ANY(%s) ORDER BY w.id, e.id FOR SHARE OF w, e"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, [ids])
+        return {row[0]: Source(row[1], row[2], row[3]) for row in cursor.fetchall()}
+
+
+def reminders_return(
+    *,
+    fates: Mapping[int, Fate],
+    guard: Q,
+    now: datetime,
+    errors: Mapping[int, str] | None = None,
+    refund: Iterable[int] = (),
+    extra: Mapping[str, object] | None = None,
+) -> dict[int, str]:
+    """Write each reminder's fate with a guarded UPDATE; return ``{id: status}`` of rows changed.
+
+    Guarantee: a row changes only while it still matches ``guard`` (the
+    caller's fence: its claim token, the expired lease, the statuses a replay
+    may leave), re-checked by PostgreSQL against the committed row after any
+    lock wait. Rows sharing the same status, reason and retry time go in one
+    statement, so a chunk costs a statement per distinct fate, not per
+    reminder or per workshop: the window and deadline are computed in the
+    statement from the workshop's start, the same start ``sources_locked``
+    read and still holds locked, so they equal the fate's. ``errors``
+    sets ``last_error``; ``refund`` gives back the attempt a claim counted;
+    ``extra`` adds the same values to every row (a replay resets ``attempts``).
+    """
+    errors = errors or {}
+    refund = set(refund)
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for pk, fate in fates.items():
+        key = (fate.status, fate.reason, fate.next_attempt_at, errors.get(pk), pk in refund)
+        groups[key].append(pk)
+    schedule = _schedule_from_workshop(ReminderPolicy.from_settings())
+    changed: dict[int, str] = {}
+    for (status, reason, next_attempt_at, error, refunded), ids in groups.items():
+        values = {
+            "status": status,
+            "status_reason": reason[:200],
+            **schedule,
+            "next_attempt_at": next_attempt_at,
+            "queued_until": None,
+            "claim_token": None,
+            "lease_expires_at": None,
+            "updated_at": now,
+        }
+        if error is not None:
+            values["last_error"] = error
+        if refunded:
+            values["attempts"] = F("attempts") - 1
+        values.update(extra or {})
+        changed.update(update_returning(Reminder.objects.filter(guard, pk__in=ids), **values))
+    return changed
+
+
+def _schedule_from_workshop(policy: ReminderPolicy) -> dict[str, ExpressionWrapper]:
+    """Return SET values computing the window and deadline from the workshop's start, in SQL.
+
+    The policy's arithmetic on the stored UTC start (``ReminderPolicy.deadline_at``
+    and ``window_opens_at`` subtract from the same instant), as the plan does.
+    """
+    starts = Subquery(
+        Workshop.objects.filter(pk=OuterRef("workshop_id")).order_by().values("starts_at")[:1]
+    )
+
+    def before_start(duration) -> ExpressionWrapper:
+        return ExpressionWrapper(
+            starts - Value(duration, output_field=DurationField()), output_field=DateTimeField()
+        )
+
+    return {
+        "window_opens_at": before_start(policy.lead),
+        "deadline_at": before_start(policy.cutoff),
+    }

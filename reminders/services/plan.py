@@ -1,0 +1,259 @@
+"""Plan reminders, and keep unsent ones in step with their workshop and enrollment.
+
+``reminders_plan`` creates rows; ``reminders_follow_workshop`` and
+``reminders_follow_enrollment`` run inside the workshops app's transactions
+(through workshops.signals) when staff cancel, move or re-enrol. Rows that a
+worker holds (``sending``) are left to that worker: it learns of the change
+before its next provider call (reminders.bridge's claim watch) and its record
+re-derives the row's fate (reminders.services.fate).
+"""
+
+from __future__ import annotations
+
+import logging
+from datetime import datetime
+
+from django.conf import settings
+from django.db import connection
+from django.db.models import (
+    Case,
+    CharField,
+    DateTimeField,
+    DurationField,
+    ExpressionWrapper,
+    F,
+    IntegerField,
+    QuerySet,
+    Value,
+    When,
+)
+from django.db.models.functions import Cast, Concat
+
+from clock import Clock, default_clock
+from reminders.models import Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from workshops.models import Enrollment, Workshop
+
+logger = logging.getLogger(__name__)
+
+Status = Reminder.Status
+
+# Columns the plan fills, in the order of its SELECT list.
+_PLAN_COLUMNS = (
+    "attendee_id",
+    "workshop_id",
+    "enrollment_id",
+    "key",
+    "status",
+    "status_reason",
+    "window_opens_at",
+    "deadline_at",
+    "attempts",
+    "last_error",
+    "channel",
+    "provider_message_id",
+    "created_at",
+    "updated_at",
+)
+
+
+def _plan_source(
+    *, now: datetime, policy: ReminderPolicy, enrollments: QuerySet[Enrollment], late_reason: str
+) -> QuerySet:
+    """Return the SELECT feeding the plan: one row per enrollment lacking a reminder."""
+    starts = F("workshop__starts_at")
+    deadline = ExpressionWrapper(
+        starts - Value(policy.cutoff, output_field=DurationField()), output_field=DateTimeField()
+    )
+    window = ExpressionWrapper(
+        starts - Value(policy.lead, output_field=DurationField()), output_field=DateTimeField()
+    )
+    late = policy.late_start_q(now, through="workshop__")
+    return (
+        enrollments.filter(
+            status=Enrollment.Status.ACTIVE,
+            workshop__status=Workshop.Status.SCHEDULED,
+            # Workshops that started less than a lead ago are still planned, so
+            # a reminder nobody could send shows up as missed, not as nothing.
+            workshop__starts_at__gt=now - policy.lead,
+            workshop__starts_at__lte=now + policy.lead,
+            reminders__isnull=True,
+        )
+        .order_by()
+        .annotate(
+            p_attendee=F("attendee_id"),
+            p_workshop=F("workshop_id"),
+            p_enrollment=F("id"),
+            p_key=Concat(
+                Value(f"{settings.REMINDERS_KEY_PREFIX}-w"),
+                Cast("workshop_id", CharField()),
+                Value("-a"),
+                Cast("attendee_id", CharField()),
+                output_field=CharField(),
+            ),
+            p_status=Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
+            p_reason=Case(When(late, then=Value(late_reason)), default=Value("")),
+            p_window=window,
+            p_deadline=deadline,
+            p_attempts=Value(0, output_field=IntegerField()),
+            p_error=Value(""),
+            p_channel=Value(""),
+            p_message_id=Value(""),
+            p_created=Value(now, output_field=DateTimeField()),
+            p_updated=Value(now, output_field=DateTimeField()),
+        )
+        .values_list(
+            "p_attendee",
+            "p_workshop",
+            "p_enrollment",
+            "p_key",
+            "p_status",
+            "p_reason",
+            "p_window",
+            "p_deadline",
+            "p_attempts",
+            "p_error",
+            "p_channel",
+            "p_message_id",
+            "p_created",
+            "p_updated",
+        )
+    )
+
+
+def reminders_plan(
+    *,
+    clock: Clock | None = None,
+    policy: ReminderPolicy | None = None,
+    enrollments: QuerySet[Enrollment] | None = None,
+    late_reason: str = reasons.PLANNED_LATE,
+) -> int:
+    """Create the missing reminders for enrollments whose workshop starts within the lead.
+
+    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` statement, whatever the
+    number of workshops: the unique constraint on (attendee, workshop) decides
+    between concurrent scans, so two overlapping plans create each row once.
+    Reminders whose deadline has already passed are created as ``missed``
+    with ``late_reason``, never as sendable. Return how many rows were created.
+    """
+    clock = clock or default_clock()
+    policy = policy or ReminderPolicy.from_settings()
+    source = _plan_source(
+        now=clock.now(),
+        policy=policy,
+        enrollments=Enrollment.objects.all() if enrollments is None else enrollments,
+        late_reason=late_reason,
+    )
+    select_sql, params = source.query.sql_with_params()
+    table = connection.ops.quote_name(Reminder._meta.db_table)
+    columns = ", ".join(connection.ops.quote_name(column) for column in _PLAN_COLUMNS)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} ({columns}) {select_sql} ON CONFLICT DO NOTHING", params
+        )
+        created = cursor.rowcount
+    if created:
+        logger.log(
+            logging.INFO if enrollments is None else logging.DEBUG, "Planned %s reminders", created
+        )
+    return created
+
+
+def reminders_follow_workshop(
+    *, workshop: Workshop, changed: frozenset[str], clock: Clock | None = None
+) -> None:
+    """Bring a workshop's unsent reminders in line with its new state.
+
+    Runs inside the workshop service's transaction (workshops.signals), which
+    has already written the workshop row and holds its lock until commit.
+    Guarantee: every ``pending`` or ``queued`` row of the workshop leaves this
+    function with the status, window and deadline of the workshop as it is
+    now; a ``missed`` row whose new deadline is still ahead is planned again.
+    ``sending`` rows are their worker's (see the module docstring).
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    mine = Reminder.objects.filter(workshop=workshop)
+    if workshop.status == Workshop.Status.CANCELLED:
+        mine.filter(status__in=Reminder.OPEN_STATUSES).update(
+            status=Status.CANCELLED,
+            status_reason=reasons.WORKSHOP_CANCELLED,
+            queued_until=None,
+            next_attempt_at=None,
+            updated_at=now,
+        )
+        return
+    if "starts_at" in changed:
+        _reschedule(workshop=workshop, reminders=mine, now=now)
+    if changed & {"starts_at", "created"}:
+        reminders_plan(clock=clock, enrollments=Enrollment.objects.filter(workshop=workshop))
+
+
+def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datetime) -> None:
+    policy = ReminderPolicy.from_settings()
+    schedule = {
+        "window_opens_at": policy.window_opens_at(workshop.starts_at),
+        "deadline_at": policy.deadline_at(workshop.starts_at),
+        "updated_at": now,
+    }
+    open_rows = reminders.filter(status__in=Reminder.OPEN_STATUSES)
+    if policy.is_late(deadline_at=schedule["deadline_at"], now=now):
+        open_rows.update(
+            status=Status.MISSED,
+            status_reason=reasons.MOVED_INSIDE_CUTOFF,
+            queued_until=None,
+            next_attempt_at=None,
+            **schedule,
+        )
+        reminders.filter(status=Status.MISSED).update(**schedule)
+        return
+    open_rows.update(**schedule)
+    # Missed under the old start (inside the cutoff, or an outage) but the
+    # workshop now starts later: it can still be sent, so it is planned again.
+    reminders.filter(status=Status.MISSED, enrollment__status=Enrollment.Status.ACTIVE).update(
+        status=Status.PENDING,
+        status_reason=reasons.MOVED_LATER,
+        queued_until=None,
+        next_attempt_at=None,
+        **schedule,
+    )
+
+
+def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None = None) -> None:
+    """Cancel or (re)plan the reminder of one enrollment, inside its transaction."""
+    clock = clock or default_clock()
+    now = clock.now()
+    if enrollment.status == Enrollment.Status.CANCELLED:
+        Reminder.objects.filter(enrollment=enrollment, status__in=Reminder.OPEN_STATUSES).update(
+            status=Status.CANCELLED,
+            status_reason=reasons.ENROLLMENT_CANCELLED,
+            queued_until=None,
+            next_attempt_at=None,
+            updated_at=now,
+        )
+        return
+    # Re-enrolled after cancelling: the cancelled reminder becomes sendable
+    # again if its deadline allows, else it says why it will not be sent.
+    policy = ReminderPolicy.from_settings()
+    workshop = enrollment.workshop
+    deadline = policy.deadline_at(workshop.starts_at)
+    revived = Reminder.objects.filter(
+        enrollment=enrollment,
+        status=Status.CANCELLED,
+        status_reason=reasons.ENROLLMENT_CANCELLED,
+    )
+    schedule = {
+        "window_opens_at": policy.window_opens_at(workshop.starts_at),
+        "deadline_at": deadline,
+        "updated_at": now,
+    }
+    if not policy.is_late(deadline_at=deadline, now=now):
+        revived.update(status=Status.PENDING, status_reason="", **schedule)
+    else:
+        revived.update(status=Status.MISSED, status_reason=reasons.ENROLLED_LATE, **schedule)
+    reminders_plan(
+        clock=clock,
+        enrollments=Enrollment.objects.filter(pk=enrollment.pk),
+        late_reason=reasons.ENROLLED_LATE,
+    )

@@ -1,0 +1,104 @@
+"""The reaper: resolve reminders whose worker vanished while holding them."""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Q
+
+from clock import Clock, default_clock
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from reminders.services._sql import update_returning
+from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+from reminders.services.record import CHANNELS_HONOURING_KEYS
+
+logger = logging.getLogger(__name__)
+
+Status = Reminder.Status
+
+
+def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
+    """Resolve reminders whose claim lease expired: the worker holding them is gone.
+
+    A channel that honours idempotency keys gets the reminder back with the
+    same key (the provider drops a duplicate), its fate re-derived from the
+    workshop and enrollment as they are now; after the attempt cap it is
+    ``failed``. Any other channel gets ``unknown``, for staff to decide,
+    because the message may have reached the provider. Never silently
+    re-sent, never silently dropped. The lease is longer than Celery's hard
+    time limit, so a live worker never loses a claim it still holds.
+
+    Guarantee: rows change only while ``sending`` with an expired lease, and
+    their attempts only after them (the lock order of every writer:
+    workshop, enrollment, reminder, attempt), so a record racing the reaper
+    either wins whole or changes nothing. Return counts by what happened.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    expired = Q(status=Status.SENDING, lease_expires_at__lte=now)
+    rows = list(
+        Reminder.objects.filter(expired).values_list("id", "channel", "attempts", "claim_token")
+    )
+    counts = {"requeued": 0, "unknown": 0, "failed": 0, "cancelled": 0, "missed": 0}
+    if not rows:
+        return counts
+    cap = settings.REMINDERS_MAX_ATTEMPTS
+    tokens = {pk: token for pk, _, _, token in rows}
+    keyed = {
+        pk: attempts for pk, channel, attempts, _ in rows if channel in CHANNELS_HONOURING_KEYS
+    }
+    gave_up = [pk for pk, attempts in keyed.items() if attempts >= cap]
+    retry = [pk for pk, attempts in keyed.items() if attempts < cap]
+    blind = [pk for pk in tokens if pk not in keyed]
+    policy = ReminderPolicy.from_settings()
+    with transaction.atomic():
+        fates = {
+            pk: reminder_fate(
+                source=source,
+                policy=policy,
+                now=now,
+                late_reason=reasons.LATE_IN_RETRY.format(error=reasons.LEASE_LOST),
+            )
+            for pk, source in sources_locked(retry).items()
+        }
+        changed = reminders_return(
+            fates=fates, guard=expired, now=now, errors=dict.fromkeys(fates, reasons.LEASE_LOST)
+        )
+        closed = {"last_error": reasons.LEASE_LOST, "claim_token": None, "lease_expires_at": None}
+        changed.update(
+            update_returning(
+                Reminder.objects.filter(expired, id__in=gave_up),
+                status=Status.FAILED,
+                status_reason=reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST),
+                updated_at=now,
+                **closed,
+            )
+        )
+        changed.update(
+            update_returning(
+                Reminder.objects.filter(expired, id__in=blind),
+                status=Status.UNKNOWN,
+                status_reason=reasons.LEASE_LOST,
+                updated_at=now,
+                **closed,
+            )
+        )
+        if changed:
+            DeliveryAttempt.objects.filter(
+                reminder_id__in=list(changed),
+                claim_token__in={tokens[pk] for pk in changed},
+                outcome=DeliveryAttempt.Outcome.IN_FLIGHT,
+            ).update(
+                outcome=DeliveryAttempt.Outcome.LEASE_EXPIRED,
+                finished_at=now,
+                error=reasons.LEASE_LOST,
+            )
+    for status in changed.values():
+        counts["requeued" if status == Status.PENDING else str(status)] += 1
+    if changed:
+        logger.warning("Reaped expired leases: %s", {k: v for k, v in counts.items() if v})
+    return counts

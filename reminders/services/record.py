@@ -1,0 +1,276 @@
+"""What a worker writes after its provider calls: the record of each outcome, or a release.
+
+Both are fenced by the claim (``claim_token = <this claim> AND status =
+'sending'``): a worker whose lease was reaped, and whose reminder may now
+belong to a newer claim, changes nothing. Outcomes that end the reminder
+(``sent``, ``failed``, ``unknown``) are written as they are; every other
+outcome hands the reminder back, and its fate is re-derived from the workshop
+and enrollment as they are now (reminders.services.fate).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Case, CharField, DateTimeField, IntegerField, Q, TextField, Value, When
+
+from clock import Clock, default_clock
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import reasons
+from reminders.services._sql import update_returning
+from reminders.services.claim import Claim
+from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+
+Status = Reminder.Status
+Attempt = DeliveryAttempt.Outcome
+
+# Channels whose provider deduplicates by the reminder's key: a send whose
+# outcome is unknown may be repeated with the same key without a duplicate.
+CHANNELS_HONOURING_KEYS = frozenset({"http", "file"})
+
+
+def channel_honours_keys(channel: str) -> bool:
+    return channel in CHANNELS_HONOURING_KEYS
+
+
+def retry_delay(attempts: int) -> timedelta:
+    """Return how long a reminder waits before its next claim after ``attempts`` claims."""
+    base = settings.REMINDERS_RETRY_BASE
+    return timedelta(seconds=min(settings.REMINDERS_RETRY_MAX, base * 2 ** max(0, attempts - 1)))
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """What one delivery result means for its reminder's row.
+
+    ``status`` is final (``sent``, ``failed``, ``unknown``) or ``pending``,
+    which means "hand it back": the fate then decides between ``pending``,
+    ``missed`` (with ``late_reason``) and ``cancelled``.
+    """
+
+    status: str
+    attempt_outcome: str
+    reason: str = ""
+    error: str = ""
+    message_id: str = ""
+    retry_at: datetime | None = None
+    refund_attempt: bool = False
+    late_reason: str = ""
+
+    @property
+    def returns(self) -> bool:
+        return self.status == Status.PENDING
+
+
+_ATTEMPT_OUTCOMES = {
+    Outcome.SENT: Attempt.SENT,
+    Outcome.TRANSIENT: Attempt.TRANSIENT,
+    Outcome.PERMANENT: Attempt.PERMANENT,
+    Outcome.TIMED_OUT: Attempt.TIMED_OUT,
+    Outcome.CANCELLED: Attempt.CANCELLED,
+    Outcome.EXPIRED: Attempt.NOT_STARTED,
+    Outcome.WITHDRAWN: Attempt.WITHDRAWN,
+}
+
+
+def reminder_verdict(
+    *, result: DeliveryResult, reminder: Reminder, channel: str, now: datetime
+) -> Verdict:
+    """Decide what becomes of a claimed reminder from its delivery result (pure).
+
+    A result that may have reached the provider on a channel without keys is
+    ``unknown`` whatever else it says (a "permanent" error after an ambiguous
+    call included): marking it ``failed`` would invite a replay that sends it
+    twice.
+    """
+    outcome = result.outcome
+    error = result.error
+    attempt_outcome = _ATTEMPT_OUTCOMES[outcome]
+    if outcome == Outcome.SENT:
+        return Verdict(Status.SENT, attempt_outcome, message_id=result.message_id or "")
+    if result.maybe_delivered and not channel_honours_keys(channel):
+        what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
+            outcome, "failed without a definite answer"
+        )
+        reason = reasons.MAYBE_SENT.format(what=what, channel=channel)
+        return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
+    if outcome == Outcome.PERMANENT:
+        return Verdict(Status.FAILED, attempt_outcome, reason=error, error=error)
+    if outcome == Outcome.EXPIRED:
+        return Verdict(
+            Status.PENDING, attempt_outcome, error=error,
+            refund_attempt=not result.provider_reached,
+            late_reason=reasons.LATE_IN_RETRY.format(error=error),
+        )  # fmt: skip
+    if outcome == Outcome.WITHDRAWN:
+        return Verdict(
+            Status.PENDING, attempt_outcome, error=error, refund_attempt=result.attempts == 0,
+            late_reason=reasons.MOVED_INSIDE_CUTOFF,
+        )  # fmt: skip
+    if not result.provider_reached and result.attempts == 0:
+        # Stopped before the provider was called: hand it back untouched.
+        return Verdict(
+            Status.PENDING, Attempt.NOT_STARTED, error=error, refund_attempt=True,
+            late_reason=reasons.LATE_AT_CLAIM,
+        )  # fmt: skip
+    if reminder.attempts >= settings.REMINDERS_MAX_ATTEMPTS:
+        reason = reasons.GAVE_UP.format(attempts=reminder.attempts, error=error)
+        return Verdict(Status.FAILED, attempt_outcome, reason=reason, error=error)
+    return Verdict(
+        Status.PENDING, attempt_outcome, error=error,
+        retry_at=now + retry_delay(reminder.attempts),
+        late_reason=reasons.LATE_IN_RETRY.format(error=error),
+    )  # fmt: skip
+
+
+def _fence(claim: Claim) -> Q:
+    return Q(claim_token=claim.token, status=Status.SENDING)
+
+
+def reminder_record_batch(
+    *, claim: Claim, results: list[DeliveryResult], clock: Clock | None = None
+) -> dict[str, int]:
+    """Write the outcome of every claimed reminder, fenced by the claim.
+
+    Guarantee: a reminder row changes only while it is still ``sending``
+    under this claim's token, and its DeliveryAttempt changes only when the
+    reminder row did (and only while ``in_flight``), so a reaped worker's late
+    record touches neither. Locks are taken workshop, enrollment, reminder,
+    attempt, the one order every writer uses. Return counts by the new
+    status of the rows actually changed.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    by_id = {reminder.pk: reminder for reminder in claim.reminders}
+    verdicts = {
+        result.reminder_id: (
+            reminder_verdict(
+                result=result, reminder=by_id[result.reminder_id], channel=claim.channel, now=now
+            ),
+            result,
+        )
+        for result in results
+        if result.reminder_id in by_id
+    }
+    if not verdicts:
+        return {}
+    finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
+    returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
+    with transaction.atomic():
+        sources = sources_locked(returns)
+        changed = _record_finals(claim=claim, finals=finals, now=now)
+        if returns:
+            policy = ReminderPolicy.from_settings()
+            fates = {
+                pk: reminder_fate(
+                    source=sources[pk],
+                    policy=policy,
+                    now=now,
+                    late_reason=verdict.late_reason,
+                    retry_at=verdict.retry_at,
+                )
+                for pk, verdict in returns.items()
+                if pk in sources
+            }
+            changed.update(
+                reminders_return(
+                    fates=fates,
+                    guard=_fence(claim),
+                    now=now,
+                    errors={pk: verdict.error for pk, verdict in returns.items()},
+                    refund=[pk for pk, verdict in returns.items() if verdict.refund_attempt],
+                )
+            )
+        _finish_attempts(claim=claim, verdicts=verdicts, changed=changed, now=now)
+    return dict(Counter(str(status) for status in changed.values()))
+
+
+def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -> dict[int, str]:
+    if not finals:
+        return {}
+
+    def case(values: dict[int, object], output_field):
+        # NULL branches are left to ELSE: PostgreSQL would type a bare NULL as
+        # text, and the CASE would no longer fit a timestamp column.
+        whens = [
+            When(pk=pk, then=Value(value, output_field=output_field))
+            for pk, value in values.items()
+            if value is not None
+        ]
+        return Case(*whens, default=None, output_field=output_field) if whens else None
+
+    char, stamp = CharField(), DateTimeField()
+    return dict(
+        update_returning(
+            Reminder.objects.filter(_fence(claim), id__in=list(finals)),
+            status=case({pk: v.status for pk, v in finals.items()}, char),
+            status_reason=case({pk: v.reason[:200] for pk, v in finals.items()}, char),
+            last_error=case({pk: v.error for pk, v in finals.items()}, TextField()),
+            provider_message_id=case({pk: v.message_id[:255] for pk, v in finals.items()}, char),
+            sent_at=case({pk: now for pk, v in finals.items() if v.status == Status.SENT}, stamp),
+            next_attempt_at=None,
+            claim_token=None,
+            lease_expires_at=None,
+            updated_at=now,
+        )
+    )
+
+
+def _finish_attempts(
+    *, claim: Claim, verdicts: dict, changed: dict[int, str], now: datetime
+) -> None:
+    """Close the in-flight attempts of the reminders whose row the record changed."""
+    if not changed:
+        return
+    rows = {pk: verdicts[pk] for pk in changed}
+
+    def case(pick, output_field):
+        return Case(
+            *[When(reminder_id=pk, then=Value(pick(v, r))) for pk, (v, r) in rows.items()],
+            output_field=output_field,
+        )
+
+    DeliveryAttempt.objects.filter(
+        claim_token=claim.token, reminder_id__in=list(rows), outcome=Attempt.IN_FLIGHT
+    ).update(
+        outcome=case(lambda v, r: v.attempt_outcome, CharField()),
+        error=case(lambda v, r: v.error, TextField()),
+        provider_message_id=case(lambda v, r: (v.message_id or "")[:255], CharField()),
+        provider_calls=case(lambda v, r: r.attempts, IntegerField()),
+        finished_at=now,
+    )
+
+
+def reminder_release(
+    *, claim: Claim, ids: list[int] | None = None, clock: Clock | None = None
+) -> int:
+    """Hand claimed reminders whose provider call never started back, re-deriving their fate.
+
+    Used when a batch stops before the engine ran (a crash while building
+    envelopes, a stop signal between chunks). The attempt is refunded: no
+    provider was called, so it must not count towards the attempt cap.
+    Fenced like the record; return how many rows changed.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    ids = claim.ids if ids is None else ids
+    policy = ReminderPolicy.from_settings()
+    with transaction.atomic():
+        fates = {
+            pk: reminder_fate(
+                source=source, policy=policy, now=now, late_reason=reasons.LATE_AT_CLAIM
+            )
+            for pk, source in sources_locked(ids).items()
+        }
+        changed = reminders_return(fates=fates, guard=_fence(claim), now=now, refund=fates)
+        if changed:
+            DeliveryAttempt.objects.filter(
+                claim_token=claim.token, reminder_id__in=list(changed), outcome=Attempt.IN_FLIGHT
+            ).update(outcome=Attempt.NOT_STARTED, finished_at=now)
+    return len(changed)

@@ -1,0 +1,64 @@
+"""Item 7: a soft time limit that fires mid-batch still records the outcomes known then.
+
+Celery's prefork pool implements the soft limit with SIGUSR1, whose handler
+raises ``SoftTimeLimitExceeded`` in the task's thread. This test installs the
+same handler and sends the same signal to its own process while a batch runs
+against a real SMTP server, then counts rows.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from billiard.exceptions import SoftTimeLimitExceeded
+
+from clock import SystemClock
+from reminders import pipeline
+from reminders.models import DeliveryAttempt, Reminder
+
+pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+
+_real = SystemClock()
+
+
+def _raise_soft_limit(signum, frame):
+    raise SoftTimeLimitExceeded()
+
+
+def test_a_soft_time_limit_mid_batch_records_what_is_known(
+    live_clock, smtp_sink, make_workshop, enrol, settings
+):
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_SMTP_CONNECTIONS = 4
+    settings.REMINDERS_CONCURRENCY = 20  # one chunk of 20, four calls at a time
+    smtp_sink.data_delay = 0.5
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=20)
+    ids = list(Reminder.objects.values_list("id", flat=True))
+
+    def fire_when_under_way() -> None:
+        give_up = _real.monotonic() + 20
+        while len(smtp_sink.received()) < 6 and _real.monotonic() < give_up:
+            _real.sleep_blocking(0.01)
+        os.kill(os.getpid(), signal.SIGUSR1)
+
+    previous = signal.signal(signal.SIGUSR1, _raise_soft_limit)
+    try:
+        threading.Thread(target=fire_when_under_way, daemon=True).start()
+        with pytest.raises(SoftTimeLimitExceeded):
+            pipeline.deliver(ids, clock=_real, channel="smtp")
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    received = len(smtp_sink.received())
+    print(f"\nsoft limit: {dict(statuses)}; received {received}")
+    assert statuses["sending"] == 0, "outcomes known at the soft limit were not recorded"
+    assert statuses["unknown"] == 0  # calls in flight drained to a known outcome
+    assert statuses["sent"] == received >= 6
+    assert statuses["sent"] + statuses["pending"] == 20
+    assert not DeliveryAttempt.objects.filter(outcome="in_flight").exists()

@@ -1,0 +1,138 @@
+"""Staff cancel or move a workshop while its reminders are claimed and being sent.
+
+Real PostgreSQL, a real HTTP provider on loopback, the system clock, and the
+batch running in its own thread while the test commits the change: the
+reminders still waiting in the rate limiter must not be sent more than
+``REVOCATION_WINDOW`` (1 s) after the change commits, and the rows end with
+the status the workshop now calls for.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+from clock import SystemClock
+from loopback.http_sink import HttpSink
+from reminders import pipeline
+from reminders.bridge import REVOCATION_WINDOW
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.policy import ReminderPolicy
+from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+_real = SystemClock()
+# Loopback latency and thread hand-over between a call's start and the sink's clock.
+ARRIVAL_SLACK = 0.25
+
+
+@pytest.fixture
+def provider(settings):
+    with HttpSink(clock=_real) as sink:
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = "s3cret"
+        settings.REMINDERS_CONCURRENCY = 40  # one claim holds all 40: they wait in the limiter
+        settings.REMINDERS_RATE_LIMIT = 10
+        yield sink
+
+
+def _run_batch(ids: list[int]) -> tuple[threading.Thread, dict]:
+    outcome: dict = {}
+
+    def run() -> None:
+        try:
+            outcome["counts"] = pipeline.deliver(ids, clock=_real, channel="http")
+        except BaseException as exc:  # collected: a thread's exception is otherwise lost
+            outcome["error"] = exc
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    return thread, outcome
+
+
+def _wait_for_requests(sink: HttpSink, count: int) -> None:
+    give_up = _real.monotonic() + 20
+    while len(sink.requests) < count:
+        assert _real.monotonic() < give_up, "the batch did not start sending"
+        _real.sleep_blocking(0.01)
+
+
+def test_cancel_while_sending_stops_new_calls_within_the_window(
+    live_clock, provider, make_workshop, enrol
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=40)
+    ids = list(Reminder.objects.values_list("id", flat=True))
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 10)
+    workshop_cancel(workshop=workshop)
+    committed = _real.monotonic()
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    late = [t - committed for t in provider.arrivals() if t > committed + REVOCATION_WINDOW]
+    assert late == [], f"calls started after the window: {late}"
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(f"\ncancel while sending: {dict(statuses)}, {len(provider.requests)} requests")
+    assert set(statuses) == {"sent", "cancelled"}
+    assert statuses["sent"] == len(provider.requests) < 40
+    withdrawn = DeliveryAttempt.objects.filter(outcome="withdrawn").count()
+    assert withdrawn == statuses["cancelled"]
+
+
+def test_enrollment_cancelled_while_sending_is_not_sent(live_clock, provider, make_workshop, enrol):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrollments = enrol(workshop, count=40)
+    ids = list(Reminder.objects.order_by("deadline_at", "id").values_list("id", flat=True))
+    last = Reminder.objects.get(pk=ids[-1]).enrollment
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 5)
+    enrollment_cancel(enrollment=last)
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    row = Reminder.objects.get(pk=ids[-1])
+    assert row.status == "cancelled"
+    assert provider.requests_for(row.key) == []
+    assert Reminder.objects.filter(status="sent").count() == len(enrollments) - 1
+
+
+def test_move_while_sending_sends_no_message_with_the_old_time(
+    live_clock, provider, make_workshop, enrol
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=40)
+    old_start = workshop.starts_at
+    ids = list(Reminder.objects.values_list("id", flat=True))
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 10)
+    new_start = old_start + timedelta(hours=2)
+    workshop_update(workshop=workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1))
+    committed = _real.monotonic()
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    old = old_start.isoformat()
+    stale = [
+        r.arrived_at - committed
+        for r in provider.requests
+        if r.json()["payload"]["starts_at"] == old and r.arrived_at > committed + REVOCATION_WINDOW
+    ]
+    assert stale == [], f"messages with the old start after the window: {stale}"
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    assert set(statuses) == {"sent", "pending"}
+    policy = ReminderPolicy.from_settings()
+    pending = Reminder.objects.filter(status="pending")
+    assert {r.deadline_at for r in pending} == {policy.deadline_at(new_start)}
+    # Sent again at the next scan, with the new time.
+    thread, outcome = _run_batch(list(pending.values_list("id", flat=True)))
+    thread.join(60)
+    assert Reminder.objects.filter(status="sent").count() == 40
+    assert {
+        r.json()["payload"]["starts_at"] for r in provider.requests[-statuses["pending"] :]
+    } == {new_start.isoformat()}

@@ -1,0 +1,245 @@
+"""Every return re-derives a reminder's fate from its workshop and enrollment as they are now.
+
+Staff cancel or move a workshop while its reminders are claimed (``sending``);
+the record, the release, the reaper and replay then hand rows back. Each test
+sets up a row whose own copy (status, deadline) says one thing and whose
+workshop or enrollment says another, and checks the row follows the source.
+"""
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connection, connections, transaction
+
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.policy import ReminderPolicy
+from reminders.services import (
+    reasons,
+    reminder_claim_batch,
+    reminder_record_batch,
+    reminder_release,
+    reminder_verdict,
+    reminders_reap,
+)
+from workshops.models import Workshop
+from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
+
+pytestmark = pytest.mark.django_db
+
+
+def _transient(reminder, **fields):
+    values = {
+        "reminder_id": reminder.pk,
+        "key": reminder.key,
+        "outcome": Outcome.TRANSIENT,
+        "message_id": None,
+        "error": "HTTP 503",
+        "attempts": 1,
+        "provider_reached": True,
+        "maybe_delivered": False,
+    }
+    values.update(fields)
+    return DeliveryResult(**values)
+
+
+def _claim_one(clock, due_reminders, channel="http", **kwargs):
+    (reminder_id,) = due_reminders(1, **kwargs)
+    claim = reminder_claim_batch(ids=[reminder_id], channel=channel, clock=clock)
+    assert claim.ids == [reminder_id]
+    return claim, Reminder.objects.get(pk=reminder_id)
+
+
+def test_a_workshop_cancelled_while_sending_ends_cancelled_not_pending(clock, due_reminders):
+    claim, row = _claim_one(clock, due_reminders)
+    workshop_cancel(workshop=row.workshop)
+    assert Reminder.objects.get(pk=row.pk).status == "sending"  # the worker's, until it records
+    counts = reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    row.refresh_from_db()
+    assert counts == {"cancelled": 1}
+    assert (row.status, row.status_reason) == ("cancelled", reasons.WORKSHOP_CANCELLED)
+    assert row.claim_token is None and row.next_attempt_at is None
+
+
+def test_an_enrollment_cancelled_while_sending_ends_cancelled_on_release(clock, due_reminders):
+    claim, row = _claim_one(clock, due_reminders)
+    enrollment_cancel(enrollment=row.enrollment)
+    assert reminder_release(claim=claim, clock=clock) == 1
+    row.refresh_from_db()
+    assert (row.status, row.status_reason, row.attempts) == (
+        "cancelled",
+        reasons.ENROLLMENT_CANCELLED,
+        0,
+    )
+    assert DeliveryAttempt.objects.get().outcome == "not_started"
+
+
+def test_a_workshop_moved_later_while_sending_returns_with_the_new_deadline(clock, due_reminders):
+    claim, row = _claim_one(clock, due_reminders)
+    new_start = row.workshop.starts_at + timedelta(hours=5)
+    workshop_update(
+        workshop=row.workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1)
+    )
+    reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    row.refresh_from_db()
+    policy = ReminderPolicy.from_settings()
+    assert row.status == "pending"
+    assert row.deadline_at == policy.deadline_at(new_start)
+    assert row.window_opens_at == policy.window_opens_at(new_start)
+    assert row.next_attempt_at > clock.now()
+
+
+def test_a_workshop_moved_inside_the_cutoff_while_sending_ends_missed(clock, due_reminders):
+    claim, row = _claim_one(clock, due_reminders)
+    new_start = clock.now() + timedelta(minutes=20)
+    workshop_update(
+        workshop=row.workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1)
+    )
+    reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    row.refresh_from_db()
+    assert row.status == "missed"
+    assert row.status_reason == reasons.LATE_IN_RETRY.format(error="HTTP 503")
+    assert row.deadline_at == ReminderPolicy.from_settings().deadline_at(new_start)
+
+
+def test_a_retry_due_after_the_moved_deadline_is_missed_now(clock, due_reminders, settings):
+    """The next try (30 s later) would fall after the new deadline: missed at once."""
+    settings.REMINDERS_RETRY_BASE = 600
+    claim, row = _claim_one(clock, due_reminders)
+    new_start = clock.now() + timedelta(minutes=35)  # deadline in 5 minutes
+    workshop_update(
+        workshop=row.workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1)
+    )
+    reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    assert Reminder.objects.get(pk=row.pk).status == "missed"
+
+
+def test_the_reaper_requeues_a_keyed_reminder_as_its_workshop_is_now(
+    clock, due_reminders, settings
+):
+    claim, row = _claim_one(clock, due_reminders, channel="http")
+    new_start = row.workshop.starts_at + timedelta(hours=2)
+    workshop_update(
+        workshop=row.workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1)
+    )
+    clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    assert reminders_reap(clock=clock)["requeued"] == 1
+    row.refresh_from_db()
+    assert (row.status, row.deadline_at) == (
+        "pending",
+        ReminderPolicy.from_settings().deadline_at(new_start),
+    )
+
+
+def test_the_reaper_cancels_a_keyed_reminder_whose_enrollment_was_cancelled(
+    clock, due_reminders, settings
+):
+    claim, row = _claim_one(clock, due_reminders, channel="http")
+    enrollment_cancel(enrollment=row.enrollment)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    assert reminders_reap(clock=clock)["cancelled"] == 1
+    assert Reminder.objects.get(pk=row.pk).status == "cancelled"
+    assert DeliveryAttempt.objects.get().outcome == "lease_expired"
+
+
+def test_a_missed_reminder_comes_back_when_its_workshop_moves_later(clock, make_workshop, enrol):
+    """Item 3: missed because the start was moved inside the cutoff, then moved out again."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    inside = clock.now() + timedelta(minutes=10)
+    workshop = workshop_update(
+        workshop=workshop, starts_at=inside, ends_at=inside + timedelta(hours=1)
+    )
+    assert set(Reminder.objects.values_list("status", "status_reason")) == {
+        ("missed", reasons.MOVED_INSIDE_CUTOFF)
+    }
+    later = clock.now() + timedelta(hours=6)
+    workshop_update(workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1))
+    policy = ReminderPolicy.from_settings()
+    assert set(Reminder.objects.values_list("status", "status_reason", "deadline_at")) == {
+        ("pending", reasons.MOVED_LATER, policy.deadline_at(later))
+    }
+
+
+def test_a_missed_reminder_of_a_cancelled_enrollment_stays_missed_when_moved(
+    clock, make_workshop, enrol
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (enrollment,) = enrol(workshop)
+    inside = clock.now() + timedelta(minutes=10)
+    workshop = workshop_update(
+        workshop=workshop, starts_at=inside, ends_at=inside + timedelta(hours=1)
+    )
+    enrollment_cancel(enrollment=enrollment)
+    later = clock.now() + timedelta(hours=6)
+    workshop_update(workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1))
+    assert Reminder.objects.get().status == "missed"
+
+
+@pytest.mark.parametrize(
+    ("channel", "status"), [("smtp", "unknown"), ("django", "unknown"), ("http", "failed")]
+)
+def test_maybe_delivered_wins_over_a_permanent_error_where_keys_are_not_honoured(
+    clock, due_reminders, channel, status
+):
+    """Item 8: an unexpected error after the request may have left is not 'failed' on
+    channels without keys (a replay of a 'failed' one would send it twice)."""
+    claim, row = _claim_one(clock, due_reminders, channel=channel)
+    result = _transient(
+        row, outcome=Outcome.PERMANENT, error="unexpected KeyError", maybe_delivered=True
+    )
+    verdict = reminder_verdict(result=result, reminder=row, channel=channel, now=clock.now())
+    assert verdict.status == status
+    reminder_record_batch(claim=claim, results=[result], clock=clock)
+    assert Reminder.objects.get(pk=row.pk).status == status
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_cancel_committing_while_a_record_runs_is_never_lost(clock, due_reminders):
+    """The cancel's transaction has updated the workshop (and skipped the ``sending`` row)
+    but not committed when the worker records a transient failure. The record waits
+    for the workshop row (FOR SHARE), then sees the cancel: the row ends cancelled.
+    Without the lock it read 'scheduled', wrote 'pending', and the row later ended
+    'missed' for a cancelled workshop."""
+    claim, row = _claim_one(clock, due_reminders)
+    updated, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def cancel() -> None:
+        try:
+            with transaction.atomic():
+                Workshop.objects.filter(pk=row.workshop_id).update(status="cancelled")
+                Reminder.objects.filter(
+                    workshop_id=row.workshop_id, status__in=("pending", "queued")
+                ).update(status="cancelled")
+                updated.set()
+                go.wait(10)
+        except BaseException as exc:  # collected: a thread's exception is otherwise lost
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    canceller = threading.Thread(target=cancel)
+    canceller.start()
+    assert updated.wait(10)
+    recorder_done = threading.Event()
+
+    def record() -> None:
+        try:
+            reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            recorder_done.set()
+            connections.close_all()
+
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    assert not recorder_done.wait(0.5), "the record did not wait for the cancelling transaction"
+    go.set()
+    canceller.join(10)
+    recorder.join(10)
+    assert errors == []
+    assert Reminder.objects.get(pk=row.pk).status == "cancelled"
+    connection.close()
