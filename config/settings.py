@@ -240,6 +240,19 @@ REMINDERS_BATCH_MAX_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.work)
 REMINDERS_LEASE_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.lease)
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
+# More endpoints of the same provider (they must share its idempotency keys):
+# each send also goes to these, the next one after the stagger (or at once when
+# the previous failed), and the first acceptance wins; the others are cancelled.
+REMINDERS_HTTP_HEDGE_URLS = env_list("REMINDERS_HTTP_HEDGE_URLS")
+REMINDERS_HTTP_HEDGE_STAGGER = env_float(
+    "REMINDERS_HTTP_HEDGE_STAGGER", 0.5, minimum=0, maximum=60, unit="seconds"
+)
+for _url in REMINDERS_HTTP_HEDGE_URLS:
+    if not _url.startswith(("http://", "https://")) or _url == REMINDERS_HTTP_URL:
+        raise ImproperlyConfigured(
+            "REMINDERS_HTTP_HEDGE_URLS must list http(s) URLs other than REMINDERS_HTTP_URL, "
+            f"comma-separated; got {_url!r}."
+        )
 REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
 # Where the cross-worker rate limiter keeps its window. Defaults to the broker
 # when that is Redis; with no Redis the limiter is per process.

@@ -21,7 +21,7 @@ Public API
 ``DeliveryResult``, ``Outcome``        the output, one per envelope, in order
 ``summarise`` -> ``Summary``           successes / failures / unfinished by reminder id
 ``delivery.limiter``                   ``LocalRateLimiter``, ``RedisRateLimiter``
-``delivery.hedge``                     ``hedged_send``, ``HedgedChannel``
+``delivery.hedge``                     ``hedged_send`` (the http channel's REMINDERS_HTTP_HEDGE_URLS)
 
 Exceptions
 ----------

@@ -16,8 +16,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from types import TracebackType
-from typing import Self
 
 from clock import Clock
 from delivery.channel import Channel
@@ -30,7 +28,7 @@ from delivery.errors import (
     PermanentError,
 )
 
-__all__ = ["hedged_send", "HedgedChannel", "check_hedgeable"]
+__all__ = ["hedged_send", "check_hedgeable"]
 
 
 class _Won(Exception):
@@ -115,49 +113,3 @@ def _raise_all_failed(channels: Sequence[Channel], failures: list[BaseException 
     retry_after = min((hint for hint in hints if hint is not None), default=None)
     raise HedgeTransientError(pairs, retry_after, reached=reached, maybe_delivered=maybe_delivered)
 
-
-class HedgedChannel:
-    """A channel that hedges every send across several idempotent channels.
-
-    Construction refuses channels that do not honour idempotency keys.
-    """
-
-    honours_idempotency_keys = True
-
-    def __init__(
-        self,
-        channels: Sequence[Channel],
-        *,
-        clock: Clock,
-        stagger: float = 0.0,
-        name: str | None = None,
-    ) -> None:
-        check_hedgeable(channels)
-        self._channels = tuple(channels)
-        self._clock = clock
-        self._stagger = stagger
-        self.name = name or "hedge(" + ",".join(c.name for c in self._channels) + ")"
-        caps = [getattr(c, "max_concurrency", None) for c in self._channels]
-        self.max_concurrency = min((cap for cap in caps if cap), default=None)
-        self._stack: contextlib.AsyncExitStack | None = None
-
-    async def __aenter__(self) -> Self:
-        async with contextlib.AsyncExitStack() as stack:
-            for channel in self._channels:
-                await stack.enter_async_context(channel)
-            self._stack = stack.pop_all()
-        return self
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
-        stack, self._stack = self._stack, None
-        if stack is not None:
-            await stack.__aexit__(exc_type, exc, tb)
-        return None
-
-    async def send(self, envelope: Envelope) -> str:
-        return await hedged_send(envelope, self._channels, clock=self._clock, stagger=self._stagger)

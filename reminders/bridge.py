@@ -114,6 +114,8 @@ def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
             url=settings.REMINDERS_HTTP_URL,
             secret=settings.REMINDERS_HTTP_SECRET,
             timeout=settings.REMINDERS_CALL_TIMEOUT,
+            hedge_urls=tuple(settings.REMINDERS_HTTP_HEDGE_URLS),
+            hedge_stagger=settings.REMINDERS_HTTP_HEDGE_STAGGER,
         )
         return lambda: HttpChannel(values, clock=clock)
     if name == "file":

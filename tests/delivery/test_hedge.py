@@ -5,17 +5,14 @@ from __future__ import annotations
 import pytest
 
 from delivery import (
-    DeliveryPolicy,
     HedgePermanentError,
     HedgeRefusedError,
     HedgeTransientError,
-    Outcome,
     PermanentError,
     TransientError,
-    deliver,
 )
 from delivery.channels import MemoryChannel, SmtpChannel, SmtpSettings
-from delivery.hedge import HedgedChannel, hedged_send
+from delivery.hedge import hedged_send
 from tests.delivery.conftest import run
 
 pytestmark = pytest.mark.timeout(30)
@@ -90,7 +87,7 @@ def test_hedging_is_refused_unless_every_channel_honours_idempotency_keys(
     with pytest.raises(HedgeRefusedError, match="refusing to hedge across 'keyless'"):
         run(hedged_send(make_envelope(), [keyed, keyless], clock=fake_clock))
     with pytest.raises(HedgeRefusedError, match="refusing to hedge across 'smtp'"):
-        HedgedChannel([keyed, smtp], clock=fake_clock)
+        run(hedged_send(make_envelope(), [keyed, smtp], clock=fake_clock))
     assert keyed.calls == keyless.calls == []
 
 
@@ -110,15 +107,3 @@ def test_a_stagger_is_cut_short_when_the_first_endpoint_fails(fake_clock, make_e
 
     assert run(hedged_send(envelope, [a, b], clock=fake_clock, stagger=10.0)) == "b-1"
     assert b.calls[0].started_at == 0.5
-
-
-def test_a_hedged_channel_delivers_a_batch_through_the_engine(fake_clock, make_envelope):
-    a, b = channels(fake_clock, 1.0, 0.2)
-    hedged = HedgedChannel([a, b], clock=fake_clock)
-    envelopes = [make_envelope() for _ in range(3)]
-
-    results = run(deliver(envelopes, hedged, policy=DeliveryPolicy(), clock=fake_clock))
-
-    assert [r.outcome for r in results] == [Outcome.SENT] * 3
-    assert [r.message_id for r in results] == ["b-1", "b-2", "b-3"]
-    assert (a.opened, a.closed, b.opened, b.closed) == (1, 1, 1, 1)

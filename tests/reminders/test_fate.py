@@ -7,6 +7,7 @@ workshop or enrollment says another, and checks the row follows the source.
 """
 
 import threading
+from collections import Counter
 from datetime import timedelta
 
 import pytest
@@ -243,3 +244,99 @@ def test_a_cancel_committing_while_a_record_runs_is_never_lost(clock, due_remind
     assert errors == []
     assert Reminder.objects.get(pk=row.pk).status == "cancelled"
     connection.close()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_record_and_reaper_racing_on_the_same_rows_agree_and_never_deadlock(
+    clock, due_reminders, settings
+):
+    """Item 9: 30 rounds of a record and the reaper hitting the same 20 claimed smtp rows at
+    once, the lease just expired. Either wins whole: the reminder and its attempt agree
+    (sent/sent or unknown/lease_expired); no deadlock aborts either side."""
+    rounds, per_round = 30, 20
+    errors: list[BaseException] = []
+    winners: Counter = Counter()
+    disagreements: list[tuple] = []
+    for _ in range(rounds):
+        ids = due_reminders(per_round, per_workshop=per_round)
+        claim = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+        results = [
+            DeliveryResult(
+                reminder_id=r.pk,
+                key=r.key,
+                outcome=Outcome.SENT,
+                message_id=f"m{r.pk}",
+                error="",
+                attempts=1,
+                provider_reached=True,
+                maybe_delivered=True,
+            )  # fmt: skip
+            for r in claim.reminders
+        ]
+        clock.advance(settings.REMINDERS_LEASE_SECONDS)
+        start = threading.Barrier(2)
+
+        def record(claim=claim, results=results, start=start) -> None:
+            try:
+                start.wait(5)
+                reminder_record_batch(claim=claim, results=results, clock=clock)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        def reap(start=start) -> None:
+            try:
+                start.wait(5)
+                reminders_reap(clock=clock)
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [threading.Thread(target=record), threading.Thread(target=reap)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        rows = dict(Reminder.objects.filter(pk__in=ids).values_list("pk", "status"))
+        attempts = dict(
+            DeliveryAttempt.objects.filter(claim_token=claim.token).values_list(
+                "reminder_id", "outcome"
+            )
+        )
+        for pk in ids:
+            pair = (rows[pk], attempts[pk])
+            winners[pair] += 1
+            if pair not in {("sent", "sent"), ("unknown", "lease_expired")}:
+                disagreements.append((pk, *pair))
+    print(f"\nrecord vs reaper, {rounds} rounds x {per_round}: {dict(winners)}")
+    assert errors == []
+    assert disagreements == []
+    assert sum(winners.values()) == rounds * per_round
+
+
+@pytest.mark.django_db(transaction=True)
+def test_one_key_carries_byte_identical_bodies_across_a_reaped_retry(
+    live_clock, due_reminders, settings
+):
+    """Item 10: the body a worker sent before it died, and the one the provider gets after
+    the reaper handed the reminder back minutes later, are the same bytes."""
+    from delivery.channels.http import encode_body
+    from loopback.http_sink import HttpSink
+    from reminders import pipeline
+    from reminders.content import reminder_envelope
+
+    (reminder_id,) = due_reminders(1)
+    first = reminder_claim_batch(ids=[reminder_id], channel="http", clock=live_clock)
+    sent_before_dying = encode_body(reminder_envelope(reminder=first.reminders[0]))
+    live_clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    assert reminders_reap(clock=live_clock)["requeued"] == 1
+    live_clock.advance(60)
+    with HttpSink() as sink:
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = "s3cret"
+        assert pipeline.deliver([reminder_id], clock=live_clock, channel="http")["sent"] == 1
+        [request] = sink.requests
+    assert request.key == first.reminders[0].key
+    assert request.body == sent_before_dying
