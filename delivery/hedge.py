@@ -112,4 +112,3 @@ def _raise_all_failed(channels: Sequence[Channel], failures: list[BaseException 
     hints = [getattr(exc, "retry_after", None) for _, exc in pairs]
     retry_after = min((hint for hint in hints if hint is not None), default=None)
     raise HedgeTransientError(pairs, retry_after, reached=reached, maybe_delivered=maybe_delivered)
-
