@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_shutting_down
+from celery.signals import beat_init, worker_init, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -33,9 +33,18 @@ def _share_shutdown_flag(sender, **kwargs) -> None:
     shutdown.prepare()
 
 
+@worker_ready.connect
+def _start_scan_lane(sender, **kwargs) -> None:
+    """Run scans in the main process's own thread, never behind delivery (reminders/scanlane.py)."""
+    from reminders import scanlane
+
+    scanlane.start(app, hostname=getattr(sender, "hostname", "") or "")
+
+
 @worker_shutting_down.connect
 def _announce_shutdown(sender, **kwargs) -> None:
     """Stop running batches from starting new calls; they drain and record, then exit."""
-    from reminders import shutdown
+    from reminders import scanlane, shutdown
 
     shutdown.announce()
+    scanlane.stop()

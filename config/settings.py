@@ -317,10 +317,12 @@ CELERY_ENABLE_UTC = True
 CELERY_TASK_SERIALIZER = "json"
 CELERY_ACCEPT_CONTENT = ["json"]
 
-# Two queues: a long delivery backlog must never delay the scan. A worker
-# started with no -Q consumes both (task_queues is the default consume set).
+# Two queues: a long delivery backlog must never delay the scan. The pool
+# consumes only "reminders" (task_queues is the default consume set); every
+# worker's main process consumes "scan" in a thread of its own
+# (reminders/scanlane.py), so busy pool processes cannot starve the scan.
 CELERY_TASK_DEFAULT_QUEUE = "reminders"
-CELERY_TASK_QUEUES = (Queue("reminders"), Queue("scan"))
+CELERY_TASK_QUEUES = (Queue("reminders"),)
 CELERY_TASK_ROUTES = {
     "reminders.scan": {"queue": "scan"},
     "reminders.deliver_batch": {"queue": "reminders"},

@@ -393,7 +393,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def health_view(self, request):
-        """Show when beat last started a scan and how many reminders wait, fail or are unknown."""
+        """Show beat's last publish, the last completed scan, and how many reminders wait or failed."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         health = scheduler_health()
@@ -419,6 +419,11 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
             "rows": rows,
             "last_scan_ago": (
                 timesince(health.last_scan_at, now=health.now) if health.last_scan_at else ""
+            ),
+            "last_completed_ago": (
+                timesince(health.last_completed_at, now=health.now)
+                if health.last_completed_at
+                else ""
             ),
             "stale_after_seconds": int(health.stale_after.total_seconds()),
             "interval_seconds": int(health.interval.total_seconds()),

@@ -213,3 +213,25 @@ class ReplayAudit(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_action_display()} by {self.actor_name} at {self.created_at:%Y-%m-%d %H:%M} UTC"
+
+
+class ScanRun(models.Model):
+    """The last completed scan of one kind: when it finished, how long it took, what it did.
+
+    Written by the scan itself at its end (reminders.pipeline.scan), one row
+    per ``name``, updated in place. Beat's own ``last_run_at`` says when a scan
+    was *published*; this row says when one *finished*: a scan can be published
+    and then expire unrun in a busy queue, which only this row shows.
+    """
+
+    name = models.CharField(max_length=64, unique=True, editable=False)
+    finished_at = models.DateTimeField(editable=False)
+    duration_seconds = models.FloatField(editable=False)
+    counts = models.JSONField(default=dict, editable=False)
+    worker = models.CharField(max_length=200, blank=True, editable=False)
+    completed = models.PositiveBigIntegerField(
+        default=0, editable=False, help_text="Scans completed since the row was created."
+    )
+
+    def __str__(self) -> str:
+        return f"Scan {self.name} finished at {self.finished_at:%Y-%m-%d %H:%M:%S} UTC"

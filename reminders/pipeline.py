@@ -28,6 +28,7 @@ from reminders.services import (
     reminders_plan,
     reminders_reap,
     reminders_unpublished,
+    scan_completed,
 )
 
 logger = logging.getLogger(__name__)
@@ -41,18 +42,22 @@ class DatabaseUnavailable(Exception):
         self.ids = ids
 
 
-def scan(*, clock: Clock | None = None, publish=None) -> dict[str, int]:
+def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[str, int]:
     """Expire stale work, reap lost claims, plan new reminders and dispatch due ones.
 
-    ``publish`` replaces the broker publish (benchmarks count messages with it).
+    Ends by recording its own completion (reminders.models.ScanRun), which the
+    health view compares with beat's last publish. ``publish`` replaces the
+    broker publish (benchmarks count messages with it).
     """
     clock = clock or default_clock()
+    started = clock.monotonic()
     counts: dict[str, int] = {"missed": reminders_expire(clock=clock)}
     counts.update({f"reaped_{key}": value for key, value in reminders_reap(clock=clock).items()})
     counts["planned"] = reminders_plan(clock=clock)
     counts["dispatched"] = reminders_dispatch(
         clock=clock, publish=publish or publishing.publish_batch
     )
+    scan_completed(counts=counts, duration=clock.monotonic() - started, worker=worker, clock=clock)
     logger.info("Scan finished: %s", counts)
     return counts
 

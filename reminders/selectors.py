@@ -21,9 +21,10 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from clock import Clock, default_clock
-from reminders.models import Reminder
+from reminders.models import Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_TASK_NAME
+from reminders.services.dispatch import SCAN_NAME
 from workshops.models import Enrollment, Workshop
 
 Status = Reminder.Status
@@ -167,7 +168,12 @@ class SchedulerHealth:
     now: datetime
     interval: timedelta
     stale_after: timedelta
+    #: When beat last *published* a scan (django-celery-beat's last_run_at).
     last_scan_at: datetime | None
+    #: When a worker last *finished* one (reminders.models.ScanRun).
+    last_completed_at: datetime | None
+    last_completed_counts: dict
+    last_completed_seconds: float | None
     scan_registered: bool
     scan_enabled: bool
     due_now: int
@@ -186,6 +192,16 @@ class SchedulerHealth:
         """Return True when beat has not started a scan for longer than ``stale_after``."""
         age = self.last_scan_age
         return not self.scan_enabled or age is None or age > self.stale_after
+
+    @property
+    def last_completed_age(self) -> timedelta | None:
+        return None if self.last_completed_at is None else self.now - self.last_completed_at
+
+    @property
+    def scans_stalled(self) -> bool:
+        """Return True when no scan has finished for longer than ``stale_after``."""
+        age = self.last_completed_age
+        return age is None or age > self.stale_after
 
     @property
     def warning(self) -> str:
@@ -212,6 +228,18 @@ class SchedulerHealth:
                 f"{STALE_AFTER_INTERVALS} scan intervals: celery beat is down. Start exactly "
                 "one `celery -A config beat`; due reminders wait until it runs."
             )
+        if self.last_completed_at is None:
+            return (
+                "Celery beat publishes scans but no scan has finished yet: start a worker "
+                "(`celery -A config worker`). No new reminder is being queued."
+            )
+        if self.scans_stalled:
+            minutes = int(self.last_completed_age.total_seconds() // 60)
+            return (
+                f"Celery beat publishes scans but none has finished for {minutes} minutes: are "
+                "the workers running and reaching the database and the broker? Due reminders "
+                "are not being queued or reaped."
+            )
         return ""
 
 
@@ -228,11 +256,16 @@ def stale_after(*, interval: int | None = None) -> timedelta:
 
 
 def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
-    """Read the last scan time from beat's own records and count reminders by state (two queries)."""
+    """Read beat's last publish, the last completed scan and the counts by state (three queries)."""
     from django_celery_beat.models import PeriodicTask
 
     now = (clock or default_clock()).now()
     scan = PeriodicTask.objects.filter(name=SCAN_TASK_NAME).values("last_run_at", "enabled").first()
+    done = (
+        ScanRun.objects.filter(name=SCAN_NAME)
+        .values("finished_at", "counts", "duration_seconds")
+        .first()
+    )
     retry_reached = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
     counts = Reminder.objects.filter(
         status__in=(Status.PENDING, Status.QUEUED, Status.SENDING, Status.FAILED, Status.UNKNOWN)
@@ -255,6 +288,9 @@ def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
         interval=timedelta(seconds=settings.REMINDERS_SCAN_INTERVAL),
         stale_after=stale_after(),
         last_scan_at=scan["last_run_at"] if scan else None,
+        last_completed_at=done["finished_at"] if done else None,
+        last_completed_counts=done["counts"] if done else {},
+        last_completed_seconds=done["duration_seconds"] if done else None,
         scan_registered=scan is not None,
         scan_enabled=bool(scan and scan["enabled"]),
         **counts,

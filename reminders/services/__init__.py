@@ -22,10 +22,12 @@ module or the publisher: the dispatcher is handed its ``publish`` function.
 from reminders.services import reasons
 from reminders.services.claim import Claim, reminder_claim_batch
 from reminders.services.dispatch import (
+    SCAN_NAME,
     message_expiry,
     reminders_dispatch,
     reminders_expire,
     reminders_unpublished,
+    scan_completed,
 )
 from reminders.services.fate import Fate, Source, reminder_fate, reminders_return, sources_locked
 from reminders.services.plan import (
@@ -67,5 +69,7 @@ __all__ = [
     "reminders_return",
     "reminders_unpublished",
     "retry_delay",
+    "SCAN_NAME",
+    "scan_completed",
     "sources_locked",
 ]

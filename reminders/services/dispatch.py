@@ -10,11 +10,11 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Case, DateTimeField, Q, TextField, Value, When
+from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
 from django.db.models.functions import Concat, Left
 
 from clock import Clock, default_clock
-from reminders.models import Reminder
+from reminders.models import Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import update_returning
@@ -156,3 +156,22 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
     return Reminder.objects.filter(id__in=ids, status=Status.QUEUED).update(
         queued_until=clock.now()
     )
+
+
+SCAN_NAME = "scan"
+
+
+def scan_completed(
+    *, counts: dict[str, int], duration: float, worker: str = "", clock: Clock | None = None
+) -> None:
+    """Record that a scan finished now, what it did and how long it took (one upsert)."""
+    now = (clock or default_clock()).now()
+    values = {
+        "finished_at": now,
+        "duration_seconds": round(duration, 3),
+        "counts": counts,
+        "worker": worker[:200],
+    }
+    updated = ScanRun.objects.filter(name=SCAN_NAME).update(completed=F("completed") + 1, **values)
+    if not updated:
+        ScanRun.objects.get_or_create(name=SCAN_NAME, defaults={**values, "completed": 1})

@@ -50,6 +50,14 @@ def _last_scan(task, at) -> None:
     PeriodicTask.objects.filter(pk=task.pk).update(last_run_at=at)
 
 
+def _completed(clock, at) -> None:
+    """Record a scan that finished at ``at``, as reminders.pipeline.scan does at its end."""
+    from clock import FakeClock
+    from reminders.services import scan_completed
+
+    scan_completed(counts={"dispatched": 3}, duration=0.25, worker="w1", clock=FakeClock(at))
+
+
 def test_scan_that_never_ran_is_a_warning(scan_task, clock):
     health = scheduler_health(clock=clock)
     assert (health.last_scan_at, health.scan_registered, health.is_stale) == (None, True, True)
@@ -63,6 +71,7 @@ def test_recent_scan_is_healthy_and_an_old_one_says_beat_is_down(scan_task, cloc
     settings.REMINDERS_SCAN_INTERVAL = 60
     settings.CELERY_BEAT_SYNC_EVERY = 1
     _last_scan(scan_task, clock.now() - timedelta(seconds=180))
+    _completed(clock, clock.now() - timedelta(seconds=170))
     health = scheduler_health(clock=clock)
     assert (health.is_stale, health.warning) == (False, "")
     clock.advance(1)
@@ -137,9 +146,34 @@ def test_health_view_shows_the_warning_and_the_counts(
 
 def test_health_view_says_beat_is_running_after_a_recent_scan(scan_task, clock, login, viewer):
     _last_scan(scan_task, clock.now() - timedelta(seconds=40))
+    _completed(clock, clock.now() - timedelta(seconds=39))
     html = login(viewer).get(HEALTH).content.decode()
-    assert "Celery beat is running: the last scan started 0\xa0minutes ago." in html
+    assert (
+        "Celery beat is running and scans complete: the last scan was published "
+        "0\xa0minutes ago and finished 0\xa0minutes ago." in html
+    )
+    assert "in 0.25 s:\n      dispatched 3" in html
     assert "scheduler-warning" not in html
+
+
+def test_scans_published_but_never_finishing_are_a_warning(scan_task, clock, settings):
+    """Item 11: beat's publish alone is no heartbeat; a scan must also finish."""
+    settings.REMINDERS_SCAN_INTERVAL = 60
+    settings.CELERY_BEAT_SYNC_EVERY = 1
+    _last_scan(scan_task, clock.now() - timedelta(seconds=30))
+    health = scheduler_health(clock=clock)
+    assert (health.is_stale, health.scans_stalled) == (False, True)
+    assert health.warning.startswith("Celery beat publishes scans but no scan has finished yet")
+    _completed(clock, clock.now() - timedelta(seconds=30))
+    assert scheduler_health(clock=clock).warning == ""
+    clock.advance(151)  # beat keeps publishing; the last completion grows old
+    _last_scan(scan_task, clock.now() - timedelta(seconds=10))
+    health = scheduler_health(clock=clock)
+    assert health.warning == (
+        "Celery beat publishes scans but none has finished for 3 minutes: are the workers "
+        "running and reaching the database and the broker? Due reminders are not being "
+        "queued or reaped."
+    )
 
 
 def test_reminders_list_links_to_health_and_warns_when_beat_is_down(
@@ -208,7 +242,13 @@ def test_running_beat_turns_the_health_green_and_stopping_it_turns_it_red(
         clock.advance_to(SystemClock().now())
         health = scheduler_health(clock=clock)
         assert health.last_scan_at is not None, beat.output()
-        assert (health.is_stale, health.warning) == (False, "")
+        assert health.is_stale is False
+        # Published, but no worker runs it: not green until a scan finishes.
+        assert health.warning.startswith("Celery beat publishes scans but no scan has finished")
+        from reminders import pipeline
+
+        pipeline.scan(clock=clock, publish=lambda ids, expires: True)
+        assert scheduler_health(clock=clock).warning == ""
     finally:
         beat.stop()
         client.flushdb()

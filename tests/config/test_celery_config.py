@@ -49,11 +49,16 @@ def test_task_names_and_routes_are_explicit():
 
 
 def test_a_worker_with_no_flags_consumes_every_queue():
-    """`celery -A config worker` with no -Q must consume the scan and delivery queues."""
+    """`celery -A config worker` with no -Q: the pool takes delivery, the scan lane the scan.
+
+    The pool must not consume the scan queue (busy delivery processes would
+    starve it); the main process's scan lane does (reminders/scanlane.py)."""
+    from reminders.scanlane import SCAN_QUEUE
+
     consumed = set(app.amqp.queues.consume_from or app.amqp.queues)
     routed = {route["queue"] for route in app.conf.task_routes.values()}
-    assert routed <= consumed
-    assert app.conf.task_default_queue in consumed
+    assert consumed == {"reminders"} == {app.conf.task_default_queue}
+    assert routed == consumed | {SCAN_QUEUE}
 
 
 def test_beat_records_every_scan_it_sends():

@@ -1,0 +1,129 @@
+"""The scan's own lane: a thread in every worker's main process that consumes the scan queue.
+
+Delivery batches may keep every pool process busy for minutes; a scan queued
+behind them would wait, expire and never run, and with it would go expiry,
+reaping, planning and dispatch. So the pool consumes only the delivery queue,
+and this thread, started when the worker is ready (config/celery.py),
+consumes ``scan`` with its own broker connection and runs each scan itself.
+``celery -A config worker`` with no flags is still all an operator runs.
+
+Each message is a Celery ``reminders.scan`` task message as beat publishes
+it: one whose ``expires`` has passed is dropped (a newer one follows), any
+other runs ``reminders.pipeline.scan`` and is acknowledged afterwards (a scan
+is idempotent, so a redelivered one costs only its queries). Several workers
+share the queue: each message runs once.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from datetime import datetime
+
+from django.db import close_old_connections, connections
+from kombu import Queue
+
+from clock import Clock, default_clock
+from reminders.schedule import SCAN_QUEUE, SCAN_TASK
+
+logger = logging.getLogger(__name__)
+
+# How long one wait for a message lasts before the lane checks whether to stop.
+POLL_SECONDS = 1.0
+# Pause before reconnecting after the broker went away.
+RECONNECT_SECONDS = 2.0
+
+
+class ScanLane:
+    """Consume the scan queue in a daemon thread until ``stop``."""
+
+    def __init__(self, app, *, hostname: str = "", clock: Clock | None = None) -> None:
+        self._app = app
+        self._hostname = hostname
+        self._clock = clock or default_clock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="reminders.scan-lane", daemon=True)
+        self._thread.start()
+        logger.info("Scan lane consuming queue %r", SCAN_QUEUE)
+
+    def stop(self, timeout: float = 30.0) -> None:
+        """Stop taking scans; a scan already running finishes first (up to ``timeout``)."""
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            while not self._stopping.is_set():
+                try:
+                    self._consume()
+                except Exception as exc:  # the broker went away: reconnect
+                    logger.warning("Scan lane lost the broker (%s); reconnecting", exc)
+                    self._stopping.wait(RECONNECT_SECONDS)
+        finally:
+            connections.close_all()
+
+    def _consume(self) -> None:
+        with self._app.connection_for_read() as connection:
+            with connection.Consumer(
+                [Queue(SCAN_QUEUE)],
+                callbacks=[self._on_message],
+                accept=["json"],
+                prefetch_count=1,
+            ):
+                while not self._stopping.is_set():
+                    try:
+                        connection.drain_events(timeout=POLL_SECONDS)
+                    except TimeoutError:
+                        continue
+
+    def _on_message(self, body, message) -> None:
+        headers = message.headers or {}
+        try:
+            if headers.get("task") != SCAN_TASK:
+                logger.error("Scan lane dropped a %r message", headers.get("task"))
+            elif self._expired(headers.get("expires")):
+                logger.warning("Scan lane dropped an expired scan; the next one follows")
+            else:
+                self._scan()
+        finally:
+            message.ack()
+
+    def _expired(self, expires: str | None) -> bool:
+        if not expires:
+            return False
+        try:
+            moment = datetime.fromisoformat(expires)
+        except (TypeError, ValueError):
+            return False
+        return moment.tzinfo is not None and moment <= self._clock.now()
+
+    def _scan(self) -> None:
+        from reminders import pipeline
+
+        close_old_connections()
+        try:
+            pipeline.scan(worker=self._hostname)
+        except Exception:
+            logger.exception("Scan failed; the next one follows")
+        finally:
+            close_old_connections()
+
+
+_lane: ScanLane | None = None
+
+
+def start(app, *, hostname: str = "") -> None:
+    """Start this process's lane (once)."""
+    global _lane
+    if _lane is None:
+        _lane = ScanLane(app, hostname=hostname)
+        _lane.start()
+
+
+def stop() -> None:
+    if _lane is not None:
+        _lane.stop()
