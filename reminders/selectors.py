@@ -63,12 +63,12 @@ def selection_of(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
 def on_time_now_q(now: datetime) -> Q:
     """Return "before the deadline", computed from the workshop's current start.
 
-    A reminder that is not open (failed, missed, unknown) keeps the deadline it
-    had when it closed: reminders.services reschedules open reminders only.
-    A replay must judge by where the workshop is now, or a workshop moved
-    earlier would be replayed past its real deadline.
+    The policy's one rule (``ReminderPolicy.late_start_q``), judged by where
+    the workshop starts now: a preview must not trust a closed reminder's
+    stored deadline, or a workshop moved earlier would be counted as
+    replayable past its real deadline.
     """
-    return Q(workshop__starts_at__gt=now + ReminderPolicy.from_settings().cutoff)
+    return ~ReminderPolicy.from_settings().late_start_q(now, through="workshop__")
 
 
 def sendable_q(now: datetime) -> Q:

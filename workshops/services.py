@@ -70,11 +70,12 @@ def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
     return locked
 
 
-def workshop_cancel(*, workshop: Workshop) -> Workshop:
+def workshop_cancel(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
     """Cancel a workshop; its unsent reminders become cancelled in the same transaction."""
+    now = (clock or default_clock()).now()
     with transaction.atomic():
         updated = Workshop.objects.filter(pk=workshop.pk, status=Workshop.Status.SCHEDULED).update(
-            status=Workshop.Status.CANCELLED
+            status=Workshop.Status.CANCELLED, updated_at=now
         )
         workshop.refresh_from_db()
         if updated:
@@ -123,12 +124,13 @@ def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
     return enrollment
 
 
-def enrollment_cancel(*, enrollment: Enrollment) -> Enrollment:
+def enrollment_cancel(*, enrollment: Enrollment, clock: Clock | None = None) -> Enrollment:
     """Cancel an enrollment; its unsent reminder becomes cancelled in the same transaction."""
+    now = (clock or default_clock()).now()
     with transaction.atomic():
         updated = Enrollment.objects.filter(
             pk=enrollment.pk, status=Enrollment.Status.ACTIVE
-        ).update(status=Enrollment.Status.CANCELLED)
+        ).update(status=Enrollment.Status.CANCELLED, updated_at=now)
         enrollment.refresh_from_db()
         if updated:
             enrollment_changed.send(sender=Enrollment, enrollment=enrollment, created=False)

@@ -125,3 +125,15 @@ def test_invalid_update_leaves_the_row_unchanged(make_workshop):
         workshop_update(workshop=workshop, timezone="Not/AZone")
     workshop.refresh_from_db()
     assert workshop.timezone == "Europe/Berlin"
+
+
+def test_cancelling_stamps_updated_at_with_the_clock(clock, make_workshop, enrol):
+    """A cancel is a set-based UPDATE (auto_now does not run): it stamps the time itself."""
+    from workshops.services import enrollment_cancel, workshop_cancel
+
+    workshop = make_workshop()
+    (enrollment,) = enrol(workshop)
+    clock.advance(3600)
+    assert enrollment_cancel(enrollment=enrollment).updated_at == clock.now()
+    clock.advance(60)
+    assert workshop_cancel(workshop=workshop).updated_at == clock.now()
