@@ -633,10 +633,14 @@ def deliver_sync(
     loop_thread = threading.Thread(target=run_loop, name="delivery-loop", daemon=True)
     loop_thread.start()
     cause: BaseException | None = None
-    while not finished.is_set():
+    while True:
+        # Every statement of the wait sits inside the try: an exception raised
+        # by a signal handler can land on any of them.
         try:
-            if not finished.wait(tick_interval) and tick is not None:
-                tick()
+            while not finished.wait(tick_interval):
+                if tick is not None:
+                    tick()
+            break
         except BaseException as exc:
             # Stop the batch, let it finish (drain and all), then report.
             interrupt.set()

@@ -82,6 +82,8 @@ class SinkSettings:
     retry_after: float | None = None
     rate_limit: int | None = None
     secret: str | None = None
+    #: The accepted message ids are "<id_prefix>-<n>"; give two sinks different ones.
+    id_prefix: str = "sink"
 
 
 @dataclass(slots=True)
@@ -428,7 +430,7 @@ class HttpSink:
             record.message_id = self._accepted[key]
         else:
             self._ids += 1
-            record.message_id = self._accepted[key] = f"sink-{self._ids}"
+            record.message_id = self._accepted[key] = f"{settings.id_prefix}-{self._ids}"
         return 200, {"message_id": record.message_id, "duplicate": record.duplicate}, {}
 
     @staticmethod

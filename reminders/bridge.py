@@ -267,7 +267,7 @@ def deliver_envelopes(
     """
     if not envelopes:
         return []
-    if watch is not None:
+    if watch is not None and not watch.gate.is_fresh():
         watch.refresh()
     return deliver_sync(
         envelopes,

@@ -131,9 +131,10 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
     # meanwhile; the record is fenced, so a retry is safe.
     give_up_at = clock.monotonic() + settings.REMINDERS_TIME_BOUNDS.record_retry
     delay = 0.5
+    interrupted: BaseException | None = None
     while True:
         try:
-            return reminder_record_batch(claim=claim, results=results, clock=clock)
+            counts = reminder_record_batch(claim=claim, results=results, clock=clock)
         except (OperationalError, InterfaceError) as exc:
             connection.close()
             if clock.monotonic() + delay > give_up_at:
@@ -142,6 +143,18 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
             logger.warning("Recording outcomes failed (%s); retrying in %.1f s", exc, delay)
             clock.sleep_blocking(delay)
             delay = min(delay * 2, 5.0)
+        except BaseException as exc:
+            # Interrupted inside the record (a soft time limit): the transaction
+            # rolled back. Record once more on a fresh connection, then go on
+            # with the interruption.
+            if interrupted is not None:
+                raise
+            interrupted = exc
+            _fresh_connection()
+        else:
+            if interrupted is not None:
+                raise interrupted
+            return counts
 
 
 def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[DeliveryResult]:
@@ -154,11 +167,15 @@ def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[Del
                 # Bad data in one row is that reminder's permanent failure,
                 # recorded with the reason, not a crash of the batch.
                 results.append(_unbuildable(reminder.pk, reminder.key, exc))
+        watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+        watch.refresh()  # the first snapshot, before any call
     except BaseException:
+        # No provider was called: hand the chunk back. An interruption may have
+        # landed inside a query, so the release starts on a fresh connection.
+        _fresh_connection()
         reminder_release(claim=claim, clock=clock)
         raise
     # From here on a provider may be called: never release, the lease decides.
-    watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
     try:
         results.extend(
             bridge.deliver_envelopes(
@@ -166,10 +183,19 @@ def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[Del
             )
         )
     except Interrupted as exc:
-        # A soft time limit stopped the batch mid-chunk: keep what is known.
+        # A soft time limit stopped the batch mid-chunk: keep what is known. It
+        # may have landed inside the claim watch's query, so the connection is
+        # not trusted: the record starts on a fresh one.
+        _fresh_connection()
         record_with_retry(claim=claim, results=results + exc.results, clock=clock)
         raise exc.cause from None
     return results
+
+
+def _fresh_connection() -> None:
+    """Drop the connection (outside a transaction) so the next query opens a clean one."""
+    if not connection.in_atomic_block:
+        connection.close()
 
 
 def _unbuildable(reminder_id: int, key: str, exc: Exception) -> DeliveryResult:

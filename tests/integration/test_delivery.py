@@ -254,7 +254,9 @@ def test_sigterm_mid_batch_drains_hands_back_the_rest_and_exits_within_the_drain
         f"received {len(smtp_sink.received())}"
     )
     assert code == 0
-    assert took <= 5 + 5, f"the worker took {took:.1f} s to stop"
+    # The drain (one call timeout, 5 s) plus the worker's own shutdown, with room for
+    # a loaded runner; without the stop it takes the whole batch (about 20 s).
+    assert took <= 5 + 10, f"the worker took {took:.1f} s to stop"
     assert any("Batch stopped with" in line for line in lines)
     assert statuses["sending"] == 0 and statuses["unknown"] == 0
     assert statuses["sent"] == len(smtp_sink.received())

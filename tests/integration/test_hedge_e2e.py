@@ -26,22 +26,26 @@ def test_the_first_endpoint_to_accept_wins_and_is_recorded(
 ):
     enrol(make_workshop(starts_in=timedelta(hours=3)), count=5)
     ids = list(Reminder.objects.values_list("id", flat=True))
-    with HttpSink(secret="s3cret", delay=3.0) as slow, HttpSink(secret="s3cret") as fast:
+    with (
+        HttpSink(secret="s3cret", delay=3.0, id_prefix="slow") as slow,
+        HttpSink(secret="s3cret", id_prefix="fast") as fast,
+    ):
         settings.REMINDERS_CHANNEL = "http"
         settings.REMINDERS_HTTP_URL = slow.url
         settings.REMINDERS_HTTP_SECRET = "s3cret"
         settings.REMINDERS_HTTP_HEDGE_URLS = [fast.url]
         settings.REMINDERS_HTTP_HEDGE_STAGGER = 0.2
-        began = _real.monotonic()
         counts = pipeline.deliver(ids, clock=_real, channel="http")
-        took = _real.monotonic() - began
-        fast_stats = fast.stats()
+        fast_ids = {r.key: r.message_id for r in fast.requests if r.status == 200}
+        slow_answered = [r for r in slow.requests if r.status == 200]
     assert counts["sent"] == 5
-    assert took < 2.0, f"waited for the slow endpoint ({took:.1f} s)"
-    assert fast_stats["accepted"] == 5 and fast_stats["bad_signatures"] == 0
-    rows = list(Reminder.objects.values_list("status", "provider_message_id"))
-    assert {status for status, _ in rows} == {"sent"}
-    assert all(message_id.startswith("sink-") for _, message_id in rows)
+    assert len(fast_ids) == 5
+    # The fast endpoint's acceptance is what was recorded, for every reminder.
+    rows = dict(Reminder.objects.values_list("key", "provider_message_id"))
+    assert rows == fast_ids
+    assert all(message_id.startswith("fast-") for message_id in rows.values())
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+    print(f"\nhedge: fast accepted {len(fast_ids)}, slow answered {len(slow_answered)}")
 
 
 def test_a_hedge_url_that_is_not_http_stops_start_up_with_the_variable_named():

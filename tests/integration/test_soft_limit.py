@@ -21,7 +21,9 @@ from clock import SystemClock
 from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
 
-pytestmark = [pytest.mark.django_db, pytest.mark.slow]
+# Autocommit, as in a worker: the signal may land inside a query, and no test
+# transaction may hide (or suffer) what that does to the connection.
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
 
@@ -30,8 +32,11 @@ def _raise_soft_limit(signum, frame):
     raise SoftTimeLimitExceeded()
 
 
+@pytest.mark.parametrize(
+    "lands", ["while_waiting", "inside_the_claim_watch", "before_the_first_call"]
+)
 def test_a_soft_time_limit_mid_batch_records_what_is_known(
-    live_clock, smtp_sink, make_workshop, enrol, settings
+    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, lands
 ):
     settings.REMINDERS_CHANNEL = "smtp"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
@@ -47,9 +52,29 @@ def test_a_soft_time_limit_mid_batch_records_what_is_known(
             _real.sleep_blocking(0.01)
         os.kill(os.getpid(), signal.SIGUSR1)
 
+    if lands != "while_waiting":
+        # The signal arrives while the calling thread reads the claimed rows: in
+        # a refresh during the batch, or in the first one, before any call of
+        # its chunk (the chunk is then handed back).
+        from reminders.bridge import ClaimWatch
+
+        real_refresh = ClaimWatch.refresh
+        fired = threading.Event()
+        first = lands == "before_the_first_call"
+
+        def refresh_then_signal(watch) -> None:
+            calls = watch.__dict__.setdefault("test_calls", 0) + 1
+            watch.__dict__["test_calls"] = calls
+            if len(smtp_sink.received()) >= 6 and not fired.is_set() and (calls == 1) == first:
+                fired.set()  # once, as Celery does
+                os.kill(os.getpid(), signal.SIGUSR1)
+            real_refresh(watch)
+
+        monkeypatch.setattr(ClaimWatch, "refresh", refresh_then_signal)
     previous = signal.signal(signal.SIGUSR1, _raise_soft_limit)
     try:
-        threading.Thread(target=fire_when_under_way, daemon=True).start()
+        if lands == "while_waiting":
+            threading.Thread(target=fire_when_under_way, daemon=True).start()
         with pytest.raises(SoftTimeLimitExceeded):
             pipeline.deliver(ids, clock=_real, channel="smtp")
     finally:
