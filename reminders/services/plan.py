@@ -176,18 +176,23 @@ def reminders_follow_workshop(
     now = clock.now()
     mine = Reminder.objects.filter(workshop=workshop)
     if workshop.status == Workshop.Status.CANCELLED:
-        mine.filter(status__in=Reminder.OPEN_STATUSES).update(
-            status=Status.CANCELLED,
-            status_reason=reasons.WORKSHOP_CANCELLED,
-            queued_until=None,
-            next_attempt_at=None,
-            updated_at=now,
-        )
+        _cancel_open(mine, reason=reasons.WORKSHOP_CANCELLED, now=now)
         return
     if "starts_at" in changed:
         _reschedule(workshop=workshop, reminders=mine, now=now)
     if changed & {"starts_at", "created"}:
         reminders_plan(clock=clock, enrollments=Enrollment.objects.filter(workshop=workshop))
+
+
+def _cancel_open(reminders: QuerySet[Reminder], *, reason: str, now: datetime) -> None:
+    """Cancel the ``pending`` and ``queued`` rows; ``sending`` ones are their worker's."""
+    reminders.filter(status__in=Reminder.OPEN_STATUSES).update(
+        status=Status.CANCELLED,
+        status_reason=reason,
+        queued_until=None,
+        next_attempt_at=None,
+        updated_at=now,
+    )
 
 
 def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datetime) -> None:
@@ -225,12 +230,10 @@ def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None =
     clock = clock or default_clock()
     now = clock.now()
     if enrollment.status == Enrollment.Status.CANCELLED:
-        Reminder.objects.filter(enrollment=enrollment, status__in=Reminder.OPEN_STATUSES).update(
-            status=Status.CANCELLED,
-            status_reason=reasons.ENROLLMENT_CANCELLED,
-            queued_until=None,
-            next_attempt_at=None,
-            updated_at=now,
+        _cancel_open(
+            Reminder.objects.filter(enrollment=enrollment),
+            reason=reasons.ENROLLMENT_CANCELLED,
+            now=now,
         )
         return
     # Re-enrolled after cancelling: the cancelled reminder becomes sendable
