@@ -40,6 +40,7 @@ from django.utils.timesince import timesince
 
 from clock import default_clock
 from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
+from reminders.policy import ReminderPolicy
 from reminders.replay import (
     REASON_MAX_LENGTH,
     StaffActionResult,
@@ -301,9 +302,9 @@ class DeadlineFilter(admin.SimpleListFilter):
     def queryset(self, request, queryset):
         now = default_clock().now()
         bounds = {
-            "passed": Q(deadline_at__lte=now),
-            "hour": Q(deadline_at__gt=now, deadline_at__lte=now + timedelta(hours=1)),
-            "day": Q(deadline_at__gt=now, deadline_at__lte=now + timedelta(days=1)),
+            "passed": ReminderPolicy.late_q(now),
+            "hour": ReminderPolicy.on_time_q(now) & Q(deadline_at__lte=now + timedelta(hours=1)),
+            "day": ReminderPolicy.on_time_q(now) & Q(deadline_at__lte=now + timedelta(days=1)),
             "later": Q(deadline_at__gt=now + timedelta(days=1)),
         }
         value = self.value()

@@ -1,34 +1,90 @@
-"""docs/runtime_packet.md cannot drift: every module, function and test it names exists."""
+"""The docs cannot drift: every module, function, test and file they name exists, and
+every default and time bound they quote is the one the code computes.
+
+Checked: docs/runtime_packet.md, docs/operations.md, docs/faults.md and README.md.
+"""
 
 import importlib
+import os
 import re
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
+from django.conf import settings
+
+from config.timing import TimeBounds
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKET = ROOT / "docs" / "runtime_packet.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
+FAULTS = ROOT / "docs" / "faults.md"
+README = ROOT / "README.md"
+DOCS = {"packet": PACKET, "operations": OPERATIONS, "faults": FAULTS, "readme": README}
 OWN_PACKAGES = {"clock", "config", "delivery", "loopback", "reminders", "workshops"}
+
+# The least each doc must name, so a check that finds nothing cannot pass unnoticed:
+# (code references, test references).
+AT_LEAST = {"packet": (40, 20), "operations": (5, 2), "faults": (0, 80), "readme": (3, 0)}
 
 TEST_REF = re.compile(r"^(tests/[\w/]+\.py)::(test_\w+)$")
 CODE_REF = re.compile(r"^([a-z_][a-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)+)$")
+# "`reminders.bridge.REVOCATION_WINDOW` (1 s)": a named constant and the figure quoted for it.
+QUOTED_CONSTANT = re.compile(r"`([a-z_][\w.]*\.[A-Z][A-Z0-9_]*)`\s+\((\d+(?:\.\d+)?) s\)")
+NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+# Defaults the tests or the Makefile's test recipe set, or that depend on the host.
+NOT_DEFAULTS_HERE = {
+    "DATABASE_URL",
+    "CELERY_BROKER_URL",
+    "SECRET_KEY",
+    "DEBUG",
+    "ALLOWED_HOSTS",
+    "REMINDERS_CHANNEL",
+}
+# The time bounds quoted in docs/operations.md are those of the default settings.
+DEFAULT_BOUNDS = TimeBounds.derive(budget=120, call_timeout=15)
 
 
-def _references() -> list[str]:
-    return re.findall(r"`([^`\n]+)`", PACKET.read_text())
+def _text(doc: str) -> str:
+    return DOCS[doc].read_text()
 
 
-def _code_references() -> list[str]:
+def _references(doc: str) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", _text(doc))
+
+
+def _code_references(doc: str) -> list[str]:
     refs = []
-    for ref in _references():
+    for ref in _references(doc):
         match = CODE_REF.match(ref)
         if match and match.group(1) in OWN_PACKAGES:
             refs.append(ref)
     return sorted(set(refs))
 
 
-def _test_references() -> list[str]:
-    return sorted({ref for ref in _references() if TEST_REF.match(ref)})
+def _test_references(doc: str) -> list[str]:
+    return sorted({ref for ref in _references(doc) if TEST_REF.match(ref)})
+
+
+def _file_references(doc: str) -> list[str]:
+    """Return the backticked paths into this repository.
+
+    Left out: URLs (``://``), absolute host paths and URL paths (``/...``),
+    paths outside the repository (``../``), and ``var/``, which the local run
+    creates.
+    """
+    return sorted(
+        {
+            ref
+            for ref in _references(doc)
+            if "/" in ref
+            and "::" not in ref
+            and "://" not in ref
+            and " " not in ref
+            and not ref.startswith(("/", "../", "var/"))
+        }
+    )
 
 
 def _resolve(dotted: str):
@@ -44,35 +100,160 @@ def _resolve(dotted: str):
     raise ModuleNotFoundError(dotted)
 
 
-def test_packet_names_enough_code_and_tests_to_be_checked():
-    assert len(_code_references()) >= 40
-    assert len(_test_references()) >= 20
+def _each(collect) -> list:
+    return [pytest.param(doc, ref, id=f"{doc}:{ref}") for doc in DOCS for ref in collect(doc)]
 
 
-@pytest.mark.parametrize("ref", _code_references())
-def test_every_named_module_and_function_exists(ref):
+@pytest.mark.parametrize("doc", DOCS)
+def test_each_doc_names_enough_code_and_tests_to_be_checked(doc):
+    least_code, least_tests = AT_LEAST[doc]
+    assert len(_code_references(doc)) >= least_code
+    assert len(_test_references(doc)) >= least_tests
+
+
+@pytest.mark.parametrize(("doc", "ref"), _each(_code_references))
+def test_every_named_module_and_function_exists(doc, ref):
     assert _resolve(ref) is not None
 
 
-@pytest.mark.parametrize("ref", _test_references())
-def test_every_named_test_exists(ref):
+@pytest.mark.parametrize(("doc", "ref"), _each(_test_references))
+def test_every_named_test_exists(doc, ref):
     path, name = TEST_REF.match(ref).groups()
     source = (ROOT / path).read_text()
     assert re.search(rf"^def {name}\(", source, re.MULTILINE), f"{ref} is not defined"
 
 
-def test_every_named_file_exists():
-    files = [
-        ref
-        for ref in _references()
-        if "/" in ref and "::" not in ref and not ref.startswith("http") and " " not in ref
+@pytest.mark.parametrize(("doc", "ref"), _each(_file_references))
+def test_every_named_file_exists(doc, ref):
+    assert (ROOT / ref).exists(), f"{DOCS[doc].name} names {ref}, which does not exist"
+
+
+def test_packet_has_no_placeholder_and_the_readme_links_every_doc():
+    assert "CACHE_CONTRACT" not in _text("packet")
+    readme = _text("readme")
+    for doc in ("docs/runtime_packet.md", "docs/operations.md", "docs/faults.md"):
+        assert doc in readme
+
+
+# --- Quoted figures ------------------------------------------------------------------
+
+
+def _tables(text: str) -> list[list[list[str]]]:
+    """Return every Markdown table of ``text`` as rows of stripped cells, header first."""
+    tables, current = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            if not re.fullmatch(r"\|[\s|:-]+\|?", line.strip()):  # not the separator
+                current.append([cell.strip() for cell in line.strip().strip("|").split("|")])
+        elif current:
+            tables.append(current)
+            current = []
+    return tables
+
+
+def _set_by_the_test_run() -> set[str]:
+    """Return the variables this process does not see at their default."""
+    recipe = (ROOT / "Makefile").read_text().split("\ntest:", 1)[1].split("\n\n", 1)[0]
+    return NOT_DEFAULTS_HERE | set(re.findall(r"\b([A-Z][A-Z0-9_]+)=", recipe)) | set(os.environ)
+
+
+def _derived_defaults() -> dict[str, object]:
+    """Defaults quoted for variables that are not Django settings of the same name."""
+    return {
+        "REMINDERS_VISIBILITY_TIMEOUT": settings.REMINDERS_TIME_BOUNDS.visibility_timeout,
+        "DB_CONN_MAX_AGE": settings.DATABASES["default"]["CONN_MAX_AGE"],
+    }
+
+
+def _quoted_defaults(doc: str) -> list[tuple[str, str]]:
+    """Return (variable, literal) for each default quoted as one backticked literal.
+
+    Read from every table whose first two headers are a variable or setting and
+    "default". A row naming several variables pairs them with the default cell's
+    comma-separated parts, in order; a row whose parts do not pair up is skipped.
+    """
+    quoted = []
+    for table in _tables(_text(doc)):
+        header = [cell.lower() for cell in table[0][:2]]
+        if len(header) < 2 or header[0] not in {"variable", "setting"} or header[1] != "default":
+            continue
+        for row in table[1:]:
+            names = re.findall(r"`([A-Z][A-Z0-9_]+)`", row[0])
+            parts = [row[1]] if len(names) == 1 else [p.strip() for p in row[1].split(",")]
+            if len(parts) != len(names):
+                continue
+            for name, part in zip(names, parts, strict=True):
+                literals = re.findall(r"`([^`]+)`", part)
+                if len(literals) == 1:
+                    quoted.append((name, literals[0]))
+    return quoted
+
+
+def _checked_defaults(doc: str) -> list[tuple[str, str, object]]:
+    skip, derived = _set_by_the_test_run(), _derived_defaults()
+    checked = []
+    for name, literal in _quoted_defaults(doc):
+        if name in skip:
+            continue
+        if name in derived:
+            checked.append((name, literal, derived[name]))
+        elif hasattr(settings, name):
+            value = getattr(settings, name)
+            if isinstance(value, int | float | str) and not isinstance(value, bool):
+                checked.append((name, literal, value))
+    return checked
+
+
+def _equal(literal: str, value: object) -> bool:
+    if NUMBER.fullmatch(literal):
+        return not isinstance(value, str) and float(literal) == float(value)
+    return literal == value
+
+
+@pytest.mark.parametrize(("doc", "least"), [("readme", 20), ("operations", 15)])
+def test_every_quoted_default_is_the_effective_default(doc, least):
+    checked = _checked_defaults(doc)
+    assert len(checked) >= least, f"only {len(checked)} defaults found in {DOCS[doc].name}"
+    wrong = [
+        f"{name}: the doc says {literal!r}, the default is {value!r}"
+        for name, literal, value in checked
+        if not _equal(literal, value)
     ]
-    assert files
-    for ref in files:
-        assert (ROOT / ref).exists(), ref
+    assert wrong == []
 
 
-def test_packet_has_no_placeholder_and_the_readme_links_it():
-    text = PACKET.read_text()
-    assert "CACHE_CONTRACT" not in text
-    assert "docs/runtime_packet.md" in (ROOT / "README.md").read_text()
+def _quoted_bounds() -> dict[str, float]:
+    """Return the "bound | seconds" table of docs/operations.md as {field: seconds}."""
+    for table in _tables(_text("operations")):
+        if [cell.lower() for cell in table[0][:2]] == ["bound", "seconds"]:
+            rows = {}
+            for row in table[1:]:
+                name = re.fullmatch(r"`(\w+)`", row[0])
+                assert name and NUMBER.fullmatch(row[1]), f"unreadable row {row}"
+                rows[name.group(1)] = float(row[1])
+            return rows
+    raise AssertionError("docs/operations.md has no table headed 'bound | seconds'")
+
+
+def test_the_time_bounds_quoted_in_operations_are_the_derived_ones():
+    assert _quoted_bounds() == asdict(DEFAULT_BOUNDS)
+    # ... and those are the bounds this process runs with, when nothing overrides them.
+    inputs = {"REMINDERS_BATCH_BUDGET", "REMINDERS_CALL_TIMEOUT", "REMINDERS_VISIBILITY_TIMEOUT"}
+    if not inputs & _set_by_the_test_run():
+        assert settings.REMINDERS_TIME_BOUNDS == DEFAULT_BOUNDS
+
+
+def test_every_constant_quoted_with_its_figure_has_that_value():
+    quoted = [
+        (doc, name, figure)
+        for doc in DOCS
+        for name, figure in QUOTED_CONSTANT.findall(_text(doc))
+        if name.split(".", 1)[0] in OWN_PACKAGES
+    ]
+    assert quoted, "no `module.CONSTANT` (N s) figure found"
+    wrong = [
+        f"{DOCS[doc].name}: {name} is {_resolve(name)!r}, quoted as {figure} s"
+        for doc, name, figure in quoted
+        if float(figure) != float(_resolve(name))
+    ]
+    assert wrong == []

@@ -46,3 +46,30 @@ def test_naive_start_is_refused():
 def test_lead_must_exceed_cutoff():
     with pytest.raises(ValueError, match="lead must be longer"):
         ReminderPolicy(lead=timedelta(minutes=30), cutoff=timedelta(minutes=30))
+
+
+@pytest.mark.django_db
+def test_every_form_of_the_late_rule_agrees_at_the_boundary(clock, make_workshop, enrol):
+    """is_late, late_q/on_time_q (stored deadline) and late_start_q (the workshop's start)
+    give one answer a microsecond before, at, and a microsecond after the deadline."""
+    from reminders.models import Reminder
+
+    workshop = make_workshop(starts_in=timedelta(hours=2))
+    enrol(workshop)
+    reminder = Reminder.objects.get()
+    policy = ReminderPolicy.from_settings()
+    tick = timedelta(microseconds=1)
+    for now, late in [
+        (reminder.deadline_at - tick, False),
+        (reminder.deadline_at, True),
+        (reminder.deadline_at + tick, True),
+    ]:
+        forms = {
+            "is_late": policy.is_late(deadline_at=reminder.deadline_at, now=now),
+            "late_q": Reminder.objects.filter(ReminderPolicy.late_q(now)).exists(),
+            "not on_time_q": not Reminder.objects.filter(ReminderPolicy.on_time_q(now)).exists(),
+            "late_start_q": Reminder.objects.filter(
+                policy.late_start_q(now, through="workshop__")
+            ).exists(),
+        }
+        assert forms == dict.fromkeys(forms, late), (now, forms)
