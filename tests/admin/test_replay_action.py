@@ -64,16 +64,17 @@ def test_replay_action_is_offered_only_to_users_with_the_replay_permission(
 
 
 def test_confirmation_page_previews_the_outcome_and_changes_nothing(
-    make_reminders, login, replayer, published
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
 ):
     failed = make_reminders(3, "failed")
     sent = make_reminders(2, "sent")
     unknown = make_reminders(1, "unknown")
     cancelled = make_reminders(1, "cancelled")
     queued = make_reminders(1, "queued")
-    response = post_action(
-        login(replayer), "replay_selected", failed + sent + unknown + cancelled + queued
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post_action(
+            login(replayer), "replay_selected", failed + sent + unknown + cancelled + queued
+        )
     assert response.status_code == 200
     assert response.templates[0].name == "admin/reminders/staff_action_confirmation.html"
     preview = response.context["preview"]
@@ -144,22 +145,28 @@ def test_forged_replay_by_a_user_without_the_permission_gets_403_and_queues_noth
     assert published == [] and not ReplayAudit.objects.exists()
 
 
-def test_replay_without_a_csrf_token_gets_403(make_reminders, login, replayer, published):
+def test_replay_without_a_csrf_token_gets_403(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
     failed = make_reminders(1, "failed")
     client = login(replayer, enforce_csrf_checks=True)
-    response = client.post(
-        CHANGELIST, {"action": "replay_selected", "_selected_action": failed, "post": "yes"}
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = client.post(
+            CHANGELIST, {"action": "replay_selected", "_selected_action": failed, "post": "yes"}
+        )
     assert response.status_code == 403
     assert statuses(failed) == {"failed": 1}
     assert published == []
 
 
-def test_empty_selection_is_refused_with_a_message(make_reminders, login, replayer, published):
+def test_empty_selection_is_refused_with_a_message(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
     make_reminders(1, "failed")
-    response = login(replayer).post(
-        CHANGELIST, {"action": "replay_selected", "index": "0"}, follow=True
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = login(replayer).post(
+            CHANGELIST, {"action": "replay_selected", "index": "0"}, follow=True
+        )
     assert messages_of(response) == [
         "Items must be selected in order to perform actions on them. No items have been changed."
     ]
@@ -168,10 +175,11 @@ def test_empty_selection_is_refused_with_a_message(make_reminders, login, replay
 
 @pytest.mark.parametrize("bad", ["abc", "-3", "1 OR 1=1", "99999999999999999999", "٣"])
 def test_tampered_ids_are_refused_and_nothing_is_queued(
-    make_reminders, login, replayer, published, bad
+    make_reminders, login, replayer, published, bad, django_capture_on_commit_callbacks
 ):
     failed = make_reminders(2, "failed")
-    response = post_action(login(replayer), "replay_selected", [*failed, bad], confirm=True)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = post_action(login(replayer), "replay_selected", [*failed, bad], confirm=True)
     assert response.redirect_chain == [(CHANGELIST, 302)]
     (message,) = messages_of(response)
     assert message.startswith("The selection held values that are not ids (")
@@ -306,13 +314,16 @@ def test_workshop_replay_previews_and_replays_the_reminders_of_the_selected_work
     assert statuses(elsewhere) == {"failed": 2} and statuses(sent) == {"sent": 1}
 
 
-def test_forged_workshop_replay_gets_403(make_reminders, login, viewer, published):
+def test_forged_workshop_replay_gets_403(
+    make_reminders, login, viewer, published, django_capture_on_commit_callbacks
+):
     failed = make_reminders(1, "failed")
     workshop_id = Reminder.objects.get(pk=failed[0]).workshop_id
-    response = login(viewer).post(
-        WORKSHOPS,
-        {"action": "replay_for_selected", "_selected_action": [workshop_id], "post": "yes"},
-    )
+    with django_capture_on_commit_callbacks(execute=True):
+        response = login(viewer).post(
+            WORKSHOPS,
+            {"action": "replay_for_selected", "_selected_action": [workshop_id], "post": "yes"},
+        )
     assert response.status_code == 403
     assert statuses(failed) == {"failed": 1} and published == []
 

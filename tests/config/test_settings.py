@@ -120,6 +120,9 @@ def _check_deploy(**env: str) -> set[str]:
         [sys.executable, "manage.py", "check", "--deploy"],
         cwd=ROOT, env=base, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
+    # Warnings leave the exit code at 0; a crash (or an error-level check) does not.
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "System check identified" in result.stdout + result.stderr
     found = set()
     for line in (result.stdout + result.stderr).splitlines():
         if line.startswith("?: (") or line.startswith("reminders."):

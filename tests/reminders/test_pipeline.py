@@ -134,11 +134,14 @@ def test_two_scans_at_once_queue_each_reminder_once(clock, make_workshop, publis
     )
     barrier = threading.Barrier(2)
     results = []
+    errors: list[BaseException] = []
 
     def run():
         try:
             barrier.wait()
             results.append(pipeline.scan(clock=clock))
+        except BaseException as exc:  # collected: a thread's exception is otherwise lost
+            errors.append(exc)
         finally:
             connections.close_all()
 
@@ -147,6 +150,7 @@ def test_two_scans_at_once_queue_each_reminder_once(clock, make_workshop, publis
         thread.start()
     for thread in threads:
         thread.join(60)
+    assert errors == [] and len(results) == 2
     assert sum(r["planned"] for r in results) == 400
     assert Reminder.objects.count() == 400
     published_ids = [i for batch, _ in published for i in batch]
