@@ -23,6 +23,12 @@ enrollments after their reminders were queued. While delivery runs it:
 - makes the provider slow, then fail with 5xx, then with 429 for a period,
   then refuse three messages permanently; at the start of that period it
   enrols attendees in workshops whose deadline falls inside it;
+- then the staff-changes phase: five dedicated workshops with the same
+  attendees, and while their reminders are being sent (some ``sending``,
+  some already sent; the provider slowed a little so calls are in flight)
+  it commits, through ``workshops.services``, a workshop cancel, two
+  enrollment cancels, a move earlier (still outside the cutoff), a move
+  inside the cutoff and a move later, and records when each committed;
 
 and the parent restarts Redis (no persistence: every queue is lost) and
 PostgreSQL (``pg_ctl -m fast``: every session is cut) once each, under both
@@ -34,11 +40,30 @@ Then it waits for every reminder to reach a final status and prints one
 table. The run fails (exit 1) when, for any channel: a duplicate email
 arrived; a due reminder has no final status, or is ``sent`` but never
 arrived (lost); a message arrived after its deadline (late); a message
-arrived for a cancelled reminder; or ``unknown`` exceeds what the kills
-could have interrupted: SIGKILLs x (pool processes x the channel's chunk,
-the per-worker in-flight limit) for smtp, zero for http (its provider
-honours idempotency keys). Leases are ``REMINDERS_BATCH_BUDGET`` + call timeout + 90 s, so
-every run lasts at least that long after its last fault.
+arrived but its reminder was recorded ``missed`` or ``failed``; a message
+arrived for a not-yet-due workshop or one cancelled before planning; or
+``unknown`` exceeds what the kills could have interrupted: SIGKILLs x (pool
+processes x the channel's chunk, the per-worker in-flight limit) for smtp,
+zero for http (its provider honours idempotency keys).
+
+Every staff change the driver makes (the cancels at seeding and after
+queueing, and the staff-changes phase) is judged by *when it committed*,
+not by the reminders' final statuses. Its bound is the commit time plus
+``reminders.bridge.REVOCATION_WINDOW`` (1 s) plus ``ARRIVAL_SLACK`` (the
+loopback hop from a call's start to the sink's clock), and the run fails
+on any call for an affected reminder that reached the sink after that
+bound carrying what the change revoked (``late_after_change``: for a
+cancel any call, for a move into the cutoff any call, for another move a
+call without the new start time); in particular on any message for a
+cancelled workshop or enrollment after the bound (``sent_after_cancel``)
+and any message carrying a moved workshop's old start time after the bound
+(``old_time_after_move``). The sinks stamp arrivals with CLOCK_MONOTONIC,
+the one monotonic clock of every process on the host; the driver stamps
+each commit with the same clock (and with the wall clock, for the table),
+and compares arrivals with deadlines by converting monotonic to wall time
+with one offset. Leases come from ``config.timing`` (210 s with the 10 s
+budget used here), so every run lasts at least that long after its last
+SIGKILL.
 """
 
 from __future__ import annotations
@@ -56,8 +81,9 @@ import sys
 import threading
 from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from zoneinfo import ZoneInfo
 
 from bench.harness import (
     CLOCK,
@@ -75,14 +101,35 @@ from bench.harness import (
     python_env,
     wait_until,
 )
+from config.timing import TimeBounds
 
 CHANNELS = ("smtp", "http")
 HTTP_SECRET = "chaos-secret"
 POOL = 2  # prefork processes per worker (the Celery default on this 2-core machine)
 SMTP_CONNECTIONS = 4
+CALL_TIMEOUT = 15  # REMINDERS_CALL_TIMEOUT's default: the runs leave it alone
 SMTP_5XX = "451 4.3.0 Temporary server error, try again later"
 SMTP_429 = "450 4.7.0 Too many messages, slow down"
 SMTP_PERMANENT = "554 5.7.1 Message refused by policy"
+# Loopback latency and thread hand-over between a call's start (where the
+# engine consults its gate) and the sink stamping the arrival: added to
+# reminders.bridge.REVOCATION_WINDOW to bound calls after a staff change.
+ARRIVAL_SLACK = 0.25
+# The provider's answer delay during the staff-changes phase, so that calls
+# are in flight when the changes commit (arrivals are stamped before it).
+STAFF_PROVIDER_DELAY = 0.3
+# At most this many notes name individual offending reminders, per change or kind.
+NOTES_PER_KIND = 10
+# Which enrollments the phase cancels first: those whose reminder is in flight.
+UNSENT_RANK = {"sending": 0, "queued": 1, "pending": 2}
+# The staff-changes phase: one dedicated workshop per change, the same attendees in each.
+STAFF_WORKSHOPS = (
+    ("cancel", "Asia/Tokyo"),
+    ("enrollments", "Europe/Berlin"),
+    ("earlier", "America/New_York"),
+    ("inside", "Australia/Sydney"),
+    ("later", "Asia/Kolkata"),
+)
 
 
 @dataclass(frozen=True)
@@ -99,20 +146,28 @@ class Setting:
     kills: int
     outage: float  # seconds of each provider phase (slow, 5xx, 429)
     settle_timeout: float
+    staff_per_workshop: int  # attendees of each dedicated workshop of the staff-changes phase
+    staff_wait: float  # how long the phase may wait for its reminders to be in flight
+
+    @property
+    def bounds(self) -> TimeBounds:
+        # config/settings.py derives them from the budget and the call timeout (15 s default).
+        return TimeBounds.derive(budget=self.budget, call_timeout=CALL_TIMEOUT)
 
     @property
     def lease(self) -> int:
-        # config/settings.py: budget + one call timeout (15 s default, the drain) + 90 s.
-        return self.budget + 15 + 90
+        return math.ceil(self.bounds.lease)
 
 
 CI = Setting(
     name="ci", reminders=300, per_workshop=25, rate=10, concurrency=5, batch_size=20,
-    budget=10, kills=1, outage=6.0, settle_timeout=240.0,
+    budget=10, kills=1, outage=6.0, settle_timeout=240.0, staff_per_workshop=10,
+    staff_wait=60.0,
 )  # fmt: skip
 FULL = Setting(
     name="full", reminders=3000, per_workshop=50, rate=25, concurrency=10, batch_size=50,
-    budget=10, kills=4, outage=15.0, settle_timeout=600.0,
+    budget=10, kills=4, outage=15.0, settle_timeout=600.0, staff_per_workshop=25,
+    staff_wait=150.0,
 )  # fmt: skip
 
 
@@ -147,6 +202,9 @@ def channel_timeline(setting: Setting, rng: random.Random) -> list[Event]:
         Event(outage_at + 2 * o, "fail_429"),
         Event(outage_at + 3 * o, "healthy"),
         Event(outage_at + 3 * o + 1, "permanent"),
+        # After the outage, while the leases of the killed workers' claims run
+        # out anyway: the phase does not lengthen the run.
+        Event(outage_at + 3 * o + 3, "staff"),
     ]
     return sorted(events)
 
@@ -336,10 +394,14 @@ def say(text: str) -> None:
 
 
 VERDICT_ROWS = (
+    ("status_disagrees", "arrived, but recorded missed/failed"),
+    ("not_due_messages", "not yet due / cancelled before planning: messages"),
     ("duplicates", "duplicate emails (same attendee, same workshop)"),
     ("lost", "lost (due, no final status; or sent, never arrived)"),
     ("late", "late (arrived after its deadline)"),
-    ("sent_after_cancel", "arrived for a cancelled reminder"),
+    ("late_after_change", "staff change: revoked calls after commit + bound"),
+    ("sent_after_cancel", "  of which for a cancelled reminder"),
+    ("old_time_after_move", "  of which with a moved workshop's old start"),
 )
 
 
@@ -347,8 +409,15 @@ def verdict(result: dict) -> list[str]:
     """Return the broken promises of one channel run (empty: it passed)."""
     if result is None:
         return ["the run produced no result (see its log)"]
-    broken = [label for key, label in VERDICT_ROWS if result["counts"][key]]
-    if result["counts"]["unknown"] > result["unknown_allowed"]:
+    counts = result["counts"]
+    broken = [
+        f"{label.strip()} {counts.get(key, '?')}"
+        for key, label in VERDICT_ROWS
+        if counts.get(key, 1) != 0
+    ]
+    if not result.get("staff"):
+        broken.append("the staff-changes phase committed no change")
+    if result["counts"].get("unknown", 0) > result["unknown_allowed"]:
         broken.append(
             f"unknown {result['counts']['unknown']} > {result['unknown_allowed']} allowed"
         )
@@ -375,9 +444,9 @@ def print_table(
         ("unknown", "  unknown"),
         ("cancelled", "  cancelled"),
         ("planned_missed", "inside the cutoff (planned missed)"),
-        ("not_due_messages", "not yet due / cancelled before planning: messages"),
         ("absorbed", "re-sends absorbed by the idempotency key"),
-        ("status_disagrees", "arrived, but recorded missed/failed"),
+        ("staff_changes", "staff-changes phase: changes committed"),
+        ("staff_in_flight", "  their reminders sending at commit"),
         *VERDICT_ROWS,
         ("unknown_allowed", "unknown allowed (SIGKILLs x in-flight per worker)"),
     ]
@@ -399,6 +468,13 @@ def print_table(
         f"{'verdict':<{width}}"
         + "".join(f"{'PASS' if not verdicts[c] else 'FAIL':>10}" for c in channels)
     )
+    bounds = {
+        f"{r['window']:g} s window + {r['slack']:g} s slack"
+        for r in results.values()
+        if r and "window" in r
+    }
+    if bounds:
+        print(f"  (staff-change bound: commit + {', '.join(sorted(bounds))})")
     for channel in channels:
         result = results[channel]
         if result is None:
@@ -406,6 +482,10 @@ def print_table(
         for kind in ("missed", "failed", "unknown"):
             for reason, count in sorted(result["reasons"].get(kind, {}).items()):
                 print(f"  {channel} {kind:<8} {count:>5}  {reason}")
+    print("staff changes while sending (arrival times relative to each commit):")
+    for channel in channels:
+        for line in (results[channel] or {}).get("staff", []):
+            print(f"  {channel:<4}  {line}")
     print("faults injected (seconds after the first scan):")
     for fault in shared:
         print(f"  t+{fault['at']:>6.1f}  both  {fault['detail']}")
@@ -454,6 +534,8 @@ class ChannelRun:
         self.t0 = 0.0
         self.groups: dict[str, set[int]] = defaultdict(set)
         self.exited: set[str] = set()
+        # Every cancel and move the driver commits, with when it committed.
+        self.changes: list[dict] = []
 
     # -- plumbing ------------------------------------------------------------
 
@@ -548,8 +630,12 @@ class ChannelRun:
             for proc in self.workers + self.beats:
                 proc.stop(timeout=self.setting.budget + 20)
             self.sink.close()
+        from reminders.bridge import REVOCATION_WINDOW
+
         result["faults"] = self.faults
         result["notes"] = self.notes
+        result["window"] = REVOCATION_WINDOW
+        result["slack"] = ARRIVAL_SLACK
         result["unknown_allowed"] = (
             0 if self.channel == "http" else self.kills * per_worker_in_flight("smtp", self.setting)
         )
@@ -603,10 +689,18 @@ class ChannelRun:
         # Cancelled before any reminder exists: the plan must never create one.
         for workshop in workshops:
             if workshop.pk in self.groups["cancelled_before"]:
-                workshop_cancel(workshop=workshop)
+                self.commit(
+                    "cancel", f"cancelled workshop {workshop.pk} before planning",
+                    lambda workshop=workshop: workshop_cancel(workshop=workshop),
+                    workshop=workshop.pk,
+                )  # fmt: skip
         first_due = Workshop.objects.filter(pk__in=self.groups["due"]).order_by("starts_at")[0]
         for enrollment in Enrollment.objects.filter(workshop=first_due)[:3]:
-            enrollment_cancel(enrollment=enrollment)
+            self.commit(
+                "cancel", f"cancelled enrollment {enrollment.pk} before planning",
+                lambda enrollment=enrollment: enrollment_cancel(enrollment=enrollment),
+                workshop=first_due.pk, enrollments=[enrollment.pk],
+            )  # fmt: skip
         self.log(
             f"seeded {len(workshops)} workshops in {len(zones)} zones, {len(enrollments)} "
             f"enrollments ({sum(c for g, _, c in plan if g == 'due') - 3} due)"
@@ -628,10 +722,202 @@ class ChannelRun:
         from workshops.services import enrollment_cancel, workshop_cancel
 
         due = list(Workshop.objects.filter(pk__in=self.groups["due"]).order_by("-starts_at")[:2])
-        workshop_cancel(workshop=due[0])
+        self.commit(
+            "cancel", f"cancelled workshop {due[0].pk} (queued)",
+            lambda: workshop_cancel(workshop=due[0]), workshop=due[0].pk,
+        )  # fmt: skip
         for enrollment in Enrollment.objects.filter(workshop=due[1])[:5]:
-            enrollment_cancel(enrollment=enrollment)
+            self.commit(
+                "cancel", f"cancelled enrollment {enrollment.pk} (queued)",
+                lambda enrollment=enrollment: enrollment_cancel(enrollment=enrollment),
+                workshop=due[1].pk, enrollments=[enrollment.pk],
+            )  # fmt: skip
         self.fault(f"cancelled workshop {due[0].pk} and 5 enrollments of {due[1].pk} (queued)")
+
+    def commit(self, kind: str, label: str, service, *, workshop: int, **facts) -> dict:
+        """Run one staff change (a workshops.services call) and record when it committed.
+
+        The service owns its transaction and returns right after COMMIT, so
+        the clocks read on return bound the commit from above (by far less
+        than the slack); ``began`` bounds it from below. Monotonic time is
+        what the sinks stamp (CLOCK_MONOTONIC: one clock for every process
+        on the host); the wall time is for the table.
+        """
+        began = CLOCK.monotonic()
+        self.db(service)
+        committed = CLOCK.monotonic()
+        wall = CLOCK.now()
+        change = {
+            "kind": kind,
+            "label": label,
+            "workshop": workshop,
+            "enrollments": facts.pop("enrollments", None),
+            "began": began,
+            "committed": committed,
+            "committed_wall": wall,
+            "at": committed - self.t0 if self.t0 else 0.0,
+            **facts,
+        }
+        self.changes.append(change)
+        return change
+
+    def staff_snapshot(self, workshop_ids) -> dict[int, Counter]:
+        """Return the reminders' statuses of each workshop (one query)."""
+        from reminders.models import Reminder
+
+        rows = self.db(
+            lambda: list(
+                Reminder.objects.filter(workshop_id__in=list(workshop_ids)).values_list(
+                    "workshop_id", "status"
+                )
+            )
+        )
+        by: dict[int, Counter] = defaultdict(Counter)
+        for workshop_id, status in rows:
+            by[workshop_id][status] += 1
+        return by
+
+    def do_staff(self, event: Event) -> None:
+        """Cancel, cancel enrollments and move workshops while their reminders are being sent.
+
+        Five dedicated workshops start at the same time with the same
+        attendees, enrolled in turn so their reminders interleave in every
+        batch and claim. Each change commits once its workshop has a
+        reminder ``sending`` and one already sent (or, after a third of
+        ``staff_wait``, one sending; after all of it, as things are).
+        """
+        from reminders.models import Reminder
+        from reminders.policy import ReminderPolicy
+        from workshops.models import Attendee, Enrollment
+        from workshops.services import (
+            enrollment_cancel,
+            enrollment_create,
+            workshop_cancel,
+            workshop_create,
+            workshop_update,
+        )
+
+        count = self.setting.staff_per_workshop
+        people = self.db(
+            lambda: Attendee.objects.bulk_create(
+                [
+                    Attendee(name=f"Staff Person {i}", email=f"staff{i}@example.com")
+                    for i in range(count)
+                ]
+            )
+        )
+        start = (CLOCK.now() + timedelta(hours=2)).replace(second=0, microsecond=0)
+        workshops = {}
+        for name, zone in STAFF_WORKSHOPS:
+            workshops[name] = self.db(
+                lambda name=name, zone=zone: workshop_create(
+                    title=f"Chaos {self.channel} staff {name}",
+                    starts_at=start,
+                    duration=timedelta(hours=1),
+                    timezone=zone,
+                )
+            )
+            self.groups["staff"].add(workshops[name].pk)
+        for person in people:
+            for workshop in workshops.values():
+                self.db(
+                    lambda person=person, workshop=workshop: enrollment_create(
+                        attendee=person, workshop=workshop
+                    )
+                )
+        self.provider(
+            {"data_delay": STAFF_PROVIDER_DELAY},
+            {"delay": STAFF_PROVIDER_DELAY},
+            f"staff phase: {len(workshops)} workshops x {count} attendees starting "
+            f"{start:%H:%M} UTC; provider answers after {STAFF_PROVIDER_DELAY:g} s",
+        )
+        policy = ReminderPolicy.from_settings()
+        ids = {workshop.pk for workshop in workshops.values()}
+        waiting_since = CLOCK.monotonic()
+        pending = [name for name, _ in STAFF_WORKSHOPS]
+        while pending:
+            waited = CLOCK.monotonic() - waiting_since
+            snapshot = self.staff_snapshot(ids)
+            for name in list(pending):
+                workshop = workshops[name]
+                now_statuses = snapshot.get(workshop.pk, Counter())
+                sending, sent = now_statuses["sending"], now_statuses["sent"]
+                ready = sending and (sent or waited > self.setting.staff_wait / 3)
+                if not ready and waited < self.setting.staff_wait:
+                    continue
+                pending.remove(name)
+                at_commit = self.staff_snapshot([workshop.pk]).get(workshop.pk, Counter())
+                shown = ", ".join(
+                    f"{at_commit[s]} {s}" for s in ("sending", "queued", "pending", "sent")
+                )
+                if not ready:
+                    self.notes.append(f"staff {name}: committed without a reminder in flight")
+                if name == "cancel":
+                    self.commit(
+                        "cancel", f"cancelled workshop {workshop.pk} ({shown})",
+                        lambda workshop=workshop: workshop_cancel(workshop=workshop),
+                        workshop=workshop.pk, phase=True, sending=at_commit["sending"],
+                    )  # fmt: skip
+                elif name == "enrollments":
+                    candidates = self.db(
+                        lambda workshop=workshop: list(
+                            Reminder.objects.filter(
+                                workshop=workshop, status__in=list(UNSENT_RANK)
+                            ).values_list("status", "enrollment_id")
+                        )
+                    )
+                    candidates.sort(key=lambda pair: UNSENT_RANK[pair[0]])
+                    for status, enrollment_id in candidates[:2]:
+                        enrollment = self.db(
+                            lambda enrollment_id=enrollment_id: Enrollment.objects.get(
+                                pk=enrollment_id
+                            )
+                        )
+                        self.commit(
+                            "cancel",
+                            f"cancelled enrollment {enrollment_id} of workshop {workshop.pk}, "
+                            f"its reminder {status} ({shown})",
+                            lambda enrollment=enrollment: enrollment_cancel(enrollment=enrollment),
+                            workshop=workshop.pk, enrollments=[enrollment_id], phase=True,
+                            sending=int(status == "sending"),
+                        )  # fmt: skip
+                else:
+                    old = start
+                    if name == "earlier":
+                        new = old - timedelta(hours=1)
+                    elif name == "later":
+                        new = old + timedelta(hours=3)
+                    else:  # inside the cutoff: its deadline has passed already
+                        new = CLOCK.now() + policy.cutoff - timedelta(minutes=10)
+                    self.commit(
+                        "move",
+                        f"moved workshop {workshop.pk} {name} "
+                        f"({(new - old).total_seconds() / 60:+.0f} min; {shown})",
+                        lambda workshop=workshop, new=new: workshop_update(
+                            workshop=workshop, starts_at=new, ends_at=new + timedelta(hours=1)
+                        ),
+                        workshop=workshop.pk, phase=True, sending=at_commit["sending"],
+                        old_start=old, new_start=new, zone=workshop.timezone,
+                        sendable=new - policy.cutoff > CLOCK.now(),
+                        old_deadline=policy.deadline_at(old),
+                    )  # fmt: skip
+            if pending:
+                CLOCK.sleep_blocking(0.05)
+        for change in self.changes:
+            if change.get("phase"):
+                detail = (
+                    f"staff: {change['label']}; committed {change['committed_wall']:%H:%M:%S.%f}"[
+                        :-3
+                    ]
+                    + f" UTC, the service took {(change['committed'] - change['began']) * 1000:.0f} ms"
+                )
+                self.faults.append({"at": round(change["at"], 1), "detail": detail})
+                self.log(detail)
+        from reminders.bridge import REVOCATION_WINDOW
+
+        last = max(change["committed"] for change in self.changes if change.get("phase"))
+        CLOCK.sleep_blocking(max(0.0, last + REVOCATION_WINDOW + ARRIVAL_SLACK - CLOCK.monotonic()))
+        self.provider({"data_delay": 0.0}, {"delay": 0.0}, "staff phase: provider delay off")
 
     # -- faults ----------------------------------------------------------------
 
@@ -690,7 +976,8 @@ class ChannelRun:
             f"SIGTERM {victim.name} (main process, warm shutdown) holding {held} claims; "
             f"started {replacement.name}"
         )
-        limit = self.setting.budget + 15 + 30  # budget + soft shutdown, plus start-up slack
+        # A batch's longest healthy run (budget, drain, close, record), plus start-up slack.
+        limit = math.ceil(self.setting.bounds.work) + 30
 
         def watch() -> None:
             code = victim.wait(limit)
@@ -894,7 +1181,7 @@ class ChannelRun:
 
     def collect(self) -> dict:
         from delivery.message import message_id_for
-        from reminders.bridge import _from_domain
+        from reminders.bridge import REVOCATION_WINDOW, _from_domain
         from reminders.models import Reminder
         from workshops.models import Workshop
 
@@ -902,38 +1189,56 @@ class ChannelRun:
             lambda: list(
                 Reminder.objects.values(
                     "key", "status", "status_reason", "deadline_at", "workshop_id",
-                    "attendee__email", "workshop__title",
+                    "enrollment_id", "attendee__email", "workshop__title",
                 )
             )
         )  # fmt: skip
-        offset = CLOCK.now().timestamp() - CLOCK.monotonic()  # wall = monotonic + offset
+        # Arrivals are CLOCK_MONOTONIC readings of the sink process; deadlines
+        # are wall time. One offset, read now, converts (wall = monotonic + offset).
+        offset = CLOCK.now().timestamp() - CLOCK.monotonic()
         by_key = {row["key"]: row for row in rows}
-        arrivals: dict[str, list[float]] = defaultdict(list)  # key -> accepted arrival times
-        pairs: Counter = Counter()
+        # key -> (arrival, content) of accepted messages; content is what says
+        # which start time the message carried (smtp: Subject; http: payload starts_at).
+        arrivals: dict[str, list[tuple[float, str | None]]] = defaultdict(list)
+        # key -> (arrival, content) of every call the sink saw (http: any answer, re-sends too).
+        calls: dict[str, list[tuple[float, str | None]]] = defaultdict(list)
+        pairs: Counter = Counter()  # (recipient, workshop) -> accepted messages
+        titles: Counter = Counter()  # subject (smtp) or title (http) of accepted messages
         absorbed = 0
         if self.channel == "smtp":
             domain = _from_domain()
             key_of = {message_id_for(key, domain).strip("<>"): key for key in by_key}
             for record in self.sink.records():
+                titles[record.get("subject")] += 1
                 key = key_of.get((record.get("message_id") or "").strip("<>"))
                 if key is None:
                     pairs[("?", record.get("subject"))] += 1
                     continue
-                arrivals[key].append(record["arrived_at"] + offset)
+                seen = (record["arrived_at"], record.get("subject"))
+                arrivals[key].append(seen)
+                calls[key].append(seen)
                 for recipient in record["rcpt_tos"]:
-                    pairs[(recipient.lower(), record.get("subject"))] += 1
+                    pairs[(recipient.lower(), by_key[key]["workshop_id"])] += 1
         else:
             for record in self.sink.records():
+                seen = (record["arrived_at"], record.get("starts_at"))
+                if record["key"] in by_key:
+                    calls[record["key"]].append(seen)
                 if record["status"] != 200:
                     continue
                 if record["duplicate"]:
                     absorbed += 1
                     continue
+                titles[record["title"]] += 1
                 if record["key"] not in by_key:
                     pairs[("?", record["title"])] += 1
                     continue
-                arrivals[record["key"]].append(record["arrived_at"] + offset)
-                pairs[((record["email"] or "").lower(), record["title"])] += 1
+                arrivals[record["key"]].append(seen)
+                pairs[((record["email"] or "").lower(), by_key[record["key"]]["workshop_id"])] += 1
+        counts: Counter = Counter()
+        staff_lines, moved = self.judge_changes(
+            rows, arrivals, calls, counts, bound=REVOCATION_WINDOW + ARRIVAL_SLACK
+        )
         not_due = self.db(
             lambda: set(
                 Workshop.objects.filter(
@@ -941,15 +1246,24 @@ class ChannelRun:
                 ).values_list("title", flat=True)
             )
         )
-        counts: Counter = Counter()
         reasons: dict[str, Counter] = defaultdict(Counter)
         late_by: list[float] = []
         for row in rows:
             key, status = row["key"], row["status"]
             got = arrivals.get(key, [])
+            deadline = row["deadline_at"].timestamp()
+            for arrived, _ in got:
+                # A moved workshop's calls up to the bound were made under its old deadline.
+                limit = deadline
+                if key in moved and arrived <= moved[key][0]:
+                    limit = moved[key][1]
+                if arrived + offset >= limit:
+                    counts["late"] += 1
+                    late_by.append(arrived + offset - limit)
             if row["workshop_id"] in self.groups["cutoff"]:
+                # Never sendable (its deadline had passed when it was planned):
+                # any arrival is after its deadline, counted as late above.
                 counts["planned_missed"] += 1
-                counts["sent_after_cancel"] += len(got)  # never sendable: any arrival is wrong
                 continue
             counts["due"] += 1
             counts[status] += 1
@@ -959,15 +1273,16 @@ class ChannelRun:
                 counts["lost"] += 1
             elif status == "sent" and not got:
                 counts["lost"] += 1
-            if status == "cancelled":
-                counts["sent_after_cancel"] += len(got)
             if status in ("missed", "failed") and got:
                 counts["status_disagrees"] += 1
-            deadline = row["deadline_at"].timestamp()
-            for arrived in got:
-                if arrived >= deadline:
-                    counts["late"] += 1
-                    late_by.append(arrived - deadline)
+                if counts["status_disagrees"] <= NOTES_PER_KIND:
+                    self.notes.append(
+                        f"{status} but arrived: reminder key {key} ({row['workshop__title']}), "
+                        f"{len(got)} message(s); status reason: {row['status_reason'][:80]}"
+                    )
+            if status == "cancelled" and got:
+                # Sent before the cancel committed (judged by time in judge_changes).
+                counts["cancelled_with_message"] += 1
         counts["duplicates"] = sum(n - 1 for n in pairs.values() if n > 1)
         by_cause = self.unknown_causes()
         if by_cause:
@@ -977,22 +1292,128 @@ class ChannelRun:
             )
         counts["absorbed"] = absorbed if self.channel == "http" else "-"
         counts["not_due_messages"] = sum(
-            1 for (_, subject) in pairs if subject and any(t in subject for t in not_due)
+            n for subject, n in titles.items() if subject and any(t in subject for t in not_due)
         )
-        counts["sent_after_cancel"] += counts["not_due_messages"]
         unmatched = sum(n for (who, _), n in pairs.items() if who == "?")
         if unmatched:
             self.notes.append(f"{unmatched} messages matched no reminder")
             counts["duplicates"] += unmatched
+        if counts["cancelled_with_message"]:
+            self.notes.append(
+                f"{counts['cancelled_with_message']} reminders recorded cancelled although a "
+                "message arrived (before the cancel's bound)"
+            )
         for (task, error), count in sorted(self.task_errors().items()):
             self.notes.append(f"{count} x {task} raised {error}")
         if late_by:
             self.notes.append(f"latest arrival {max(late_by) * 1000:.0f} ms after its deadline")
         for key in (
             "sent", "missed", "failed", "unknown", "cancelled", "lost", "late", "status_disagrees",
+            "late_after_change", "sent_after_cancel", "old_time_after_move", "not_due_messages",
+            "staff_changes", "staff_in_flight",
         ):  # fmt: skip
             counts.setdefault(key, 0)
-        return {"counts": dict(counts), "reasons": {k: dict(v) for k, v in reasons.items()}}
+        return {
+            "counts": dict(counts),
+            "reasons": {k: dict(v) for k, v in reasons.items()},
+            "staff": staff_lines,
+        }
+
+    def carries(self, content: str | None, start: datetime, zone: str) -> bool:
+        """Say whether a message's content shows ``start`` (as reminders.content renders it)."""
+        from reminders.content import TIME_FORMAT
+
+        if not content:
+            return False
+        if self.channel == "smtp":  # the subject: "... starts <local time> <zone abbr>"
+            return start.astimezone(ZoneInfo(zone)).strftime(TIME_FORMAT) in content
+        return content == start.astimezone(UTC).isoformat()
+
+    def judge_changes(
+        self, rows: list[dict], arrivals: dict, calls: dict, counts: Counter, *, bound: float
+    ) -> tuple[list[str], dict[str, tuple[float, float]]]:
+        """Count the calls each committed change should have stopped; describe the phase's changes.
+
+        A change's bound is its commit (monotonic, the sinks' clock) plus
+        ``bound`` (the revocation window plus the arrival slack). After it,
+        no call may reach the sink for an affected reminder carrying what the
+        change revoked: for a cancel, any call; for a move into the cutoff,
+        any call; for another move, a call that does not show the new start.
+        Returns one line per change of the staff phase, and for each moved
+        reminder (bound, old deadline) so late arrivals are judged by the
+        deadline in force when the call started.
+        """
+        keys_of_workshop: dict[int, set[str]] = defaultdict(set)
+        key_of_enrollment: dict[int, str] = {}
+        status_of = {}
+        for row in rows:
+            keys_of_workshop[row["workshop_id"]].add(row["key"])
+            key_of_enrollment[row["enrollment_id"]] = row["key"]
+            status_of[row["key"]] = row["status"]
+        lines: list[str] = []
+        moved: dict[str, tuple[float, float]] = {}
+        for change in self.changes:
+            committed = change["committed"]
+            until = committed + bound
+            if change["enrollments"] is not None:
+                keys = {
+                    key_of_enrollment[e] for e in change["enrollments"] if e in key_of_enrollment
+                }
+            else:
+                keys = keys_of_workshop.get(change["workshop"], set())
+            move = change["kind"] == "move"
+            where = Counter()
+            stale_latest = None
+            for key in keys:
+                if move:
+                    moved[key] = (until, change["old_deadline"].timestamp())
+                for arrived, content in calls.get(key, []):
+                    fresh = (
+                        move
+                        and change["sendable"]
+                        and self.carries(content, change["new_start"], change["zone"])
+                    )
+                    if fresh:
+                        where["new time"] += 1
+                        continue
+                    stale_latest = arrived if stale_latest is None else max(stale_latest, arrived)
+                    if arrived <= committed:
+                        where["before commit"] += 1
+                    elif arrived <= until:
+                        where["within bound"] += 1
+                    else:
+                        where["AFTER BOUND"] += 1
+                        counts["late_after_change"] += 1
+                        if where["AFTER BOUND"] <= NOTES_PER_KIND:
+                            self.notes.append(
+                                f"call {arrived - committed:+.3f} s after '{change['label']}' "
+                                f"committed: key {key}, content {content!r}"
+                            )
+                for arrived, content in arrivals.get(key, []):
+                    if arrived <= until:
+                        continue
+                    if change["kind"] == "cancel":
+                        counts["sent_after_cancel"] += 1
+                    elif self.carries(content, change["old_start"], change["zone"]):
+                        counts["old_time_after_move"] += 1
+            if not change.get("phase"):
+                continue
+            counts["staff_changes"] += 1
+            counts["staff_in_flight"] += change.get("sending", 0)
+            finals = Counter(status_of[key] for key in keys)
+            latest = (
+                f"latest revoked call {stale_latest - committed:+.3f} s"
+                if stale_latest is not None
+                else "no revoked call"
+            )
+            lines.append(
+                f"t+{change['at']:6.1f}  {change['label']}\n"
+                + f"{'':16}calls: "
+                + (", ".join(f"{n} {k}" for k, n in sorted(where.items())) or "none")
+                + f"; {latest}; now "
+                + ", ".join(f"{n} {s}" for s, n in sorted(finals.items()))
+            )
+        return lines, moved
 
 
 if __name__ == "__main__":

@@ -11,8 +11,9 @@ process:
   seconds: CLOCK_MONOTONIC is one clock for every process on the host, so a
   driver can compare it with its own). SMTP lines are the sink's own
   ``ReceivedMessage.as_json`` (accepted messages only); HTTP lines carry
-  ``arrived_at``, ``key``, ``status``, ``duplicate``, ``email`` and ``title``
-  for every request, whatever the answer.
+  ``arrived_at``, ``key``, ``status``, ``duplicate``, ``email``, ``title``
+  and ``starts_at`` (the payload's, so a driver can tell which start time a
+  message carried) for every request, whatever the answer.
 - control over stdin, one JSON object per line, answered by one line
   ``ok <settings>`` on stdout. SMTP: ``data_delay``, ``reply_delay``,
   ``fail_reply`` (answer every DATA with this reply until cleared with
@@ -82,11 +83,12 @@ class RecordingHttpSink(HttpSink):
         decided = super()._decide(parsed, path)
         # Only the server's event loop appends to self.requests: the last one is ours.
         record = self.requests[-1]
-        email = title = None
+        email = title = starts_at = None
         try:
             body = json.loads(record.body)
             email = body["recipient"]["email"]
             title = body["payload"].get("workshop_title")
+            starts_at = body["payload"].get("starts_at")
         except (ValueError, KeyError, TypeError, AttributeError):
             pass
         line = {
@@ -96,6 +98,7 @@ class RecordingHttpSink(HttpSink):
             "duplicate": record.duplicate,
             "email": email,
             "title": title,
+            "starts_at": starts_at,
         }
         self._jsonl.write(json.dumps(line) + "\n")
         self._jsonl.flush()
