@@ -209,9 +209,7 @@ def test_two_beat_processes_send_nothing_twice(
             _wait_until(_settled, timeout=90, what="the scans to send everything")
 
             def both_published() -> bool:
-                return all(
-                    any("Sending due task" in line for line in beat.lines) for beat in beats
-                )
+                return all(any("Sending due task" in line for line in beat.lines) for beat in beats)
 
             _wait_until(both_published, timeout=60, what="both beats to publish a scan")
             _real.sleep_blocking(11)  # two more intervals: every scan now finds nothing
