@@ -24,7 +24,14 @@ def _messages(outbox):
     ]
 
 
-def test_scan_then_batch_sends_each_due_reminder_once(clock, due_reminders, published, outbox):
+def test_scan_then_batch_sends_each_due_reminder_once(
+    clock, due_reminders, published, smtp_sink, settings
+):
+    """Counted at a real SMTP server, which records every message it receives (the
+    file channel overwrites by key, so counting files could not show a re-send)."""
+    clock.autojump = False  # real sockets: the fake clock moves only when told to
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
     ids = due_reminders(25)
     counts = pipeline.scan(clock=clock)
     assert counts["dispatched"] == 25
@@ -34,7 +41,8 @@ def test_scan_then_batch_sends_each_due_reminder_once(clock, due_reminders, publ
     for batch, _ in published:
         assert pipeline.deliver(batch, clock=clock) == {"skipped": len(batch)}
     assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 25}
-    assert len(list(outbox.glob("*.eml"))) == 25
+    per_recipient = Counter(r.lower() for m in smtp_sink.received() for r in m.rcpt_tos)
+    assert len(per_recipient) == 25 and set(per_recipient.values()) == {1}
     assert sorted(Reminder.objects.values_list("id", flat=True)) == sorted(ids)
 
 
