@@ -32,7 +32,6 @@ def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
         return f"django-{envelope.reminder_id}"
 
     envelopes = [make_real_envelope() for _ in range(12)]
-    began = system_clock.monotonic()
 
     results = deliver_sync(
         envelopes,
@@ -42,8 +41,7 @@ def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
     )
 
     assert [r.message_id for r in results] == [f"django-{e.reminder_id}" for e in envelopes]
-    assert peak == 4
-    assert system_clock.monotonic() - began < 0.5  # 3 rounds of 50 ms, not 12
+    assert peak == 4  # four sends at once in four threads: the fan-out, without a time bound
 
 
 def test_a_timed_out_thread_is_reported_and_left_to_finish_in_the_background(
@@ -74,7 +72,9 @@ def test_a_timed_out_thread_is_reported_and_left_to_finish_in_the_background(
 
     assert result.outcome is Outcome.TIMED_OUT
     assert (result.attempts, result.provider_reached, result.maybe_delivered) == (1, True, True)
-    assert elapsed < 1.0
+    # The thread still hangs (until release): the 0.2 s timeout, not the send, ended the
+    # call. Fifty times the timeout is a bound no loaded runner comes near.
+    assert elapsed < 0.2 * 50
     assert channels[0].running_threads == 1
     release.set()
     assert finished.wait(5)

@@ -82,7 +82,9 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
     assert [r.outcome for r in results] == [Outcome.SENT, Outcome.CANCELLED, Outcome.SENT]
     assert results[1].error == "stopped (stop signal) while call 1 was in flight"
     assert channels[0].calls_for(envelopes[1].key)[0].outcome == "cancelled"
-    assert 0.2 <= elapsed < 1.0
+    # Ended by the stop at 0.2 s, not by the 30 s call timeout (half of it is a bound no
+    # loaded runner comes near).
+    assert 0.2 <= elapsed < 30 / 2
     assert "left" not in caplog.text  # the leftover-task guard found nothing
 
 
