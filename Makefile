@@ -9,8 +9,9 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 # Tests talk to real servers; override these to point elsewhere.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/reminders
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
-.PHONY: run test lint venv bench clean
+.PHONY: run test lint venv bench clean mutate
 
 $(UV):
 	python3 -m pip install --user --quiet uv
@@ -43,6 +44,14 @@ test: lint
 
 bench: venv
 	$(PY) -m bench.delivery
+
+# Mutation testing of the claim, record, reap, expire/dispatch, fate, deadline policy,
+# engine deadline/drain, limiters and gate (not in CI; see docs/benchmarks.md).
+# MUTATE_ARGS="gate policy" runs a subset.
+mutate: venv
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only \
+	REMINDERS_VAR_DIR=$(MUTATE_VAR_DIR) \
+	$(PY) -m bench.mutate $(MUTATE_ARGS)
 
 clean:
 	rm -rf var/broker var/reminders.sqlite3* var/outbox var/static
