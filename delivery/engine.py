@@ -401,6 +401,8 @@ class _Batch:
             progress.maybe_delivered = True
             progress.finish(Outcome.SENT, message_id=message_id or None)
             return None
+        # Stored before the pause: a stop landing in it still quotes this failure.
+        progress.last_failure = failure
         if failure.rate_limited and self._limiter is not None:
             await self._pause_limiter(failure.retry_after)
         return failure
@@ -487,8 +489,12 @@ class _Batch:
             progress.maybe_delivered = True
             text = f"stopped ({reason}) while call {progress.attempts} was in flight"
         elif progress.attempts:
-            last = progress.last_failure.error if progress.last_failure else ""
-            text = f"stopped ({reason}) after {progress.attempts} attempts; last error: {last}"
+            # A call that ended stored its failure before any further await.
+            assert progress.last_failure is not None
+            text = (
+                f"stopped ({reason}) after {progress.attempts} attempts; "
+                f"last error: {progress.last_failure.error}"
+            )
         else:
             text = f"stopped ({reason}) before the first attempt"
         progress.finish(Outcome.CANCELLED, text)

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import re
+import socket
 import threading
+from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
@@ -256,3 +258,143 @@ def test_an_unreachable_redis_is_a_transient_result_that_never_reached_the_provi
     assert (result.attempts, result.provider_reached) == (0, False)
     assert "rate limiter unavailable" in result.error
     assert channel.calls == []
+
+
+def test_two_redis_limiters_in_one_process_never_overwrite_each_others_starts(
+    limiter_redis_url, redis_account
+):
+    """Each start is its own member of the window: two limiters that both count from
+    zero still add up to two starts, so a third within the window waits."""
+    clock = SystemClock()
+
+    async def scenario():
+        first, second = (
+            RedisRateLimiter(
+                url=limiter_redis_url,
+                account=redis_account,
+                per_second=2,
+                window=5,
+                spread=False,
+                clock=clock,
+            )
+            for _ in range(2)
+        )
+        try:
+            await first.acquire()
+            await second.acquire()
+            with pytest.raises(DeadlineReached, match="at or after the deadline"):
+                await first.acquire(deadline_at=clock.now() + timedelta(seconds=1))
+        finally:
+            await first.aclose()
+            await second.aclose()
+
+    run(scenario())
+
+
+def test_queueing_behind_another_waiter_ends_at_the_deadline(limiter_redis_url, redis_account):
+    """One caller waits out a 3 s pause holding the queue; another, with 0.3 s left,
+    gives up at its deadline instead of waiting its turn."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=100, clock=clock
+        )
+        try:
+            await limiter.pause(3.0)
+            patient = asyncio.create_task(limiter.acquire())
+            await asyncio.sleep(0.05)  # the patient caller now holds the queue
+            began = clock.monotonic()
+            with pytest.raises(DeadlineReached, match="while waiting for a start"):
+                await limiter.acquire(deadline_at=clock.now() + timedelta(seconds=0.3))
+            waited = clock.monotonic() - began
+            patient.cancel()
+            await asyncio.gather(patient, return_exceptions=True)
+            return waited
+        finally:
+            await limiter.aclose()
+
+    # Bound: the 3 s pause the other caller waits out; 0.3 s is what this one had.
+    assert run(scenario()) < 1.5
+
+
+def test_aclose_closes_the_limiters_redis_connection(limiter_redis_url, redis_account):
+    import redis
+
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        await limiter.acquire()
+        client_id = await limiter._client.client_id()
+        await limiter.aclose()
+        return client_id
+
+    client_id = run(scenario())
+    watcher = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
+    try:
+        deadline = clock.monotonic() + 2.0  # the server notices the close at once
+        while watcher.client_list(client_id=[client_id]) and clock.monotonic() < deadline:
+            clock.sleep_blocking(0.02)
+        assert watcher.client_list(client_id=[client_id]) == []
+    finally:
+        watcher.close()
+
+
+@pytest.fixture
+def silent_server() -> Iterator[tuple[socket.socket, int, list[socket.socket]]]:
+    """A loopback TCP port that accepts connections into its backlog and never
+    answers (a Redis that hangs); a test that fills the backlog through the third
+    item makes the kernel drop new connection attempts as well."""
+    listener = socket.socket()
+    listener.bind(("127.0.0.1", 0))
+    listener.listen(0)
+    port = listener.getsockname()[1]
+    fillers = []
+    try:
+        yield listener, port, fillers
+    finally:
+        for filler in fillers:
+            filler.close()
+        listener.close()
+
+
+@pytest.mark.parametrize("stage", ["connect", "answer"])
+def test_a_hanging_redis_fails_the_limiter_within_its_socket_timeout(silent_server, stage):
+    """Every Redis call is bounded by ``socket_timeout``: a Redis that never completes
+    the connection, or never answers, is an error after 0.3 s, not a stuck batch."""
+    listener, port, fillers = silent_server
+    if stage == "connect":
+        # Fill the accept queue so the kernel drops further connection attempts.
+        for _ in range(4):
+            filler = socket.socket()
+            filler.setblocking(False)
+            filler.connect_ex(("127.0.0.1", port))
+            fillers.append(filler)
+        SystemClock().sleep_blocking(0.1)
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=f"redis://127.0.0.1:{port}/0",
+            account="hung",
+            per_second=10,
+            clock=clock,
+            socket_timeout=0.3,
+        )
+        began = clock.monotonic()
+        try:
+            # The outer bound only keeps a broken limiter from hanging the test.
+            with pytest.raises(Exception) as caught:
+                await asyncio.wait_for(limiter.acquire(), timeout=10)
+            return caught.value, clock.monotonic() - began
+        finally:
+            await asyncio.wait_for(limiter.aclose(), timeout=5)
+
+    error, took = run(scenario())
+    # A redis error (the engine's "rate limiter unavailable"), not the test's guard.
+    assert type(error).__module__.startswith("redis"), repr(error)
+    # Bound: a few socket timeouts (redis-py may retry once), far below the 10 s guard.
+    assert took < 3.0, took

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, TransientError, deliver
+from delivery import DeliveryPolicy, Outcome, RateLimitedError, TransientError, deliver
 from delivery.channels import MemoryChannel
 from delivery.gate import Gate
 from delivery.limiter import DeadlineReached, LocalRateLimiter, RedisRateLimiter
@@ -462,3 +462,100 @@ def test_a_grant_that_comes_at_the_deadline_starts_no_call(fake_clock, make_enve
     )
     assert result.outcome is Outcome.EXPIRED
     assert channel.calls == []
+
+
+class _SlowPauseLimiter(_RecordingLimiter):
+    """A shared limiter whose pause is a slow round trip (Redis under load)."""
+
+    def __init__(self, clock, pause_takes: float) -> None:
+        super().__init__()
+        self._clock = clock
+        self._pause_takes = pause_takes
+
+    async def pause(self, seconds: float) -> None:
+        self.pauses.append(seconds)
+        await self._clock.sleep(self._pause_takes)
+
+
+def test_a_stop_during_the_limiter_pause_after_a_429_quotes_the_429(fake_clock, make_envelope):
+    """The failure is stored before the pause, so the stop's text names the 429."""
+    channel = MemoryChannel(clock=fake_clock)
+    envelope = make_envelope()
+    channel.fail(envelope.key, RateLimitedError("429 too many requests", retry_after=30))
+    limiter = _SlowPauseLimiter(fake_clock, pause_takes=10.0)
+    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1)
+
+    async def main():
+        stop = asyncio.Event()
+
+        async def stop_later():
+            await fake_clock.sleep(1.0)
+            stop.set()
+
+        stopper = asyncio.create_task(stop_later())
+        results = await deliver(
+            [envelope], channel, policy=policy, clock=fake_clock, limiter=limiter, stop=stop
+        )
+        await stopper
+        return results
+
+    (result,) = asyncio.run(main())
+    assert limiter.pauses == [30]
+    assert result.outcome is Outcome.CANCELLED
+    assert result.error == (
+        "stopped (stop signal) after 1 attempts; last error: 429 too many requests"
+    )
+    assert fake_clock.monotonic() == pytest.approx(1.0)
+
+
+class _SlowOpenChannel(MemoryChannel):
+    async def __aenter__(self):
+        await self._clock.sleep(3.0)
+        return await super().__aenter__()
+
+
+def test_the_budget_counts_from_the_batch_start_including_a_slow_channel_open(
+    fake_clock, make_envelope
+):
+    """Opening took 3 s of a 5 s budget: the stop comes 2 s into the sends, not 5."""
+    channel = _SlowOpenChannel(clock=fake_clock)
+    envelope = make_envelope()
+    channel.slow(envelope.key, 100.0)
+    policy = DeliveryPolicy(concurrency=1, call_timeout=200, max_attempts=1, budget=5.0, drain=0.5)
+    (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
+    assert result.outcome is Outcome.CANCELLED
+    assert result.error == "stopped (budget of 5s used up) while call 1 was in flight"
+    assert fake_clock.monotonic() == pytest.approx(5.5)  # budget, then the drain
+
+
+def test_a_retry_that_would_start_exactly_at_the_deadline_is_not_waited_for(
+    fake_clock, make_envelope
+):
+    """The backoff (2 s) ends exactly at the deadline: give up now, do not sleep into it."""
+    channel = MemoryChannel(clock=fake_clock)
+    envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=2))
+    channel.fail(envelope.key, TransientError("busy"))
+    policy = DeliveryPolicy(concurrency=1, call_timeout=1, max_attempts=3, backoff_base=2, jitter=0)
+    (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
+    assert result.outcome is Outcome.TRANSIENT
+    assert result.error == (
+        "busy; not retried: the next try (in 2s) would start at or after the deadline"
+    )
+    assert fake_clock.monotonic() == 0.0
+
+
+def test_a_start_a_whole_interval_late_restarts_the_schedule(fake_clock):
+    """Late by exactly one interval: the next start is one interval after this one,
+    never at the same instant."""
+
+    async def main():
+        limiter = LocalRateLimiter(2, clock=fake_clock, window=1.0, margin=0.0)
+        await limiter.acquire()  # at 0; next due at 0.5
+        await limiter.acquire()  # at 0.5; next due at 1.0
+        fake_clock.advance(1.0)  # 1.5: one whole interval past the schedule
+        await limiter.acquire()
+        assert fake_clock.monotonic() == 1.5
+        await limiter.acquire()
+        assert fake_clock.monotonic() == 2.0
+
+    asyncio.run(main())

@@ -211,7 +211,12 @@ def test_two_beat_processes_send_nothing_twice(
             def both_published() -> bool:
                 return all(any("Sending due task" in line for line in beat.lines) for beat in beats)
 
-            _wait_until(both_published, timeout=60, what="both beats to publish a scan")
+            try:
+                _wait_until(both_published, timeout=60, what="both beats to publish a scan")
+            except AssertionError as exc:
+                raise AssertionError(
+                    f"{exc}\n" + "\n".join(f"{beat.name}:\n{beat.output()}" for beat in beats)
+                ) from None
             _real.sleep_blocking(11)  # two more intervals: every scan now finds nothing
         finally:
             for beat in beats:
