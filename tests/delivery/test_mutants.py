@@ -559,3 +559,91 @@ def test_a_start_a_whole_interval_late_restarts_the_schedule(fake_clock):
         assert fake_clock.monotonic() == 2.0
 
     asyncio.run(main())
+
+
+def test_a_clearance_that_arrives_after_the_budget_ran_out_starts_no_call(
+    fake_clock, make_envelope
+):
+    """An envelope back from backoff waits for a fresh snapshot; the budget runs out
+    while another call drains; the snapshot then arrives, and no call starts."""
+    channel = MemoryChannel(clock=fake_clock)
+    draining, waiting = make_envelope(), make_envelope()
+    channel.slow(draining.key, 5.0)
+    channel.fail(waiting.key, TransientError("busy"))
+    gate = Gate(max_age=0.5, clock=fake_clock)
+    gate.publish({}, taken_at=fake_clock.monotonic())
+    policy = DeliveryPolicy(
+        concurrency=2,
+        call_timeout=10,
+        max_attempts=3,
+        backoff_base=1,
+        jitter=0,
+        budget=2.0,
+        drain=10,
+    )
+
+    async def main():
+        async def fresh_snapshot_later():
+            await fake_clock.sleep(3.0)  # inside the drain: the budget ended at 2 s
+            gate.publish({}, taken_at=fake_clock.monotonic())
+
+        publisher = asyncio.create_task(fresh_snapshot_later())
+        results = await deliver(
+            [draining, waiting], channel, policy=policy, clock=fake_clock, gate=gate
+        )
+        await publisher
+        return results
+
+    sent, stopped = asyncio.run(main())
+    assert sent.outcome is Outcome.SENT
+    assert stopped.outcome is Outcome.CANCELLED
+    assert stopped.error == "stopped (budget of 2s used up) after 1 attempts; last error: busy"
+    assert [call.key for call in channel.calls].count(waiting.key) == 1
+
+
+class _BrokenGate(Gate):
+    """A gate with a bug for one reminder: the engine's own safety net must hold."""
+
+    def __init__(self, broken_id: int, clock) -> None:
+        super().__init__(max_age=5.0, clock=clock)
+        self._broken_id = broken_id
+        self.publish({}, taken_at=clock.monotonic())
+
+    async def clearance(self, reminder_id: int) -> str | None:
+        if reminder_id == self._broken_id:
+            raise RuntimeError("gate bug")
+        return await super().clearance(reminder_id)
+
+
+def test_a_bug_below_the_engine_fails_one_envelope_logs_it_and_the_batch_goes_on(
+    fake_clock, make_envelope, caplog
+):
+    channel = MemoryChannel(clock=fake_clock)
+    broken, fine = make_envelope(), make_envelope()
+    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1)
+    gate = _BrokenGate(broken.reminder_id, fake_clock)
+    with caplog.at_level("ERROR", logger="delivery"):
+        failed, sent = asyncio.run(
+            deliver([broken, fine], channel, policy=policy, clock=fake_clock, gate=gate)
+        )
+    assert failed.outcome is Outcome.PERMANENT
+    assert failed.error == "internal error in the delivery engine: RuntimeError('gate bug')"
+    assert sent.outcome is Outcome.SENT
+    [record] = [r for r in caplog.records if r.levelname == "ERROR"]
+    assert record.getMessage() == f"Delivery engine failed on reminder {broken.reminder_id}"
+    assert record.exc_info is not None
+
+
+def test_a_broken_limiter_is_logged_with_the_reminder_and_the_error(
+    fake_clock, make_envelope, caplog
+):
+    channel = MemoryChannel(clock=fake_clock)
+    envelope = make_envelope()
+    limiter = _RecordingLimiter(fail=RuntimeError("redis down"))
+    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1)
+    with caplog.at_level("WARNING", logger="delivery"):
+        asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter))
+    assert (
+        f"Rate limiter failed for reminder {envelope.reminder_id}: RuntimeError('redis down')"
+        in [r.getMessage() for r in caplog.records]
+    )
