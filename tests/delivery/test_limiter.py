@@ -394,7 +394,9 @@ def test_a_hanging_redis_fails_the_limiter_within_its_socket_timeout(silent_serv
             await asyncio.wait_for(limiter.aclose(), timeout=5)
 
     error, took = run(scenario())
+    print(f"\nhanging redis ({stage}): failed after {took:.2f} s with {error!r}")
     # A redis error (the engine's "rate limiter unavailable"), not the test's guard.
     assert type(error).__module__.startswith("redis"), repr(error)
-    # Bound: a few socket timeouts (redis-py may retry once), far below the 10 s guard.
-    assert took < 3.0, took
+    # Bound: 0.3 s (answer) and 0.55 s (connect) here, at 3287ae2; redis-py may retry a
+    # timed-out call. A missing timeout would instead run into the 10 s guard above.
+    assert took < 8.0, took
