@@ -47,6 +47,9 @@ def test_scans_complete_every_two_intervals_while_the_pool_is_busy(
     completions: list = []
     with celery_worker(env, concurrency=1) as worker:
         pipeline.scan(clock=live_clock)  # queue the backlog: four 10-second batches
+        # The gaps are between scans beat asked for; the test's own scan above is
+        # not one (the first gap would then measure beat's start-up, not the lane).
+        own_scan = ScanRun.objects.get(name="scan").finished_at
         beat = Proc(
             [celery, "-A", "config", "beat", "--loglevel=INFO",
              f"--pidfile={tmp_path}/beat.pid", f"--schedule={tmp_path}/beat.db"],
@@ -59,7 +62,9 @@ def test_scans_complete_every_two_intervals_while_the_pool_is_busy(
             while _real.monotonic() - began < BACKLOG_INTERVALS * INTERVAL + 2:
                 run = ScanRun.objects.filter(name="scan").values_list("finished_at", flat=True)
                 finished = next(iter(run), None)
-                if finished is not None and (not completions or completions[-1] != finished):
+                if finished not in (None, own_scan) and (
+                    not completions or completions[-1] != finished
+                ):
                     completions.append(finished)
                 assert Reminder.objects.filter(status="sending").exists() or (
                     Reminder.objects.filter(status="queued").exists()
