@@ -361,3 +361,48 @@ def test_replay_racing_a_worker_claim_never_resends_what_the_worker_holds(
     assert len(claims[0].reminders) == 30
     assert claims[1].changed == 0
     assert published == []
+
+
+def _each_once_or_left(ids, published) -> Counter:
+    """Check every reminder ended re-armed and published once, or failed and not published;
+    return how many ended each way."""
+    per_id = Counter(i for batch in published for i in batch)
+    ends: Counter = Counter()
+    for pk, status in _all(ids).values_list("pk", "status"):
+        end = (status, per_id[pk])
+        assert end in {("queued", 1), ("failed", 0)}, (pk, end)
+        ends[end] += 1
+    return ends
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replay_racing_the_reaper_on_the_same_rows_rearms_each_failed_reminder_once(
+    clock, make_reminders, published, replayer, settings
+):
+    """Item 4: the reaper fails 20 rows whose lease ran out at the attempt cap while staff
+    replay them. A row is re-armed only after the reaper failed it, and published once;
+    the expired claim's attempt is closed either way."""
+    from reminders.services import reminders_reap
+
+    settings.REMINDERS_MAX_ATTEMPTS = 1
+    ends: Counter = Counter()
+    for _ in range(10):
+        ids = make_reminders(20, "pending")
+        claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+        assert len(claim.ids) == 20
+        clock.advance(settings.REMINDERS_LEASE_SECONDS)
+        published.clear()
+        _, replay = _race(
+            lambda: reminders_reap(clock=clock),
+            lambda ids=ids: reminder_replay(reminders=_all(ids), actor=replayer, clock=clock),
+        )
+        attempts = Counter(
+            DeliveryAttempt.objects.filter(claim_token=claim.token).values_list(
+                "outcome", flat=True
+            )
+        )
+        assert attempts == {"lease_expired": 20}, attempts
+        round_ends = _each_once_or_left(ids, published)
+        assert replay.changed == round_ends[("queued", 1)]
+        ends += round_ends
+    print(f"\nreplay vs reaper, 10 rounds x 20: {dict(ends)}")
