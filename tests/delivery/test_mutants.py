@@ -186,6 +186,24 @@ def test_spread_starts_keep_their_schedule_when_a_start_is_on_time(fake_clock):
 # -- engine ----------------------------------------------------------------------
 
 
+def _deliver_stopped_at(seconds: float, envelopes, channel, *, clock, **options):
+    """Deliver ``envelopes``, setting the stop signal ``seconds`` in on the fake clock."""
+
+    async def main():
+        stop = asyncio.Event()
+
+        async def stop_later():
+            await clock.sleep(seconds)
+            stop.set()
+
+        stopper = asyncio.create_task(stop_later())
+        results = await deliver(envelopes, channel, clock=clock, stop=stop, **options)
+        await stopper
+        return results
+
+    return asyncio.run(main())
+
+
 class _RecordingLimiter:
     window = 1.0
 
@@ -305,19 +323,7 @@ def test_a_stop_during_the_budget_drain_ends_the_batch_at_once(fake_clock, make_
     channel.slow(envelope.key, 100.0)
     policy = DeliveryPolicy(concurrency=1, call_timeout=200, max_attempts=1, budget=1.0, drain=10)
 
-    async def main():
-        stop = asyncio.Event()
-
-        async def stop_later():
-            await fake_clock.sleep(2.0)
-            stop.set()
-
-        stopper = asyncio.create_task(stop_later())
-        results = await deliver([envelope], channel, policy=policy, clock=fake_clock, stop=stop)
-        await stopper
-        return results
-
-    (result,) = asyncio.run(main())
+    (result,) = _deliver_stopped_at(2.0, [envelope], channel, policy=policy, clock=fake_clock)
     assert result.outcome is Outcome.CANCELLED
     assert fake_clock.monotonic() == pytest.approx(2.0)
 
@@ -485,21 +491,9 @@ def test_a_stop_during_the_limiter_pause_after_a_429_quotes_the_429(fake_clock, 
     limiter = _SlowPauseLimiter(fake_clock, pause_takes=10.0)
     policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1)
 
-    async def main():
-        stop = asyncio.Event()
-
-        async def stop_later():
-            await fake_clock.sleep(1.0)
-            stop.set()
-
-        stopper = asyncio.create_task(stop_later())
-        results = await deliver(
-            [envelope], channel, policy=policy, clock=fake_clock, limiter=limiter, stop=stop
-        )
-        await stopper
-        return results
-
-    (result,) = asyncio.run(main())
+    (result,) = _deliver_stopped_at(
+        1.0, [envelope], channel, policy=policy, clock=fake_clock, limiter=limiter
+    )
     assert limiter.pauses == [30]
     assert result.outcome is Outcome.CANCELLED
     assert result.error == (
