@@ -14,13 +14,14 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 
+from clock import SystemClock
 from delivery.results import Outcome
 from reminders import publish
 from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
 from reminders.replay import reminder_replay, reminder_resolve_unknown
 from reminders.selectors import reminder_replay_preview
-from reminders.services import reminder_claim_batch, reminders_dispatch
-from tests.admin.conftest import PERMANENT_ERROR, settle
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
+from tests.admin.conftest import PERMANENT_ERROR, result_for, settle
 from workshops.services import workshop_cancel
 
 pytestmark = pytest.mark.django_db
@@ -406,3 +407,58 @@ def test_replay_racing_the_reaper_on_the_same_rows_rearms_each_failed_reminder_o
         assert replay.changed == round_ends[("queued", 1)]
         ends += round_ends
     print(f"\nreplay vs reaper, 10 rounds x 20: {dict(ends)}")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_replay_racing_a_worker_record_on_the_same_rows_never_takes_a_row_from_its_claim(
+    clock, make_reminders, published, replayer
+):
+    """Item 4: a worker records its claim of 20 (10 sent, 10 refused for good) while staff
+    replay the same 20. The record lands in full every time: a row the replay saw still
+    ``sending`` belongs to the worker, so only rows the record had already failed are
+    re-armed, each published once; a sent row is never published again."""
+    ends: Counter = Counter()
+    # Seconds the record, then the replay, waits after the start: the first and last
+    # rounds fix the order, the middle ones stagger by about a record's duration.
+    staggers = [(0.3, 0), (0, 0), (0.01, 0), (0, 0.01), (0.02, 0), (0, 0.02), (0, 0.04)]
+    staggers += [(0, 0.08), (0, 0.15), (0, 0.3)]
+    for record_wait, replay_wait in staggers:
+        ids = make_reminders(20, "pending")
+        claim = reminder_claim_batch(ids=ids, channel="smtp", worker="test", clock=clock)
+        assert len(claim.ids) == 20
+        half = {r.pk for r in claim.reminders[:10]}
+        results = [
+            result_for(r, Outcome.SENT if r.pk in half else Outcome.PERMANENT)
+            for r in claim.reminders
+        ]
+        published.clear()
+        recorded, replay = _race(
+            _after(record_wait, reminder_record_batch, claim=claim, results=results, clock=clock),
+            _after(replay_wait, reminder_replay, reminders=_all(ids), actor=replayer, clock=clock),
+        )
+        # The record is fenced on (claim token, sending): a replay that took a row from
+        # the worker would leave that row's result unwritten.
+        assert recorded == {"sent": 10, "failed": 10}, recorded
+        attempts = Counter(
+            DeliveryAttempt.objects.filter(claim_token=claim.token).values_list(
+                "outcome", flat=True
+            )
+        )
+        assert attempts == {"sent": 10, "permanent": 10}, attempts
+        per_id = Counter(i for batch in published for i in batch)
+        assert _statuses(list(half)) == {"sent": 10}
+        assert not any(per_id[pk] for pk in half), "a sent reminder was published again"
+        round_ends = _each_once_or_left([pk for pk in ids if pk not in half], published)
+        assert replay.changed == round_ends[("queued", 1)]
+        ends += round_ends
+    print(f"\nreplay vs record, 10 rounds x 10 refused: {dict(ends)}")
+    # Both orders happened: some rows were replayed after their record, some were not.
+    assert ends[("queued", 1)] and ends[("failed", 0)], ends
+
+
+def _after(seconds: float, job, **kwargs):
+    def run():
+        SystemClock().sleep_blocking(seconds)
+        return job(**kwargs)
+
+    return run
