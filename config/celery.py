@@ -8,21 +8,13 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import beat_init, worker_init, worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
 app = Celery("reminders")
 app.config_from_object("django.conf:settings", namespace="CELERY")
 app.autodiscover_tasks()
-
-
-@beat_init.connect
-def _follow_scan_interval(sender, **kwargs) -> None:
-    """Make the stored scan schedule follow REMINDERS_SCAN_INTERVAL when beat starts."""
-    from reminders.schedule import ensure_scan_schedule
-
-    ensure_scan_schedule()
 
 
 @worker_init.connect

@@ -28,9 +28,11 @@ def scan_expiry_seconds(every: int) -> int:
 def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
     """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL.
 
-    Idempotent: run by the data migration and at every beat start (config/
-    celery.py, ``beat_init``), so changing the variable and restarting beat is
-    enough. Return the PeriodicTask.
+    Idempotent: run by the data migration and at every beat start, before
+    the scheduler's first read (reminders.beat.ScanScheduler), so changing the
+    variable and restarting beat is enough. Safe for two beats starting at
+    once: IntervalSchedule has no unique key, so two may both create the same
+    interval; any one of them serves. Return the PeriodicTask.
     """
     if interval_model is None or task_model is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -38,7 +40,8 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
         interval_model = interval_model or IntervalSchedule
         task_model = task_model or PeriodicTask
     every = every or settings.REMINDERS_SCAN_INTERVAL
-    interval, _ = interval_model.objects.get_or_create(every=every, period="seconds")
+    same = interval_model.objects.filter(every=every, period="seconds")
+    interval = same.order_by("pk").first() or same.create(every=every, period="seconds")
     task, created = task_model.objects.get_or_create(
         name=SCAN_TASK_NAME,
         defaults={

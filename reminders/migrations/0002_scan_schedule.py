@@ -2,8 +2,8 @@
 
 An interval (not a crontab): the scan is "every N seconds", with no calendar
 meaning. The interval follows REMINDERS_SCAN_INTERVAL at every beat start
-(reminders.schedule.ensure_scan_schedule, called from beat_init), so changing
-the variable and restarting beat is enough.
+(reminders.schedule.ensure_scan_schedule, run by reminders.beat.ScanScheduler
+before its first read), so changing the variable and restarting beat is enough.
 """
 
 from django.db import migrations

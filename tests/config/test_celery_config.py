@@ -23,7 +23,7 @@ def test_effective_celery_configuration():
     assert longest < conf.task_soft_time_limit < conf.task_time_limit
     assert conf.task_time_limit < settings.REMINDERS_LEASE_SECONDS
     assert conf.worker_soft_shutdown_timeout >= bounds.stop_grace
-    assert conf.beat_scheduler == "django_celery_beat.schedulers:DatabaseScheduler"
+    assert conf.beat_scheduler == "reminders.beat:ScanScheduler"
     assert conf.timezone == "UTC"
     assert conf.enable_utc is True
     assert conf.task_serializer == "json"

@@ -211,13 +211,10 @@ def test_two_beat_processes_send_nothing_twice(
             def both_published() -> bool:
                 return all(any("Sending due task" in line for line in beat.lines) for beat in beats)
 
-            try:
-                _wait_until(both_published, timeout=60, what="both beats to publish a scan")
-            except AssertionError as exc:
-                # KNOWN ISSUE (issue 15 note, 2026-12-01): in 2 of 5 full runs the second
-                # beat hung after "beat: Starting..." and never published. Printed, not
-                # failed, until that hang is understood; the duplicate checks below stand.
-                print(f"{exc}\n" + "\n".join(f"{b.name}:\n{b.output()}" for b in beats))
+            # Each beat must publish within a few of the 5 s intervals. (Until reminders.beat,
+            # one beat of two started together could read the migration's 60 s interval
+            # and keep it: 2 of 5 full runs, and 1 of 8 runs under load, on 2026-12-01.)
+            _wait_until(both_published, timeout=30, what="both beats to publish a scan")
             _real.sleep_blocking(11)  # two more intervals: every scan now finds nothing
         finally:
             for beat in beats:
@@ -234,7 +231,7 @@ def test_two_beat_processes_send_nothing_twice(
     )
     # Both beats published (one beat alone must not pass this test), and every
     # published scan ran.
-    assert max(per_beat) >= 1, per_beat
+    assert min(per_beat) >= 1, per_beat
     assert len(scans) >= published
     assert len(per_pair) == 24 and set(per_pair.values()) == {1}
 

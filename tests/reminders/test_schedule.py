@@ -45,9 +45,28 @@ def test_migrating_back_and_forth_keeps_one_task():
     assert PeriodicTask.objects.filter(name=SCAN_TASK_NAME).count() == 1
 
 
-def test_beat_start_signal_syncs_the_schedule(settings):
-    from celery.signals import beat_init
+@pytest.mark.django_db(transaction=True)  # beat's scheduler commits and recycles connections
+def test_beat_reads_the_interval_of_the_setting_on_its_first_read(settings):
+    """The configured scheduler writes the scan's row before it reads the table: its very
+    first schedule already has the new interval. (The stock DatabaseScheduler, with the
+    sync on ``beat_init``, read the old one first, and a second beat starting at the same
+    moment could keep it for five minutes.)"""
+    from celery.utils.imports import symbol_by_name
 
-    settings.REMINDERS_SCAN_INTERVAL = 30
-    beat_init.send(sender=None)
-    assert PeriodicTask.objects.get(name=SCAN_TASK_NAME).interval.every == 30
+    from config.celery import app
+
+    settings.REMINDERS_SCAN_INTERVAL = 7
+    assert PeriodicTask.objects.get(name=SCAN_TASK_NAME).interval.every == 60
+    scheduler = symbol_by_name(app.conf.beat_scheduler)(app=app, lazy=False)
+    entry = scheduler.schedule[SCAN_TASK_NAME]
+    assert entry.schedule.run_every.total_seconds() == 7
+    assert PeriodicTask.objects.get(name=SCAN_TASK_NAME).interval.every == 7
+
+
+def test_two_intervals_of_the_same_length_do_not_stop_beat(settings):
+    """Two beats starting at once may each create the interval row (it has no unique key)."""
+    settings.REMINDERS_SCAN_INTERVAL = 9
+    IntervalSchedule.objects.create(every=9, period="seconds")
+    IntervalSchedule.objects.create(every=9, period="seconds")
+    task = ensure_scan_schedule()
+    assert task.interval.every == 9
