@@ -9,9 +9,10 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 # Tests talk to real servers; override these to point elsewhere.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/reminders
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
+TEST_PROCESS_REDIS_URL ?= redis://127.0.0.1:6379/14
 MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
-.PHONY: run test lint venv bench clean mutate
+.PHONY: run test test-units test-processes test-chaos lint venv bench clean mutate
 
 $(UV):
 	python3 -m pip install --user --quiet uv
@@ -37,10 +38,33 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 
+# `make test` runs the suite as three pytest processes at once, each with its own
+# database, Redis database and var dir: the chaos run (marker chaos: its own
+# servers, and most of its four minutes spent waiting out a killed worker's
+# lease), the tests that start real workers, beats and browsers (marker slow),
+# and the rest. Their output is printed group by group as each finishes.
+# `make test PYTEST_ARGS="tests/admin -x"` runs one pytest with those arguments.
+define pytest_in  # $(1) database URL, $(2) Redis URL, $(3) var dir under var/, $(4) arguments
+	DATABASE_URL=$(1) CELERY_BROKER_URL=$(2) SECRET_KEY=test-only \
+	REMINDERS_VAR_DIR=$(CURDIR)/var/$(3) \
+	$(VENV)/bin/pytest $(4)
+endef
+
 test: lint
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only \
-	REMINDERS_VAR_DIR=$(CURDIR)/var/test \
-	$(VENV)/bin/pytest $(PYTEST_ARGS)
+ifneq ($(strip $(PYTEST_ARGS)),)
+	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test,$(PYTEST_ARGS))
+else
+	@$(MAKE) --no-print-directory -j3 --output-sync=target test-chaos test-processes test-units
+endif
+
+test-units: venv
+	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test,-m "not slow")
+
+test-processes: venv
+	$(call pytest_in,$(TEST_DATABASE_URL)_processes,$(TEST_PROCESS_REDIS_URL),test-processes,-m "slow and not chaos")
+
+test-chaos: venv
+	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test-chaos,-m chaos)
 
 bench: venv
 	$(PY) -m bench.delivery
