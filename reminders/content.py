@@ -8,6 +8,7 @@ correctly. An iCalendar file with the start in UTC is attached.
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -77,16 +78,21 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
     )
 
 
+# Every line break Python's str.splitlines() knows, as one escaped "\\n" each.
+_ICS_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
+# Other control characters are not allowed in a TEXT value (RFC 5545, 3.1): dropped.
+_ICS_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+
+
 def _ics_text(value: str) -> str:
-    """Escape text for an iCalendar property value (RFC 5545, 3.3.11)."""
-    return (
-        value.replace("\\", "\\\\")
-        .replace(";", "\\;")
-        .replace(",", "\\,")
-        .replace("\r\n", "\\n")
-        .replace("\n", "\\n")
-        .replace("\r", "\\n")
-    )
+    """Escape text for an iCalendar property value (RFC 5545, 3.3.11).
+
+    Every kind of line break, Unicode's line and paragraph separators included,
+    becomes the escaped ``\\n``; other control characters are dropped (a tab
+    stays), so no value can end its line or start a property of its own.
+    """
+    value = value.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,")
+    return _ICS_CONTROLS.sub("", _ICS_BREAKS.sub("\\\\n", value))
 
 
 def _fold(line: str) -> str:

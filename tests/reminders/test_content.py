@@ -1,0 +1,83 @@
+"""What a reminder says: plain text stays plain, HTML is escaped, the .ics cannot be broken.
+
+Staff type workshop titles and attendees give their names: both reach the
+subject, the text and HTML bodies, the http body and the calendar file.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from reminders.content import reminder_envelope, workshop_ics
+from reminders.models import Reminder
+from reminders.services import reminders_plan
+
+pytestmark = pytest.mark.django_db
+
+MARKUP = """R&D <b>"Tools"</b> & 'friends' > others"""
+NAME = """Zoë O'Neil & <Co> "QA\""""
+
+
+@pytest.fixture
+def reminder(clock, make_workshop, make_attendee):
+    from workshops.services import enrollment_create
+
+    workshop = make_workshop(starts_in=timedelta(hours=2), title=MARKUP)
+    enrollment_create(attendee=make_attendee(name=NAME), workshop=workshop)
+    reminders_plan(clock=clock)
+    return Reminder.objects.select_related("attendee", "workshop").get(workshop=workshop)
+
+
+def test_subject_and_text_body_carry_the_title_and_name_exactly(reminder):
+    envelope = reminder_envelope(reminder=reminder)
+    assert envelope.subject.startswith(f"Reminder: {MARKUP} starts ")
+    name = reminder.attendee.name
+    assert name.startswith(NAME)
+    assert f"Hello {name}," in envelope.text_body
+    assert f'"{MARKUP}" starts on' in envelope.text_body
+    for text in (envelope.subject, envelope.text_body):
+        assert "&amp;" not in text and "&lt;" not in text and "&#x27;" not in text
+    assert envelope.payload["workshop_title"] == MARKUP
+
+
+def test_html_body_escapes_every_special_character(reminder):
+    html = reminder_envelope(reminder=reminder).html_body
+    assert "R&amp;D &lt;b&gt;&quot;Tools&quot;&lt;/b&gt; &amp; &#x27;friends&#x27; &gt; others" in (
+        html
+    )
+    assert "Zoë O&#x27;Neil &amp; &lt;Co&gt; &quot;QA&quot;" in html
+    assert "<b>" not in html and "<Co>" not in html
+
+
+def test_calendar_file_keeps_the_title_as_one_escaped_value(reminder):
+    ics = workshop_ics(reminder=reminder).decode()
+    unfolded = ics.replace("\r\n ", "")
+    assert f"SUMMARY:{MARKUP}" in unfolded  # no , ; \\ or line break in it to escape
+
+
+@pytest.mark.parametrize(
+    "title, summary",
+    [
+        ("a\nb", "a\\nb"),
+        ("a\r\nb", "a\\nb"),
+        ("a\rb", "a\\nb"),
+        ("a\u2028b", "a\\nb"),  # Unicode line separator
+        ("a\u2029b", "a\\nb"),  # paragraph separator
+        ("a\x85b\x0bc\x0cd", "a\\nb\\nc\\nd"),  # NEL, vertical tab, form feed
+        ("a\x00b\x1bc\x7fd", "abcd"),  # other control characters are dropped
+        ("a\tb", "a\tb"),
+        ("x;y,z\\w", "x\\;y\\,z\\\\w"),
+    ],
+)
+def test_no_character_of_a_title_can_end_its_line_in_the_calendar_file(reminder, title, summary):
+    reminder.workshop.title = title
+    ics = workshop_ics(reminder=reminder).decode()
+    lines = ics.replace("\r\n ", "").split("\r\n")
+    assert f"SUMMARY:{summary}" in lines
+    assert [line.split(":", 1)[0] for line in lines if line] == [
+        "BEGIN", "VERSION", "PRODID", "METHOD", "BEGIN", "UID", "DTSTAMP", "DTSTART",
+        "DTEND", "SUMMARY", "DESCRIPTION", "END", "END",
+    ]  # fmt: skip
+    assert not any(ch in ics for ch in "\u2028\u2029\x85\x0b\x0c\x00\x1b\x7f")
