@@ -177,6 +177,9 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+# The smtp channel never sends EMAIL_HOST_PASSWORD over an unencrypted
+# connection, unless this says the relay is on a trusted network.
+EMAIL_ALLOW_PLAINTEXT_AUTH = env_bool("EMAIL_ALLOW_PLAINTEXT_AUTH", False)
 EMAIL_TIMEOUT = env_int("EMAIL_TIMEOUT", 10, minimum=1, maximum=300, unit="seconds")
 DEFAULT_FROM_EMAIL = env_str("DEFAULT_FROM_EMAIL", "Workshop Reminders <reminders@example.com>")
 if EMAIL_USE_TLS and EMAIL_USE_SSL:

@@ -9,9 +9,10 @@
   ``550 ...``), a reply for the next DATA commands, or a delay before DATA
   is answered (a slow server).
 - Optional AUTH (PLAIN/LOGIN, allowed without TLS: this is loopback only).
-- Optional TLS: STARTTLS (required before MAIL) or implicit TLS, given an
-  ``ssl.SSLContext`` with a certificate; each message records whether it
-  came over TLS.
+- Optional TLS: STARTTLS (required before MAIL, or only offered with
+  ``require_starttls=False``) or implicit TLS, given an ``ssl.SSLContext``
+  with a certificate; each message and each login records whether it came
+  over TLS.
 
 In-process: ``with SmtpSink() as sink: ... sink.port ...``. As a process::
 
@@ -126,6 +127,7 @@ class SmtpSink:
         credentials: tuple[str, str] | None = None,
         tls_context: ssl.SSLContext | None = None,
         implicit_tls: bool = False,
+        require_starttls: bool = True,
     ) -> None:
         self.host = host
         self.port = port
@@ -134,6 +136,7 @@ class SmtpSink:
         self._credentials = credentials
         self._tls_context = tls_context
         self._implicit_tls = implicit_tls
+        self._require_starttls = require_starttls
         if implicit_tls and tls_context is None:
             raise ValueError("SmtpSink(implicit_tls=True) needs tls_context.")
         self._lock = threading.Lock()
@@ -152,6 +155,8 @@ class SmtpSink:
         self.messages: list[ReceivedMessage] = []
         self.connections_opened = 0
         self.logins: list[str] = []
+        #: Every AUTH received, right or wrong: (login, whether it came over TLS).
+        self.auth_attempts: list[tuple[str, bool]] = []
         self._peak_connections = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -165,7 +170,7 @@ class SmtpSink:
         if self._credentials is not None:
             options.update(auth_require_tls=False, authenticator=self._authenticate)
         if self._tls_context is not None and not self._implicit_tls:
-            options.update(tls_context=self._tls_context, require_starttls=True)
+            options.update(tls_context=self._tls_context, require_starttls=self._require_starttls)
         return _TrackingSMTP(self, **options)
 
     async def serve(self) -> asyncio.AbstractServer:
@@ -297,8 +302,10 @@ class SmtpSink:
             return AuthResult(success=False, handled=False)
         username, password = self._credentials
         ok = auth_data.login.decode() == username and auth_data.password.decode() == password
-        if ok:
-            with self._lock:
+        with self._lock:
+            tls = session.ssl is not None or _over_tls(server)
+            self.auth_attempts.append((auth_data.login.decode(), tls))
+            if ok:
                 self.logins.append(username)
         return AuthResult(success=ok, handled=False)
 

@@ -57,7 +57,9 @@ def smtp_settings() -> SmtpSettings:
         port=settings.EMAIL_PORT,
         username=settings.EMAIL_HOST_USER,
         password=settings.EMAIL_HOST_PASSWORD,
-        starttls=settings.EMAIL_USE_TLS,
+        # EMAIL_USE_TLS=1 requires STARTTLS; otherwise it is used whenever offered.
+        starttls=True if settings.EMAIL_USE_TLS else None,
+        allow_plaintext_auth=settings.EMAIL_ALLOW_PLAINTEXT_AUTH,
         use_tls=settings.EMAIL_USE_SSL,
         timeout=float(settings.EMAIL_TIMEOUT),
         from_email=settings.DEFAULT_FROM_EMAIL,

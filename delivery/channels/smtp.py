@@ -41,8 +41,14 @@ logger = logging.getLogger(__name__)
 class SmtpSettings:
     """Where and how to connect; plain values, e.g. copied from Django's EMAIL_* settings.
 
-    ``use_tls`` is implicit TLS (port 465, Django's EMAIL_USE_SSL);
-    ``starttls`` upgrades a plain connection (port 587, Django's EMAIL_USE_TLS).
+    ``use_tls`` is implicit TLS (port 465, Django's EMAIL_USE_SSL).
+    ``starttls`` upgrades a plain connection: ``None`` (the default) whenever
+    the server offers it, ``True`` always (Django's EMAIL_USE_TLS, port 587:
+    a server without it is an error), ``False`` never.
+
+    A login is only made over an encrypted connection: a server that offers
+    no TLS gets no password unless ``allow_plaintext_auth`` is set (a relay
+    on a trusted network; EMAIL_ALLOW_PLAINTEXT_AUTH).
     """
 
     host: str
@@ -51,7 +57,8 @@ class SmtpSettings:
     username: str = ""
     password: str = field(default="", repr=False)
     use_tls: bool = False
-    starttls: bool = False
+    starttls: bool | None = None
+    allow_plaintext_auth: bool = False
     timeout: float = 10.0
     max_connections: int = 1
     message_id_domain: str = ""
@@ -133,11 +140,10 @@ class SmtpChannel:
 
     async def _connect(self) -> aiosmtplib.SMTP:
         settings = self.settings
+        # The login is ours, after the TLS decision, not aiosmtplib's on connect.
         connection = aiosmtplib.SMTP(
             hostname=settings.host,
             port=settings.port,
-            username=settings.username or None,
-            password=settings.password or None,
             use_tls=settings.use_tls,
             start_tls=settings.starttls,
             timeout=settings.timeout,
@@ -146,6 +152,9 @@ class SmtpChannel:
         )
         try:
             await connection.connect()
+            if settings.username:
+                self._refuse_plaintext_login(connection)
+                await connection.login(settings.username, settings.password)
         except asyncio.CancelledError:
             connection.close()
             raise
@@ -171,6 +180,19 @@ class SmtpChannel:
             ) from exc
         self.connections_opened += 1
         return connection
+
+    def _refuse_plaintext_login(self, connection: aiosmtplib.SMTP) -> None:
+        encrypted = connection.get_transport_info("sslcontext") is not None
+        if encrypted or self.settings.allow_plaintext_auth:
+            return
+        connection.close()
+        raise PermanentError(
+            f"SMTP server {self.settings.host}:{self.settings.port} offers no TLS, so the "
+            "password would cross the network in clear text; nothing was sent. Enable "
+            "STARTTLS on the server, use implicit TLS (EMAIL_USE_SSL=1), or, for a relay on "
+            "a trusted network only, set EMAIL_ALLOW_PLAINTEXT_AUTH=1",
+            reached=False,
+        )
 
     async def send(self, envelope: Envelope) -> str:
         if self._slots is None:

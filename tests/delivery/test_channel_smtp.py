@@ -211,8 +211,9 @@ def test_login_with_credentials_and_a_wrong_password_fails_permanently(
     system_clock, make_real_envelope
 ):
     with SmtpSink(credentials=("mailer", "correct")) as sink:
-        good = channel_for(sink, system_clock, username="mailer", password="correct")
-        bad = channel_for(sink, system_clock, username="mailer", password="wrong")
+        login = {"username": "mailer", "allow_plaintext_auth": True}
+        good = channel_for(sink, system_clock, password="correct", **login)
+        bad = channel_for(sink, system_clock, password="wrong", **login)
 
         [sent] = run(deliver([make_real_envelope()], good, policy=QUICK, clock=system_clock))
         [refused] = run(deliver([make_real_envelope()], bad, policy=QUICK, clock=system_clock))
@@ -300,3 +301,73 @@ def test_implicit_tls_connects_over_tls_from_the_first_byte(
 
         assert result.outcome is Outcome.SENT
         assert [m.tls for m in sink.received()] == [True]
+
+
+# --- Issue 11, item 3: STARTTLS whenever offered, no password in clear text ----------
+
+
+def test_starttls_is_used_whenever_the_server_offers_it(
+    server_tls, system_clock, make_real_envelope
+):
+    """The default (starttls=None, EMAIL_USE_TLS unset) upgrades when STARTTLS is offered."""
+    with SmtpSink(tls_context=server_tls, require_starttls=False) as sink:
+        channel = channel_for(sink, system_clock, validate_certs=False)
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert result.outcome is Outcome.SENT
+        assert [m.tls for m in sink.received()] == [True]
+
+
+def test_a_login_happens_only_after_the_upgrade(server_tls, system_clock, make_real_envelope):
+    with SmtpSink(
+        tls_context=server_tls, require_starttls=False, credentials=("mailer", "secret")
+    ) as sink:
+        channel = channel_for(
+            sink, system_clock, username="mailer", password="secret", validate_certs=False
+        )
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert result.outcome is Outcome.SENT
+        assert sink.auth_attempts == [("mailer", True)]
+        assert [m.tls for m in sink.received()] == [True]
+
+
+def test_no_password_is_sent_to_a_server_without_tls(system_clock, make_real_envelope):
+    """The server would accept AUTH in clear text: the channel refuses to offer it."""
+    with SmtpSink(credentials=("mailer", "secret")) as sink:
+        channel = channel_for(sink, system_clock, username="mailer", password="secret")
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert sink.auth_attempts == []
+        assert sink.received() == []
+    assert (result.outcome, result.provider_reached) == (Outcome.PERMANENT, False)
+    assert "offers no TLS, so the password would cross the network in clear text" in (result.error)
+    assert "EMAIL_ALLOW_PLAINTEXT_AUTH=1" in result.error
+    assert "secret" not in result.error
+
+
+def test_plaintext_login_is_allowed_only_when_the_operator_says_so(
+    system_clock, make_real_envelope
+):
+    with SmtpSink(credentials=("mailer", "secret")) as sink:
+        channel = channel_for(
+            sink, system_clock, username="mailer", password="secret", allow_plaintext_auth=True
+        )
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert result.outcome is Outcome.SENT
+        assert sink.auth_attempts == [("mailer", False)]
+
+
+def test_django_settings_map_to_starttls_when_offered_and_no_plaintext_login(settings):
+    from reminders.bridge import smtp_settings
+
+    settings.EMAIL_USE_TLS = False
+    assert (smtp_settings().starttls, smtp_settings().allow_plaintext_auth) == (None, False)
+    settings.EMAIL_USE_TLS = True
+    settings.EMAIL_ALLOW_PLAINTEXT_AUTH = True
+    assert (smtp_settings().starttls, smtp_settings().allow_plaintext_auth) == (True, True)
