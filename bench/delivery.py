@@ -43,7 +43,7 @@ import httpx
 from clock import SystemClock
 from delivery import DeliveryPolicy, Envelope, Outcome, deliver_sync
 from delivery.channels import HttpChannel, HttpSettings
-from delivery.channels.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, encode_body, sign
+from delivery.channels.http import encode_body, signed_headers
 from delivery.limiter import DEFAULT_MARGIN, LocalRateLimiter, RedisRateLimiter
 from loopback.windows import max_in_window
 
@@ -126,12 +126,9 @@ def run_baseline(sink: Sink, count: int, clock: SystemClock) -> float:
             response = client.post(
                 sink.url,
                 content=body,
-                headers={
-                    "Content-Type": "application/json",
-                    "Idempotency-Key": envelope.key,
-                    TIMESTAMP_HEADER: timestamp,
-                    SIGNATURE_HEADER: sign(SECRET, timestamp, body),
-                },
+                headers=signed_headers(
+                    secret=SECRET, key=envelope.key, body=body, timestamp=timestamp
+                ),
             )
             response.raise_for_status()
     return count / (clock.monotonic() - began)

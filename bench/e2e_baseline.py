@@ -25,7 +25,7 @@ from celery import shared_task
 from django.conf import settings
 
 from clock import default_clock
-from delivery.channels.http import SIGNATURE_HEADER, TIMESTAMP_HEADER, encode_body, sign
+from delivery.channels.http import encode_body, signed_headers
 from reminders.content import reminder_envelope
 from reminders.models import Reminder
 
@@ -51,12 +51,9 @@ def baseline_send(reminder_id: int) -> str:
     response = _http().post(
         settings.REMINDERS_HTTP_URL,
         content=body,
-        headers={
-            "Content-Type": "application/json",
-            "Idempotency-Key": envelope.key,
-            TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: sign(settings.REMINDERS_HTTP_SECRET, timestamp, body),
-        },
+        headers=signed_headers(
+            secret=settings.REMINDERS_HTTP_SECRET, key=envelope.key, body=body, timestamp=timestamp
+        ),
     )
     response.raise_for_status()
     message_id = response.json().get("message_id", "")

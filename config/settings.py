@@ -25,6 +25,7 @@ from config.env import (
     env_str,
 )
 from config.timing import TimeBounds
+from delivery.redact import redact_text, redact_url
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 VAR_DIR = Path(env_str("REMINDERS_VAR_DIR", str(BASE_DIR / "var")))
@@ -98,7 +99,8 @@ try:
 except (ValueError, dj_database_url.UnknownSchemeError) as exc:
     raise ImproperlyConfigured(
         "DATABASE_URL must be a database URL such as "
-        f"postgres://user:password@host:5432/name or sqlite:///path/to/file.sqlite3 ({exc})."
+        "postgres://user:password@host:5432/name or sqlite:///path/to/file.sqlite3 "
+        f"({redact_text(str(exc))})."
     ) from None
 
 if _database["ENGINE"] == "django.db.backends.sqlite3":
@@ -158,13 +160,22 @@ if env_bool("BEHIND_TLS_PROXY", False):
 
 # --- Logging ----------------------------------------------------------------
 
+# Error pages (DEBUG) and error mails hide every setting and environment
+# variable named like a credential, URLs included (config/reporting.py).
+DEFAULT_EXCEPTION_REPORTER_FILTER = "config.reporting.SecretsFilter"
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
     "formatters": {
         "plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
     },
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    # Every line, the libraries' too (httpx logs each request's URL), passes
+    # through the redaction of URL passwords and query values.
+    "filters": {"redact": {"()": "config.reporting.RedactSecrets"}},
+    "handlers": {
+        "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
+    },
     "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
 }
 
@@ -247,6 +258,9 @@ REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
 # each send also goes to these, the next one after the stagger (or at once when
 # the previous failed), and the first acceptance wins; the others are cancelled.
 REMINDERS_HTTP_HEDGE_URLS = env_list("REMINDERS_HTTP_HEDGE_URLS")
+# Plain http:// is refused for any host but this machine unless this is set
+# (a provider on a trusted network): reminders carry attendees' names and addresses.
+REMINDERS_HTTP_ALLOW_INSECURE = env_bool("REMINDERS_HTTP_ALLOW_INSECURE", False)
 REMINDERS_HTTP_HEDGE_STAGGER = env_float(
     "REMINDERS_HTTP_HEDGE_STAGGER", 0.5, minimum=0, maximum=60, unit="seconds"
 )
@@ -254,7 +268,7 @@ for _url in REMINDERS_HTTP_HEDGE_URLS:
     if not _url.startswith(("http://", "https://")) or _url == REMINDERS_HTTP_URL:
         raise ImproperlyConfigured(
             "REMINDERS_HTTP_HEDGE_URLS must list http(s) URLs other than REMINDERS_HTTP_URL, "
-            f"comma-separated; got {_url!r}."
+            f"comma-separated; got {redact_url(_url)!r}."
         )
 REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
 # Where the cross-worker rate limiter keeps its window. Defaults to the broker
@@ -310,7 +324,7 @@ elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
 else:
     raise ImproperlyConfigured(
         "CELERY_BROKER_URL must be redis://host:6379/0 (production) or filesystem:// "
-        f"(local run); got {CELERY_BROKER_URL!r}."
+        f"(local run); got {redact_url(CELERY_BROKER_URL)!r}."
     )
 
 CELERY_RESULT_BACKEND = None

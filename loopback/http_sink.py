@@ -9,7 +9,8 @@ one implementation against itself.
   and is counted as a duplicate. A request is accepted when it *arrives*,
   before any configured delay, so a client that times out has still been
   served (the "answer lost" case).
-- Verifies ``X-Reminders-Signature`` when given the secret (401 otherwise).
+- Verifies ``X-Reminders-Signature`` (contract version 2) when given the
+  secret: 401 when it is missing, malformed or wrong, never a 500.
 - Misbehaves at runtime: ``delay`` (slow answers), ``fail_status`` for the
   next ``fail_next`` requests (or all), ``retry_after`` on 429/503 answers,
   per-key scripted statuses, and a server-side ``rate_limit`` of N requests
@@ -38,6 +39,7 @@ import hashlib
 import hmac
 import json
 import math
+import re
 import signal
 import threading
 from collections import Counter, deque
@@ -54,6 +56,7 @@ MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # How far a signed timestamp may be from the sink's clock.
 SIGNATURE_TOLERANCE = 300
+_SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 _REASONS = {
     200: "OK",
     400: "Bad Request",
@@ -446,16 +449,19 @@ class HttpSink:
         return {"Retry-After": f"{settings.retry_after:g}"}
 
     def _signature_ok(self, parsed: _Parsed, secret: str) -> bool:
+        """Check the contract's version 2 signature; anything malformed is simply not valid."""
         timestamp = parsed.headers.get("x-reminders-timestamp", "")
         signature = parsed.headers.get("x-reminders-signature", "")
-        if not timestamp.isdigit() or not signature.startswith("sha256="):
+        key = parsed.headers.get("idempotency-key", "")
+        if not (timestamp.isascii() and timestamp.isdigit() and len(timestamp) <= 12):
+            return False
+        if not _SIGNATURE.fullmatch(signature) or not key.isascii():
             return False
         if abs(int(timestamp) - self._clock.now().timestamp()) > SIGNATURE_TOLERANCE:
             return False
-        expected = hmac.new(
-            secret.encode(), timestamp.encode() + b"." + parsed.body, hashlib.sha256
-        ).hexdigest()
-        return hmac.compare_digest(expected, signature.removeprefix("sha256="))
+        message = b"\n".join((timestamp.encode(), key.encode(), parsed.body))
+        expected = hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
+        return hmac.compare_digest(f"sha256={expected}".encode(), signature.encode())
 
     def _control(self, method: str, path: str, body: bytes) -> tuple[int, Any, dict[str, str]]:
         if path == "/_stats" and method == "GET":

@@ -118,6 +118,7 @@ def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
             timeout=settings.REMINDERS_CALL_TIMEOUT,
             hedge_urls=tuple(settings.REMINDERS_HTTP_HEDGE_URLS),
             hedge_stagger=settings.REMINDERS_HTTP_HEDGE_STAGGER,
+            allow_insecure_http=settings.REMINDERS_HTTP_ALLOW_INSECURE,
         )
         return lambda: HttpChannel(values, clock=clock)
     if name == "file":

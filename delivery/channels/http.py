@@ -19,6 +19,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
+import ipaddress
 import json
 import logging
 import math
@@ -29,7 +30,7 @@ from datetime import datetime
 from email.utils import parsedate_to_datetime
 from types import TracebackType
 from typing import Self
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import httpx
 
@@ -43,12 +44,14 @@ from delivery.errors import (
     TransientError,
 )
 from delivery.hedge import hedged_send
+from delivery.redact import redact_text, redact_url
 
 __all__ = [
     "HttpSettings",
     "HttpChannel",
     "encode_body",
     "sign",
+    "signed_headers",
     "parse_retry_after",
     "SIGNATURE_HEADER",
     "TIMESTAMP_HEADER",
@@ -57,7 +60,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-CONTRACT_VERSION = 1
+# 2: the signature covers the Idempotency-Key too (HTTP_CONTRACT.md, "Changes").
+CONTRACT_VERSION = 2
 SIGNATURE_HEADER = "X-Reminders-Signature"
 TIMESTAMP_HEADER = "X-Reminders-Timestamp"
 USER_AGENT = "workshop-reminders-delivery/1"
@@ -80,6 +84,8 @@ class HttpSettings:
     hedge_stagger: float = 0.0
     max_connections: int = 100
     headers: Mapping[str, str] = field(default_factory=FrozenMap)
+    #: Plain http:// to a host other than this machine (REMINDERS_HTTP_ALLOW_INSECURE).
+    allow_insecure_http: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hedge_urls", tuple(self.hedge_urls))
@@ -88,8 +94,15 @@ class HttpSettings:
             parts = urlsplit(url or "")
             if parts.scheme not in ("http", "https") or not parts.netloc:
                 raise ValueError(
-                    f"HttpSettings.{name} {url!r} is not an http(s) URL; pass the provider's "
-                    "endpoint, e.g. https://notify.example.com/v1/reminders."
+                    f"HttpSettings.{name} {redact_url(url)!r} is not an http(s) URL; pass the "
+                    "provider's endpoint, e.g. https://notify.example.com/v1/reminders."
+                )
+            if parts.scheme == "http" and not self.allow_insecure_http and not _loopback(parts):
+                raise ValueError(
+                    f"HttpSettings.{name} {redact_url(url)!r} is plain http to another machine: "
+                    "attendees' names, addresses and the signed requests would cross the "
+                    "network unencrypted. Use https://, or set REMINDERS_HTTP_ALLOW_INSECURE=1 "
+                    "for a provider on a trusted network."
                 )
         if len(set((self.url, *self.hedge_urls))) != 1 + len(self.hedge_urls):
             raise ValueError("HttpSettings.hedge_urls repeats a URL; list each endpoint once.")
@@ -141,10 +154,39 @@ def encode_body(envelope: Envelope) -> bytes:
     return json.dumps(document, ensure_ascii=False, sort_keys=True, separators=(",", ":")).encode()
 
 
-def sign(secret: str, timestamp: str, body: bytes) -> str:
-    """Return the signature header value: HMAC-SHA256 over ``timestamp + "." + body``."""
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+def _loopback(parts: SplitResult) -> bool:
+    host = (parts.hostname or "").rstrip(".").lower()
+    if host == "localhost" or host.endswith(".localhost"):
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
+    """Return the signature header value (contract version 2).
+
+    HMAC-SHA256, keyed by ``secret``, over ``timestamp LF key LF body``: the
+    timestamp is digits and a header value holds no line break, so the three
+    parts cannot be shifted into one another.
+    """
+    if not key.isascii() or "\r" in key or "\n" in key:
+        raise ValueError(f"An idempotency key must be ASCII on one line; got {key!r}.")
+    message = b"\n".join((timestamp.encode("ascii"), key.encode("ascii"), body))
+    digest = hmac.new(secret.encode(), message, hashlib.sha256)
     return f"sha256={digest.hexdigest()}"
+
+
+def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dict[str, str]:
+    """Return the contract's request headers for one body, signed at ``timestamp``."""
+    return {
+        "Content-Type": "application/json; charset=utf-8",
+        "Accept": "application/json",
+        "Idempotency-Key": key,
+        TIMESTAMP_HEADER: timestamp,
+        SIGNATURE_HEADER: sign(secret, timestamp, key, body),
+    }
 
 
 def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
@@ -272,13 +314,9 @@ class HttpChannel:
             raise RuntimeError("HttpChannel.send() needs the channel open: use 'async with'.")
         body = encode_body(envelope)
         timestamp = str(int(self._clock.now().timestamp()))
-        headers = {
-            "Content-Type": "application/json; charset=utf-8",
-            "Accept": "application/json",
-            "Idempotency-Key": envelope.key,
-            TIMESTAMP_HEADER: timestamp,
-            SIGNATURE_HEADER: sign(self.settings.secret, timestamp, body),
-        }
+        headers = signed_headers(
+            secret=self.settings.secret, key=envelope.key, body=body, timestamp=timestamp
+        )
         # The least busy client has a free connection whenever the channel as a
         # whole has one, so no request waits in one pool while another idles.
         index = min(range(len(self._clients)), key=self._in_flight.__getitem__)
@@ -287,11 +325,14 @@ class HttpChannel:
             response = await self._clients[index].post(url, content=body, headers=headers)
         except (httpx.ConnectError, httpx.ConnectTimeout, httpx.PoolTimeout) as exc:
             raise TransientError(
-                f"could not connect to {url}: {type(exc).__name__}: {exc}", reached=False
+                f"could not connect to {redact_url(url)}: {type(exc).__name__}: "
+                f"{redact_text(str(exc))}",
+                reached=False,
             ) from exc
         except httpx.TransportError as exc:
             raise OutcomeUnknownError(
-                f"request to {url} failed after it was sent: {type(exc).__name__}: {exc}"
+                f"request to {redact_url(url)} failed after it was sent: {type(exc).__name__}: "
+                f"{redact_text(str(exc))}"
             ) from exc
         finally:
             self._in_flight[index] -= 1
@@ -302,7 +343,7 @@ class HttpChannel:
         if 200 <= status < 300:
             return self._message_id(url, envelope, response)
         retry_after = parse_retry_after(response.headers.get("Retry-After"), now=self._clock.now())
-        text = f"HTTP {status} from {url}: {_error_text(response)}"
+        text = redact_text(f"HTTP {status} from {url}: {_error_text(response)}")
         if status == 429:
             raise RateLimitedError(text, retry_after)
         if status >= 500 or status in _TRANSIENT_STATUSES:
@@ -320,7 +361,7 @@ class HttpChannel:
         # Accepted is accepted: failing here would invite a duplicate send.
         logger.warning(
             "%s accepted reminder %s without a message_id in its answer",
-            url,
+            redact_url(url),
             envelope.reminder_id,
         )
         return ""

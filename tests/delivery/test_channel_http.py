@@ -44,7 +44,7 @@ def test_a_reminder_is_posted_as_signed_json_with_its_idempotency_key(
     assert request.headers["idempotency-key"] == envelope.key
     assert request.headers["x-reminders-signature"].startswith("sha256=")
     assert request.json() == {
-        "version": 1,
+        "version": 2,
         "key": envelope.key,
         "reminder_id": envelope.reminder_id,
         "recipient": {"email": envelope.recipient, "name": envelope.recipient_name},
@@ -214,14 +214,44 @@ def test_hedged_urls_return_the_fastest_provider_and_drop_the_slow_one(
     [
         ({"url": "", "secret": "s"}, "HttpSettings.url '' is not an http(s) URL"),
         ({"url": "ftp://x/y", "secret": "s"}, "HttpSettings.url 'ftp://x/y' is not an http(s) URL"),
-        ({"url": "http://x/y", "secret": ""}, "HttpSettings.secret is empty"),
-        ({"url": "http://x/y", "secret": "s", "hedge_urls": ["http://x/y"]}, "repeats a URL"),
-        ({"url": "http://x/y", "secret": "s", "timeout": 0}, "timeout must be seconds > 0"),
+        ({"url": "https://x/y", "secret": ""}, "HttpSettings.secret is empty"),
+        ({"url": "https://x/y", "secret": "s", "hedge_urls": ["https://x/y"]}, "repeats a URL"),
+        ({"url": "https://x/y", "secret": "s", "timeout": 0}, "timeout must be seconds > 0"),
+        (
+            {"url": "http://notify.example.com/r?token=t0ps3cret", "secret": "s"},
+            "HttpSettings.url 'http://notify.example.com/r?token=***' is plain http to another "
+            "machine",
+        ),
+        (
+            {"url": "https://a/r", "hedge_urls": ["http://10.0.0.7/r"], "secret": "s"},
+            "HttpSettings.hedge_urls 'http://10.0.0.7/r' is plain http to another machine",
+        ),
     ],
 )
 def test_missing_or_bad_settings_fail_at_construction(settings, message):
     with pytest.raises(ValueError, match=re.escape(message)):
         HttpSettings(**settings)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "http://127.0.0.1:8080/r",
+        "http://127.8.9.10/r",
+        "http://[::1]:9000/r",
+        "http://localhost/r",
+        "http://api.localhost/r",
+    ],
+)
+def test_plain_http_is_accepted_to_this_machine(url):
+    assert HttpSettings(url=url, secret="s").url == url
+
+
+def test_plain_http_to_another_machine_needs_the_operators_consent():
+    url = "http://notify.internal/r"
+    assert HttpSettings(url=url, secret="s", allow_insecure_http=True).url == url
+    with pytest.raises(ValueError, match="REMINDERS_HTTP_ALLOW_INSECURE=1"):
+        HttpSettings(url=url, secret="s")
 
 
 def test_retry_after_is_read_as_seconds_or_as_an_http_date():

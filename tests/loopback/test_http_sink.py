@@ -22,7 +22,9 @@ BODY = b'{"key":"k1","version":1}'
 
 def signed_headers(secret: str, body: bytes, key: str = "k1") -> dict[str, str]:
     timestamp = str(int(SystemClock().now().timestamp()))
-    digest = hmac.new(secret.encode(), timestamp.encode() + b"." + body, hashlib.sha256)
+    # Contract version 2, computed here independently of the sender's code.
+    message = timestamp.encode() + b"\n" + key.encode() + b"\n" + body
+    digest = hmac.new(secret.encode(), message, hashlib.sha256)
     return {
         "Idempotency-Key": key,
         "X-Reminders-Timestamp": timestamp,

@@ -1,0 +1,45 @@
+"""What error reports and log lines may show.
+
+``RedactSecrets`` (LOGGING's console handler) masks the password and query
+values of every URL in a log line, whichever library wrote it
+(delivery.redact).
+
+``SecretsFilter`` is Django's DEFAULT_EXCEPTION_REPORTER_FILTER.
+
+Django already hides settings and request variables whose names hold API,
+AUTH, TOKEN, KEY, SECRET, PASS, SIGNATURE or HTTP_COOKIE. This project's
+credentials also live in URLs (CELERY_BROKER_URL, REMINDERS_REDIS_URL,
+DATABASE_URL, REMINDERS_HTTP_URL and REMINDERS_HTTP_HEDGE_URLS carry
+passwords and tokens), so with DEBUG on, or in an error mail, any setting or
+environment variable with URL or DSN in its name is hidden too.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+
+from django.views.debug import SafeExceptionReporterFilter
+
+from delivery.redact import redact_text
+
+
+class RedactSecrets(logging.Filter):
+    """Rewrite each record's message with its URLs' credentials masked; drop none."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        redacted = redact_text(message)
+        if redacted != message:
+            record.msg, record.args = redacted, None
+        if record.exc_info and not record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
+            record.exc_text = redact_text(record.exc_text)
+        return True
+
+
+class SecretsFilter(SafeExceptionReporterFilter):
+    hidden_settings = re.compile(
+        "API|AUTH|TOKEN|KEY|SECRET|PASS|SIGNATURE|HTTP_COOKIE|URL|DSN", flags=re.IGNORECASE
+    )

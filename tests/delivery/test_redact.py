@@ -1,0 +1,90 @@
+"""No password or token of a URL reaches an error, a log line or ``last_error`` (issue 11, item 5)."""
+
+from __future__ import annotations
+
+import logging
+import socket
+
+import pytest
+
+from delivery import DeliveryPolicy, Outcome, deliver
+from delivery.channels import HttpChannel, HttpSettings
+from delivery.redact import redact_text, redact_url
+from loopback.http_sink import HttpSink
+from tests.delivery.conftest import run
+
+QUICK = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=2, backoff_base=0.01)
+TOKEN = "Tk-9f3a7c1e"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:Tk-9f3a7c1e@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("postgres://app:Tk-9f3a7c1e@db:5432/x", "postgres://app:***@db:5432/x"),
+        ("https://Tk-9f3a7c1e@hooks.example.com/r", "https://***@hooks.example.com/r"),
+        (
+            "https://n.example.com/r?token=Tk-9f3a7c1e&v=2",
+            "https://n.example.com/r?token=***&v=***",
+        ),
+        ("https://n.example.com/r?Tk-9f3a7c1e", "https://n.example.com/r?***"),
+        ("https://n.example.com/r#Tk-9f3a7c1e", "https://n.example.com/r"),
+        ("https://n.example.com:8443/v1/r", "https://n.example.com:8443/v1/r"),
+        ("http://[::1/r", "***"),  # unparseable: masked whole
+    ],
+)
+def test_a_url_keeps_where_it_points_and_loses_its_credentials(url, shown):
+    assert redact_url(url) == shown
+
+
+def test_every_url_inside_a_message_is_redacted():
+    text = f"could not reach redis://:{TOKEN}@r:6379/0 nor 'https://h/x?k={TOKEN}'; giving up"
+    assert redact_text(text) == (
+        "could not reach redis://:***@r:6379/0 nor 'https://h/x?k=***'; giving up"
+    )
+
+
+def _own_log_lines(caplog) -> str:
+    """What this project's loggers wrote (libraries' lines are redacted by the handler:
+    tests/config/test_secrets.py)."""
+    return "\n".join(r.getMessage() for r in caplog.records if r.name.startswith("delivery"))
+
+
+def _deliver(url: str, system_clock, make_real_envelope, caplog):
+    channel = HttpChannel(HttpSettings(url=url, secret="s", timeout=5), clock=system_clock)
+    with caplog.at_level(logging.DEBUG):
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+    return result
+
+
+@pytest.mark.parametrize("status", [500, 404, 429])
+def test_an_http_error_names_the_endpoint_without_its_token(
+    status, system_clock, make_real_envelope, caplog
+):
+    with HttpSink(secret="s") as sink:
+        sink.configure(fail_status=status, retry_after=0.01)
+        result = _deliver(f"{sink.url}?token={TOKEN}", system_clock, make_real_envelope, caplog)
+    assert result.outcome is not Outcome.SENT
+    assert f"HTTP {status} from {sink.url}?token=***" in result.error
+    assert TOKEN not in result.error
+    assert TOKEN not in _own_log_lines(caplog)
+
+
+def test_a_connection_error_names_the_endpoint_without_its_token(
+    system_clock, make_real_envelope, caplog
+):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]  # closed once the block ends: nothing listens
+    url = f"http://user:{TOKEN}@127.0.0.1:{port}/r?token={TOKEN}"
+    result = _deliver(url, system_clock, make_real_envelope, caplog)
+    assert result.outcome is Outcome.TRANSIENT
+    assert f"could not connect to http://user:***@127.0.0.1:{port}/r?token=***" in result.error
+    assert TOKEN not in result.error
+    assert TOKEN not in _own_log_lines(caplog)
+
+
+def test_a_refused_setting_does_not_echo_the_token():
+    with pytest.raises(ValueError) as refused:
+        HttpSettings(url=f"http://notify.example.com/r?token={TOKEN}", secret="s")
+    assert TOKEN not in str(refused.value)
