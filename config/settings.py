@@ -176,7 +176,12 @@ LOGGING = {
     "handlers": {
         "console": {"class": "logging.StreamHandler", "formatter": "plain", "filters": ["redact"]}
     },
-    "root": {"handlers": ["console"], "level": env_str("LOG_LEVEL", "INFO").upper()},
+    "root": {
+        "handlers": ["console"],
+        "level": env_choice(
+            "LOG_LEVEL", "info", ("debug", "info", "warning", "error", "critical")
+        ).upper(),
+    },
 }
 
 # --- Email (Django's own names; the smtp and django channels read them) -----
@@ -274,6 +279,11 @@ REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox"))
 # Where the cross-worker rate limiter keeps its window. Defaults to the broker
 # when that is Redis; with no Redis the limiter is per process.
 REMINDERS_REDIS_URL = env_str("REMINDERS_REDIS_URL")
+if REMINDERS_REDIS_URL and not REMINDERS_REDIS_URL.startswith(("redis://", "rediss://")):
+    raise ImproperlyConfigured(
+        "REMINDERS_REDIS_URL must be a redis:// or rediss:// URL such as "
+        f"redis://redis:6379/1, or unset; got {redact_url(REMINDERS_REDIS_URL)!r}."
+    )
 if REMINDERS_CHANNEL == "http" and not REMINDERS_HTTP_URL:
     raise ImproperlyConfigured(
         "REMINDERS_HTTP_URL must be set when REMINDERS_CHANNEL=http: the URL the reminders "
@@ -396,10 +406,11 @@ DJANGO_CELERY_BEAT_TZ_AWARE = True
 REMINDERS_KEY_PREFIX = env_str("REMINDERS_KEY_PREFIX", "rem")
 if (
     not REMINDERS_KEY_PREFIX.replace("-", "").replace("_", "").isalnum()
+    or not REMINDERS_KEY_PREFIX.isascii()
     or len(REMINDERS_KEY_PREFIX) > 20
 ):
     raise ImproperlyConfigured(
-        "REMINDERS_KEY_PREFIX must be 1-20 letters, digits, '-' or '_'; "
+        "REMINDERS_KEY_PREFIX must be 1-20 ASCII letters, digits, '-' or '_'; "
         f"got {REMINDERS_KEY_PREFIX!r}."
     )
 

@@ -26,11 +26,19 @@ def scan() -> dict[str, int]:
     return pipeline.scan()
 
 
+# The largest primary key the database can hold (BigAutoField: a signed 64-bit
+# integer on PostgreSQL and SQLite). A larger id names no reminder that can exist.
+MAX_ID = 2**63 - 1
+
+
 def parse_ids(value: object) -> list[int] | None:
-    """Return the list of positive int ids in ``value``, or None when it is malformed."""
+    """Return the list of ids in ``value`` (ints from 1 to MAX_ID), or None when it is malformed."""
     if not isinstance(value, list) or not value or len(value) > settings.REMINDERS_BATCH_SIZE * 10:
         return None
-    if not all(isinstance(item, int) and not isinstance(item, bool) and item > 0 for item in value):
+    if not all(
+        isinstance(item, int) and not isinstance(item, bool) and 0 < item <= MAX_ID
+        for item in value
+    ):
         return None
     return list(dict.fromkeys(value))
 

@@ -44,6 +44,18 @@ def _start(**env: str) -> subprocess.CompletedProcess:
             {"REMINDERS_CHANNEL": "pigeon"},
             "REMINDERS_CHANNEL must be one of file, smtp, http, django; got 'pigeon'.",
         ),
+        (
+            {"REMINDERS_KEY_PREFIX": "clé"},
+            "REMINDERS_KEY_PREFIX must be 1-20 ASCII letters, digits, '-' or '_'; got 'clé'.",
+        ),
+        (
+            {"REMINDERS_REDIS_URL": "redis-host:6379"},
+            "REMINDERS_REDIS_URL must be a redis:// or rediss:// URL",
+        ),
+        (
+            {"LOG_LEVEL": "verbose"},
+            "LOG_LEVEL must be one of debug, info, warning, error, critical; got 'verbose'.",
+        ),
         ({"DEBUG": "maybe"}, "DEBUG must be a boolean"),
         ({"SECRET_KEY": "", "DEBUG": "0"}, "SECRET_KEY must be set when DEBUG is off"),
         (

@@ -10,10 +10,20 @@ from reminders.tasks import deliver_batch, parse_ids
 
 @pytest.mark.parametrize(
     "value",
-    [None, "1,2", [], ["1"], [1.5], [0], [-3], [True], {"ids": [1]}, list(range(1, 2000))],
-)
+    [
+        None, "1,2", [], ["1"], [1.5], [0], [-3], [True], {"ids": [1]}, list(range(1, 2000)),
+        [1, 2**63], [10**30],
+    ],
+)  # fmt: skip
 def test_malformed_ids_are_refused(value):
     assert parse_ids(value) is None
+
+
+@pytest.mark.django_db
+def test_the_largest_id_the_database_holds_is_accepted_and_one_more_is_rejected(caplog):
+    """An id past the bigint range would fail inside the query; it is refused up front."""
+    assert deliver_batch.run([2**63 - 1]) == {"skipped": 1}  # no such reminder: a no-op
+    assert deliver_batch.run([2**63]) == {"rejected": 1}
 
 
 def test_ids_are_deduplicated_in_order():
