@@ -8,7 +8,13 @@ previews the outcome:
 - "Replay selected reminders" (and "Replay reminders for selected workshops"
   on workshops), permission ``reminders.replay_reminder``;
 - "Decide reminders of unknown outcome", permission
-  ``reminders.resolve_unknown_reminder``, with a required reason.
+  ``reminders.resolve_unknown_reminder``, with a required reason;
+- "Cancel selected workshops" and "Reinstate selected workshops", permission
+  ``workshops.cancel_workshop``, with a required reason
+  (reminders.workshop_actions).
+
+Every decision writes one StaffDecision row, listed read-only under "Staff
+decisions" with links to the reminders and workshops it changed.
 
 A selection is never loaded row by row: the action receives the changelist's
 queryset (``pk IN (...)`` of the ticked ids, or every row matching the
@@ -19,7 +25,7 @@ filters, so confirming acts on the selection that was previewed. A POST
 naming an action the user may not run gets 403 before anything is read.
 
 This module also extends workshops.admin.WorkshopAdmin (the workshops app
-never imports reminders) with reminder counts and the workshop replay action.
+never imports reminders) with reminder counts and the workshop decisions.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
-from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.replay import (
     REASON_MAX_LENGTH,
@@ -53,6 +59,16 @@ from reminders.selectors import (
     reminder_replay_preview,
     reminder_resolve_preview,
     scheduler_health,
+)
+from reminders.workshop_actions import (
+    WORKSHOP_EFFECT_LABELS,
+    WORKSHOP_SKIP_LABELS,
+    WorkshopDecisionResult,
+    WorkshopPreview,
+    workshop_cancel_preview,
+    workshop_reinstate_preview,
+    workshops_cancel,
+    workshops_reinstate,
 )
 from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
 from workshops.admin import format_local, format_utc
@@ -92,7 +108,7 @@ def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> 
     skipped = {**result.skipped, **not_found}
     if not result.changed:
         return "No reminder was changed." + skipped_text(skipped)
-    if result.action == ReplayAudit.Action.MARK_SENT:
+    if result.action == StaffDecision.Action.MARK_SENT:
         text = f"Marked {_plural(result.changed, 'reminder')} as sent"
     else:
         text = f"Sending {_plural(result.changed, 'reminder')} again: {result.queued} queued"
@@ -105,9 +121,9 @@ class ResolveUnknownForm(forms.Form):
     decision = forms.ChoiceField(
         label="Decision",
         choices=[
-            (ReplayAudit.Action.MARK_SENT, "Mark as sent: the attendee received it"),
+            (StaffDecision.Action.MARK_SENT, "Mark as sent: the attendee received it"),
             (
-                ReplayAudit.Action.SEND_AGAIN,
+                StaffDecision.Action.SEND_AGAIN,
                 "Send again: re-arm and deliver (the attendee may receive it twice)",
             ),
         ],
@@ -506,9 +522,13 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         return text if len(text) <= 80 else text[:77] + "..."
 
 
-@admin.register(ReplayAudit)
-class ReplayAuditAdmin(admin.ModelAdmin):
-    list_display = ("created_at", "action", "actor_name", "selected", "changed", "queued", "reason")
+@admin.register(StaffDecision)
+class StaffDecisionAdmin(admin.ModelAdmin):
+    """Every staff decision, read-only: who, when, why, and links to what it changed."""
+
+    list_display = (
+        "created_at", "action", "actor_name", "selected", "changed", "queued", "reason",
+    )  # fmt: skip
     list_filter = ("action", ("created_at", admin.DateFieldListFilter))
     search_fields = ("actor_name", "reason")
     fields = (
@@ -520,7 +540,8 @@ class ReplayAuditAdmin(admin.ModelAdmin):
         "changed",
         "queued",
         "skipped_counts",
-        "reminder_ids",
+        "reminders_changed",
+        "workshops_changed",
     )
     readonly_fields = fields
 
@@ -534,8 +555,34 @@ class ReplayAuditAdmin(admin.ModelAdmin):
         return False
 
     @admin.display(description="Skipped")
-    def skipped_counts(self, obj: ReplayAudit) -> str:
-        return skipped_text(obj.skipped).removeprefix(" Skipped: ") or "-"
+    def skipped_counts(self, obj: StaffDecision) -> str:
+        labels = {**SKIP_REASONS, **WORKSHOP_SKIP_LABELS}
+        parts = [f"{count} {labels.get(key, key)}" for key, count in obj.skipped.items() if count]
+        return ", ".join(parts) or "-"
+
+    @admin.display(description="Reminders changed")
+    def reminders_changed(self, obj: StaffDecision) -> str:
+        return _ids_link("admin:reminders_reminder_changelist", obj.reminder_ids, "reminder")
+
+    @admin.display(description="Workshops changed")
+    def workshops_changed(self, obj: StaffDecision) -> str:
+        return _ids_link("admin:workshops_workshop_changelist", obj.workshop_ids, "workshop")
+
+
+def _ids_link(changelist: str, ids: list[int], noun: str) -> str:
+    """Link to the changelist filtered to ``ids`` (an ``id__in`` lookup), with the count."""
+    if not ids:
+        return "-"
+    url = f"{reverse(changelist)}?{urlencode({'id__in': ','.join(map(str, ids))})}"
+    return format_html('<a href="{}">{}</a>', url, _plural(len(ids), noun))
+
+
+class WorkshopDecisionForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=REASON_MAX_LENGTH,
+        help_text="Recorded with the decision, with your name and the time.",
+    )
 
 
 admin.site.unregister(Workshop)
@@ -546,7 +593,7 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
     """Workshops with their reminders counted by status, and the workshop replay action."""
 
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
-    actions = [*BaseWorkshopAdmin.actions, "replay_for_selected"]
+    actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
     readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts")
     fields = (
         "title",
@@ -599,3 +646,98 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             intro="the reminders of the selected workshops",
             missing=self._missing(request, found=found, key="workshops_not_found"),
         )
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm("workshops.cancel_workshop")
+
+    @admin.action(description="Cancel selected workshops", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        """Preview, ask for a reason, then cancel the selected workshops and their reminders."""
+        return self._workshop_decision(
+            request,
+            queryset,
+            action="cancel_selected",
+            preview=workshop_cancel_preview,
+            run=workshops_cancel,
+            title="Cancel the selected workshops",
+            eligible_label="Scheduled workshops that will be cancelled",
+            verb="cancel",
+        )
+
+    @admin.action(description="Reinstate selected workshops", permissions=["cancel"])
+    def reinstate_selected(self, request, queryset):
+        """Preview, ask for a reason, then reinstate cancelled workshops and re-plan reminders."""
+        return self._workshop_decision(
+            request,
+            queryset,
+            action="reinstate_selected",
+            preview=workshop_reinstate_preview,
+            run=workshops_reinstate,
+            title="Reinstate the selected workshops",
+            eligible_label="Cancelled workshops that will be scheduled again",
+            verb="reinstate",
+        )
+
+    def _workshop_decision(
+        self, request, queryset, *, action, preview, run, title, eligible_label, verb
+    ):
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = WorkshopDecisionForm(request.POST if confirming else None)
+        missing = self._missing(
+            request,
+            found=0 if self._selection_state(request)["select_across"] else queryset.count(),
+            key="workshops_not_found",
+        )
+        if confirming and form.is_valid():
+            result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
+            self.message_user(
+                request,
+                _workshop_message(result, verb=verb, missing=missing),
+                messages.SUCCESS if result.changed else messages.WARNING,
+            )
+            return None
+        counted: WorkshopPreview = preview(workshops=queryset)
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + form.media,
+            "action": action,
+            "preview": counted,
+            "eligible_label": eligible_label,
+            "effect_rows": [
+                (label, counted.effects[key])
+                for key, label in WORKSHOP_EFFECT_LABELS.items()
+                if key in counted.effects
+            ],
+            "skipped_rows": [
+                (label, {**counted.skipped, **missing}.get(key, 0))
+                for key, label in {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}.items()
+                if {**counted.skipped, **missing}.get(key)
+            ],
+            "submit_label": f"Yes, {verb} {_plural(counted.eligible, 'workshop')}",
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(
+            request, "admin/reminders/workshop_decision_confirmation.html", context
+        )
+
+
+def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dict) -> str:
+    done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
+    what = {"cancel": "cancelled", "reinstate": "planned again or marked missed"}[verb]
+    text = (
+        f"{done} {_plural(result.changed, 'workshop')}; "
+        f"{_plural(result.reminders, 'reminder')} {what}. The decision is recorded."
+    )
+    skipped = {**result.skipped, **missing}
+    labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
+    parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
+    return text + (f" Skipped: {', '.join(parts)}." if parts else "")

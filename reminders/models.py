@@ -159,20 +159,25 @@ class DeliveryAttempt(models.Model):
         return f"Attempt {self.number} of reminder {self.reminder_id}: {self.outcome}"
 
 
-class ReplayAudit(models.Model):
-    """One staff decision on reminders: a replay, or the resolution of unknown outcomes.
+class StaffDecision(models.Model):
+    """One staff decision: a replay, the resolution of unknown outcomes, or the
+    cancellation or reinstatement of workshops.
 
-    Append-only, written by reminders.replay in the same transaction as the
-    guarded UPDATE it records, so an audit row exists exactly when the change
-    committed. ``reminder_ids`` lists the reminders the UPDATE changed (its row
-    count is ``changed``); ``skipped`` counts the rest of the selection by
-    reason.
+    Append-only, written by the service that makes the change (reminders.replay,
+    reminders.workshop_actions) in the same transaction, so an audit row exists
+    exactly when the change committed. ``reminder_ids`` lists the reminders the
+    decision changed (its count is ``changed`` for replays and resolutions);
+    ``workshop_ids`` the workshops it cancelled or reinstated; ``skipped``
+    counts the rest of the selection by reason. ``selected`` counts reminders
+    for reminder decisions and workshops for workshop decisions.
     """
 
     class Action(models.TextChoices):
         REPLAY = "replay", "Replay"
         MARK_SENT = "mark_sent", "Unknown outcome resolved: marked as sent"
         SEND_AGAIN = "send_again", "Unknown outcome resolved: sent again"
+        CANCEL = "cancel", "Workshops cancelled"
+        REINSTATE = "reinstate", "Workshops reinstated"
 
     action = models.CharField(max_length=16, choices=Action.choices, editable=False)
     actor = models.ForeignKey(
@@ -188,26 +193,34 @@ class ReplayAudit(models.Model):
     )
     created_at = models.DateTimeField(editable=False)
     reason = models.TextField(blank=True, editable=False)
-    selected = models.PositiveIntegerField(editable=False, help_text="Reminders in the selection.")
+    selected = models.PositiveIntegerField(
+        editable=False, help_text="Reminders (or workshops) in the selection."
+    )
     changed = models.PositiveIntegerField(
-        editable=False, help_text="Reminders the guarded update changed."
+        editable=False, help_text="Reminders (or workshops) the decision changed."
     )
     queued = models.PositiveIntegerField(
-        editable=False, help_text="Reminders queued for delivery after commit."
+        default=0, editable=False, help_text="Reminders queued for delivery after commit."
     )
     skipped = models.JSONField(
-        default=dict, editable=False, help_text="Reminders left alone, counted by reason."
+        default=dict, editable=False, help_text="Left alone, counted by reason."
     )
     reminder_ids = models.JSONField(
         default=list, editable=False, help_text="Ids of the reminders changed."
     )
+    workshop_ids = models.JSONField(
+        default=list, editable=False, help_text="Ids of the workshops cancelled or reinstated."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
+        verbose_name = "staff decision"
         constraints = [
             models.CheckConstraint(
-                condition=models.Q(action__in=["replay", "mark_sent", "send_again"]),
-                name="replay_audit_action_valid",
+                condition=models.Q(
+                    action__in=["replay", "mark_sent", "send_again", "cancel", "reinstate"]
+                ),
+                name="staff_decision_action_valid",
             ),
         ]
 

@@ -8,7 +8,7 @@ durable transaction:
    ``UPDATE ... WHERE status IN (...) RETURNING id``,
 3. queues the changed ids with ``reminders_dispatch(ids=...)``, whose
    publish is registered with ``transaction.on_commit`` (FAULTS S3),
-4. writes one ReplayAudit row,
+4. writes one StaffDecision row,
 
 and returns counts at once: workers deliver. The query count does not depend
 on the size of the selection, and the broker receives one message per
@@ -48,7 +48,7 @@ from django.db.models import (
 
 from clock import Clock, default_clock
 from reminders import publish as publishing
-from reminders.models import Reminder, ReplayAudit
+from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.selectors import (
     REPLAYABLE_STATUSES,
@@ -85,7 +85,7 @@ class StaffActionResult:
     @property
     def waiting(self) -> int:
         """Return how many re-armed reminders wait for their send window (the scan queues them)."""
-        if self.action == ReplayAudit.Action.MARK_SENT:
+        if self.action == StaffDecision.Action.MARK_SENT:
             return 0
         return self.changed - self.queued
 
@@ -116,7 +116,7 @@ def reminder_replay(
         )
         queued = _dispatch(rearmed, clock=clock, publish=publish)
         result = _audit(
-            action=ReplayAudit.Action.REPLAY,
+            action=StaffDecision.Action.REPLAY,
             actor=actor,
             now=now,
             preview=preview,
@@ -146,29 +146,20 @@ def reminder_resolve_unknown(
 ) -> StaffActionResult:
     """Decide the reminders of a selection whose outcome is ``unknown``, recording why.
 
-    ``decision`` is ReplayAudit.Action.MARK_SENT (the attendee got it: status
+    ``decision`` is StaffDecision.Action.MARK_SENT (the attendee got it: status
     ``sent``; ``sent_at`` stays empty because nobody knows when it went out)
-    or ReplayAudit.Action.SEND_AGAIN (re-armed and dispatched like a replay,
+    or StaffDecision.Action.SEND_AGAIN (re-armed and dispatched like a replay,
     only while before the deadline; the attendee may receive it twice, which
     is the risk staff accept by choosing it).
     """
-    reason = (reason or "").strip()
-    if not reason:
-        raise ValidationError(
-            {"reason": "Give a reason: it is recorded with the decision."}, code="required"
-        )
-    if len(reason) > REASON_MAX_LENGTH:
-        raise ValidationError(
-            {"reason": f"Shorten the reason to {REASON_MAX_LENGTH} characters or fewer."},
-            code="max_length",
-        )
-    if decision not in (ReplayAudit.Action.MARK_SENT, ReplayAudit.Action.SEND_AGAIN):
+    reason = clean_reason(reason)
+    if decision not in (StaffDecision.Action.MARK_SENT, StaffDecision.Action.SEND_AGAIN):
         raise ValidationError(
             {"decision": "Choose 'mark as sent' or 'send again'."}, code="invalid_choice"
         )
     clock = clock or default_clock()
     now = clock.now()
-    send_again = decision == ReplayAudit.Action.SEND_AGAIN
+    send_again = decision == StaffDecision.Action.SEND_AGAIN
     actor_name = actor.get_username()
     selection = selection_of(reminders)
     unknown = Q(status=Status.UNKNOWN)
@@ -208,6 +199,21 @@ def reminder_resolve_unknown(
         result.skipped,
     )
     return result
+
+
+def clean_reason(reason: str | None) -> str:
+    """Return the stripped reason a decision must carry; raise ValidationError if it has none."""
+    reason = (reason or "").strip()
+    if not reason:
+        raise ValidationError(
+            {"reason": "Give a reason: it is recorded with the decision."}, code="required"
+        )
+    if len(reason) > REASON_MAX_LENGTH:
+        raise ValidationError(
+            {"reason": f"Shorten the reason to {REASON_MAX_LENGTH} characters or fewer."},
+            code="max_length",
+        )
+    return reason
 
 
 def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
@@ -267,7 +273,7 @@ def _audit(
     raced = preview.eligible - len(changed)
     if raced > 0:
         skipped["raced"] = raced
-    audit = ReplayAudit.objects.create(
+    audit = StaffDecision.objects.create(
         action=action,
         actor=actor if actor.pk else None,
         actor_name=actor.get_username(),

@@ -10,12 +10,14 @@ Every write goes through workshops.services, so reminders follow every change
 (the services announce it through workshops.signals): a workshop is created
 with workshop_create (also when "Save as new" copies one: the copy starts
 with no reminders, and its reminders are planned fresh, FAULTS S4), changed
-with workshop_update, cancelled with workshop_cancel; enrollments are
-created and cancelled with enrollment_create and enrollment_cancel. Status is
-never edited by hand, and nothing is deleted from an inline: cancel instead.
+with workshop_update; enrollments are created and cancelled with
+enrollment_create and enrollment_cancel. Status is never edited by hand.
+Nothing with enrollments is deleted (no workshop, attendee or enrollment
+that has them, and no bulk delete at all): staff cancel instead.
 
 This app never imports reminders: reminders/admin.py extends WorkshopAdmin
-with reminder counts and the replay action.
+with reminder counts and the confirmed, audited staff actions (cancel,
+reinstate, replay).
 """
 
 from __future__ import annotations
@@ -24,10 +26,11 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.contrib.admin.widgets import AdminSplitDateTime
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
+from django.urls import reverse
 from django.utils.html import format_html
 
 from clock import default_clock
@@ -35,13 +38,25 @@ from workshops.models import Attendee, Enrollment, Workshop
 from workshops.services import (
     enrollment_cancel,
     enrollment_create,
-    workshop_cancel,
     workshop_create,
     workshop_update,
 )
 from workshops.validators import zone_choices
 
 ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin."
+
+
+def _has_enrollments(obj) -> bool:
+    if obj is None:
+        return False
+    if isinstance(obj, Enrollment):
+        return True
+    return obj.enrollments.exists()
+
+
+def _without_bulk_delete(actions: dict) -> dict:
+    actions.pop("delete_selected", None)
+    return actions
 
 
 def format_local(moment, zone) -> str:
@@ -216,7 +231,6 @@ class WorkshopAdmin(admin.ModelAdmin):
     date_hierarchy = "starts_at"
     inlines = [EnrollmentInline]
     save_as = True
-    actions = ["cancel_selected"]
     readonly_fields = ("status", "start_local", "start_utc", "created_at", "updated_at")
     fields = (
         "title",
@@ -271,22 +285,13 @@ class WorkshopAdmin(admin.ModelAdmin):
                 enrollment_create(attendee=enrollment.attendee, workshop=workshop)
         return None
 
-    @admin.action(description="Cancel selected workshops", permissions=["change"])
-    def cancel_selected(self, request, queryset) -> None:
-        """Cancel each selected scheduled workshop through workshop_cancel."""
-        scheduled = list(
-            Workshop.objects.filter(
-                pk__in=queryset.order_by().values("pk"), status=Workshop.Status.SCHEDULED
-            )
-        )
-        for workshop in scheduled:
-            workshop_cancel(workshop=workshop)
-        already = queryset.count() - len(scheduled)
-        text = f"Cancelled {len(scheduled)} workshop{'s' if len(scheduled) != 1 else ''}"
-        text += "; their unsent reminders are cancelled." if scheduled else "."
-        if already:
-            text += f" {already} {'was' if already == 1 else 'were'} already cancelled."
-        self.message_user(request, text, messages.SUCCESS if scheduled else messages.WARNING)
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Staff cancel a workshop instead; one with enrollments (and so reminders and
+        # their history) is never deleted.
+        return super().has_delete_permission(request, obj) and not _has_enrollments(obj)
+
+    def get_actions(self, request):
+        return _without_bulk_delete(super().get_actions(request))
 
 
 @admin.register(Attendee)
@@ -309,6 +314,12 @@ class AttendeeAdmin(admin.ModelAdmin):
     @admin.display(description="Active enrollments", ordering="active_enrollments")
     def enrollment_count(self, obj: Attendee) -> int:
         return obj.active_enrollments
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return super().has_delete_permission(request, obj) and not _has_enrollments(obj)
+
+    def get_actions(self, request):
+        return _without_bulk_delete(super().get_actions(request))
 
 
 class EnrollmentForm(forms.ModelForm):
@@ -339,6 +350,9 @@ class EnrollmentAdmin(admin.ModelAdmin):
     list_select_related = ("attendee", "workshop")
     autocomplete_fields = ("attendee", "workshop")
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False  # an enrollment is cancelled, never deleted
+
     def get_readonly_fields(self, request, obj=None):
         # An enrollment is a fact about one attendee and one workshop: to move
         # someone, cancel this one and enrol them elsewhere.
@@ -362,9 +376,8 @@ class EnrollmentAdmin(admin.ModelAdmin):
 
     @admin.display(description="Workshop", ordering="workshop__title")
     def workshop_link(self, obj: Enrollment) -> str:
-        return format_html(
-            '<a href="../workshop/{}/change/">{}</a>', obj.workshop_id, obj.workshop.title
-        )
+        url = reverse("admin:workshops_workshop_change", args=[obj.workshop_id])
+        return format_html('<a href="{}">{}</a>', url, obj.workshop.title)
 
     @admin.display(description="Starts (workshop's zone)", ordering="workshop__starts_at")
     def workshop_start(self, obj: Enrollment) -> str:

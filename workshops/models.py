@@ -35,6 +35,7 @@ class Workshop(models.Model):
 
     class Meta:
         ordering = ["starts_at", "id"]
+        permissions = [("cancel_workshop", "Can cancel and reinstate workshops")]
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(ends_at__gt=models.F("starts_at")),

@@ -83,6 +83,19 @@ def workshop_cancel(*, workshop: Workshop, clock: Clock | None = None) -> Worksh
     return workshop
 
 
+def workshop_reinstate(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
+    """Bring a cancelled workshop back; listeners re-plan what can still be sent."""
+    now = (clock or default_clock()).now()
+    with transaction.atomic():
+        updated = Workshop.objects.filter(pk=workshop.pk, status=Workshop.Status.CANCELLED).update(
+            status=Workshop.Status.SCHEDULED, updated_at=now
+        )
+        workshop.refresh_from_db()
+        if updated:
+            workshop_changed.send(sender=Workshop, workshop=workshop, changed=frozenset({"status"}))
+    return workshop
+
+
 def attendee_get_or_create(*, email: str, name: str, timezone: str = "") -> tuple[Attendee, bool]:
     """Return the attendee with this email (case-insensitively), creating it if needed."""
     email = (email or "").strip()

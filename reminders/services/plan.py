@@ -23,6 +23,7 @@ from django.db.models import (
     ExpressionWrapper,
     F,
     IntegerField,
+    Q,
     QuerySet,
     Value,
     When,
@@ -33,6 +34,7 @@ from clock import Clock, default_clock
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
+from reminders.services.fate import reminder_fate, reminders_return, sources_locked
 from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
@@ -178,10 +180,36 @@ def reminders_follow_workshop(
     if workshop.status == Workshop.Status.CANCELLED:
         _cancel_open(mine, reason=reasons.WORKSHOP_CANCELLED, now=now)
         return
+    if "status" in changed:
+        _reinstate(mine, now=now)
     if "starts_at" in changed:
         _reschedule(workshop=workshop, reminders=mine, now=now)
     if changed & {"starts_at", "created"}:
         reminders_plan(clock=clock, enrollments=Enrollment.objects.filter(workshop=workshop))
+
+
+def _reinstate(reminders: QuerySet[Reminder], *, now: datetime) -> None:
+    """Re-derive the fate of the cancelled rows of a workshop that is scheduled again.
+
+    Each goes back to ``pending`` with the current window and deadline, or to
+    ``missed`` when the cutoff has passed; a row whose enrollment is cancelled
+    stays cancelled. Sent, failed and unknown rows are left as they are.
+    """
+    cancelled = Q(status=Status.CANCELLED)
+    policy = ReminderPolicy.from_settings()
+    sources = sources_locked(reminders.filter(cancelled).values_list("pk", flat=True))
+    fates = {
+        pk: reminder_fate(
+            source=source,
+            policy=policy,
+            now=now,
+            late_reason=reasons.REINSTATED_LATE,
+            open_reason=reasons.REINSTATED,
+        )
+        for pk, source in sources.items()
+    }
+    reopened = {pk: fate for pk, fate in fates.items() if fate.status != Status.CANCELLED}
+    reminders_return(fates=reopened, guard=cancelled, now=now, extra={"attempts": 0})
 
 
 def _cancel_open(reminders: QuerySet[Reminder], *, reason: str, now: datetime) -> None:

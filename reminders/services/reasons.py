@@ -11,6 +11,8 @@ WORKSHOP_CANCELLED = "workshop cancelled"
 ENROLLMENT_CANCELLED = "enrollment cancelled"
 MOVED_INSIDE_CUTOFF = "workshop moved inside the cutoff"
 MOVED_LATER = "workshop moved to a later start; planned again"
+REINSTATED = "workshop reinstated; planned again"
+REINSTATED_LATE = "workshop reinstated after the cutoff"
 
 LATE_AT_CLAIM = "deadline passed before a worker could send it"
 LATE_IN_QUEUE = "deadline passed while queued (were the workers running?)"

@@ -17,7 +17,7 @@ from django.db import connection
 from clock import SystemClock
 from delivery.results import Outcome
 from reminders import publish
-from reminders.models import DeliveryAttempt, Reminder, ReplayAudit
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.replay import reminder_replay, reminder_resolve_unknown
 from reminders.selectors import reminder_replay_preview
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
@@ -125,7 +125,7 @@ def test_replay_writes_one_audit_record(clock, make_reminders, published, replay
     failed = make_reminders(2, "failed")
     sent = make_reminders(1, "sent")
     result = reminder_replay(reminders=_all(failed + sent), actor=replayer, clock=clock)
-    audit = ReplayAudit.objects.get()
+    audit = StaffDecision.objects.get()
     assert audit.pk == result.audit_id
     assert (audit.action, audit.actor, audit.actor_name, audit.created_at) == (
         "replay",
@@ -147,7 +147,7 @@ def test_replay_that_rolls_back_publishes_nothing_and_changes_nothing(
     def broken(**kwargs):
         raise RuntimeError("audit table unavailable")
 
-    monkeypatch.setattr(ReplayAudit.objects, "create", broken)
+    monkeypatch.setattr(StaffDecision.objects, "create", broken)
     with django_capture_on_commit_callbacks(execute=True) as callbacks:
         with pytest.raises(RuntimeError):
             reminder_replay(reminders=_all(ids), actor=replayer, clock=clock)
@@ -214,7 +214,7 @@ def test_marking_unknown_reminders_as_sent_records_the_reason(
     assert {r.status_reason for r in rows} == {
         "marked as sent by resolver: provider log shows delivery"
     }
-    audit = ReplayAudit.objects.get()
+    audit = StaffDecision.objects.get()
     assert (audit.action, audit.reason, audit.reminder_ids) == (
         "mark_sent",
         "provider log shows delivery",
@@ -238,7 +238,7 @@ def test_sending_unknown_reminders_again_rearms_and_dispatches_them(
     assert (result.changed, result.queued) == (2, 2)
     assert sorted(i for batch in published for i in batch) == sorted(unknown)
     assert _statuses(unknown) == {"queued": 2}
-    assert ReplayAudit.objects.get().action == "send_again"
+    assert StaffDecision.objects.get().action == "send_again"
 
 
 def test_unknown_reminder_past_its_deadline_cannot_be_sent_again_but_can_be_marked_sent(
@@ -276,7 +276,7 @@ def test_resolution_without_a_valid_reason_or_decision_changes_nothing(
         )
     assert field in error.value.message_dict
     assert _statuses(unknown) == {"unknown": 1}
-    assert not ReplayAudit.objects.exists()
+    assert not StaffDecision.objects.exists()
 
 
 # --- Races ----------------------------------------------------------------------
@@ -327,7 +327,7 @@ def test_two_staff_replaying_the_same_reminders_at_once_queue_each_once(
         # Fail them again for the next round.
         Reminder.objects.filter(pk__in=ids).update(status="failed", queued_until=None)
         published.clear()
-    assert ReplayAudit.objects.count() == 6
+    assert StaffDecision.objects.count() == 6
 
 
 @pytest.mark.django_db(transaction=True)

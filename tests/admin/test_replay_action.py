@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 from django.urls import reverse
 
 from clock import SystemClock
-from reminders.models import Reminder, ReplayAudit
+from reminders.models import Reminder, StaffDecision
 
 pytestmark = pytest.mark.django_db
 
@@ -89,7 +89,7 @@ def test_confirmation_page_previews_the_outcome_and_changes_nothing(
     assert 'value="Yes, replay 3 reminders"' in html
     assert "csrfmiddlewaretoken" in html
     assert statuses(failed) == {"failed": 3}
-    assert published == [] and not ReplayAudit.objects.exists()
+    assert published == [] and not StaffDecision.objects.exists()
 
 
 def test_confirming_replays_queues_and_reports_the_counts(
@@ -109,7 +109,7 @@ def test_confirming_replays_queues_and_reports_the_counts(
     assert published_ids(published) == Counter(failed + missed)
     assert statuses(failed + missed) == {"queued": 4}
     assert statuses(sent) == {"sent": 1}
-    audit = ReplayAudit.objects.get()
+    audit = StaffDecision.objects.get()
     assert (audit.actor, audit.changed, audit.skipped) == (replayer, 4, {"sent": 1})
 
 
@@ -142,7 +142,7 @@ def test_forged_replay_by_a_user_without_the_permission_gets_403_and_queues_noth
         )
     assert response.status_code == 403
     assert statuses(failed) == {"failed": 2}
-    assert published == [] and not ReplayAudit.objects.exists()
+    assert published == [] and not StaffDecision.objects.exists()
 
 
 def test_replay_without_a_csrf_token_gets_403(
@@ -170,7 +170,7 @@ def test_empty_selection_is_refused_with_a_message(
     assert messages_of(response) == [
         "Items must be selected in order to perform actions on them. No items have been changed."
     ]
-    assert published == [] and not ReplayAudit.objects.exists()
+    assert published == [] and not StaffDecision.objects.exists()
 
 
 @pytest.mark.parametrize("bad", ["abc", "-3", "1 OR 1=1", "99999999999999999999", "٣"])
@@ -185,7 +185,7 @@ def test_tampered_ids_are_refused_and_nothing_is_queued(
     assert message.startswith("The selection held values that are not ids (")
     assert message.endswith("); nothing was changed. Select the items again.")
     assert statuses(failed) == {"failed": 2}
-    assert published == [] and not ReplayAudit.objects.exists()
+    assert published == [] and not StaffDecision.objects.exists()
 
 
 def test_ids_that_no_longer_exist_are_counted_and_skipped(
@@ -361,7 +361,7 @@ def test_resolving_without_a_reason_shows_the_form_again_and_changes_nothing(
         "reason": ["Give a reason: it is recorded with the decision."]
     }
     assert statuses(unknown) == {"unknown": 2}
-    assert not ReplayAudit.objects.exists()
+    assert not StaffDecision.objects.exists()
 
 
 def test_marking_unknown_reminders_sent_from_the_admin(make_reminders, login, resolver):
@@ -380,7 +380,7 @@ def test_marking_unknown_reminders_sent_from_the_admin(make_reminders, login, re
     )
     assert messages_of(done) == ["Marked 2 reminders as sent. Skipped: 1 not of unknown outcome."]
     assert statuses(unknown) == {"sent": 2} and statuses(failed) == {"failed": 1}
-    assert ReplayAudit.objects.get().reason == "provider log shows delivery"
+    assert StaffDecision.objects.get().reason == "provider log shows delivery"
 
 
 def test_sending_unknown_reminders_again_from_the_admin(
@@ -403,13 +403,13 @@ def test_sending_unknown_reminders_again_from_the_admin(
 def test_audit_records_are_listed_read_only(make_reminders, login, replayer, make_staff):
     failed = make_reminders(1, "failed")
     post_action(login(replayer), "replay_selected", failed, confirm=True)
-    auditor = make_staff("reminders.view_replayaudit")
+    auditor = make_staff("reminders.view_staffdecision")
     client = login(auditor)
-    listing = client.get(reverse("admin:reminders_replayaudit_changelist"))
+    listing = client.get(reverse("admin:reminders_staffdecision_changelist"))
     assert listing.status_code == 200 and b"replayer" in listing.content
-    audit = ReplayAudit.objects.get()
+    audit = StaffDecision.objects.get()
     assert (
-        client.post(reverse("admin:reminders_replayaudit_change", args=[audit.pk])).status_code
+        client.post(reverse("admin:reminders_staffdecision_change", args=[audit.pk])).status_code
         == 403
     )
-    assert client.get(reverse("admin:reminders_replayaudit_add")).status_code == 403
+    assert client.get(reverse("admin:reminders_staffdecision_add")).status_code == 403

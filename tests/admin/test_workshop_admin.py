@@ -229,24 +229,6 @@ def test_enrollment_inline_enrols_and_cancels_through_the_services(
     assert statuses == {existing.attendee_id: "cancelled", newcomer.pk: "pending"}
 
 
-def test_cancel_action_cancels_through_the_service(admin_client, make_reminders, make_workshop):
-    pending = make_reminders(2, "pending")
-    workshop = Reminder.objects.get(pk=pending[0]).workshop
-    already = make_workshop()
-    workshop_cancel(workshop=already)
-    response = admin_client.post(
-        CHANGELIST,
-        {"action": "cancel_selected", "_selected_action": [workshop.pk, already.pk], "index": "0"},
-        follow=True,
-    )
-    assert [str(m) for m in response.context["messages"]] == [
-        "Cancelled 1 workshop; their unsent reminders are cancelled. 1 was already cancelled."
-    ]
-    assert set(Reminder.objects.filter(pk__in=pending).values_list("status", flat=True)) == {
-        "cancelled"
-    }
-
-
 def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminders):
     make_reminders(2, "failed")
     admin_client.get(CHANGELIST)

@@ -119,8 +119,8 @@ class Command(BaseCommand):
             user.save()
             user.user_permissions.add(
                 *Permission.objects.filter(
-                    content_type__app_label="reminders",
-                    codename__in=["replay_reminder", "resolve_unknown_reminder"],
+                    content_type__app_label__in=["reminders", "workshops"],
+                    codename__in=["replay_reminder", "resolve_unknown_reminder", "cancel_workshop"],
                 )
             )
             self.stdout.write(

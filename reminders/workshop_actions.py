@@ -1,0 +1,230 @@
+"""Staff decisions on workshops: cancel and reinstate, each previewed, reasoned and audited.
+
+The admin's synchronous bridge for workshop decisions, beside reminders.replay
+for reminder decisions. Each service, in one durable transaction:
+
+1. counts what the decision would do (the preview the confirmation page shows),
+2. locks the selected workshops that can change and changes each through the
+   workshops service (workshop_cancel, workshop_reinstate), whose signal
+   brings the reminders in line inside the same transaction
+   (reminders.services.plan.reminders_follow_workshop),
+3. writes one StaffDecision row with the reason, the workshops changed and
+   the reminders cancelled or planned again.
+
+A reminder already ``sent`` is never touched. Cancelling leaves ``sending``
+reminders to their worker: its gate stops further calls within
+reminders.bridge.REVOCATION_WINDOW and its record re-derives the fate (the
+attendee may still receive a call that was already under way). Reinstating
+brings back each cancelled reminder whose enrollment is active: ``pending``
+with the current window and deadline and a fresh attempt count, or ``missed``
+once the cutoff has passed.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Count, Q, QuerySet
+
+from clock import Clock, default_clock
+from reminders.models import Reminder, StaffDecision
+from reminders.policy import ReminderPolicy
+from reminders.replay import clean_reason
+from workshops.models import Enrollment, Workshop
+from workshops.services import workshop_cancel, workshop_reinstate
+
+logger = logging.getLogger(__name__)
+
+Status = Reminder.Status
+Action = StaffDecision.Action
+
+
+@dataclass(frozen=True, slots=True)
+class WorkshopPreview:
+    """What a cancel or reinstate of a selection of workshops would do, counted now."""
+
+    action: str
+    selected: int
+    eligible: int
+    skipped: dict[str, int] = field(default_factory=dict)
+    # Reminder counts by what happens to them (labels in WORKSHOP_EFFECT_LABELS).
+    effects: dict[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class WorkshopDecisionResult:
+    action: str
+    selected: int
+    changed: int
+    reminders: int
+    skipped: dict[str, int]
+    audit_id: int
+
+
+WORKSHOP_EFFECT_LABELS = {
+    "to_cancel": "Reminders that will be cancelled",
+    "in_flight": "Reminders being sent right now (no new call starts; their outcome is recorded)",
+    "sent": "Reminders already sent (they stay sent)",
+    "to_plan": "Cancelled reminders that will be planned again",
+    "to_miss": "Cancelled reminders past the cutoff (they become missed)",
+    "stay_cancelled": "Reminders whose enrollment is cancelled (they stay cancelled)",
+}
+WORKSHOP_SKIP_LABELS = {
+    "already_cancelled": "already cancelled",
+    "not_cancelled": "not cancelled",
+}
+
+
+def _selection(workshops: QuerySet[Workshop]) -> QuerySet[Workshop]:
+    return Workshop.objects.filter(pk__in=workshops.order_by().values("pk"))
+
+
+def workshop_cancel_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview:
+    """Count the workshops a cancel would change and what happens to their reminders."""
+    selection = _selection(workshops)
+    scheduled = selection.filter(status=Workshop.Status.SCHEDULED)
+    counts = Reminder.objects.filter(workshop__in=scheduled.values("pk")).aggregate(
+        to_cancel=Count("pk", filter=Q(status__in=Reminder.OPEN_STATUSES)),
+        in_flight=Count("pk", filter=Q(status=Status.SENDING)),
+        sent=Count("pk", filter=Q(status=Status.SENT)),
+    )
+    total, eligible = _sizes(selection, Workshop.Status.SCHEDULED)
+    skipped = {"already_cancelled": total - eligible} if total > eligible else {}
+    return WorkshopPreview(Action.CANCEL, total, eligible, skipped, counts)
+
+
+def workshop_reinstate_preview(
+    *, workshops: QuerySet[Workshop], clock: Clock | None = None
+) -> WorkshopPreview:
+    """Count the workshops a reinstate would change and which reminders come back."""
+    now = (clock or default_clock()).now()
+    policy = ReminderPolicy.from_settings()
+    selection = _selection(workshops)
+    cancelled = selection.filter(status=Workshop.Status.CANCELLED)
+    active = Q(enrollment__status=Enrollment.Status.ACTIVE)
+    late = policy.late_start_q(now, through="workshop__")
+    counts = Reminder.objects.filter(
+        workshop__in=cancelled.values("pk"), status=Status.CANCELLED
+    ).aggregate(
+        to_plan=Count("pk", filter=active & ~late),
+        to_miss=Count("pk", filter=active & late),
+        stay_cancelled=Count("pk", filter=~active),
+    )
+    total, eligible = _sizes(selection, Workshop.Status.CANCELLED)
+    skipped = {"not_cancelled": total - eligible} if total > eligible else {}
+    return WorkshopPreview(Action.REINSTATE, total, eligible, skipped, counts)
+
+
+def _sizes(selection: QuerySet[Workshop], status: str) -> tuple[int, int]:
+    sizes = selection.aggregate(total=Count("pk"), eligible=Count("pk", filter=Q(status=status)))
+    return sizes["total"], sizes["eligible"]
+
+
+def workshops_cancel(
+    *,
+    workshops: QuerySet[Workshop],
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+) -> WorkshopDecisionResult:
+    """Cancel the scheduled workshops of a selection, with a reason; return what changed."""
+    reason = clean_reason(reason)
+    clock = clock or default_clock()
+    with transaction.atomic(durable=True):
+        preview = workshop_cancel_preview(workshops=workshops)
+        targets = _lock(workshops, Workshop.Status.SCHEDULED)
+        open_before = list(
+            Reminder.objects.filter(
+                workshop__in=targets, status__in=Reminder.OPEN_STATUSES
+            ).values_list("pk", flat=True)
+        )
+        changed = [
+            w.pk
+            for w in targets
+            if workshop_cancel(workshop=w, clock=clock).status == Workshop.Status.CANCELLED
+        ]
+        reminders = sorted(
+            Reminder.objects.filter(pk__in=open_before, status=Status.CANCELLED).values_list(
+                "pk", flat=True
+            )
+        )
+        return _record(preview, actor, reason, clock, changed, reminders)
+
+
+def workshops_reinstate(
+    *,
+    workshops: QuerySet[Workshop],
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+) -> WorkshopDecisionResult:
+    """Reinstate the cancelled workshops of a selection, with a reason; return what changed."""
+    reason = clean_reason(reason)
+    clock = clock or default_clock()
+    with transaction.atomic(durable=True):
+        preview = workshop_reinstate_preview(workshops=workshops, clock=clock)
+        targets = _lock(workshops, Workshop.Status.CANCELLED)
+        cancelled_before = list(
+            Reminder.objects.filter(workshop__in=targets, status=Status.CANCELLED).values_list(
+                "pk", flat=True
+            )
+        )
+        changed = [
+            w.pk
+            for w in targets
+            if workshop_reinstate(workshop=w, clock=clock).status == Workshop.Status.SCHEDULED
+        ]
+        reminders = sorted(
+            Reminder.objects.filter(pk__in=cancelled_before)
+            .exclude(status=Status.CANCELLED)
+            .values_list("pk", flat=True)
+        )
+        return _record(preview, actor, reason, clock, changed, reminders)
+
+
+def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:
+    """Lock, in id order, the selected workshops still in ``status``."""
+    return list(
+        _selection(workshops).filter(status=status).order_by("pk").select_for_update(of=("self",))
+    )
+
+
+def _record(
+    preview: WorkshopPreview,
+    actor: AbstractBaseUser,
+    reason: str,
+    clock: Clock,
+    changed: list[int],
+    reminders: list[int],
+) -> WorkshopDecisionResult:
+    skipped = dict(preview.skipped)
+    raced = preview.eligible - len(changed)
+    if raced > 0:
+        skipped["raced"] = raced
+    audit = StaffDecision.objects.create(
+        action=preview.action,
+        actor=actor if actor.pk else None,
+        actor_name=actor.get_username(),
+        created_at=clock.now(),
+        reason=reason,
+        selected=preview.selected,
+        changed=len(changed),
+        skipped=skipped,
+        reminder_ids=reminders,
+        workshop_ids=changed,
+    )
+    logger.info(
+        "%s by %s: %s of %s workshops, %s reminders; skipped %s",
+        audit.get_action_display(),
+        audit.actor_name,
+        len(changed),
+        preview.selected,
+        len(reminders),
+        skipped,
+    )
+    return WorkshopDecisionResult(
+        preview.action, preview.selected, len(changed), len(reminders), skipped, audit.pk
+    )
