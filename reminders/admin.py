@@ -71,7 +71,7 @@ from reminders.workshop_actions import (
     workshops_reinstate,
 )
 from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
-from workshops.admin import format_local, format_utc
+from workshops.admin import format_local, format_utc, utc_column
 from workshops.models import Workshop
 
 Status = Reminder.Status
@@ -115,6 +115,15 @@ def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> 
         if result.waiting:
             text += f", {result.waiting} waiting for their send window"
     return text + "." + skipped_text(skipped)
+
+
+class ReplayForm(forms.Form):
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        max_length=REASON_MAX_LENGTH,
+        help_text="Optional; recorded with the replay.",
+    )
 
 
 class ResolveUnknownForm(forms.Form):
@@ -250,7 +259,9 @@ class StaffActionsMixin:
         ``missing`` counts ticked ids that matched nothing; None means they
         are reminder ids, counted from the preview without another query.
         """
-        if request.POST.get(CONFIRM) != "yes":
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = ReplayForm(request.POST if confirming else None)
+        if not confirming or not form.is_valid():
             preview = reminder_replay_preview(reminders=reminders)
             if missing is None:
                 missing = self._missing(request, found=preview.selected)
@@ -263,8 +274,11 @@ class StaffActionsMixin:
                 missing=missing,
                 eligible_label="Will be queued for delivery again",
                 submit_label=f"Yes, replay {_plural(preview.eligible, 'reminder')}",
+                form=form,
             )
-        result = reminder_replay(reminders=reminders, actor=request.user)
+        result = reminder_replay(
+            reminders=reminders, actor=request.user, reason=form.cleaned_data["reason"]
+        )
         if missing is None:
             missing = self._missing(request, found=result.selected)
         self.message_user(
@@ -283,8 +297,8 @@ class DeliveryAttemptInline(admin.TabularInline):
         "number",
         "channel",
         "worker",
-        "claimed_at",
-        "finished_at",
+        "claimed_at_utc",
+        "finished_at_utc",
         "outcome",
         "provider_calls",
         "error",
@@ -292,6 +306,8 @@ class DeliveryAttemptInline(admin.TabularInline):
     )
     readonly_fields = fields
     ordering = ("number",)
+    claimed_at_utc = utc_column("claimed_at", "Claimed")
+    finished_at_utc = utc_column("finished_at", "Finished")
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False
@@ -345,8 +361,8 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         DeadlineFilter,
         "channel",
     )
-    search_fields = ("attendee__email", "workshop__title", "key")
-    search_help_text = "Search by attendee email, workshop title or reminder key."
+    search_fields = ("attendee__email", "attendee__name", "workshop__title", "key")
+    search_help_text = "Search by attendee email or name, workshop title or reminder key."
     list_select_related = ("attendee", "workshop")
     inlines = [DeliveryAttemptInline]
     actions = ["replay_selected", "resolve_unknown"]
@@ -362,7 +378,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "last_error",
                     "channel",
                     "provider_message_id",
-                    "sent_at",
+                    "sent_at_utc",
                 )
             },
         ),
@@ -373,17 +389,23 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "window_opens_local",
                     "deadline_local",
                     "deadline_utc",
-                    "next_attempt_at",
-                    "queued_until",
+                    "next_attempt_at_utc",
+                    "queued_until_utc",
                     "claim_token",
-                    "lease_expires_at",
-                    "created_at",
-                    "updated_at",
+                    "lease_expires_at_utc",
+                    "created_at_utc",
+                    "updated_at_utc",
                 )
             },
         ),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+    sent_at_utc = utc_column("sent_at", "Sent at")
+    next_attempt_at_utc = utc_column("next_attempt_at", "Next attempt")
+    queued_until_utc = utc_column("queued_until", "Queued until")
+    lease_expires_at_utc = utc_column("lease_expires_at", "Lease expires")
+    created_at_utc = utc_column("created_at", "Created")
+    updated_at_utc = utc_column("updated_at", "Updated")
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -516,9 +538,12 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     def deadline_utc(self, obj: Reminder) -> str:
         return format_utc(obj.deadline_at)
 
-    @admin.display(description="Last error")
+    @admin.display(description="Last provider error")
     def short_error(self, obj: Reminder) -> str:
-        text = obj.last_error or obj.status_reason
+        """The provider's last error only: a staff note or status reason is not an error."""
+        text = obj.last_error
+        if not text:
+            return "-"
         return text if len(text) <= 80 else text[:77] + "..."
 
 
@@ -527,12 +552,12 @@ class StaffDecisionAdmin(admin.ModelAdmin):
     """Every staff decision, read-only: who, when, why, and links to what it changed."""
 
     list_display = (
-        "created_at", "action", "actor_name", "selected", "changed", "queued", "reason",
+        "created_at_utc", "action", "actor_name", "selected", "changed", "queued", "reason",
     )  # fmt: skip
     list_filter = ("action", ("created_at", admin.DateFieldListFilter))
     search_fields = ("actor_name", "reason")
     fields = (
-        "created_at",
+        "created_at_utc",
         "action",
         "actor_name",
         "reason",
@@ -544,6 +569,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
         "workshops_changed",
     )
     readonly_fields = fields
+    created_at_utc = utc_column("created_at", "Decided")
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -604,8 +630,8 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
         "start_utc",
         "status",
         "reminder_counts",
-        "created_at",
-        "updated_at",
+        "created_at_utc",
+        "updated_at_utc",
     )
 
     def get_queryset(self, request):

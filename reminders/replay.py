@@ -96,6 +96,7 @@ def reminder_replay(
     actor: AbstractBaseUser,
     clock: Clock | None = None,
     publish: Publish | None = None,
+    reason: str = "",
 ) -> StaffActionResult:
     """Re-arm the replayable reminders of a selection and queue them for delivery after commit.
 
@@ -122,7 +123,7 @@ def reminder_replay(
             preview=preview,
             changed=rearmed,
             queued=queued,
-            reason="",
+            reason=(reason or "").strip()[:REASON_MAX_LENGTH],
         )
     logger.info(
         "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s",

@@ -27,7 +27,7 @@ from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django import forms
 from django.contrib import admin
-from django.contrib.admin.widgets import AdminSplitDateTime
+from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.urls import reverse
@@ -73,6 +73,35 @@ def format_utc(moment) -> str:
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
+def utc_column(field: str, label: str):
+    """Return an admin display method showing ``field`` in UTC with its zone, never bare.
+
+    Django renders a datetime in TIME_ZONE without saying which; staff compare
+    these times with workshops held in many zones.
+    """
+
+    @admin.display(description=f"{label} (UTC)", ordering=field)
+    def show(self, obj) -> str:
+        return format_utc(getattr(obj, field))
+
+    show.__name__ = f"{field}_utc"
+    return show
+
+
+class LocalSplitDateTime(AdminSplitDateTime):
+    """The admin's date picker, and the time typed as HH:MM with no "Now" shortcut.
+
+    "Now" fills in the server's clock, while the field is read as wall-clock
+    time in the workshop's zone: a start far from where it was meant.
+    """
+
+    template_name = "admin/widgets/split_datetime.html"
+
+    def __init__(self, attrs=None) -> None:
+        widgets = [AdminDateWidget, forms.TimeInput(attrs={"size": "8"}, format="%H:%M")]
+        forms.MultiWidget.__init__(self, widgets, attrs)
+
+
 def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
     """Return the UTC instant of the wall-clock time ``local`` in ``zone``.
 
@@ -101,7 +130,7 @@ class LocalDateTimeField(forms.SplitDateTimeField):
     """A date and a time typed as wall-clock time; the form attaches the workshop's zone."""
 
     def __init__(self, **kwargs) -> None:
-        kwargs.setdefault("widget", AdminSplitDateTime)
+        kwargs.setdefault("widget", LocalSplitDateTime)
         super().__init__(**kwargs)
 
     def compress(self, data_list):
@@ -216,10 +245,11 @@ class EnrollmentInline(admin.TabularInline):
     formset = EnrollmentInlineFormSet
     extra = 0
     can_delete = False
-    fields = ("attendee", "status", "created_at")
-    readonly_fields = ("created_at",)
+    fields = ("attendee", "status", "created_at_utc")
+    readonly_fields = ("created_at_utc",)
     autocomplete_fields = ("attendee",)
     show_change_link = True
+    created_at_utc = utc_column("created_at", "Enrolled")
 
 
 @admin.register(Workshop)
@@ -231,7 +261,7 @@ class WorkshopAdmin(admin.ModelAdmin):
     date_hierarchy = "starts_at"
     inlines = [EnrollmentInline]
     save_as = True
-    readonly_fields = ("status", "start_local", "start_utc", "created_at", "updated_at")
+    readonly_fields = ("status", "start_local", "start_utc", "created_at_utc", "updated_at_utc")
     fields = (
         "title",
         "timezone",
@@ -240,9 +270,11 @@ class WorkshopAdmin(admin.ModelAdmin):
         "start_local",
         "start_utc",
         "status",
-        "created_at",
-        "updated_at",
+        "created_at_utc",
+        "updated_at_utc",
     )
+    created_at_utc = utc_column("created_at", "Created")
+    updated_at_utc = utc_column("updated_at", "Updated")
 
     @admin.display(description="Start (workshop's zone)", ordering="starts_at")
     def start_local(self, obj: Workshop) -> str:
@@ -344,11 +376,12 @@ class EnrollmentForm(forms.ModelForm):
 @admin.register(Enrollment)
 class EnrollmentAdmin(admin.ModelAdmin):
     form = EnrollmentForm
-    list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at")
+    list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at_utc")
     list_filter = ("status", "workshop__status")
     search_fields = ("attendee__email", "attendee__name", "workshop__title")
     list_select_related = ("attendee", "workshop")
     autocomplete_fields = ("attendee", "workshop")
+    created_at_utc = utc_column("created_at", "Enrolled")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # an enrollment is cancelled, never deleted
@@ -356,7 +389,7 @@ class EnrollmentAdmin(admin.ModelAdmin):
     def get_readonly_fields(self, request, obj=None):
         # An enrollment is a fact about one attendee and one workshop: to move
         # someone, cancel this one and enrol them elsewhere.
-        return ("attendee", "workshop", "created_at") if obj else ("created_at",)
+        return ("attendee", "workshop", "created_at_utc") if obj else ("created_at_utc",)
 
     def save_model(self, request, obj: Enrollment, form, change: bool) -> None:
         """Save through enrollment_create / enrollment_cancel, never ``obj.save()``."""
