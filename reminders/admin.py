@@ -45,6 +45,7 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
+from reminders.erasure import attendee_erase_preview, attendees_erase
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.replay import (
@@ -70,9 +71,10 @@ from reminders.workshop_actions import (
     workshops_cancel,
     workshops_reinstate,
 )
+from workshops.admin import AttendeeAdmin as BaseAttendeeAdmin
 from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
 from workshops.admin import format_local, format_utc, utc_column
-from workshops.models import Workshop
+from workshops.models import Attendee, Workshop
 
 Status = Reminder.Status
 CONFIRM = "post"
@@ -567,6 +569,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
         "skipped_counts",
         "reminders_changed",
         "workshops_changed",
+        "attendees_changed",
     )
     readonly_fields = fields
     created_at_utc = utc_column("created_at", "Decided")
@@ -582,7 +585,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
 
     @admin.display(description="Skipped")
     def skipped_counts(self, obj: StaffDecision) -> str:
-        labels = {**SKIP_REASONS, **WORKSHOP_SKIP_LABELS}
+        labels = {**SKIP_REASONS, **WORKSHOP_SKIP_LABELS, "already_erased": "already erased"}
         parts = [f"{count} {labels.get(key, key)}" for key, count in obj.skipped.items() if count]
         return ", ".join(parts) or "-"
 
@@ -593,6 +596,10 @@ class StaffDecisionAdmin(admin.ModelAdmin):
     @admin.display(description="Workshops changed")
     def workshops_changed(self, obj: StaffDecision) -> str:
         return _ids_link("admin:workshops_workshop_changelist", obj.workshop_ids, "workshop")
+
+    @admin.display(description="Attendees erased")
+    def attendees_changed(self, obj: StaffDecision) -> str:
+        return _ids_link("admin:workshops_attendee_changelist", obj.attendee_ids, "attendee")
 
 
 def _ids_link(changelist: str, ids: list[int], noun: str) -> str:
@@ -688,6 +695,8 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             title="Cancel the selected workshops",
             eligible_label="Scheduled workshops that will be cancelled",
             verb="cancel",
+            explanation="Attendees get no reminder for a cancelled workshop. You can reinstate "
+            "it later: its reminders are then planned again, unless the cutoff has passed.",
         )
 
     @admin.action(description="Reinstate selected workshops", permissions=["cancel"])
@@ -702,10 +711,12 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             title="Reinstate the selected workshops",
             eligible_label="Cancelled workshops that will be scheduled again",
             verb="reinstate",
+            explanation="Reinstated workshops are scheduled again; a reminder already sent is "
+            "never sent twice.",
         )
 
     def _workshop_decision(
-        self, request, queryset, *, action, preview, run, title, eligible_label, verb
+        self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation
     ):
         confirming = request.POST.get(CONFIRM) == "yes"
         form = WorkshopDecisionForm(request.POST if confirming else None)
@@ -732,6 +743,8 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             "app_label": opts.app_label,
             "media": self.media + form.media,
             "action": action,
+            "noun": "workshop",
+            "explanation": explanation,
             "preview": counted,
             "eligible_label": eligible_label,
             "effect_rows": [
@@ -767,3 +780,70 @@ def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dic
     labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
     parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
     return text + (f" Skipped: {', '.join(parts)}." if parts else "")
+
+
+admin.site.unregister(Attendee)
+
+
+@admin.register(Attendee)
+class AttendeeAdmin(StaffActionsMixin, BaseAttendeeAdmin):
+    """Attendees, with the audited erasure of their personal data."""
+
+    actions = ["erase_selected"]
+    list_display = (*BaseAttendeeAdmin.list_display, "erased_at_utc")
+    readonly_fields = ("erased_at_utc",)
+    erased_at_utc = utc_column("erased_at", "Erased")
+
+    def has_erase_permission(self, request) -> bool:
+        return request.user.has_perm("workshops.erase_attendee")
+
+    @admin.action(description="Erase personal data of selected attendees", permissions=["erase"])
+    def erase_selected(self, request, queryset):
+        """Preview, ask for a reason, then erase names and emails and cancel enrollments."""
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = WorkshopDecisionForm(request.POST if confirming else None)
+        if confirming and form.is_valid():
+            result = attendees_erase(
+                attendees=queryset, reason=form.cleaned_data["reason"], actor=request.user
+            )
+            self.message_user(
+                request,
+                f"Erased the personal data of {_plural(result.erased, 'attendee')}; "
+                f"{_plural(result.reminders_cancelled, 'reminder')} cancelled. "
+                "The decision is recorded.",
+                messages.SUCCESS if result.erased else messages.WARNING,
+            )
+            return None
+        counted = attendee_erase_preview(attendees=queryset)
+        opts = self.model._meta
+        skipped = counted.selected - counted.eligible
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Erase personal data of the selected attendees",
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + form.media,
+            "action": "erase_selected",
+            "noun": "attendee",
+            "explanation": "Names and emails are replaced and cannot be brought back; earlier "
+            "errors and staff notes that quote them are cleaned. Reminder rows stay, so "
+            "nothing already sent is sent again; history keeps counts and ids only.",
+            "preview": counted,
+            "eligible_label": "Attendees whose name and email will be erased",
+            "effect_rows": [
+                ("Active enrollments that will be cancelled", counted.enrollments),
+                ("Reminders that will be cancelled", counted.reminders_to_cancel),
+                ("Reminders already sent (kept, so never sent again)", counted.reminders_sent),
+            ],
+            "skipped_rows": [("already erased", skipped)] if skipped else [],
+            "submit_label": f"Yes, erase {_plural(counted.eligible, 'attendee')}",
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(
+            request, "admin/reminders/workshop_decision_confirmation.html", context
+        )

@@ -178,6 +178,7 @@ class StaffDecision(models.Model):
         SEND_AGAIN = "send_again", "Unknown outcome resolved: sent again"
         CANCEL = "cancel", "Workshops cancelled"
         REINSTATE = "reinstate", "Workshops reinstated"
+        ERASE = "erase", "Attendee's personal data erased"
 
     action = models.CharField(max_length=16, choices=Action.choices, editable=False)
     actor = models.ForeignKey(
@@ -211,6 +212,9 @@ class StaffDecision(models.Model):
     workshop_ids = models.JSONField(
         default=list, editable=False, help_text="Ids of the workshops cancelled or reinstated."
     )
+    attendee_ids = models.JSONField(
+        default=list, editable=False, help_text="Ids of the attendees whose data was erased."
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -218,7 +222,14 @@ class StaffDecision(models.Model):
         constraints = [
             models.CheckConstraint(
                 condition=models.Q(
-                    action__in=["replay", "mark_sent", "send_again", "cancel", "reinstate"]
+                    action__in=[
+                        "replay",
+                        "mark_sent",
+                        "send_again",
+                        "cancel",
+                        "reinstate",
+                        "erase",
+                    ]
                 ),
                 name="staff_decision_action_valid",
             ),

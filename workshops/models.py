@@ -87,9 +87,16 @@ class Attendee(models.Model):
         help_text="Optional IANA zone; reminders show times in it, else in the workshop's.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
+    erased_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When staff erased this attendee's personal data (name and email replaced).",
+    )
 
     class Meta:
         ordering = ["email"]
+        permissions = [("erase_attendee", "Can erase an attendee's personal data")]
         constraints = [
             models.UniqueConstraint(
                 Lower("email"),

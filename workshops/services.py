@@ -121,6 +121,14 @@ def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
             {"workshop": "This workshop is cancelled; enrol in a scheduled workshop."},
             code="workshop_cancelled",
         )
+    if attendee.erased_at is not None:
+        raise ValidationError(
+            {
+                "attendee": "This attendee's personal data was erased; to enrol the person "
+                "again, add them as a new attendee with their name and email."
+            },
+            code="attendee_erased",
+        )
     with transaction.atomic():
         enrollment, created = Enrollment.objects.select_for_update().get_or_create(
             attendee=attendee, workshop=workshop

@@ -1,0 +1,177 @@
+"""Erase an attendee's personal data (GDPR), keeping what stops a second send.
+
+``attendee_erase`` runs in one durable transaction:
+
+1. cancels the attendee's active enrollments through workshops.services, so
+   their unsent reminders are cancelled and in-flight ones withdrawn by the
+   same path as any cancellation;
+2. replaces the name with ``(erased)`` and the email with a unique address
+   under the reserved ``.invalid`` domain, and clears the time zone;
+3. removes the old email and name from the texts that could quote them:
+   each reminder's ``last_error`` and ``status_reason`` (an SMTP server
+   often echoes the address), each attempt's ``error``, and the reasons of
+   earlier staff decisions;
+4. writes one StaffDecision (action ``erase``) with ids and counts only.
+
+The reminder rows stay, with their status: a ``sent`` row is the durable
+sent marker, so nothing is sent to the person again for those workshops,
+and the history keeps its counts. The ``.eml`` files the ``file`` channel
+wrote for this attendee (a demo and test channel) are not touched.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+
+from django.contrib.auth.base_user import AbstractBaseUser
+from django.db import transaction
+from django.db.models import Q, QuerySet
+
+from clock import Clock, default_clock
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
+from reminders.replay import clean_reason
+from workshops.models import Attendee, Enrollment
+from workshops.services import enrollment_cancel
+
+logger = logging.getLogger(__name__)
+
+ERASED_NAME = "(erased)"
+ERASED_TEXT = "[erased]"
+# Names shorter than this are not searched for in texts: they match ordinary words.
+MIN_NAME_TO_SCRUB = 4
+
+
+@dataclass(frozen=True, slots=True)
+class ErasurePreview:
+    selected: int
+    eligible: int
+    enrollments: int
+    reminders_to_cancel: int
+    reminders_sent: int
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    selected: int
+    erased: int
+    reminders_cancelled: int
+    audit_id: int
+
+
+def erased_email(attendee_id: int) -> str:
+    return f"erased-{attendee_id}@erased.invalid"
+
+
+def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> ErasurePreview:
+    selection = Attendee.objects.filter(pk__in=attendees.order_by().values("pk"))
+    eligible = selection.filter(erased_at__isnull=True)
+    reminders = Reminder.objects.filter(attendee__in=eligible.values("pk"))
+    return ErasurePreview(
+        selected=selection.count(),
+        eligible=eligible.count(),
+        enrollments=Enrollment.objects.filter(
+            attendee__in=eligible.values("pk"), status=Enrollment.Status.ACTIVE
+        ).count(),
+        reminders_to_cancel=reminders.filter(status__in=Reminder.OPEN_STATUSES).count(),
+        reminders_sent=reminders.filter(status=Reminder.Status.SENT).count(),
+    )
+
+
+def attendees_erase(
+    *,
+    attendees: QuerySet[Attendee],
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+) -> ErasureResult:
+    """Erase the personal data of every selected attendee not erased yet; return counts."""
+    reason = clean_reason(reason)
+    clock = clock or default_clock()
+    now = clock.now()
+    with transaction.atomic(durable=True):
+        preview = attendee_erase_preview(attendees=attendees)
+        targets = list(
+            Attendee.objects.filter(
+                pk__in=attendees.order_by().values("pk"), erased_at__isnull=True
+            )
+            .order_by("pk")
+            .select_for_update()
+        )
+        cancelled: list[int] = []
+        for attendee in targets:
+            cancelled += _erase_one(attendee, now=now, clock=clock)
+        audit = StaffDecision.objects.create(
+            action=StaffDecision.Action.ERASE,
+            actor=actor if actor.pk else None,
+            actor_name=actor.get_username(),
+            created_at=now,
+            reason=reason,
+            selected=preview.selected,
+            changed=len(targets),
+            skipped={"already_erased": preview.selected - len(targets)}
+            if preview.selected > len(targets)
+            else {},
+            reminder_ids=sorted(cancelled),
+            attendee_ids=[a.pk for a in targets],
+        )
+    logger.info(
+        "Personal data of %s attendee(s) erased by %s (ids %s)",
+        len(targets),
+        audit.actor_name,
+        audit.attendee_ids,
+    )
+    return ErasureResult(preview.selected, len(targets), len(cancelled), audit.pk)
+
+
+def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
+    """Erase one locked attendee; return the ids of the reminders it cancelled."""
+    words = _personal_words(attendee)
+    pattern = re.compile("|".join(map(re.escape, words)), flags=re.IGNORECASE)
+    open_before = set(
+        Reminder.objects.filter(attendee=attendee, status__in=Reminder.OPEN_STATUSES).values_list(
+            "pk", flat=True
+        )
+    )
+    for enrollment in Enrollment.objects.filter(attendee=attendee, status=Enrollment.Status.ACTIVE):
+        enrollment_cancel(enrollment=enrollment, clock=clock)
+    mine = Reminder.objects.filter(attendee=attendee)
+    for reminder in mine.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
+        Reminder.objects.filter(pk=reminder.pk).update(
+            last_error=pattern.sub(ERASED_TEXT, reminder.last_error),
+            status_reason=pattern.sub(ERASED_TEXT, reminder.status_reason)[:200],
+        )
+    attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
+    for attempt in attempts.filter(_quoting(words, "error")):
+        DeliveryAttempt.objects.filter(pk=attempt.pk).update(
+            error=pattern.sub(ERASED_TEXT, attempt.error)
+        )
+    for decision in StaffDecision.objects.filter(_quoting(words, "reason")):
+        StaffDecision.objects.filter(pk=decision.pk).update(
+            reason=pattern.sub(ERASED_TEXT, decision.reason)
+        )
+    Attendee.objects.filter(pk=attendee.pk).update(
+        name=ERASED_NAME, email=erased_email(attendee.pk), timezone="", erased_at=now
+    )
+    return sorted(
+        Reminder.objects.filter(pk__in=open_before, status=Reminder.Status.CANCELLED).values_list(
+            "pk", flat=True
+        )
+    )
+
+
+def _quoting(words: list[str], field: str) -> Q:
+    query = Q()
+    for word in words:
+        query |= Q(**{f"{field}__icontains": word})
+    return query
+
+
+def _personal_words(attendee: Attendee) -> list[str]:
+    """Return the texts to remove: the email, and the full name unless it is too short."""
+    words = [attendee.email]
+    name = attendee.name.strip()
+    if len(name) >= MIN_NAME_TO_SCRUB:
+        words.append(name)
+    return words
