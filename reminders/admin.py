@@ -246,6 +246,48 @@ class StaffActionsMixin:
         }
         return TemplateResponse(request, "admin/reminders/staff_action_confirmation.html", context)
 
+    def _decision_page(
+        self,
+        request,
+        *,
+        title: str,
+        action: str,
+        noun: str,
+        explanation: str,
+        preview,
+        eligible_label: str,
+        effect_rows: list[tuple[str, int]],
+        skipped_rows: list[tuple[str, int]],
+        submit_label: str,
+        form: forms.Form,
+    ) -> TemplateResponse:
+        """Render the confirmation of a decision on workshops or attendees, with its reason."""
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + form.media,
+            "action": action,
+            "noun": noun,
+            "explanation": explanation,
+            "preview": preview,
+            "eligible_label": eligible_label,
+            "effect_rows": effect_rows,
+            "skipped_rows": skipped_rows,
+            "submit_label": submit_label,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(
+            request, "admin/reminders/workshop_decision_confirmation.html", context
+        )
+
     def _replay(
         self,
         request,
@@ -734,38 +776,27 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             )
             return None
         counted: WorkshopPreview = preview(workshops=queryset)
-        opts = self.model._meta
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "subtitle": None,
-            "opts": opts,
-            "app_label": opts.app_label,
-            "media": self.media + form.media,
-            "action": action,
-            "noun": "workshop",
-            "explanation": explanation,
-            "preview": counted,
-            "eligible_label": eligible_label,
-            "effect_rows": [
+        skipped = {**counted.skipped, **missing}
+        return self._decision_page(
+            request,
+            title=title,
+            action=action,
+            noun="workshop",
+            explanation=explanation,
+            preview=counted,
+            eligible_label=eligible_label,
+            effect_rows=[
                 (label, counted.effects[key])
                 for key, label in WORKSHOP_EFFECT_LABELS.items()
                 if key in counted.effects
             ],
-            "skipped_rows": [
-                (label, {**counted.skipped, **missing}.get(key, 0))
+            skipped_rows=[
+                (label, skipped[key])
                 for key, label in {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}.items()
-                if {**counted.skipped, **missing}.get(key)
+                if skipped.get(key)
             ],
-            "submit_label": f"Yes, {verb} {_plural(counted.eligible, 'workshop')}",
-            "form": form,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "confirm_field": CONFIRM,
-            "changelist_url": request.get_full_path(),
-            **self._selection_state(request),
-        }
-        return TemplateResponse(
-            request, "admin/reminders/workshop_decision_confirmation.html", context
+            submit_label=f"Yes, {verb} {_plural(counted.eligible, 'workshop')}",
+            form=form,
         )
 
 
@@ -815,35 +846,23 @@ class AttendeeAdmin(StaffActionsMixin, BaseAttendeeAdmin):
             )
             return None
         counted = attendee_erase_preview(attendees=queryset)
-        opts = self.model._meta
         skipped = counted.selected - counted.eligible
-        context = {
-            **self.admin_site.each_context(request),
-            "title": "Erase personal data of the selected attendees",
-            "subtitle": None,
-            "opts": opts,
-            "app_label": opts.app_label,
-            "media": self.media + form.media,
-            "action": "erase_selected",
-            "noun": "attendee",
-            "explanation": "Names and emails are replaced and cannot be brought back; earlier "
+        return self._decision_page(
+            request,
+            title="Erase personal data of the selected attendees",
+            action="erase_selected",
+            noun="attendee",
+            explanation="Names and emails are replaced and cannot be brought back; earlier "
             "errors and staff notes that quote them are cleaned. Reminder rows stay, so "
             "nothing already sent is sent again; history keeps counts and ids only.",
-            "preview": counted,
-            "eligible_label": "Attendees whose name and email will be erased",
-            "effect_rows": [
+            preview=counted,
+            eligible_label="Attendees whose name and email will be erased",
+            effect_rows=[
                 ("Active enrollments that will be cancelled", counted.enrollments),
                 ("Reminders that will be cancelled", counted.reminders_to_cancel),
                 ("Reminders already sent (kept, so never sent again)", counted.reminders_sent),
             ],
-            "skipped_rows": [("already erased", skipped)] if skipped else [],
-            "submit_label": f"Yes, erase {_plural(counted.eligible, 'attendee')}",
-            "form": form,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "confirm_field": CONFIRM,
-            "changelist_url": request.get_full_path(),
-            **self._selection_state(request),
-        }
-        return TemplateResponse(
-            request, "admin/reminders/workshop_decision_confirmation.html", context
+            skipped_rows=[("already erased", skipped)] if skipped else [],
+            submit_label=f"Yes, erase {_plural(counted.eligible, 'attendee')}",
+            form=form,
         )

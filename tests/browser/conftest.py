@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,16 @@ CHROMIUM_ARGS = [
     "--disable-sync",
 ]
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
+PASSWORD = "a-long-browser-test-password"
+
+
+def log_in(page, base: str, username: str, next_path: str) -> None:
+    """Log in through the admin's login form and wait for ``next_path``."""
+    page.goto(f"{base}/admin/login/?next={next_path}")
+    page.fill("#id_username", username)
+    page.fill("#id_password", PASSWORD)
+    page.click("input[type=submit]")
+    page.wait_for_url(re.compile(re.escape(next_path) + "$"))
 
 
 @pytest.fixture(autouse=True)

@@ -19,11 +19,11 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import Reminder
 from reminders.schedule import ensure_scan_schedule
 from reminders.services import reminder_claim_batch, reminder_record_batch
+from tests.browser.conftest import PASSWORD, log_in
 from tests.support.processes import celery_worker, process_env
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PASSWORD = "a-long-browser-test-password"
 _real = SystemClock()
 
 
@@ -63,14 +63,6 @@ def _wait_until(predicate, *, timeout: float = 60, what: str) -> None:
     raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
-def _log_in(page, base: str, username: str, next_path: str) -> None:
-    page.goto(f"{base}/admin/login/?next={next_path}")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(re.compile(re.escape(next_path) + "$"))
-
-
 def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
     live_server,
     plain_http_cookies,
@@ -102,7 +94,7 @@ def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
     env.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
     with celery_worker(env, concurrency=1, name="browser"):
         page = new_page()
-        _log_in(page, live_server.url, "replayer", changelist)
+        log_in(page, live_server.url, "replayer", changelist)
         page.locator("#changelist-filter").get_by_role("link", name="Failed", exact=True).click()
         page.wait_for_url(re.compile(r"status__exact=failed"))
         assert page.locator("#result_list tbody tr").count() == 3
@@ -137,7 +129,7 @@ def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
         page.screenshot(path=screenshot_dir / "scheduler-health.png", full_page=True)
 
         other = new_page()
-        _log_in(other, live_server.url, "viewer", changelist)
+        log_in(other, live_server.url, "viewer", changelist)
         assert other.locator("#result_list tbody tr").count() == 3
         options = other.locator("select[name=action] option").all_inner_texts()
         assert "Replay selected reminders" not in options

@@ -10,20 +10,12 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from reminders.models import Reminder, StaffDecision
+from tests.browser.conftest import PASSWORD, log_in
 from workshops.models import Workshop
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
 
-PASSWORD = "a-long-browser-test-password"
 CHANGELIST = "/admin/workshops/workshop/"
-
-
-def _log_in(page, base: str, username: str, next_path: str) -> None:
-    page.goto(f"{base}/admin/login/?next={next_path}")
-    page.fill("#id_username", username)
-    page.fill("#id_password", PASSWORD)
-    page.click("input[type=submit]")
-    page.wait_for_url(re.compile(re.escape(next_path) + "$"))
 
 
 def _choose(page, action_label: str) -> None:
@@ -64,7 +56,7 @@ def test_cancel_with_confirmation_then_reinstate_and_read_the_audit(
         )
     )  # fmt: skip
     page = new_page()
-    _log_in(page, live_server.url, "organiser", CHANGELIST)
+    log_in(page, live_server.url, "organiser", CHANGELIST)
 
     # Cancel: the confirmation counts, and refuses to go on without a reason.
     _choose(page, "Cancel selected workshops")
