@@ -367,9 +367,14 @@ class _Batch:
                 self._finish_cancelled(progress)
                 return None
         # No call runs past the deadline: its timeout is clamped to what is left.
-        timeout = min(self._policy.call_timeout, self._seconds_left(envelope))
+        left = self._seconds_left(envelope)
+        timeout = min(self._policy.call_timeout, left)
         if timeout <= 0:
             self._finish_at_deadline(progress)
+            return None
+        if not self._keys and left < self._policy.min_call_window:
+            # Too little time for a call that could not be repeated: not sent, and known.
+            self._finish_at_deadline(progress, left=left)
             return None
         progress.attempts += 1
         progress.in_flight = True
@@ -468,10 +473,18 @@ class _Batch:
     def _deadline_text(self, envelope: Envelope) -> str:
         return f"deadline {envelope.deadline_at.isoformat()} reached before the call could start"
 
-    def _finish_at_deadline(self, progress: _Progress) -> None:
+    def _finish_at_deadline(self, progress: _Progress, *, left: float | None = None) -> None:
+        """Finish an envelope whose deadline came, or is closer than min_call_window (``left``)."""
         last = progress.last_failure
         if progress.attempts == 0:
             text = self._deadline_text(progress.envelope)
+            if left is not None:
+                text = (
+                    f"not started with {left:.3g}s left before the deadline "
+                    f"{progress.envelope.deadline_at.isoformat()}: under min_call_window="
+                    f"{self._policy.min_call_window:g}s, and the channel cannot repeat a call "
+                    "whose answer is lost"
+                )
             if last is not None:
                 text += f"; last error: {last.error}"
             progress.finish(Outcome.EXPIRED, text)

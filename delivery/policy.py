@@ -15,6 +15,7 @@ DEFAULT_BACKOFF_MAX = 30.0
 DEFAULT_JITTER = 0.2
 # Below a typical Celery soft time limit (300 s), so a batch stops itself first.
 DEFAULT_BUDGET = 240.0
+DEFAULT_MIN_CALL_WINDOW = 1.0
 
 
 def _check_int(name: str, value: object, hint: str) -> None:
@@ -63,6 +64,11 @@ class DeliveryPolicy:
     #: Seconds the channel may take to close (SMTP QUIT, HTTP pool shutdown)
     #: once the batch has ended; the results are decided before it.
     close_timeout: float = DEFAULT_CALL_TIMEOUT
+    #: On a channel without idempotency keys, a call is not started with less
+    #: than this many seconds left before the reminder's deadline: it would be
+    #: cut off at the deadline with its outcome unknown, and could not be
+    #: repeated. The reminder ends not sent (missed) instead. 0 disables it.
+    min_call_window: float = DEFAULT_MIN_CALL_WINDOW
 
     def __post_init__(self) -> None:
         _check_int("concurrency", self.concurrency, "pass how many provider calls may run at once.")
@@ -98,6 +104,12 @@ class DeliveryPolicy:
         )
         _check_seconds(
             "close_timeout", self.close_timeout, allow_zero=False, hint="closing needs a bound."
+        )
+        _check_seconds(
+            "min_call_window",
+            self.min_call_window,
+            allow_zero=True,
+            hint="pass 0 to start calls until the deadline.",
         )
 
     def backoff(self, retry: int, *, draw: float, retry_after: float | None = None) -> float:

@@ -134,6 +134,49 @@ def test_a_call_never_runs_past_the_deadline(fake_clock, make_envelope):
     assert call.ended_at == pytest.approx(4.0)
 
 
+@pytest.mark.parametrize("left", [0.9, 0.5, 0.001])
+def test_a_call_that_could_not_be_repeated_is_not_started_just_before_the_deadline(
+    fake_clock, make_envelope, left
+):
+    """A channel without idempotency keys, under min_call_window (1 s) before the deadline:
+    no call, and the reminder ends known-not-sent (expired), never unknown (timed out)."""
+    channel = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=False)
+    envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=left))
+
+    [result] = run(deliver([envelope], channel, policy=POLICY, clock=fake_clock))
+
+    assert (result.outcome, result.attempts, result.maybe_delivered) == (
+        Outcome.EXPIRED, 0, False,
+    )  # fmt: skip
+    assert result.error.startswith(f"not started with {left:.3g}s left before the deadline")
+    assert "min_call_window=1s" in result.error
+    assert channel.calls_for(envelope.key) == []
+
+
+def test_the_call_window_leaves_channels_with_keys_and_calls_with_time_alone(
+    fake_clock, make_envelope
+):
+    """With keys a lost answer can be repeated, so the last second is still used; without
+    keys a call starts at exactly min_call_window before the deadline."""
+    keyed = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=True)
+    close = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=0.5))
+    [sent] = run(deliver([close], keyed, policy=POLICY, clock=fake_clock))
+    assert sent.outcome is Outcome.SENT
+
+    plain = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=False)
+    edge = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=1))
+    [result] = run(deliver([edge], plain, policy=POLICY, clock=fake_clock))
+    assert result.outcome is Outcome.SENT
+    unlimited = DeliveryPolicy(**{**_fields(POLICY), "min_call_window": 0})
+    late = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=0.5))
+    [anyway] = run(deliver([late], plain, policy=unlimited, clock=fake_clock))
+    assert anyway.outcome is Outcome.SENT
+
+
+def _fields(policy: DeliveryPolicy) -> dict:
+    return {name: getattr(policy, name) for name in policy.__slots__}
+
+
 def test_a_stop_lets_calls_in_flight_finish_within_the_drain_and_starts_nothing_new(
     fake_clock, make_envelope
 ):
