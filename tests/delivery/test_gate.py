@@ -148,8 +148,11 @@ def test_a_call_that_could_not_be_repeated_is_not_started_just_before_the_deadli
     assert (result.outcome, result.attempts, result.maybe_delivered) == (
         Outcome.EXPIRED, 0, False,
     )  # fmt: skip
-    assert result.error.startswith(f"not started with {left:.3g}s left before the deadline")
-    assert "min_call_window=1s" in result.error
+    assert result.error == (
+        f"not started with {left:.3g}s left before the deadline "
+        f"{envelope.deadline_at.isoformat()}: under min_call_window=1s, and the channel "
+        "cannot repeat a call whose answer is lost"
+    )
     assert channel.calls_for(envelope.key) == []
 
 
