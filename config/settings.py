@@ -353,7 +353,11 @@ CELERY_TASK_QUEUES = (Queue("reminders"),)
 CELERY_TASK_ROUTES = {
     "reminders.scan": {"queue": "scan"},
     "reminders.deliver_batch": {"queue": "reminders"},
+    "reminders.replay_selection": {"queue": "reminders"},
 }
+# Task modules beside the apps' tasks.py: the background replay of a large
+# staff selection (REMINDERS_REPLAY_INLINE_LIMIT).
+CELERY_IMPORTS = ("reminders.staff_tasks",)
 
 # Acknowledge after the task body ran: a worker that dies mid-batch leaves its
 # message to be redelivered, and the claim (not the broker) deduplicates.
@@ -426,6 +430,11 @@ REMINDERS_REQUEUE_AFTER = env_int(
 )
 # Most reminders one scan queues; the next scan takes the rest.
 REMINDERS_DISPATCH_LIMIT = env_int("REMINDERS_DISPATCH_LIMIT", 20000, minimum=1, maximum=1000000)
+# A confirmed replay of more reminders than this runs on a worker (its staff
+# decision shows the progress); the request itself only records it.
+REMINDERS_REPLAY_INLINE_LIMIT = env_int(
+    "REMINDERS_REPLAY_INLINE_LIMIT", 2000, minimum=1, maximum=1000000
+)
 # Provider calls per reminder inside one batch (with backoff and jitter)
 # before the batch gives the reminder back for a later claim.
 REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, maximum=20)

@@ -33,6 +33,7 @@ from __future__ import annotations
 from datetime import timedelta
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -52,6 +53,7 @@ from reminders.replay import (
     REASON_MAX_LENGTH,
     StaffActionResult,
     reminder_replay,
+    reminder_replay_later,
     reminder_resolve_unknown,
 )
 from reminders.selectors import (
@@ -60,6 +62,7 @@ from reminders.selectors import (
     reminder_replay_preview,
     reminder_resolve_preview,
     scheduler_health,
+    selection_of,
 )
 from reminders.workshop_actions import (
     WORKSHOP_EFFECT_LABELS,
@@ -97,9 +100,21 @@ def skipped_text(skipped: dict[str, int]) -> str:
 def replay_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
     """Return the message staff read after a replay: what was queued and what was left alone."""
     skipped = {**result.skipped, **not_found}
+    if result.running:
+        url = reverse("admin:reminders_staffdecision_change", args=[result.audit_id])
+        return format_html(
+            "Replaying {} in the background: a worker re-arms and queues them in chunks. "
+            'Follow its progress and final counts in <a href="{}">staff decision {}</a>.{}',
+            _plural(result.selected, "selected reminder"),
+            url,
+            result.audit_id,
+            skipped_text(skipped),
+        )
     if not result.changed:
         return "Nothing was replayed." + skipped_text(skipped)
     text = f"Replayed {_plural(result.changed, 'reminder')}: {result.queued} queued for delivery"
+    if result.later:
+        text += f", {result.later} queued by the next scan"
     if result.waiting:
         text += f", {result.waiting} waiting for their send window"
     return text + "." + skipped_text(skipped)
@@ -114,6 +129,8 @@ def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> 
         text = f"Marked {_plural(result.changed, 'reminder')} as sent"
     else:
         text = f"Sending {_plural(result.changed, 'reminder')} again: {result.queued} queued"
+        if result.later:
+            text += f", {result.later} queued by the next scan"
         if result.waiting:
             text += f", {result.waiting} waiting for their send window"
     return text + "." + skipped_text(skipped)
@@ -320,15 +337,17 @@ class StaffActionsMixin:
                 submit_label=f"Yes, replay {_plural(preview.eligible, 'reminder')}",
                 form=form,
             )
-        result = reminder_replay(
-            reminders=reminders, actor=request.user, reason=form.cleaned_data["reason"]
-        )
+        reason = form.cleaned_data["reason"]
+        if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT:
+            result = reminder_replay_later(reminders=reminders, actor=request.user, reason=reason)
+        else:
+            result = reminder_replay(reminders=reminders, actor=request.user, reason=reason)
         if missing is None:
             missing = self._missing(request, found=result.selected)
         self.message_user(
             request,
             replay_message(result, not_found=missing),
-            messages.SUCCESS if result.changed else messages.WARNING,
+            messages.SUCCESS if result.changed or result.running else messages.WARNING,
         )
         return None
 
@@ -596,13 +615,16 @@ class StaffDecisionAdmin(admin.ModelAdmin):
     """Every staff decision, read-only: who, when, why, and links to what it changed."""
 
     list_display = (
-        "created_at_utc", "action", "actor_name", "selected", "changed", "queued", "reason",
+        "created_at_utc", "action", "state", "actor_name", "selected", "progress", "changed",
+        "queued", "reason",
     )  # fmt: skip
     list_filter = ("action", ("created_at", admin.DateFieldListFilter))
     search_fields = ("actor_name", "reason")
     fields = (
         "created_at_utc",
         "action",
+        "state",
+        "progress",
         "actor_name",
         "reason",
         "selected",

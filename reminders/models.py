@@ -180,7 +180,22 @@ class StaffDecision(models.Model):
         REINSTATE = "reinstate", "Workshops reinstated"
         ERASE = "erase", "Attendee's personal data erased"
 
+    class State(models.TextChoices):
+        DONE = "done", "Done"
+        RUNNING = "running", "Running in the background"
+
     action = models.CharField(max_length=16, choices=Action.choices, editable=False)
+    state = models.CharField(
+        max_length=8, choices=State.choices, default=State.DONE, editable=False
+    )
+    progress = models.PositiveIntegerField(
+        default=0, editable=False, help_text="Reminders of a background replay processed so far."
+    )
+    selection_ids = models.JSONField(
+        default=list,
+        editable=False,
+        help_text="The reminders a background replay works through, emptied when it is done.",
+    )
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

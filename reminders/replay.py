@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -81,13 +81,20 @@ class StaffActionResult:
     queued: int
     skipped: dict[str, int] = field(default_factory=dict)
     audit_id: int | None = None
+    #: Re-armed with their window open but not queued now (beyond
+    #: REMINDERS_DISPATCH_LIMIT, or taken by a concurrent dispatch): the next
+    #: scan queues them.
+    later: int = 0
+    #: The replay was handed to a worker (REMINDERS_REPLAY_INLINE_LIMIT): the
+    #: counts grow on its StaffDecision row as the worker goes.
+    running: bool = False
 
     @property
     def waiting(self) -> int:
-        """Return how many re-armed reminders wait for their send window (the scan queues them)."""
+        """Return how many re-armed reminders wait for their send window to open."""
         if self.action == StaffDecision.Action.MARK_SENT:
             return 0
-        return self.changed - self.queued
+        return self.changed - self.queued - self.later
 
 
 def reminder_replay(
@@ -125,6 +132,7 @@ def reminder_replay(
             queued=queued,
             reason=(reason or "").strip()[:REASON_MAX_LENGTH],
         )
+        result = replace(result, later=_left_for_scan(rearmed, now=now))
     logger.info(
         "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s",
         actor.get_username(),
@@ -191,6 +199,8 @@ def reminder_resolve_unknown(
             queued=queued,
             reason=reason,
         )
+        if send_again:
+            result = replace(result, later=_left_for_scan(changed, now=now))
     logger.info(
         "Unknown outcomes resolved by %s (%s): %s changed, %s queued, skipped %s",
         actor_name,
@@ -250,6 +260,124 @@ def _rearm(*, candidates: QuerySet[Reminder], guard: Q, reason: str, now: dateti
         if fate.status == Status.PENDING:
             fates[pk] = fate
     return sorted(reminders_return(fates=fates, guard=guard, now=now, extra={"attempts": 0}))
+
+
+def _left_for_scan(ids: list[int], *, now: datetime) -> int:
+    """Count the re-armed reminders whose window is open but that were not queued."""
+    if not ids:
+        return 0
+    return Reminder.objects.filter(
+        pk__in=ids, status=Status.PENDING, window_opens_at__lte=now
+    ).count()
+
+
+# --- Replays too large for one request ------------------------------------------
+
+# A background replay re-arms and queues this many reminders per transaction.
+REPLAY_CHUNK = 1000
+PublishTask = Callable[[int], object]
+
+
+def reminder_replay_later(
+    *,
+    reminders: QuerySet[Reminder],
+    actor: AbstractBaseUser,
+    reason: str = "",
+    clock: Clock | None = None,
+    publish_task: PublishTask | None = None,
+) -> StaffActionResult:
+    """Record a replay of a large selection and hand it to a worker after commit.
+
+    The preview is counted now, exactly, and the selection's ids are kept on
+    the StaffDecision row (state ``running``), so the worker replays what
+    staff confirmed whatever the filters match later. Nothing is re-armed in
+    the request: ``replay_continue`` does it, chunk by chunk, on a worker.
+    """
+    clock = clock or default_clock()
+    now = clock.now()
+    with transaction.atomic(durable=True):
+        preview = reminder_replay_preview(reminders=reminders, clock=clock)
+        ids = sorted(selection_of(reminders).values_list("pk", flat=True))
+        audit = StaffDecision.objects.create(
+            action=StaffDecision.Action.REPLAY,
+            state=StaffDecision.State.RUNNING,
+            actor=actor if actor.pk else None,
+            actor_name=actor.get_username(),
+            created_at=now,
+            reason=(reason or "").strip()[:REASON_MAX_LENGTH],
+            selected=preview.selected,
+            changed=0,
+            queued=0,
+            skipped=dict(preview.skipped),
+            selection_ids=ids,
+        )
+        publish = publish_task or _publish_replay_task
+        transaction.on_commit(lambda: publish(audit.pk))
+    logger.info(
+        "Replay by %s of %s reminders handed to a worker (decision %s)",
+        audit.actor_name,
+        preview.selected,
+        audit.pk,
+    )
+    return StaffActionResult(
+        action=audit.action,
+        selected=preview.selected,
+        changed=0,
+        queued=0,
+        skipped=dict(preview.skipped),
+        audit_id=audit.pk,
+        running=True,
+    )
+
+
+def _publish_replay_task(decision_id: int) -> None:
+    from reminders.staff_tasks import replay_selection
+
+    replay_selection.delay(decision_id)
+
+
+def replay_continue(
+    *,
+    decision_id: int,
+    clock: Clock | None = None,
+    publish: Publish | None = None,
+    chunk: int = REPLAY_CHUNK,
+) -> StaffDecision:
+    """Work a background replay through to its end, one durable chunk at a time.
+
+    Each chunk re-arms and queues its reminders exactly as a replay in the
+    request does, and moves ``progress`` on in the same transaction, under
+    the decision row's lock: a worker killed mid-way, or a redelivered task,
+    resumes after the last committed chunk and never re-arms a chunk twice.
+    """
+    clock = clock or default_clock()
+    while True:
+        with transaction.atomic(durable=True):
+            decision = StaffDecision.objects.select_for_update().get(pk=decision_id)
+            if decision.state == StaffDecision.State.DONE:
+                return decision
+            now = clock.now()
+            ids = decision.selection_ids[decision.progress : decision.progress + chunk]
+            if not ids:
+                eligible = decision.selected - sum(decision.skipped.values())
+                raced = eligible - decision.changed
+                if raced > 0:
+                    decision.skipped = {**decision.skipped, "raced": raced}
+                decision.state = StaffDecision.State.DONE
+                decision.selection_ids = []
+                decision.save(update_fields=["state", "selection_ids", "skipped"])
+                return decision
+            rearmed = _rearm(
+                candidates=Reminder.objects.filter(pk__in=ids),
+                guard=Q(status__in=REPLAYABLE_STATUSES),
+                reason=REASON_REPLAYED.format(actor=decision.actor_name),
+                now=now,
+            )
+            decision.queued += _dispatch(rearmed, clock=clock, publish=publish)
+            decision.changed += len(rearmed)
+            decision.progress += len(ids)
+            decision.reminder_ids = sorted([*decision.reminder_ids, *rearmed])
+            decision.save(update_fields=["queued", "changed", "progress", "reminder_ids"])
 
 
 def _dispatch(ids: list[int], *, clock: Clock, publish: Publish | None) -> int:

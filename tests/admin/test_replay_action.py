@@ -260,7 +260,9 @@ def test_replaying_10000_reminders_costs_the_same_queries_as_10(
     django_assert_max_num_queries,
     django_capture_on_commit_callbacks,
 ):
-    """Set-based all the way: the selection is a subquery, never rows loaded into Python."""
+    """Set-based all the way: the selection is a subquery, never rows loaded into Python.
+    (The in-request path; above REMINDERS_REPLAY_INLINE_LIMIT a worker does it.)"""
+    settings.REMINDERS_REPLAY_INLINE_LIMIT = 20_000
     client = login(replayer)
     client.get(CHANGELIST)  # warm the session and the content types
     small, large = bulk_failed(10), bulk_failed(10_000)

@@ -1,0 +1,118 @@
+"""A replay too large for one request runs on a worker, chunk by chunk, and its staff
+decision shows the progress and the final counts (issue 11, item 8)."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+import pytest
+from django.urls import reverse
+
+from reminders import replay as replay_module
+from reminders.models import Reminder, StaffDecision
+from reminders.replay import reminder_replay, reminder_replay_later, replay_continue
+from reminders.staff_tasks import replay_selection
+
+pytestmark = pytest.mark.django_db
+
+CHANGELIST = "/admin/reminders/reminder/"
+
+
+def _ids(workshop) -> list[int]:
+    return sorted(Reminder.objects.filter(workshop=workshop).values_list("pk", flat=True))
+
+
+def test_a_confirmed_replay_above_the_limit_records_it_and_changes_nothing_in_the_request(
+    login,
+    replayer,
+    bulk_failed,
+    make_reminders,
+    settings,
+    monkeypatch,
+    django_capture_on_commit_callbacks,
+):
+    settings.REMINDERS_REPLAY_INLINE_LIMIT = 20
+    workshop = bulk_failed(30)
+    sent = make_reminders(2, "sent")
+    Reminder.objects.filter(pk__in=sent).update(workshop=workshop)
+    tasks: list[int] = []
+    monkeypatch.setattr(replay_module, "_publish_replay_task", tasks.append)
+    with django_capture_on_commit_callbacks(execute=True):
+        response = login(replayer).post(
+            f"{CHANGELIST}?workshop__id__exact={workshop.pk}",
+            {
+                "action": "replay_selected", "select_across": "1", "post": "yes",
+                "_selected_action": _ids(workshop)[:1], "reason": "DNS fixed",
+            },
+            follow=True,
+        )  # fmt: skip
+    decision = StaffDecision.objects.get()
+    assert tasks == [decision.pk], "one task, published after commit"
+    assert Counter(Reminder.objects.filter(workshop=workshop).values_list("status", flat=True)) == {
+        "failed": 30, "sent": 2,
+    }  # fmt: skip
+    assert (decision.state, decision.selected, decision.progress) == ("running", 32, 0)
+    assert decision.skipped == {"sent": 2} and decision.reason == "DNS fixed"
+    assert decision.selection_ids == _ids(workshop)
+    [message] = [str(m) for m in response.context["messages"]]
+    assert message.startswith("Replaying 32 selected reminders in the background")
+    assert reverse("admin:reminders_staffdecision_change", args=[decision.pk]) in message
+
+
+def test_the_worker_replays_the_selection_in_chunks_with_the_counts_of_an_inline_replay(
+    replayer, bulk_failed, make_reminders, published, clock, django_capture_on_commit_callbacks
+):
+    workshop = bulk_failed(23)
+    sent = make_reminders(2, "sent")
+    Reminder.objects.filter(pk__in=sent).update(workshop=workshop)
+    selection = Reminder.objects.filter(workshop=workshop)
+    recorded = reminder_replay_later(
+        reminders=selection, actor=replayer, clock=clock, publish_task=lambda pk: None
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        decision = replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+    assert (decision.state, decision.progress, decision.selection_ids) == ("done", 25, [])
+    assert (decision.changed, decision.queued, decision.skipped) == (23, 23, {"sent": 2})
+    assert Counter(i for batch in published for i in batch) == Counter(decision.reminder_ids)
+    assert len(decision.reminder_ids) == 23
+    # The same selection replayed inline: the same counts.
+    Reminder.objects.filter(pk__in=decision.reminder_ids).update(status="failed")
+    inline = reminder_replay(reminders=selection, actor=replayer, clock=clock)
+    assert (inline.changed, inline.queued, inline.skipped) == (23, 23, {"sent": 2})
+
+
+def test_a_worker_that_dies_mid_replay_is_resumed_and_replays_each_reminder_once(
+    replayer, bulk_failed, published, clock, monkeypatch, django_capture_on_commit_callbacks
+):
+    workshop = bulk_failed(20)
+    recorded = reminder_replay_later(
+        reminders=Reminder.objects.filter(workshop=workshop),
+        actor=replayer,
+        clock=clock,
+        publish_task=lambda pk: None,
+    )
+    real_rearm, calls = replay_module._rearm, []
+
+    def dies_on_the_third_chunk(**kwargs):
+        calls.append(1)
+        if len(calls) == 3:
+            raise SystemExit("worker killed")
+        return real_rearm(**kwargs)
+
+    monkeypatch.setattr(replay_module, "_rearm", dies_on_the_third_chunk)
+    with django_capture_on_commit_callbacks(execute=True), pytest.raises(SystemExit):
+        replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+    assert StaffDecision.objects.get().progress == 10  # two chunks committed, the third not
+    monkeypatch.setattr(replay_module, "_rearm", real_rearm)
+    with django_capture_on_commit_callbacks(execute=True):
+        decision = replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+    assert (decision.state, decision.changed, decision.queued) == ("done", 20, 20)
+    assert Counter(i for batch in published for i in batch) == Counter(_ids(workshop))
+    # A redelivered task after the end changes nothing.
+    assert replay_selection.run(recorded.audit_id) == {"changed": 20, "queued": 20}
+    assert Counter(i for batch in published for i in batch) == Counter(_ids(workshop))
+
+
+@pytest.mark.parametrize("value", [None, "7", 0, -1, True, [1]])
+def test_the_task_rejects_a_malformed_decision_id(value):
+    assert replay_selection.run(value) == {"rejected": 1}
