@@ -74,6 +74,7 @@ def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
     new_page,
     screenshot_dir,
     django_user_model,
+    settings,
 ):
     workshop = make_workshop(starts_in=timedelta(hours=3), title="Async Python deep dive")
     enrol(workshop, 3)
@@ -84,7 +85,7 @@ def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
     PeriodicTask.objects.filter(pk=scan.pk).update(
         last_run_at=live_clock.now() - timedelta(minutes=10)
     )
-    _staff(django_user_model, "replayer", "view_reminder", "replay_reminder")
+    _staff(django_user_model, "replayer", "view_reminder", "replay_reminder", "view_staffdecision")
     _staff(django_user_model, "viewer", "view_reminder")
     changelist = "/admin/reminders/reminder/"
 
@@ -124,13 +125,43 @@ def test_staff_replay_failed_reminders_and_the_worker_delivers_them(
             "sent"
         }
 
+        # A selection above REMINDERS_REPLAY_INLINE_LIMIT goes to the worker; the message
+        # links to its staff decision, which shows the progress until it is done.
+        settings.REMINDERS_REPLAY_INLINE_LIMIT = 5
+        large = make_workshop(starts_in=timedelta(hours=3), title="Large replay")
+        enrol(large, 12)
+        large_ids = list(Reminder.objects.filter(workshop=large).values_list("pk", flat=True))
+        _fail(large_ids, live_clock)
+        page.goto(f"{live_server.url}{changelist}?workshop__id__exact={large.pk}")
+        assert page.locator("#result_list tbody tr").count() == 12
+        page.check("#action-toggle")
+        page.select_option("select[name=action]", label="Replay selected reminders")
+        page.click("button[name=index]")
+        page.wait_for_selector("#staff-preview")
+        page.click("#confirm-staff-action")
+        message = page.locator("ul.messagelist li.success").inner_text()
+        assert message.startswith("Replaying 12 selected reminders in the background"), message
+        page.locator("ul.messagelist li.success a").click()
+        page.wait_for_url(re.compile(r"/admin/reminders/staffdecision/\d+/change/"))
+        _wait_until(
+            lambda: (
+                Counter(Reminder.objects.filter(workshop=large).values_list("status", flat=True))
+                == {"sent": 12}
+            ),
+            what="the worker to replay and send the large selection",
+        )
+        page.reload()
+        details = page.locator("#content-main").inner_text()
+        assert "Done" in details and "12 reminders" in details, details
+        page.screenshot(path=screenshot_dir / "background-replay.png", full_page=True)
+
         page.goto(f"{live_server.url}{changelist}health/")
         assert "celery beat is down" in page.locator("#scheduler-warning").inner_text()
         page.screenshot(path=screenshot_dir / "scheduler-health.png", full_page=True)
 
         other = new_page()
         log_in(other, live_server.url, "viewer", changelist)
-        assert other.locator("#result_list tbody tr").count() == 3
+        assert other.locator("#result_list tbody tr").count() == 15
         options = other.locator("select[name=action] option").all_inner_texts()
         assert "Replay selected reminders" not in options
 
