@@ -1,4 +1,8 @@
-"""URL routes: the Django admin is the staff surface."""
+"""URL routes: the Django admin is the staff surface.
+
+The probes /healthz and /readyz are answered by config.probes.ProbeMiddleware
+before routing (and before the Host check), so they have no route here.
+"""
 
 from django.contrib import admin
 from django.urls import path

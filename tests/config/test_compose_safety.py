@@ -106,3 +106,14 @@ def test_production_environment_passes_check_deploy_clean(tmp_path):
     )  # fmt: skip
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified no issues" in result.stdout, result.stdout + result.stderr
+
+
+def test_web_and_workers_have_probes_that_exist():
+    """compose's healthchecks call the probe path and the Celery ping the project provides."""
+    from config.probes import PROBES
+
+    web = " ".join(COMPOSE["services"]["web"]["healthcheck"]["test"])
+    path = re.search(r"http://127\.0\.0\.1:8000(/\w+)", web).group(1)
+    assert path == "/readyz" and path in PROBES
+    worker = " ".join(COMPOSE["services"]["worker"]["healthcheck"]["test"])
+    assert "celery -A config inspect ping --destination celery@$$HOSTNAME" in worker

@@ -1,0 +1,89 @@
+"""Probes for an orchestrator: ``/healthz`` (the process is up) and ``/readyz`` (it can work).
+
+``/readyz`` checks the database and the broker, each in a thread of its own
+with a deadline of PROBE_TIMEOUT seconds, so a server that hangs cannot hang
+the probe; the answer names the check that failed and the kind of failure,
+never a URL, a version or a message that could carry a secret.
+
+``ProbeMiddleware``, first in MIDDLEWARE, answers both paths before Django
+validates the Host header (ALLOWED_HOSTS) or redirects to HTTPS: an
+orchestrator probes the container's own address over plain http.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from pathlib import Path
+
+from django.conf import settings
+from django.db import connection
+from django.http import HttpResponse, JsonResponse
+
+PROBE_TIMEOUT = 2.0
+_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readyz")
+
+
+class ProbeMiddleware:
+    """Serve /healthz and /readyz ahead of the rest of the middleware."""
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        probe = PROBES.get(request.path_info)
+        return probe(request) if probe is not None else self.get_response(request)
+
+
+def healthz(request) -> HttpResponse:
+    """Answer 200 while the process serves requests; touches nothing else."""
+    return HttpResponse("ok\n", content_type="text/plain")
+
+
+def readyz(request) -> JsonResponse:
+    """Answer 200 when the database and the broker answer within PROBE_TIMEOUT, else 503."""
+    checks = {"database": _database, "broker": _broker}
+    futures = {name: _pool.submit(check) for name, check in checks.items()}
+    results = {}
+    for name, future in futures.items():
+        try:
+            future.result(timeout=PROBE_TIMEOUT)
+            results[name] = "ok"
+        except FutureTimeout:
+            results[name] = f"no answer within {PROBE_TIMEOUT:g} s"
+        except Exception as exc:  # the kind only: a message may quote a URL
+            results[name] = f"failed ({type(exc).__name__})"
+    ready = all(value == "ok" for value in results.values())
+    return JsonResponse(
+        {"status": "ready" if ready else "not ready", "checks": results},
+        status=200 if ready else 503,
+    )
+
+
+def _database() -> None:
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+    finally:
+        connection.close()  # this thread's own connection
+
+
+def _broker() -> None:
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("filesystem://"):
+        folder = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
+        if not folder.is_dir():
+            raise FileNotFoundError("broker folder missing")
+        return
+    import redis
+
+    client = redis.Redis.from_url(
+        url, socket_connect_timeout=PROBE_TIMEOUT, socket_timeout=PROBE_TIMEOUT
+    )
+    try:
+        client.ping()
+    finally:
+        client.close()
+
+
+PROBES = {"/healthz": healthz, "/readyz": readyz}

@@ -1,0 +1,71 @@
+"""/healthz and /readyz: up, ready, or which dependency is not, and never a secret
+(issue 13, item 5)."""
+
+from __future__ import annotations
+
+import json
+import socket
+
+import pytest
+from django.db import OperationalError
+from django.db.backends.base.base import BaseDatabaseWrapper
+
+SECRET = "Pw-7c0ffee"
+
+
+def _closed_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+@pytest.mark.django_db
+def test_healthz_answers_without_touching_the_database(client, django_assert_num_queries):
+    with django_assert_num_queries(0):
+        response = client.get("/healthz")
+    assert (response.status_code, response.content) == (200, b"ok\n")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_is_ready_when_the_database_and_redis_answer(client):
+    response = client.get("/readyz")
+    assert response.status_code == 200, response.content
+    assert json.loads(response.content) == {
+        "status": "ready", "checks": {"database": "ok", "broker": "ok"},
+    }  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_names_a_dead_broker_and_never_its_url(client, settings):
+    settings.CELERY_BROKER_URL = f"redis://:{SECRET}@127.0.0.1:{_closed_port()}/0"
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    body = json.loads(response.content)
+    assert body["status"] == "not ready" and body["checks"]["database"] == "ok"
+    assert body["checks"]["broker"].startswith("failed (")
+    assert SECRET not in response.content.decode() and "127.0.0.1" not in response.content.decode()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_readyz_names_a_database_that_refuses_connections(client, monkeypatch):
+    # A stopped PostgreSQL, as the connection reports it (the test database must stay up).
+    def refuse(self):
+        raise OperationalError(f"connection to server failed: password {SECRET}")
+
+    monkeypatch.setattr(BaseDatabaseWrapper, "ensure_connection", refuse)
+    response = client.get("/readyz")
+    assert response.status_code == 503
+    assert json.loads(response.content)["checks"] == {
+        "database": "failed (OperationalError)", "broker": "ok",
+    }  # fmt: skip
+    assert SECRET not in response.content.decode()
+
+
+def test_probes_answer_any_host_over_plain_http_while_everything_else_is_checked(client, settings):
+    """An orchestrator probes the container's address over http: no HTTPS redirect, and
+    a Host outside ALLOWED_HOSTS still gets its answer."""
+    settings.SECURE_SSL_REDIRECT = True
+    settings.ALLOWED_HOSTS = ["reminders.example.com"]
+    assert client.get("/healthz", HTTP_HOST="10.0.3.7:8000").status_code == 200
+    assert client.get("/admin/", HTTP_HOST="10.0.3.7:8000").status_code == 400
+    assert client.get("/admin/", HTTP_HOST="reminders.example.com").status_code == 301
