@@ -33,9 +33,11 @@ class RedactSecrets(logging.Filter):
         if redacted != message:
             record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
-            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
-        elif record.exc_text:
+            record.exc_text = logging.Formatter().formatException(record.exc_info)
+        if record.exc_text:
             record.exc_text = redact_text(record.exc_text)
+            # Formatters print exc_text; some (the JSON one) would format exc_info afresh.
+            record.exc_info = None
         return True
 
 

@@ -1,0 +1,63 @@
+"""LOG_FORMAT=json: one JSON object per line, extra fields kept, secrets still masked
+(issue 13, item 2, in part)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import datetime
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CODE = """
+import django, logging
+django.setup()
+log = logging.getLogger("reminders.bridge")
+log.warning("posting to %s", "https://n.example.com/r?token=Tk-1234", extra={"reminder_id": 42, "key": "rem-w1-a1"})
+try:
+    raise ConnectionError("redis://:Tk-1234@r:6379/0 refused\\nsecond line")
+except ConnectionError:
+    logging.getLogger("reminders.scanlane").exception("Scan lane lost the broker")
+"""
+
+
+def _run(**env: str) -> subprocess.CompletedProcess:
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LOG_", "REMINDERS_"))}
+    base.update({"SECRET_KEY": "x", "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
+    return subprocess.run(
+        [sys.executable, "-c", CODE], cwd=ROOT, env=base, capture_output=True, text=True,
+        timeout=60,
+    )  # fmt: skip
+
+
+def test_json_lines_carry_time_level_logger_message_and_the_callers_fields():
+    result = _run(LOG_FORMAT="json")
+    assert result.returncode == 0, result.stderr
+    lines = [json.loads(line) for line in result.stderr.splitlines()]
+    assert len(lines) == 2, result.stderr
+    first, second = lines
+    assert {k: first[k] for k in ("level", "logger", "reminder_id", "key")} == {
+        "level": "WARNING", "logger": "reminders.bridge", "reminder_id": 42, "key": "rem-w1-a1",
+    }  # fmt: skip
+    assert first["message"] == "posting to https://n.example.com/r?token=***"
+    assert datetime.fromisoformat(first["time"]).utcoffset().total_seconds() == 0
+    assert second["message"] == "Scan lane lost the broker"
+    assert "ConnectionError: redis://:***@r:6379/0 refused" in second["exc_info"]
+    assert "Tk-1234" not in result.stderr
+
+
+def test_text_stays_the_default():
+    result = _run()
+    assert result.returncode == 0, result.stderr
+    assert not result.stderr.lstrip().startswith("{")
+    assert " WARNING reminders.bridge posting to https://n.example.com/r?token=***" in (
+        result.stderr
+    )
+
+
+def test_an_unknown_log_format_is_refused_by_name():
+    result = _run(LOG_FORMAT="xml")
+    assert result.returncode != 0
+    assert "LOG_FORMAT must be one of text, json; got 'xml'." in result.stderr
