@@ -4,7 +4,8 @@
 values of every URL in a log line, whichever library wrote it
 (delivery.redact).
 
-``SecretsFilter`` is Django's DEFAULT_EXCEPTION_REPORTER_FILTER.
+``JsonLines`` is the LOG_FORMAT=json formatter. ``SecretsFilter`` is
+Django's DEFAULT_EXCEPTION_REPORTER_FILTER.
 
 Django already hides settings and request variables whose names hold API,
 AUTH, TOKEN, KEY, SECRET, PASS, SIGNATURE or HTTP_COOKIE. This project's
@@ -20,6 +21,7 @@ import logging
 import re
 
 from django.views.debug import SafeExceptionReporterFilter
+from pythonjsonlogger.json import JsonFormatter
 
 from delivery.redact import redact_text
 
@@ -33,12 +35,22 @@ class RedactSecrets(logging.Filter):
         if redacted != message:
             record.msg, record.args = redacted, None
         if record.exc_info and not record.exc_text:
-            record.exc_text = logging.Formatter().formatException(record.exc_info)
-        if record.exc_text:
+            record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
+        elif record.exc_text:
             record.exc_text = redact_text(record.exc_text)
-            # Formatters print exc_text; some (the JSON one) would format exc_info afresh.
-            record.exc_info = None
         return True
+
+
+class JsonLines(JsonFormatter):
+    """LOG_FORMAT=json: python-json-logger's formatter, with tracebacks redacted too.
+
+    It formats ``exc_info`` afresh rather than printing the filter's redacted
+    ``exc_text``, so the redaction is applied here as well; the record itself
+    keeps its ``exc_info`` for every other handler.
+    """
+
+    def formatException(self, ei) -> str:
+        return redact_text(super().formatException(ei))
 
 
 class SecretsFilter(SafeExceptionReporterFilter):

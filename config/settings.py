@@ -177,7 +177,7 @@ LOGGING = {
     "formatters": {
         "text": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"},
         "json": {
-            "()": "pythonjsonlogger.json.JsonFormatter",
+            "()": "config.reporting.JsonLines",
             "fmt": "%(levelname)s %(name)s %(message)s",
             "rename_fields": {"levelname": "level", "name": "logger"},
             "timestamp": "time",  # ISO 8601 in UTC
