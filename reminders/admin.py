@@ -784,13 +784,9 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
     ):
         confirming = request.POST.get(CONFIRM) == "yes"
         form = WorkshopDecisionForm(request.POST if confirming else None)
-        missing = self._missing(
-            request,
-            found=0 if self._selection_state(request)["select_across"] else queryset.count(),
-            key="workshops_not_found",
-        )
         if confirming and form.is_valid():
             result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
+            missing = self._missing(request, found=result.selected, key="workshops_not_found")
             self.message_user(
                 request,
                 _workshop_message(result, verb=verb, missing=missing),
@@ -798,6 +794,7 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             )
             return None
         counted: WorkshopPreview = preview(workshops=queryset)
+        missing = self._missing(request, found=counted.selected, key="workshops_not_found")
         skipped = {**counted.skipped, **missing}
         return self._decision_page(
             request,

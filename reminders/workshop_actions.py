@@ -131,27 +131,17 @@ def workshops_cancel(
     clock: Clock | None = None,
 ) -> WorkshopDecisionResult:
     """Cancel the scheduled workshops of a selection, with a reason; return what changed."""
-    reason = clean_reason(reason)
-    clock = clock or default_clock()
-    with transaction.atomic(durable=True):
-        preview = workshop_cancel_preview(workshops=workshops)
-        targets = _lock(workshops, Workshop.Status.SCHEDULED)
-        open_before = list(
-            Reminder.objects.filter(
-                workshop__in=targets, status__in=Reminder.OPEN_STATUSES
-            ).values_list("pk", flat=True)
-        )
-        changed = [
-            w.pk
-            for w in targets
-            if workshop_cancel(workshop=w, clock=clock).status == Workshop.Status.CANCELLED
-        ]
-        reminders = sorted(
-            Reminder.objects.filter(pk__in=open_before, status=Status.CANCELLED).values_list(
-                "pk", flat=True
-            )
-        )
-        return _record(preview, actor, reason, clock, changed, reminders)
+    return _decide(
+        workshops,
+        reason=reason,
+        actor=actor,
+        clock=clock,
+        preview=lambda clock: workshop_cancel_preview(workshops=workshops),
+        status=Workshop.Status.SCHEDULED,
+        change=workshop_cancel,
+        affected=Q(status__in=Reminder.OPEN_STATUSES),
+        changed=Q(status=Status.CANCELLED),
+    )
 
 
 def workshops_reinstate(
@@ -162,27 +152,48 @@ def workshops_reinstate(
     clock: Clock | None = None,
 ) -> WorkshopDecisionResult:
     """Reinstate the cancelled workshops of a selection, with a reason; return what changed."""
+    return _decide(
+        workshops,
+        reason=reason,
+        actor=actor,
+        clock=clock,
+        preview=lambda clock: workshop_reinstate_preview(workshops=workshops, clock=clock),
+        status=Workshop.Status.CANCELLED,
+        change=workshop_reinstate,
+        affected=Q(status=Status.CANCELLED),
+        changed=~Q(status=Status.CANCELLED),
+    )
+
+
+def _decide(
+    workshops: QuerySet[Workshop],
+    *,
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None,
+    preview,
+    status: str,
+    change,
+    affected: Q,
+    changed: Q,
+) -> WorkshopDecisionResult:
+    """Lock the selected workshops in ``status``, ``change`` each, and record the decision.
+
+    The reminders recorded are those matching ``affected`` before and ``changed`` after.
+    """
     reason = clean_reason(reason)
     clock = clock or default_clock()
     with transaction.atomic(durable=True):
-        preview = workshop_reinstate_preview(workshops=workshops, clock=clock)
-        targets = _lock(workshops, Workshop.Status.CANCELLED)
-        cancelled_before = list(
-            Reminder.objects.filter(workshop__in=targets, status=Status.CANCELLED).values_list(
-                "pk", flat=True
-            )
+        counted = preview(clock)
+        targets = _lock(workshops, status)
+        before = list(
+            Reminder.objects.filter(affected, workshop__in=targets).values_list("pk", flat=True)
         )
-        changed = [
-            w.pk
-            for w in targets
-            if workshop_reinstate(workshop=w, clock=clock).status == Workshop.Status.SCHEDULED
-        ]
+        done = [w.pk for w in targets if change(workshop=w, clock=clock).status != status]
         reminders = sorted(
-            Reminder.objects.filter(pk__in=cancelled_before)
-            .exclude(status=Status.CANCELLED)
-            .values_list("pk", flat=True)
+            Reminder.objects.filter(changed, pk__in=before).values_list("pk", flat=True)
         )
-        return _record(preview, actor, reason, clock, changed, reminders)
+        return _record(counted, actor, reason, clock, done, reminders)
 
 
 def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:

@@ -72,23 +72,20 @@ def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
 
 def workshop_cancel(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
     """Cancel a workshop; its unsent reminders become cancelled in the same transaction."""
-    now = (clock or default_clock()).now()
-    with transaction.atomic():
-        updated = Workshop.objects.filter(pk=workshop.pk, status=Workshop.Status.SCHEDULED).update(
-            status=Workshop.Status.CANCELLED, updated_at=now
-        )
-        workshop.refresh_from_db()
-        if updated:
-            workshop_changed.send(sender=Workshop, workshop=workshop, changed=frozenset({"status"}))
-    return workshop
+    return _set_status(workshop, Workshop.Status.SCHEDULED, Workshop.Status.CANCELLED, clock=clock)
 
 
 def workshop_reinstate(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
     """Bring a cancelled workshop back; listeners re-plan what can still be sent."""
+    return _set_status(workshop, Workshop.Status.CANCELLED, Workshop.Status.SCHEDULED, clock=clock)
+
+
+def _set_status(workshop: Workshop, old: str, new: str, *, clock: Clock | None) -> Workshop:
+    """Move ``workshop`` from ``old`` to ``new`` with a guarded UPDATE and announce it."""
     now = (clock or default_clock()).now()
     with transaction.atomic():
-        updated = Workshop.objects.filter(pk=workshop.pk, status=Workshop.Status.CANCELLED).update(
-            status=Workshop.Status.SCHEDULED, updated_at=now
+        updated = Workshop.objects.filter(pk=workshop.pk, status=old).update(
+            status=new, updated_at=now
         )
         workshop.refresh_from_db()
         if updated:
