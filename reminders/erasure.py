@@ -13,6 +13,12 @@
    earlier staff decisions;
 4. writes one StaffDecision (action ``erase``) with ids and counts only.
 
+A worker that claimed one of the attendee's reminders before the erasure
+holds the old address: its claim watch withdraws the calls not yet started
+(the enrollment is cancelled), and its record scrubs the address and name
+from whatever outcome it writes afterwards
+(``reminders.services.personal.erased_among`` orders the two).
+
 The reminder rows stay, with their status: a ``sent`` row is the durable
 sent marker, so nothing is sent to the person again for those workshops,
 and the history keeps its counts. The ``.eml`` files the ``file`` channel
@@ -22,7 +28,6 @@ wrote for this attendee (a demo and test channel) are not touched.
 from __future__ import annotations
 
 import logging
-import re
 from dataclasses import dataclass
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -32,15 +37,13 @@ from django.db.models import Q, QuerySet
 from clock import Clock, default_clock
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.replay import clean_reason
+from reminders.services.personal import personal_words, scrubber
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
 
 logger = logging.getLogger(__name__)
 
 ERASED_NAME = "(erased)"
-ERASED_TEXT = "[erased]"
-# Names shorter than this are not searched for in texts: they match ordinary words.
-MIN_NAME_TO_SCRUB = 4
 
 
 @dataclass(frozen=True, slots=True)
@@ -127,8 +130,8 @@ def attendees_erase(
 
 def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     """Erase one locked attendee; return the ids of the reminders it cancelled."""
-    words = _personal_words(attendee)
-    pattern = re.compile("|".join(map(re.escape, words)), flags=re.IGNORECASE)
+    words = personal_words(email=attendee.email, name=attendee.name)
+    scrub = scrubber(words)
     open_before = set(
         Reminder.objects.filter(attendee=attendee, status__in=Reminder.OPEN_STATUSES).values_list(
             "pk", flat=True
@@ -139,18 +142,14 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     mine = Reminder.objects.filter(attendee=attendee)
     for reminder in mine.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
         Reminder.objects.filter(pk=reminder.pk).update(
-            last_error=pattern.sub(ERASED_TEXT, reminder.last_error),
-            status_reason=pattern.sub(ERASED_TEXT, reminder.status_reason)[:200],
+            last_error=scrub(reminder.last_error),
+            status_reason=scrub(reminder.status_reason)[:200],
         )
     attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
     for attempt in attempts.filter(_quoting(words, "error")):
-        DeliveryAttempt.objects.filter(pk=attempt.pk).update(
-            error=pattern.sub(ERASED_TEXT, attempt.error)
-        )
+        DeliveryAttempt.objects.filter(pk=attempt.pk).update(error=scrub(attempt.error))
     for decision in StaffDecision.objects.filter(_quoting(words, "reason")):
-        StaffDecision.objects.filter(pk=decision.pk).update(
-            reason=pattern.sub(ERASED_TEXT, decision.reason)
-        )
+        StaffDecision.objects.filter(pk=decision.pk).update(reason=scrub(decision.reason))
     Attendee.objects.filter(pk=attendee.pk).update(
         name=ERASED_NAME, email=erased_email(attendee.pk), timezone="", erased_at=now
     )
@@ -166,12 +165,3 @@ def _quoting(words: list[str], field: str) -> Q:
     for word in words:
         query |= Q(**{f"{field}__icontains": word})
     return query
-
-
-def _personal_words(attendee: Attendee) -> list[str]:
-    """Return the texts to remove: the email, and the full name unless it is too short."""
-    words = [attendee.email]
-    name = attendee.name.strip()
-    if len(name) >= MIN_NAME_TO_SCRUB:
-        words.append(name)
-    return words

@@ -13,7 +13,8 @@ status here, never from the row's own copies of the deadline and window:
 cancel or a move (which updates those rows, then the reminders, in one
 transaction) either committed before the read, and the fate sees it, or waits
 until the returning transaction commits, and then finds the row ``pending``
-and treats it like any open reminder. Lock order everywhere: workshop,
+and treats it like any open reminder. Lock order everywhere: attendee (the
+record, when an outcome's text may quote an erased attendee), workshop,
 enrollment, reminder, delivery attempt.
 """
 

@@ -34,7 +34,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
 
     Guarantee: rows change only while ``sending`` with an expired lease, and
     their attempts only after them (the lock order of every writer:
-    workshop, enrollment, reminder, attempt), so a record racing the reaper
+    attendee, workshop, enrollment, reminder, attempt), so a record racing the reaper
     either wins whole or changes nothing. Return counts by what happened.
     """
     clock = clock or default_clock()

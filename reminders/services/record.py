@@ -11,7 +11,7 @@ and enrollment as they are now (reminders.services.fate).
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -26,6 +26,7 @@ from reminders.services import reasons
 from reminders.services._sql import update_returning
 from reminders.services.claim import Claim
 from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+from reminders.services.personal import erased_among, personal_words, scrubber
 
 Status = Reminder.Status
 Attempt = DeliveryAttempt.Outcome
@@ -141,9 +142,11 @@ def reminder_record_batch(
     Guarantee: a reminder row changes only while it is still ``sending``
     under this claim's token, and its DeliveryAttempt changes only when the
     reminder row did (and only while ``in_flight``), so a reaped worker's late
-    record touches neither. Locks are taken workshop, enrollment, reminder,
-    attempt, the one order every writer uses. Return counts by the new
-    status of the rows actually changed.
+    record touches neither. Locks are taken attendee, workshop, enrollment,
+    reminder, attempt, the one order every writer uses. An outcome whose text
+    quotes an attendee erased since the claim (a provider echoing the old
+    address) is written with that address and name removed. Return counts by
+    the new status of the rows actually changed.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -160,9 +163,10 @@ def reminder_record_batch(
     }
     if not verdicts:
         return {}
-    finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
-    returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
     with transaction.atomic():
+        verdicts = _without_erased_data(verdicts, by_id)
+        finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
+        returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
         sources = sources_locked(returns)
         changed = _record_finals(claim=claim, finals=finals, now=now)
         if returns:
@@ -189,6 +193,33 @@ def reminder_record_batch(
             )
         _finish_attempts(claim=claim, verdicts=verdicts, changed=changed, now=now)
     return dict(Counter(str(status) for status in changed.values()))
+
+
+def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
+    """Scrub the texts of verdicts whose attendee was erased while the reminder was claimed.
+
+    Only verdicts carrying text need the check (a plain ``sent`` carries
+    none), so a record without errors sends no extra statement.
+    """
+    quoting = [pk for pk, (v, _) in verdicts.items() if v.error or v.reason or v.late_reason]
+    erased = erased_among(by_id[pk].attendee_id for pk in quoting)
+    if not erased:
+        return verdicts
+    scrubbed = dict(verdicts)
+    for pk in quoting:
+        attendee = by_id[pk].attendee
+        if attendee.pk not in erased:
+            continue
+        scrub = scrubber(personal_words(email=attendee.email, name=attendee.name))
+        verdict, result = verdicts[pk]
+        verdict = replace(
+            verdict,
+            error=scrub(verdict.error),
+            reason=scrub(verdict.reason),
+            late_reason=scrub(verdict.late_reason),
+        )
+        scrubbed[pk] = (verdict, result)
+    return scrubbed
 
 
 def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -> dict[int, str]:

@@ -139,3 +139,120 @@ def test_the_admin_erases_only_with_the_permission_after_a_confirmation_with_a_r
     ]
     assert Attendee.objects.get(pk=attendee.pk).name == ERASED_NAME
     assert NAME not in client.get(url).content.decode()
+
+
+# --- Erasure while a reminder is in flight -----------------------------------------------
+
+
+def _claimed_for(name: str, email: str, workshops, clock):
+    """Enrol a new attendee in each workshop and claim their reminders as a worker would."""
+    from reminders.services import reminders_plan
+
+    attendee = Attendee.objects.create(name=name, email=email)
+    for workshop in workshops:
+        enrollment_create(attendee=attendee, workshop=workshop)
+    reminders_plan(clock=clock)
+    ids = list(
+        Reminder.objects.filter(attendee=attendee).order_by("pk").values_list("pk", flat=True)
+    )
+    claim = reminder_claim_batch(ids=ids, channel="smtp", worker="w1", clock=clock)
+    assert claim.ids == ids
+    return attendee, claim
+
+
+def _texts_of(attendee) -> str:
+    reminders = Reminder.objects.filter(attendee=attendee)
+    texts = [
+        *reminders.values_list("last_error", flat=True),
+        *reminders.values_list("status_reason", flat=True),
+        *DeliveryAttempt.objects.filter(reminder__in=reminders).values_list("error", flat=True),
+    ]
+    return "\n".join(texts)
+
+
+def test_outcomes_recorded_after_the_erasure_never_quote_the_old_address_or_name(
+    eraser, clock, make_workshop
+):
+    """The worker claimed Ada's three reminders (and loaded her address) before staff erased
+    her; its record comes after the erasure, with provider errors that echo the address and
+    name. What lands in the rows and attempts is scrubbed, whatever the outcome."""
+    attendee, claim = _claimed_for(NAME, EMAIL, [make_workshop() for _ in range(3)], clock)
+    result = attendees_erase(
+        attendees=Attendee.objects.filter(pk=attendee.pk), reason="ticket 9", actor=eraser
+    )
+    assert result.erased == 1
+    refused, greylisted, cut_off = claim.reminders
+    echo = f"<{EMAIL}> ({NAME})"
+    recorded = reminder_record_batch(
+        claim=claim,
+        results=[
+            result_for(refused, Outcome.PERMANENT, error=f"550 5.1.1 {echo}: no such user"),
+            result_for(greylisted, Outcome.TRANSIENT, error=f"451 4.7.1 {echo}: try later"),
+            result_for(cut_off, Outcome.TIMED_OUT, error=f"timed out talking about {echo}"),
+        ],
+        clock=clock,
+    )
+    # The enrollment is cancelled, so the greylisted one is handed back as cancelled.
+    assert recorded == {"failed": 1, "cancelled": 1, "unknown": 1}, recorded
+    texts = _texts_of(attendee)
+    assert EMAIL.lower() not in texts.lower() and NAME.lower() not in texts.lower(), texts
+    assert "550 5.1.1 <[erased]> ([erased]): no such user" in texts
+    assert "451 4.7.1 <[erased]> ([erased]): try later" in texts
+    assert DeliveryAttempt.objects.filter(claim_token=claim.token).count() == 3
+    assert set(
+        DeliveryAttempt.objects.filter(claim_token=claim.token).values_list("outcome", flat=True)
+    ) == {"permanent", "transient", "timed_out"}
+
+
+def test_a_record_without_errors_reads_no_attendee_row(clock, make_workshop):
+    """The check costs nothing on the common path: a chunk that was all sent carries no text,
+    so the record sends no statement about attendees."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    _, claim = _claimed_for(NAME, EMAIL, [make_workshop() for _ in range(2)], clock)
+    with CaptureQueriesContext(connection) as queries:
+        recorded = reminder_record_batch(
+            claim=claim,
+            results=[result_for(r, Outcome.SENT) for r in claim.reminders],
+            clock=clock,
+        )
+    assert recorded == {"sent": 2}
+    assert not [q["sql"] for q in queries if "workshops_attendee" in q["sql"]]
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_erasure_racing_a_record_on_the_same_reminder_never_leaves_the_address(
+    eraser, clock, make_workshop
+):
+    """Staff erase an attendee while the worker that holds her reminder records a refusal
+    echoing her address, staggered over both orders. Whichever commits first, the address
+    and name are gone from every text, the record lands in full and the erasure too."""
+    from tests.support.races import after, race
+
+    workshop = make_workshop()
+    # Seconds the record, then the erasure, waits after the start: the first and last
+    # rounds fix the order, the middle ones stagger by about one transaction.
+    staggers = [(0.3, 0), (0, 0), (0.005, 0), (0, 0.005), (0.01, 0), (0, 0.01), (0.02, 0)]
+    staggers += [(0, 0.02), (0, 0.05), (0, 0.3)]
+    for round_number, (record_wait, erase_wait) in enumerate(staggers):
+        name, email = f"Grace Hopper {round_number}", f"grace{round_number}@example.org"
+        attendee, claim = _claimed_for(name, email, [workshop], clock)
+        [reminder] = claim.reminders
+        refusal = result_for(reminder, Outcome.PERMANENT, error=f"550 <{email}> {name} unknown")
+        recorded, erased = race(
+            after(record_wait, reminder_record_batch, claim=claim, results=[refusal], clock=clock),
+            after(
+                erase_wait,
+                attendees_erase,
+                attendees=Attendee.objects.filter(pk=attendee.pk),
+                reason="request",
+                actor=eraser,
+                clock=clock,
+            ),
+        )
+        assert recorded == {"failed": 1}, (round_number, recorded)
+        assert erased.erased == 1
+        texts = _texts_of(attendee)
+        assert email not in texts and name not in texts, (round_number, texts)
+        assert "550 <[erased]> [erased] unknown" in texts

@@ -6,15 +6,12 @@ eligible reminder once, after commit, and never a sent one (FAULTS D3, D4, S3).
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
-from django.db import connection
 
-from clock import SystemClock
 from delivery.results import Outcome
 from reminders import publish
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
@@ -22,6 +19,7 @@ from reminders.replay import reminder_replay, reminder_resolve_unknown
 from reminders.selectors import reminder_replay_preview
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
 from tests.admin.conftest import PERMANENT_ERROR, result_for, settle
+from tests.support.races import after, race
 from workshops.services import workshop_cancel
 
 pytestmark = pytest.mark.django_db
@@ -282,30 +280,6 @@ def test_resolution_without_a_valid_reason_or_decision_changes_nothing(
 # --- Races ----------------------------------------------------------------------
 
 
-def _race(*jobs, rounds_barrier_timeout: float = 10) -> list:
-    """Run each job in its own thread and connection, started together; return their results."""
-    barrier = threading.Barrier(len(jobs))
-    results: list = [None] * len(jobs)
-    errors: list[BaseException] = []
-
-    def run(index, job):
-        try:
-            barrier.wait(rounds_barrier_timeout)
-            results[index] = job()
-        except BaseException as exc:  # reported below, in the test's thread
-            errors.append(exc)
-        finally:
-            connection.close()
-
-    threads = [threading.Thread(target=run, args=(i, job)) for i, job in enumerate(jobs)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(60)
-    assert not errors, errors
-    return results
-
-
 @pytest.mark.django_db(transaction=True)
 def test_two_staff_replaying_the_same_reminders_at_once_queue_each_once(
     clock, make_reminders, published, make_staff, settings
@@ -315,7 +289,7 @@ def test_two_staff_replaying_the_same_reminders_at_once_queue_each_once(
     ids = make_reminders(60, "failed")
     alice, bob = make_staff(username="alice"), make_staff(username="bob")
     for _ in range(3):
-        results = _race(
+        results = race(
             lambda: reminder_replay(reminders=_all(ids), actor=alice, clock=clock),
             lambda: reminder_replay(reminders=_all(ids), actor=bob, clock=clock),
         )
@@ -338,7 +312,7 @@ def test_replay_racing_the_automatic_dispatch_queues_each_reminder_once(
     failed = make_reminders(40, "failed")
     pending = make_reminders(40, "pending")
     for _ in range(3):
-        _race(
+        race(
             lambda: reminder_replay(reminders=_all(failed + pending), actor=replayer, clock=clock),
             lambda: reminders_dispatch(clock=clock, publish=publish.publish_batch),
         )
@@ -355,7 +329,7 @@ def test_replay_racing_a_worker_claim_never_resends_what_the_worker_holds(
 ):
     """D4: a worker claims due reminders while staff replay them; nothing claimed is re-armed."""
     pending = make_reminders(30, "pending")
-    claims = _race(
+    claims = race(
         lambda: reminder_claim_batch(ids=pending, channel="smtp", clock=clock),
         lambda: reminder_replay(reminders=_all(pending), actor=replayer, clock=clock),
     )
@@ -393,7 +367,7 @@ def test_replay_racing_the_reaper_on_the_same_rows_rearms_each_failed_reminder_o
         assert len(claim.ids) == 20
         clock.advance(settings.REMINDERS_LEASE_SECONDS)
         published.clear()
-        _, replay = _race(
+        _, replay = race(
             lambda: reminders_reap(clock=clock),
             lambda ids=ids: reminder_replay(reminders=_all(ids), actor=replayer, clock=clock),
         )
@@ -432,9 +406,9 @@ def test_replay_racing_a_worker_record_on_the_same_rows_never_takes_a_row_from_i
             for r in claim.reminders
         ]
         published.clear()
-        recorded, replay = _race(
-            _after(record_wait, reminder_record_batch, claim=claim, results=results, clock=clock),
-            _after(replay_wait, reminder_replay, reminders=_all(ids), actor=replayer, clock=clock),
+        recorded, replay = race(
+            after(record_wait, reminder_record_batch, claim=claim, results=results, clock=clock),
+            after(replay_wait, reminder_replay, reminders=_all(ids), actor=replayer, clock=clock),
         )
         # The record is fenced on (claim token, sending): a replay that took a row from
         # the worker would leave that row's result unwritten.
@@ -454,11 +428,3 @@ def test_replay_racing_a_worker_record_on_the_same_rows_never_takes_a_row_from_i
     print(f"\nreplay vs record, 10 rounds x 10 refused: {dict(ends)}")
     # Both orders happened: some rows were replayed after their record, some were not.
     assert ends[("queued", 1)] and ends[("failed", 0)], ends
-
-
-def _after(seconds: float, job, **kwargs):
-    def run():
-        SystemClock().sleep_blocking(seconds)
-        return job(**kwargs)
-
-    return run

@@ -136,3 +136,82 @@ def test_move_while_sending_sends_no_message_with_the_old_time(
     assert {
         r.json()["payload"]["starts_at"] for r in provider.requests[-statuses["pending"] :]
     } == {new_start.isoformat()}
+
+
+def test_a_workshop_cancelled_then_reinstated_mid_batch_sends_each_reminder_once(
+    live_clock, provider, make_workshop, enrol
+):
+    """Staff cancel a workshop while its 40 claimed reminders wait in the limiter, then
+    reinstate it. The reminders the watch withdrew go back to ``pending`` with the current
+    deadline (the workshop is scheduled again), not ``cancelled``; the next run sends them,
+    and the provider receives every key once."""
+    from workshops.services import workshop_reinstate
+
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=40)
+    ids = list(Reminder.objects.values_list("id", flat=True))
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 5)
+    workshop_cancel(workshop=workshop)
+    # Long enough for the claim watch to see the cancel and withdraw the rest.
+    _real.sleep_blocking(REVOCATION_WINDOW)
+    workshop_reinstate(workshop=workshop)
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(f"\ncancel then reinstate while sending: {dict(statuses)}")
+    assert set(statuses) == {"sent", "pending"}, statuses
+    assert statuses["sent"] == len(provider.requests)
+    policy = ReminderPolicy.from_settings()
+    pending = Reminder.objects.filter(status="pending")
+    assert {r.deadline_at for r in pending} == {policy.deadline_at(workshop.starts_at)}
+    # Withdrawn before any call: the attempt is refunded, so none counts twice.
+    assert {r.attempts for r in pending} == {0}
+    thread, outcome = _run_batch(list(pending.values_list("id", flat=True)))
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 40}
+    assert Counter(r.headers["idempotency-key"] for r in provider.requests) == Counter(
+        Reminder.objects.values_list("key", flat=True)
+    ), "a key reached the provider twice, or not at all"
+
+
+def test_an_attendee_erased_while_waiting_in_the_limiter_is_never_sent_to(
+    live_clock, provider, make_workshop, enrol, django_user_model
+):
+    """Staff erase an attendee whose reminder is claimed and waiting in the limiter: the
+    claim loaded the old address, but no request carrying it starts after the window; the
+    row ends ``cancelled`` and no text quotes the address."""
+    from reminders.erasure import attendees_erase
+    from workshops.models import Attendee
+
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=40)
+    ids = list(Reminder.objects.order_by("deadline_at", "id").values_list("id", flat=True))
+    last = Reminder.objects.select_related("attendee").get(pk=ids[-1])
+    email, name = last.attendee.email, last.attendee.name
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 5)
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=last.attendee_id),
+        reason="request",
+        actor=django_user_model.objects.create_user("eraser"),
+    )
+    committed = _real.monotonic()
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    late = [
+        r.arrived_at - committed
+        for r in provider.requests
+        if r.json()["recipient"]["email"] == email and r.arrived_at > committed + REVOCATION_WINDOW
+    ]
+    assert late == [], f"requests to the erased address after the window: {late}"
+    row = Reminder.objects.get(pk=last.pk)
+    assert row.status == "cancelled", row.status
+    assert provider.requests_for(row.key) == []
+    texts = " ".join(
+        [row.last_error, row.status_reason]
+        + list(DeliveryAttempt.objects.filter(reminder=row).values_list("error", flat=True))
+    )
+    assert email not in texts and name not in texts, texts
+    assert Reminder.objects.filter(status="sent").count() == 39
