@@ -1,0 +1,76 @@
+"""The record's hand-written SQL also runs on SQLite, the database of the local run (make run)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, os, django
+django.setup()
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from datetime import timedelta
+from clock import FakeClock, SystemClock
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_plan
+from workshops.services import attendee_get_or_create, enrollment_create, workshop_create
+
+clock = FakeClock(SystemClock().now(), autojump=False)
+workshop = workshop_create(title="T", starts_at=clock.now() + timedelta(hours=3),
+                           duration=timedelta(hours=1), timezone="UTC", clock=clock)
+for i in range(3):
+    attendee, _ = attendee_get_or_create(email=f"a{i}@example.com", name=f"A {i}")
+    enrollment_create(attendee=attendee, workshop=workshop)
+reminders_plan(clock=clock)
+claim = reminder_claim_batch(ids=list(Reminder.objects.values_list("id", flat=True)),
+                             channel="smtp", clock=clock)
+outcomes = [Outcome.SENT, Outcome.PERMANENT, Outcome.TRANSIENT]
+results = [
+    DeliveryResult(reminder_id=r.pk, key=r.key, outcome=o, message_id="m1" if o == Outcome.SENT
+                   else None, error="" if o == Outcome.SENT else "550 it's 'quoted'",
+                   attempts=1, provider_reached=True, maybe_delivered=o == Outcome.SENT)
+    for r, o in zip(claim.reminders, outcomes)
+]
+counts = reminder_record_batch(claim=claim, results=results, clock=clock)
+rows = [[r.status, r.last_error, r.sent_at == clock.now(), r.provider_message_id,
+         r.claim_token is None] for r in Reminder.objects.order_by("id")]
+attempts = [[a.outcome, a.error, a.finished_at == clock.now(), a.provider_calls]
+            for a in DeliveryAttempt.objects.order_by("id")]
+print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts}))
+"""
+
+
+@pytest.mark.slow
+def test_the_record_writes_every_outcome_on_sqlite(tmp_path):
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "CELERY_BROKER_URL")
+    }
+    env.update(DEBUG="1", REMINDERS_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["counts"] == {"sent": 1, "failed": 1, "pending": 1}
+    assert report["rows"] == [
+        ["sent", "", True, "m1", True],
+        ["failed", "550 it's 'quoted'", False, "", True],
+        ["pending", "550 it's 'quoted'", False, "", True],
+    ]
+    assert report["attempts"] == [
+        ["sent", "", True, 1],
+        ["permanent", "550 it's 'quoted'", True, 1],
+        ["transient", "550 it's 'quoted'", True, 1],
+    ]
