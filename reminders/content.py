@@ -8,16 +8,39 @@ correctly. An iCalendar file with the start in UTC is attached.
 
 from __future__ import annotations
 
+import functools
 import re
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
-from django.template.loader import render_to_string
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+from django.template.loader import get_template
 
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from reminders.models import Reminder
 
 TIME_FORMAT = "%A %d %B %Y at %H:%M"
+
+
+@functools.cache
+def _template(name: str):
+    """Return the compiled template: loaded and parsed once per process, not once per reminder.
+
+    Forgotten when the TEMPLATES setting changes (tests override it); a
+    worker reads edited template files at its next start.
+    """
+    return get_template(name)
+
+
+@receiver(setting_changed)
+def _forget_templates(*, setting: str, **kwargs) -> None:
+    if setting == "TEMPLATES":
+        _template.cache_clear()
+
+
+def _render(name: str, context: dict) -> str:
+    return _template(name).render(context)
 
 
 def _one_line(text: str) -> str:
@@ -52,9 +75,9 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
         key=reminder.key,
         recipient=attendee.email,
         recipient_name=_one_line(attendee.name),
-        subject=_one_line(render_to_string("reminders/email/subject.txt", context)),
-        text_body=render_to_string("reminders/email/body.txt", context),
-        html_body=render_to_string("reminders/email/body.html", context),
+        subject=_one_line(_render("reminders/email/subject.txt", context)),
+        text_body=_render("reminders/email/body.txt", context),
+        html_body=_render("reminders/email/body.html", context),
         attachments=(
             Attachment(
                 filename="workshop.ics",
@@ -97,6 +120,8 @@ def _ics_text(value: str) -> str:
 
 def _fold(line: str) -> str:
     """Fold a content line at 75 octets without splitting a UTF-8 character."""
+    if len(line) <= 75 and (line.isascii() or len(line.encode()) <= 75):
+        return line  # most lines: nothing to fold
     out, current = [], ""
     for char in line:
         limit = 75 if not out else 74
