@@ -24,8 +24,10 @@ throughput.
 
 - ``LocalRateLimiter``: one event loop, driven by the injected clock.
 - ``RedisRateLimiter``: every worker process on every host shares one window
-  through Redis; a Lua script prunes, counts and records atomically using
-  Redis's own ``TIME``, so hosts with different clocks still agree.
+  through Redis; a Lua script prunes, counts and reserves the next allowed
+  start atomically using Redis's own ``TIME``, so hosts with different clocks
+  still agree, and each start costs one round trip (the caller sleeps until
+  its reserved start instead of polling and losing it to another worker).
 
 Both raise ``DeadlineReached`` from ``acquire`` when the wait would end at or
 after the caller's deadline (without sleeping through it), and give up the
@@ -176,11 +178,18 @@ class LocalRateLimiter:
         return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
 
 
-# KEYS[1]: sorted set of start times (µs, Redis TIME); KEYS[2]: pause-until (µs);
-# KEYS[3]: when the next spread start is due (µs).
+# KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included;
+# KEYS[2]: pause-until (µs); KEYS[3]: when the next spread start is due (µs).
 # ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member;
-# ARGV[4]: interval between spread starts in µs (0: no spreading).
-# Returns {1, 0} when the start is granted and recorded, else {0, µs to wait}.
+# ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]: the
+# longest wait the caller accepts in µs (its deadline; -1: none); ARGV[6], ARGV[7]:
+# a member this caller reserved earlier and how many µs late it really started
+# ('' and 0: none), so the window counts that start when it happened.
+# Reserves the earliest start that keeps both rules (no more than ARGV[1] starts
+# in any span, at least ARGV[4] between starts) and returns {1, µs until it}; the
+# caller sleeps that long and starts: one round trip per start. Returns {0, µs to
+# wait} and reserves nothing while paused, or when the start would come at or
+# after the caller's deadline.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -188,26 +197,37 @@ local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
 if paused > now then
   return {0, paused - now}
 end
+if ARGV[6] ~= '' then
+  local planned = redis.call('ZSCORE', KEYS[1], ARGV[6])
+  if planned then
+    redis.call('ZADD', KEYS[1], tonumber(planned) + tonumber(ARGV[7]), ARGV[6])
+  end
+end
+local limit = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local interval = tonumber(ARGV[4])
-local due = tonumber(redis.call('GET', KEYS[3]) or '0')
-if interval > 0 and due > now then
-  return {0, due - now}
+local max_wait = tonumber(ARGV[5])
+local slot = now
+if interval > 0 then
+  local due = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if due > slot then slot = due end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
-if redis.call('ZCARD', KEYS[1]) < tonumber(ARGV[1]) then
-  redis.call('ZADD', KEYS[1], now, ARGV[3])
-  redis.call('PEXPIRE', KEYS[1], math.ceil(span / 1000) + 1000)
-  if interval > 0 then
-    local base = now
-    if now - due < interval then base = due end
-    redis.call('SET', KEYS[3], string.format('%.0f', base + interval),
-               'PX', math.ceil(span / 1000) + 1000)
-  end
-  return {1, 0}
+if redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', slot - span), '+inf') >= limit then
+  local leaving = redis.call('ZRANGE', KEYS[1], -limit, -limit, 'WITHSCORES')
+  slot = math.max(slot, tonumber(leaving[2]) + span)
 end
-local oldest = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
-return {0, math.max(1, tonumber(oldest[2]) + span - now)}
+local wait = slot - now
+if max_wait >= 0 and wait >= max_wait then
+  return {0, math.max(1, wait)}
+end
+local ttl = math.ceil((wait + span) / 1000) + 1000
+redis.call('ZADD', KEYS[1], slot, ARGV[3])
+redis.call('PEXPIRE', KEYS[1], ttl)
+if interval > 0 then
+  redis.call('SET', KEYS[3], string.format('%.0f', slot + interval), 'PX', ttl)
+end
+return {1, wait}
 """
 
 # KEYS[1]: pause-until (µs). ARGV[1]: pause length in µs. Never shortens a pause.
@@ -228,8 +248,10 @@ class RedisRateLimiter:
     """Limit call starts across every process that shares ``account`` in Redis.
 
     Within a process, waiters queue on a local lock so only the head of the
-    queue polls Redis; across processes the Lua script decides. A pause set
-    by one worker (after a 429) stops every worker until it ends.
+    queue asks Redis; across processes the Lua script decides, by reserving
+    the earliest start both rules allow. A pause set by one worker (after a
+    429) stops every new reservation until it ends; starts already reserved
+    (at most one per process, a few intervals ahead) still go out.
 
     The client is created lazily inside the running event loop (a
     ``redis.asyncio`` client belongs to one loop), so build one limiter per
@@ -276,6 +298,8 @@ class RedisRateLimiter:
         self._acquire_script = None
         self._pause_script = None
         self._lock = asyncio.Lock()
+        # (member, µs) of this limiter's last start if it began later than reserved.
+        self._late: tuple[str, int] = ("", 0)
 
     def _scripts(self):
         if self._client is None:
@@ -300,20 +324,37 @@ class RedisRateLimiter:
                 async with self._lock:
                     while True:
                         member = f"{self._member_prefix}:{next(self._members)}"
+                        left = _seconds_left(self._clock, deadline_at)
+                        max_wait = -1 if left is None else max(0, math.floor(left * 1_000_000))
+                        late_member, late_us = self._late
                         granted, wait_us = await acquire_script(
                             keys=[self.starts_key, self.pause_key, self.due_key],
-                            args=[self.per_second, self._span_us, member, self._interval_us],
-                        )
-                        if int(granted):
-                            return
+                            args=[
+                                self.per_second, self._span_us, member, self._interval_us,
+                                max_wait, late_member, late_us,
+                            ],
+                        )  # fmt: skip
+                        self._late = ("", 0)
+                        answered = self._clock.monotonic()
                         wait = int(wait_us) / 1_000_000
+                        if int(granted):
+                            # The start is reserved: sleep until it (cancelled, it is
+                            # left unused, which only ever lowers the rate). A start
+                            # the host's scheduler made late is moved to when it really
+                            # happened with the next call.
+                            if wait > 0:
+                                await self._clock.sleep(wait)
+                                late = self._clock.monotonic() - answered - wait
+                                if late > 0:
+                                    self._late = (member, round(late * 1_000_000))
+                            return
                         if deadline_at is not None and (
                             self._clock.now() + timedelta(seconds=wait) >= deadline_at
                         ):
                             raise DeadlineReached(
                                 f"the next start is {wait:.3f}s away, at or after the deadline"
                             )
-                        await self._clock.sleep(wait)
+                        await self._clock.sleep(wait)  # paused: ask again when it ends
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
 

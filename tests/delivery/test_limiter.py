@@ -400,3 +400,101 @@ def test_a_hanging_redis_fails_the_limiter_within_its_socket_timeout(silent_serv
     # Bound: 0.3 s (answer) and 0.55 s (connect) here, at 3287ae2; redis-py may retry a
     # timed-out call. A missing timeout would instead run into the 10 s guard above.
     assert took < 8.0, took
+
+
+def _evalsha_calls(url: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        stats = client.info("commandstats")
+        return sum(
+            int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
+        )
+    finally:
+        client.close()
+
+
+def test_each_start_costs_one_round_trip_even_when_workers_compete(
+    limiter_redis_url, redis_account
+):
+    """Two limiters in one loop compete for 40 spread starts at 100/s: each start is one
+    reserved slot, asked for once, instead of a poll that loses to the other worker and
+    asks again (4.5 round trips per start in the e2e benchmark before reservations)."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiters = [
+            RedisRateLimiter(
+                url=limiter_redis_url, account=redis_account, per_second=100, clock=clock
+            )
+            for _ in range(2)
+        ]
+        starts: list[float] = []
+
+        async def one(limiter):
+            await limiter.acquire()
+            starts.append(clock.monotonic())
+
+        try:
+            for limiter in limiters:  # load the scripts before counting
+                await limiter.acquire()
+            before = _evalsha_calls(limiter_redis_url)
+            async with asyncio.TaskGroup() as group:
+                for index in range(40):
+                    group.create_task(one(limiters[index % 2]))
+            return _evalsha_calls(limiter_redis_url) - before, sorted(starts)
+        finally:
+            for limiter in limiters:
+                await limiter.aclose()
+
+    calls, starts = run(scenario())
+    assert len(starts) == 40
+    assert calls == 40, f"{calls} round trips for 40 starts"
+    # Spread: 40 starts one interval (1.02 s / 100) apart take at least 39 intervals.
+    assert starts[-1] - starts[0] >= 39 * 1.02 / 100 * 0.9
+
+
+class _LateClock(SystemClock):
+    """The system clock, but every sleep of the limiter ends ``late`` seconds after it should."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds + self.late)
+
+
+def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
+    limiter_redis_url, redis_account
+):
+    """A reserved start whose process woke 80 ms late is moved in Redis's log to when it
+    really began, with the next call; so the window other workers see holds it there."""
+    import redis
+
+    clock = _LateClock(0.08)
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        try:
+            await limiter.acquire()  # the first start comes at once: no sleep
+            await limiter.acquire()  # reserved one interval later, slept 80 ms too long
+            await limiter.acquire()  # reports the lateness of the second
+            return limiter.starts_key
+        finally:
+            await limiter.aclose()
+
+    key = run(scenario())
+    client = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
+    try:
+        first, second, third = [score for _, score in client.zrange(key, 0, -1, withscores=True)]
+    finally:
+        client.close()
+    interval_us = 1.02 / 10 * 1_000_000
+    # The second was reserved one interval after the first and began >= 80 ms later.
+    assert second - first >= interval_us + 75_000, (first, second)
+    # The third was reserved one interval after the second's reserved slot.
+    assert third - first >= 2 * interval_us - 1
