@@ -183,7 +183,7 @@ LOGGING = {
             "timestamp": "time",  # ISO 8601 in UTC
         },
     },
-    # Every line, the libraries' too (httpx logs each request's URL), passes
+    # Every line, the libraries' too (a client library may log a request's URL), passes
     # through the redaction of URL passwords and query values.
     "filters": {"redact": {"()": "config.reporting.RedactSecrets"}},
     "handlers": {
