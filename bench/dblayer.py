@@ -315,6 +315,7 @@ def _report(rows) -> int:
     summary = {}
     ok = True
     for processes, product, baseline in rows:
+
         def ms(phase: dict, key: str) -> float:
             return 1000 * phase[key] / max(1, phase["sent"])
 

@@ -37,6 +37,7 @@ from delivery.message import message_id_for
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
 from reminders.models import Reminder
+from workshops.models import Enrollment, Workshop
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
 LIMITER_MARGIN = 0.05
@@ -203,47 +204,86 @@ class ClaimWatch:
     def __init__(self, *, token, reminders, clock: Clock) -> None:
         self._token = token
         self._rendered = {reminder.pk: _rendered(reminder.workshop) for reminder in reminders}
+        self._shown = {reminder.workshop_id: _rendered(reminder.workshop) for reminder in reminders}
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
     def refresh(self) -> None:
-        """Read the rows once and publish the withdrawals; a database error leaves the gate stale."""
+        """Read the rows once and publish the withdrawals; a database error leaves the gate stale.
+
+        The common case, nothing changed, is one statement that returns the ids
+        still as rendered; only when some are missing from it does a second
+        read say why each one is withdrawn.
+        """
         taken_at = self._clock.monotonic()
         try:
-            rows = list(
-                Reminder.objects.filter(pk__in=list(self._rendered)).values_list(
-                    "pk",
-                    "status",
-                    "claim_token",
-                    "workshop__status",
-                    "enrollment__status",
-                    "workshop__title",
-                    "workshop__starts_at",
-                    "workshop__ends_at",
-                    "workshop__timezone",
-                )
-            )
+            unchanged = self._unchanged()
+            changed = [pk for pk in self._rendered if pk not in unchanged]
+            withdrawn = self._reasons(changed) if changed else {}
         except (OperationalError, InterfaceError) as exc:
             # No fresh snapshot: calls wait for one rather than guess.
             logger.warning("Claim watch could not read the database: %s", exc)
             connection.close()
             return
-        withdrawn = dict.fromkeys(self._rendered, "the reminder no longer exists")
-        for pk, status, token, w_status, e_status, *shown in rows:
-            reason = None
-            if status != "sending" or token != self._token:
-                reason = "the claim was lost (lease expired)"
-            elif w_status != "scheduled":
-                reason = "workshop cancelled"
-            elif e_status != "active":
-                reason = "enrollment cancelled"
-            elif tuple(shown) != self._rendered[pk]:
-                reason = "workshop changed after the message was rendered"
-            if reason is None:
-                del withdrawn[pk]
-            else:
-                withdrawn[pk] = reason
         self.gate.publish(withdrawn, taken_at=taken_at)
+
+    def _unchanged(self) -> set[int]:
+        """Return the ids still ``sending`` under this claim, with their workshop and
+        enrollment live and the workshop as it was rendered (one statement, ids only)."""
+        quote = connection.ops.quote_name
+        stamp = connection.ops.adapt_datetimefield_value
+        shown = [
+            (workshop_id, title, stamp(starts), stamp(ends), zone)
+            for workshop_id, (title, starts, ends, zone) in self._shown.items()
+        ]
+        ids = list(self._rendered)
+        sql = (
+            "WITH shown (id, title, starts_at, ends_at, timezone) AS (VALUES "
+            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(shown))
+            + f") SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
+            f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
+            f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
+            "JOIN shown ON shown.id = w.id "
+            f"WHERE r.id IN ({', '.join(['%s'] * len(ids))}) AND r.status = %s "
+            "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
+            "AND w.title = shown.title AND w.starts_at = shown.starts_at "
+            "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone"
+        )
+        token = Reminder._meta.get_field("claim_token").get_db_prep_value(self._token, connection)
+        params = [value for row in shown for value in row] + ids
+        params += [Reminder.Status.SENDING.value, token, Workshop.Status.SCHEDULED.value]
+        params += [Enrollment.Status.ACTIVE.value]
+        with connection.cursor() as cursor:
+            cursor.execute(sql, params)
+            return {row[0] for row in cursor.fetchall()}
+
+    def _reasons(self, ids: list[int]) -> dict[int, str]:
+        """Say why each of ``ids`` is withdrawn."""
+        rows = Reminder.objects.filter(pk__in=ids).values_list(
+            "pk",
+            "status",
+            "claim_token",
+            "workshop__status",
+            "enrollment__status",
+            "workshop__title",
+            "workshop__starts_at",
+            "workshop__ends_at",
+            "workshop__timezone",
+        )
+        withdrawn = dict.fromkeys(ids, "the reminder no longer exists")
+        for pk, status, token, w_status, e_status, *shown in rows:
+            if status != "sending" or token != self._token:
+                withdrawn[pk] = "the claim was lost (lease expired)"
+            elif w_status != "scheduled":
+                withdrawn[pk] = "workshop cancelled"
+            elif e_status != "active":
+                withdrawn[pk] = "enrollment cancelled"
+            elif tuple(shown) != self._rendered[pk]:
+                withdrawn[pk] = "workshop changed after the message was rendered"
+            else:
+                # Changed and changed back between the two reads: as rendered again.
+                del withdrawn[pk]
+        return withdrawn
 
 
 def _rendered(workshop) -> tuple:

@@ -1,4 +1,5 @@
-"""The record's hand-written SQL also runs on SQLite, the database of the local run (make run)."""
+"""The record's and the claim watch's hand-written SQL also run on SQLite, the database of
+the local run (make run)."""
 
 from __future__ import annotations
 
@@ -33,6 +34,15 @@ for i in range(3):
 reminders_plan(clock=clock)
 claim = reminder_claim_batch(ids=list(Reminder.objects.values_list("id", flat=True)),
                              channel="smtp", clock=clock)
+from reminders.bridge import ClaimWatch
+from workshops.services import workshop_update
+watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+watch.refresh()
+as_rendered = [watch.gate.withdrawn(r.pk) for r in claim.reminders]
+later = workshop.starts_at + timedelta(hours=1)
+workshop_update(workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1))
+watch.refresh()
+after_move = [watch.gate.withdrawn(r.pk) for r in claim.reminders]
 outcomes = [Outcome.SENT, Outcome.PERMANENT, Outcome.TRANSIENT]
 results = [
     DeliveryResult(reminder_id=r.pk, key=r.key, outcome=o, message_id="m1" if o == Outcome.SENT
@@ -45,12 +55,13 @@ rows = [[r.status, r.last_error, r.sent_at == clock.now(), r.provider_message_id
          r.claim_token is None] for r in Reminder.objects.order_by("id")]
 attempts = [[a.outcome, a.error, a.finished_at == clock.now(), a.provider_calls]
             for a in DeliveryAttempt.objects.order_by("id")]
-print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts}))
+print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts,
+                  "watch": [as_rendered, after_move]}))
 """
 
 
 @pytest.mark.slow
-def test_the_record_writes_every_outcome_on_sqlite(tmp_path):
+def test_the_claim_watch_and_the_record_work_on_sqlite(tmp_path):
     env = {
         key: value
         for key, value in os.environ.items()
@@ -63,6 +74,9 @@ def test_the_record_writes_every_outcome_on_sqlite(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
+    changed = "workshop changed after the message was rendered"
+    assert report["watch"] == [[None, None, None], [changed, changed, changed]]
+    # Moved later: the handed-back one is pending with the new deadline.
     assert report["counts"] == {"sent": 1, "failed": 1, "pending": 1}
     assert report["rows"] == [
         ["sent", "", True, "m1", True],
