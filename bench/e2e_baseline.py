@@ -1,4 +1,4 @@
-"""The e2e benchmark's baseline: one Celery task per reminder, a blocking client.
+"""The e2e benchmark's baseline: one Celery task per reminder, a blocking client (HTTP or SMTP).
 
 Loaded only by the baseline workers of ``bench/e2e.py``::
 
@@ -8,7 +8,8 @@ so the product's tasks and routes are untouched. This is the design the
 project replaces, done carefully: each task loads its reminder with one
 query, renders it with the product's own templates, posts it with a
 module-level ``httpx.Client`` (one kept-alive connection per pool process)
-signed as ``delivery/HTTP_CONTRACT.md`` says, and writes the provider's
+signed as ``delivery/HTTP_CONTRACT.md`` says, or builds the product's own
+email and sends it over a kept-alive ``smtplib.SMTP`` connection, and writes the provider's
 message id back with one UPDATE (no status change: statuses belong to
 reminders.services). Celery's own per-task ``rate_limit`` throttles it:
 a token bucket per worker process, not shared between workers, so the
@@ -19,6 +20,7 @@ driver sets it to the provider's limit divided by the number of workers
 from __future__ import annotations
 
 import os
+import smtplib
 
 import httpx
 from celery import shared_task
@@ -26,11 +28,13 @@ from django.conf import settings
 
 from clock import default_clock
 from delivery.channels.http import encode_body, signed_headers
+from delivery.message import build_message, message_id_for, parse_sender
 from reminders.content import reminder_envelope
 from reminders.models import Reminder
 
 RATE = os.environ.get("BENCH_BASELINE_RATE", "100/s")
 _client: httpx.Client | None = None
+_smtp: smtplib.SMTP | None = None
 
 
 def _http() -> httpx.Client:
@@ -40,8 +44,31 @@ def _http() -> httpx.Client:
     return _client
 
 
-@shared_task(name="bench.baseline_send", rate_limit=RATE, ignore_result=True)
-def baseline_send(reminder_id: int) -> str:
+def _mail() -> smtplib.SMTP:
+    global _smtp
+    if _smtp is None:
+        _smtp = smtplib.SMTP(settings.EMAIL_HOST, settings.EMAIL_PORT, timeout=10)
+    return _smtp
+
+
+@shared_task(name="bench.baseline_send_smtp", rate_limit=RATE, ignore_result=True)
+def baseline_send_smtp(reminder_id: int) -> str:
+    """Deliver one reminder over SMTP, blocking, and store its Message-ID."""
+    clock = default_clock()
+    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
+    envelope = reminder_envelope(reminder=reminder)
+    sender = parse_sender(settings.DEFAULT_FROM_EMAIL, setting="DEFAULT_FROM_EMAIL")
+    message = build_message(
+        envelope, sender=sender, message_id_domain=sender.domain, date=clock.now()
+    )
+    _mail().send_message(message)
+    message_id = message_id_for(envelope.key, sender.domain)
+    Reminder.objects.filter(pk=reminder_id).update(provider_message_id=message_id[:255])
+    return message_id
+
+
+@shared_task(name="bench.baseline_send_http", rate_limit=RATE, ignore_result=True)
+def baseline_send_http(reminder_id: int) -> str:
     """Deliver one reminder over HTTP, blocking, and store the provider's message id."""
     clock = default_clock()
     reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
