@@ -51,7 +51,6 @@ import os
 import random
 import shutil
 import signal
-import subprocess
 from collections import Counter
 from dataclasses import replace
 from datetime import timedelta
@@ -60,7 +59,6 @@ import httpx
 
 from bench.harness import (
     CLOCK,
-    ROOT,
     MemorySampler,
     PrivatePostgres,
     PrivateRedis,
@@ -74,6 +72,8 @@ from bench.harness import (
     make_workdir,
     manage,
     postmaster_pid,
+    save_results,
+    stamp,
     wait_until,
 )
 from loopback.windows import max_in_window
@@ -187,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
         postgres.close()
     ok = report(args, product, baseline)
     if args.save:
-        print(f"saved to {save_results(args, product, baseline)}")
+        print(f"saved to {save(args, product, baseline)}")
     if args.keep:
         print(f"logs kept in {workdir}")
     else:
@@ -578,23 +578,6 @@ def report(args, product: dict, baseline: dict) -> bool:
     return all(checks.values())
 
 
-def stamp() -> dict:
-    """Return the commit the figures were measured at, whether the tree had changes, and the date."""
-
-    def git(*argv: str) -> str:
-        done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False)
-        return done.stdout.strip()
-
-    changed = [
-        line for line in git("status", "--porcelain").splitlines() if "bench/results/" not in line
-    ]
-    return {
-        "commit": git("rev-parse", "--short", "HEAD") or "unknown",
-        "tree": "modified" if changed else "clean",
-        "date": CLOCK.now().date().isoformat(),
-    }
-
-
 def phase_figures(args, phase: dict) -> dict:
     sent = max(1, phase["sent"])
     counters = phase["counters"]
@@ -616,8 +599,8 @@ def phase_figures(args, phase: dict) -> dict:
     }
 
 
-def save_results(args, product: dict, baseline: dict):
-    """Write bench/results/e2e-CHANNEL.json: the figures docs quote (tests/test_bench_results.py)."""
+def save(args, product: dict, baseline: dict):
+    """Write bench/results/e2e-CHANNEL.json, stamped with the commit and date."""
     figures = {
         "bench": "e2e",
         "channel": args.channel,
@@ -636,10 +619,7 @@ def save_results(args, product: dict, baseline: dict):
     figures["cpu_ratio"] = round(
         figures["baseline"]["worker_cpu_ms"] / figures["product"]["worker_cpu_ms"], 2
     )
-    path = ROOT / "bench" / "results" / f"e2e-{args.channel}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(figures, indent=2) + "\n")
-    return path.relative_to(ROOT)
+    return save_results(f"e2e-{args.channel}", figures)
 
 
 if __name__ == "__main__":

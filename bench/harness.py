@@ -573,3 +573,31 @@ class MemorySampler:
         self._stop.set()
         self._thread.join(5)
         return self.peaks
+
+
+# --- Results ------------------------------------------------------------------
+
+
+def stamp() -> dict:
+    """Return the commit the figures were measured at, whether the tree had changes, and the date."""
+
+    def git(*argv: str) -> str:
+        done = subprocess.run(["git", *argv], cwd=ROOT, capture_output=True, text=True, check=False)
+        return done.stdout.strip()
+
+    changed = [
+        line for line in git("status", "--porcelain").splitlines() if "bench/results/" not in line
+    ]
+    return {
+        "commit": git("rev-parse", "--short", "HEAD") or "unknown",
+        "tree": "modified" if changed else "clean",
+        "date": CLOCK.now().date().isoformat(),
+    }
+
+
+def save_results(name: str, figures: dict) -> Path:
+    """Write ``bench/results/NAME.json`` (the figures docs quote; tests/test_bench_results.py)."""
+    path = ROOT / "bench" / "results" / f"{name}.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(figures, indent=2) + "\n")
+    return path.relative_to(ROOT)

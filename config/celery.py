@@ -25,6 +25,27 @@ def _share_shutdown_flag(sender, **kwargs) -> None:
     shutdown.prepare()
 
 
+@worker_init.connect
+def _load_before_fork(sender, **kwargs) -> None:
+    """Import and compile what every pool process needs, then freeze it, before the fork.
+
+    Pool processes then share those pages with the parent instead of each
+    loading its own copy on the first batch; ``gc.freeze`` keeps the
+    collector from writing to (and so copying) every object the parent made.
+    """
+    import gc
+
+    import aiohttp  # noqa: F401  (the http channel's client)
+    import aiosmtplib  # noqa: F401  (the smtp channel's client)
+    import redis.asyncio  # noqa: F401  (the limiter imports it on first use)
+
+    from reminders import content, pipeline  # noqa: F401  (the whole send path)
+
+    content.compile_templates()
+    gc.collect()
+    gc.freeze()
+
+
 @worker_ready.connect
 def _start_scan_lane(sender, **kwargs) -> None:
     """Run scans in the main process's own thread, never behind delivery (reminders/scanlane.py)."""

@@ -59,6 +59,8 @@ logger = logging.getLogger(__name__)
 
 DEFAULT_WINDOW = 1.0
 DEFAULT_MARGIN = 0.02
+# How many starts one Redis round trip may reserve for the callers queued in one process.
+DEFAULT_BLOCK = 8
 # How long a 429 without Retry-After pauses the limiter, in windows.
 DEFAULT_PAUSE_WINDOWS = 1.0
 
@@ -180,16 +182,17 @@ class LocalRateLimiter:
 
 # KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included;
 # KEYS[2]: pause-until (µs); KEYS[3]: when the next spread start is due (µs).
-# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member;
-# ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]: the
-# longest wait the caller accepts in µs (its deadline; -1: none); ARGV[6], ARGV[7]:
-# a member this caller reserved earlier and how many µs late it really started
-# ('' and 0: none), so the window counts that start when it happened.
-# Reserves the earliest start that keeps both rules (no more than ARGV[1] starts
-# in any span, at least ARGV[4] between starts) and returns {1, µs until it}; the
-# caller sleeps that long and starts: one round trip per start. Returns {0, µs to
-# wait} and reserves nothing while paused, or when the start would come at or
-# after the caller's deadline.
+# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member
+# prefix; ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]:
+# the longest wait the first caller accepts in µs (its deadline; -1: none);
+# ARGV[6], ARGV[7]: a member this process reserved earlier and how many µs late it
+# really started ('' and 0: none), so the window counts that start when it
+# happened; ARGV[8]: how many starts to reserve (one per caller queued in the
+# process). Reserves, one after the other, the earliest starts that keep both
+# rules (no more than ARGV[1] starts in any span, at least ARGV[4] between starts)
+# and returns {1, µs until each}; the callers sleep that long and start. Returns
+# {0, µs to wait} and reserves nothing while paused, or when the first start would
+# come at or after the first caller's deadline.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -207,27 +210,32 @@ local limit = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local interval = tonumber(ARGV[4])
 local max_wait = tonumber(ARGV[5])
+local wanted = tonumber(ARGV[8])
 local slot = now
 if interval > 0 then
   local due = tonumber(redis.call('GET', KEYS[3]) or '0')
   if due > slot then slot = due end
 end
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
-if redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', slot - span), '+inf') >= limit then
-  local leaving = redis.call('ZRANGE', KEYS[1], -limit, -limit, 'WITHSCORES')
-  slot = math.max(slot, tonumber(leaving[2]) + span)
+local waits = {1}
+for k = 1, wanted do
+  if k > 1 then slot = slot + interval end
+  if redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', slot - span), '+inf') >= limit then
+    local leaving = redis.call('ZRANGE', KEYS[1], -limit, -limit, 'WITHSCORES')
+    slot = math.max(slot, tonumber(leaving[2]) + span)
+  end
+  if k == 1 and max_wait >= 0 and slot - now >= max_wait then
+    return {0, math.max(1, slot - now)}
+  end
+  redis.call('ZADD', KEYS[1], slot, ARGV[3] .. ':' .. k)
+  waits[k + 1] = slot - now
 end
-local wait = slot - now
-if max_wait >= 0 and wait >= max_wait then
-  return {0, math.max(1, wait)}
-end
-local ttl = math.ceil((wait + span) / 1000) + 1000
-redis.call('ZADD', KEYS[1], slot, ARGV[3])
+local ttl = math.ceil((slot - now + span) / 1000) + 1000
 redis.call('PEXPIRE', KEYS[1], ttl)
 if interval > 0 then
   redis.call('SET', KEYS[3], string.format('%.0f', slot + interval), 'PX', ttl)
 end
-return {1, wait}
+return waits
 """
 
 # KEYS[1]: pause-until (µs). ARGV[1]: pause length in µs. Never shortens a pause.
@@ -272,8 +280,11 @@ class RedisRateLimiter:
         spread: bool = True,
         key_prefix: str = "delivery:ratelimit",
         socket_timeout: float = 2.0,
+        block: int = DEFAULT_BLOCK,
     ) -> None:
         _check_limit(per_second, window, margin)
+        if not isinstance(block, int) or block < 1:
+            raise ValueError(f"RedisRateLimiter.block must be a whole number >= 1 (got {block!r}).")
         if not url:
             raise ValueError("RedisRateLimiter needs url, e.g. redis://127.0.0.1:6379/0.")
         if not account:
@@ -300,6 +311,10 @@ class RedisRateLimiter:
         self._lock = asyncio.Lock()
         # (member, µs) of this limiter's last start if it began later than reserved.
         self._late: tuple[str, int] = ("", 0)
+        self._block = block
+        # Starts reserved for this process and not taken yet: (member, monotonic start).
+        self._ready: deque[tuple[str, float]] = deque()
+        self._queued = 0  # callers waiting for the lock
 
     def _scripts(self):
         if self._client is None:
@@ -319,35 +334,21 @@ class RedisRateLimiter:
         left = _seconds_left(self._clock, deadline_at)
         if left is not None and left <= 0:
             raise DeadlineReached("the deadline passed before a start was granted")
+        self._queued += 1
+        queued = True
         try:
             async with self._clock.timeout(left):
                 async with self._lock:
+                    self._queued -= 1
+                    queued = False
                     while True:
-                        member = f"{self._member_prefix}:{next(self._members)}"
-                        left = _seconds_left(self._clock, deadline_at)
-                        max_wait = -1 if left is None else max(0, math.floor(left * 1_000_000))
-                        late_member, late_us = self._late
-                        granted, wait_us = await acquire_script(
-                            keys=[self.starts_key, self.pause_key, self.due_key],
-                            args=[
-                                self.per_second, self._span_us, member, self._interval_us,
-                                max_wait, late_member, late_us,
-                            ],
-                        )  # fmt: skip
-                        self._late = ("", 0)
-                        answered = self._clock.monotonic()
-                        wait = int(wait_us) / 1_000_000
-                        if int(granted):
-                            # The start is reserved: sleep until it (cancelled, it is
-                            # left unused, which only ever lowers the rate). A start
-                            # the host's scheduler made late is moved to when it really
-                            # happened with the next call.
-                            if wait > 0:
-                                await self._clock.sleep(wait)
-                                late = self._clock.monotonic() - answered - wait
-                                if late > 0:
-                                    self._late = (member, round(late * 1_000_000))
+                        if self._ready:
+                            await self._take_reserved(deadline_at)
                             return
+                        granted, *waits = await self._reserve(acquire_script, deadline_at)
+                        if granted:
+                            continue
+                        wait = waits[0]
                         if deadline_at is not None and (
                             self._clock.now() + timedelta(seconds=wait) >= deadline_at
                         ):
@@ -357,12 +358,68 @@ class RedisRateLimiter:
                         await self._clock.sleep(wait)  # paused: ask again when it ends
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
+        finally:
+            if queued:
+                self._queued -= 1
+
+    async def _reserve(self, acquire_script, deadline_at: datetime | None) -> list:
+        """Reserve a start for this caller and for each caller queued behind it (one round trip).
+
+        Return ``[True]`` with the starts added to ``_ready``, or ``[False,
+        seconds to wait]`` when nothing was reserved (paused, or the first start
+        would come at or after ``deadline_at``).
+        """
+        member = f"{self._member_prefix}:{next(self._members)}"
+        left = _seconds_left(self._clock, deadline_at)
+        max_wait = -1 if left is None else max(0, math.floor(left * 1_000_000))
+        late_member, late_us = self._late
+        wanted = min(self._block, 1 + self._queued)
+        granted, *waits_us = await acquire_script(
+            keys=[self.starts_key, self.pause_key, self.due_key],
+            args=[
+                self.per_second, self._span_us, member, self._interval_us, max_wait,
+                late_member, late_us, wanted,
+            ],
+        )  # fmt: skip
+        self._late = ("", 0)
+        answered = self._clock.monotonic()
+        if not int(granted):
+            return [False, int(waits_us[0]) / 1_000_000]
+        for index, wait_us in enumerate(waits_us, start=1):
+            self._ready.append((f"{member}:{index}", answered + int(wait_us) / 1_000_000))
+        return [True]
+
+    async def _take_reserved(self, deadline_at: datetime | None) -> None:
+        """Take the oldest start reserved for this process and sleep until it.
+
+        A caller whose deadline comes first leaves it to the next caller. A
+        start left unused (cancelled, or no caller left) only lowers the rate.
+        A start the host's scheduler made late is moved to when it really
+        happened with the next reservation.
+        """
+        member, start_at = self._ready[0]
+        wait = start_at - self._clock.monotonic()
+        if (
+            deadline_at is not None
+            and self._clock.now() + timedelta(seconds=max(wait, 0.0)) >= deadline_at
+        ):
+            raise DeadlineReached(f"the next start is {wait:.3f}s away, at or after the deadline")
+        self._ready.popleft()
+        if wait > 0:
+            await self._clock.sleep(wait)
+            late = self._clock.monotonic() - start_at
+            if late > 0:
+                self._late = (member, round(late * 1_000_000))
 
     async def pause(self, seconds: float) -> None:
         if seconds <= 0:
             return
         _, pause_script = self._scripts()
+        # Starts this process reserved ahead are dropped: the provider said slow down.
+        # Again after the pause is set: a reservation may have reached Redis first.
+        self._ready.clear()
         await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
+        self._ready.clear()
         logger.info("Rate limiter %s paused for %.3fs", self.account, seconds)
 
     async def aclose(self) -> None:

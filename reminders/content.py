@@ -39,6 +39,15 @@ def _forget_templates(*, setting: str, **kwargs) -> None:
         _template.cache_clear()
 
 
+TEMPLATES = ("reminders/email/subject.txt", "reminders/email/body.txt", "reminders/email/body.html")
+
+
+def compile_templates() -> None:
+    """Compile the message templates now (a worker's parent does it before the pool forks)."""
+    for name in TEMPLATES:
+        _template(name)
+
+
 def _render(name: str, context: dict) -> str:
     return _template(name).render(context)
 
