@@ -51,28 +51,35 @@ def _mail() -> smtplib.SMTP:
     return _smtp
 
 
+def _envelope(reminder_id: int):
+    """Load one reminder with one query and render it with the product's own templates."""
+    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
+    return reminder_envelope(reminder=reminder)
+
+
+def _store(reminder_id: int, message_id: str) -> str:
+    Reminder.objects.filter(pk=reminder_id).update(provider_message_id=message_id[:255])
+    return message_id
+
+
 @shared_task(name="bench.baseline_send_smtp", rate_limit=RATE, ignore_result=True)
 def baseline_send_smtp(reminder_id: int) -> str:
     """Deliver one reminder over SMTP, blocking, and store its Message-ID."""
     clock = default_clock()
-    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
-    envelope = reminder_envelope(reminder=reminder)
+    envelope = _envelope(reminder_id)
     sender = parse_sender(settings.DEFAULT_FROM_EMAIL, setting="DEFAULT_FROM_EMAIL")
     message = build_message(
         envelope, sender=sender, message_id_domain=sender.domain, date=clock.now()
     )
     _mail().send_message(message)
-    message_id = message_id_for(envelope.key, sender.domain)
-    Reminder.objects.filter(pk=reminder_id).update(provider_message_id=message_id[:255])
-    return message_id
+    return _store(reminder_id, message_id_for(envelope.key, sender.domain))
 
 
 @shared_task(name="bench.baseline_send_http", rate_limit=RATE, ignore_result=True)
 def baseline_send_http(reminder_id: int) -> str:
     """Deliver one reminder over HTTP, blocking, and store the provider's message id."""
     clock = default_clock()
-    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder_id)
-    envelope = reminder_envelope(reminder=reminder)
+    envelope = _envelope(reminder_id)
     body = encode_body(envelope)
     timestamp = str(int(clock.now().timestamp()))
     response = _http().post(
@@ -83,6 +90,4 @@ def baseline_send_http(reminder_id: int) -> str:
         ),
     )
     response.raise_for_status()
-    message_id = response.json().get("message_id", "")
-    Reminder.objects.filter(pk=reminder_id).update(provider_message_id=message_id[:255])
-    return message_id
+    return _store(reminder_id, response.json().get("message_id", ""))

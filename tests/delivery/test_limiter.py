@@ -543,3 +543,48 @@ def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, r
     # reserved behind it are dropped, and their callers wait for the pause to end.
     assert sum(1 for moment in starts if 0.05 <= moment < 0.49) <= 1, starts
     assert sum(1 for moment in starts if moment >= 0.49) >= 2, starts
+
+
+class _LateClock(SystemClock):
+    """The system clock, but every sleep of the limiter ends ``late`` seconds after it should."""
+
+    def __init__(self, late: float) -> None:
+        super().__init__()
+        self.late = late
+
+    async def sleep(self, seconds: float) -> None:
+        await super().sleep(seconds + self.late)
+
+
+def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
+    limiter_redis_url, redis_account
+):
+    """A reserved start whose process woke 80 ms late is moved in Redis's log to when it
+    really began, with the next call; so the window other workers see holds it there."""
+    import redis
+
+    clock = _LateClock(0.08)
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        try:
+            await limiter.acquire()  # the first start comes at once: no sleep
+            await limiter.acquire()  # reserved one interval later, slept 80 ms too long
+            await limiter.acquire()  # reports the lateness of the second
+            return limiter.starts_key
+        finally:
+            await limiter.aclose()
+
+    key = run(scenario())
+    client = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
+    try:
+        first, second, third = [score for _, score in client.zrange(key, 0, -1, withscores=True)]
+    finally:
+        client.close()
+    interval_us = 1.02 / 10 * 1_000_000
+    # The second was reserved one interval after the first and began >= 80 ms later.
+    assert second - first >= interval_us + 75_000, (first, second)
+    # The third was reserved one interval after the second's reserved slot.
+    assert third - first >= 2 * interval_us - 1
