@@ -403,17 +403,18 @@ def test_a_hanging_redis_fails_the_limiter_within_its_socket_timeout(silent_serv
     assert took < 8.0, took
 
 
-def _evalsha_calls(url: str) -> int:
-    import redis
+def _count_round_trips(limiter: RedisRateLimiter) -> list[int]:
+    """Count this limiter's reservations sent to Redis (INFO commandstats is server-wide,
+    and other test processes share the server)."""
+    acquire_script, _ = limiter._scripts()
+    count = [0]
 
-    client = redis.Redis.from_url(url, socket_timeout=2)
-    try:
-        stats = client.info("commandstats")
-        return sum(
-            int(stats.get(f"cmdstat_{name}", {}).get("calls", 0)) for name in ("evalsha", "eval")
-        )
-    finally:
-        client.close()
+    async def counted(**kwargs):
+        count[0] += 1
+        return await acquire_script(**kwargs)
+
+    limiter._acquire_script = counted
+    return count
 
 
 def _competing_starts(url: str, account: str, *, block: int, callers: int = 40):
@@ -435,13 +436,11 @@ def _competing_starts(url: str, account: str, *, block: int, callers: int = 40):
             starts.append(clock.monotonic())
 
         try:
-            for limiter in limiters:  # load the scripts before counting
-                await limiter.acquire()
-            before = _evalsha_calls(url)
+            counts = [_count_round_trips(limiter) for limiter in limiters]
             async with asyncio.TaskGroup() as group:
                 for index in range(callers):
                     group.create_task(one(limiters[index % 2]))
-            return _evalsha_calls(url) - before, sorted(starts)
+            return sum(count[0] for count in counts), sorted(starts)
         finally:
             for limiter in limiters:
                 await limiter.aclose()
@@ -491,16 +490,16 @@ def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
                 ended[name] = -(clock.monotonic() - began)
 
         try:
-            await limiter.acquire()  # load the script, and take the window's first start
+            await limiter.acquire()  # take the window's first start
             await asyncio.sleep(0.11)  # let the spread schedule come back to now
-            before = _evalsha_calls(limiter_redis_url)
+            count = _count_round_trips(limiter)
             began = clock.monotonic()
             async with asyncio.TaskGroup() as group:
                 group.create_task(caller("first"))
                 group.create_task(caller("second"))
                 group.create_task(caller("hurried", clock.now() + timedelta(seconds=0.15)))
                 group.create_task(caller("fourth"))
-            return ended, _evalsha_calls(limiter_redis_url) - before
+            return ended, count[0]
         finally:
             await limiter.aclose()
 
