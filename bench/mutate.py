@@ -83,7 +83,8 @@ MODULES = [
     Module(
         "record",
         "reminders/services/record.py",
-        _r("test_claim.py", "test_guards.py", "test_fate.py", "test_mutants.py"),
+        _r("test_claim.py", "test_guards.py", "test_fate.py", "test_mutants.py")
+        + ("tests/admin/test_erasure.py",),
     ),
     Module(
         "reap",

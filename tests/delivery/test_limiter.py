@@ -585,5 +585,63 @@ def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
     interval_us = 1.02 / 10 * 1_000_000
     # The second was reserved one interval after the first and began >= 80 ms later.
     assert second - first >= interval_us + 75_000, (first, second)
+    # ... by about the 80 ms it was late, not more.
+    assert second - first < interval_us + 80_000 + 60_000, (first, second)
     # The third was reserved one interval after the second's reserved slot.
     assert third - first >= 2 * interval_us - 1
+
+
+def _reservations(url: str, key: str) -> int:
+    import redis
+
+    client = redis.Redis.from_url(url, socket_timeout=2)
+    try:
+        return client.zcard(key)
+    finally:
+        client.close()
+
+
+def test_a_start_refused_for_its_deadline_reserves_nothing_and_a_lone_caller_reserves_one(
+    limiter_redis_url, redis_account
+):
+    """The caller's deadline goes to Redis with the reservation: a start that would come at or
+    after it is not reserved (no hole in the schedule for the others). And a caller alone
+    reserves one start, not one for callers that left the queue (refused or cancelled)."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=1, window=10, clock=clock
+        )
+        try:
+            await limiter.acquire()
+            counts = [_reservations(limiter_redis_url, limiter.starts_key)]
+
+            async def hurried():
+                with pytest.raises(DeadlineReached):
+                    await limiter.acquire(deadline_at=clock.now() + timedelta(seconds=1))
+
+            async with asyncio.TaskGroup() as group:
+                for _ in range(3):
+                    group.create_task(hurried())
+            counts.append(_reservations(limiter_redis_url, limiter.starts_key))
+            # One caller asleep until its reserved start, one queued behind it: both cancelled.
+            asleep = asyncio.ensure_future(limiter.acquire())
+            await asyncio.sleep(0.1)
+            queued = asyncio.ensure_future(limiter.acquire())
+            await asyncio.sleep(0.05)
+            for waiter in (queued, asleep):
+                waiter.cancel()
+                with pytest.raises(asyncio.CancelledError):
+                    await waiter
+            counts.append(_reservations(limiter_redis_url, limiter.starts_key))
+            assert limiter._queued == 0, "a cancelled caller still counts as queued"
+            return counts
+        finally:
+            await limiter.aclose()
+
+    first, after_refusals, after_cancel = run(scenario())
+    assert first == 1
+    assert after_refusals == 1, "a start refused for its deadline was reserved anyway"
+    # The caller asleep had reserved its own start (10 s away), and only that one.
+    assert after_cancel == 2
