@@ -198,9 +198,12 @@ def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
     """Scrub the texts of verdicts whose attendee was erased while the reminder was claimed.
 
     Only verdicts carrying text need the check (a plain ``sent`` carries
-    none), so a record without errors sends no extra statement.
+    none), so a record without errors sends no extra statement. The late
+    reason needs no scrub: the erasure cancelled the enrollment, so a
+    returning reminder of an erased attendee ends ``cancelled``, never
+    ``missed`` with that reason.
     """
-    quoting = [pk for pk, (v, _) in verdicts.items() if v.error or v.reason or v.late_reason]
+    quoting = [pk for pk, (v, _) in verdicts.items() if v.error or v.reason]
     erased = erased_among(by_id[pk].attendee_id for pk in quoting)
     if not erased:
         return verdicts
@@ -211,12 +214,7 @@ def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
             continue
         scrub = scrubber(personal_words(email=attendee.email, name=attendee.name))
         verdict, result = verdicts[pk]
-        verdict = replace(
-            verdict,
-            error=scrub(verdict.error),
-            reason=scrub(verdict.reason),
-            late_reason=scrub(verdict.late_reason),
-        )
+        verdict = replace(verdict, error=scrub(verdict.error), reason=scrub(verdict.reason))
         scrubbed[pk] = (verdict, result)
     return scrubbed
 

@@ -204,6 +204,38 @@ def test_outcomes_recorded_after_the_erasure_never_quote_the_old_address_or_name
     ) == {"permanent", "transient", "timed_out"}
 
 
+def test_one_chunk_with_an_erased_and_a_kept_attendee_scrubs_only_the_erased_one(
+    eraser, clock, make_workshop
+):
+    """A chunk holds reminders of several attendees; the one kept first in the chunk keeps
+    its text, the erased one after it is scrubbed."""
+    workshop = make_workshop()
+    kept, kept_claim = _claimed_for("Alan Turing", "alan@example.org", [workshop], clock)
+    ada, ada_claim = _claimed_for(NAME, EMAIL, [workshop], clock)
+    attendees_erase(attendees=Attendee.objects.filter(pk=ada.pk), reason="r", actor=eraser)
+    chunk = kept_claim.reminders + ada_claim.reminders
+    # One record over both claims' rows, as one chunk would be: same token, so merge them.
+    Reminder.objects.filter(pk=ada_claim.reminders[0].pk).update(claim_token=kept_claim.token)
+    DeliveryAttempt.objects.filter(claim_token=ada_claim.token).update(claim_token=kept_claim.token)
+    claim = type(kept_claim)(
+        token=kept_claim.token,
+        lease_expires_at=kept_claim.lease_expires_at,
+        channel=kept_claim.channel,
+        reminders=chunk,
+    )
+    recorded = reminder_record_batch(
+        claim=claim,
+        results=[
+            result_for(r, Outcome.PERMANENT, error=f"550 <{r.attendee.email}> refused")
+            for r in chunk
+        ],
+        clock=clock,
+    )
+    assert recorded == {"failed": 2}
+    assert "550 <alan@example.org> refused" in _texts_of(kept)
+    assert EMAIL.lower() not in _texts_of(ada).lower()
+
+
 def test_a_record_without_errors_reads_no_attendee_row(clock, make_workshop):
     """The check costs nothing on the common path: a chunk that was all sent carries no text,
     so the record sends no statement about attendees."""
