@@ -645,3 +645,38 @@ def test_a_start_refused_for_its_deadline_reserves_nothing_and_a_lone_caller_res
     assert after_refusals == 1, "a start refused for its deadline was reserved anyway"
     # The caller asleep had reserved its own start (10 s away), and only that one.
     assert after_cancel == 2
+
+
+def test_a_caller_with_a_deadline_gets_a_start_that_comes_before_it(
+    limiter_redis_url, redis_account
+):
+    """The engine always passes the envelope's deadline: a start that comes well before it,
+    even one under a second away, is granted at once, the first and the reserved ones."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=100, clock=clock
+        )
+        began = clock.monotonic()
+        try:
+            async with asyncio.TaskGroup() as group:
+                for _ in range(5):
+                    group.create_task(
+                        limiter.acquire(deadline_at=clock.now() + timedelta(seconds=0.5))
+                    )
+            return clock.monotonic() - began
+        finally:
+            await limiter.aclose()
+
+    # Five starts 10.2 ms apart, none refused.
+    assert run(scenario()) < 0.3
+
+
+@pytest.mark.parametrize("block", [0, -1, 1.5, "8"])
+def test_the_block_size_must_be_a_whole_number_of_starts(block):
+    with pytest.raises(ValueError, match="block must be a whole number >= 1"):
+        RedisRateLimiter(
+            url="redis://127.0.0.1:6379/0", account="a", per_second=1, clock=SystemClock(),
+            block=block,
+        )  # fmt: skip
