@@ -61,6 +61,9 @@ DEFAULT_WINDOW = 1.0
 DEFAULT_MARGIN = 0.02
 # How many starts one Redis round trip may reserve for the callers queued in one process.
 DEFAULT_BLOCK = 8
+# A start that began more than this many seconds after its reserved time is moved, in
+# Redis's log, to when it really began (less is scheduling noise).
+LATE_ENOUGH_TO_MOVE = 0.001
 # How long a 429 without Retry-After pauses the limiter, in windows.
 DEFAULT_PAUSE_WINDOWS = 1.0
 
@@ -185,10 +188,10 @@ class LocalRateLimiter:
 # ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member
 # prefix; ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]:
 # the longest wait the first caller accepts in µs (its deadline; -1: none);
-# ARGV[6], ARGV[7]: a member this process reserved earlier and how many µs late it
-# really started ('' and 0: none), so the window counts that start when it
-# happened; ARGV[8]: how many starts to reserve (one per caller queued in the
-# process). Reserves, one after the other, the earliest starts that keep both
+# ARGV[6], ARGV[7]: unused; ARGV[8]: how many starts to reserve (one per caller
+# queued in the process); ARGV[9...]: pairs of a member this process reserved
+# earlier and how many µs late it really started, so the window counts each of
+# those starts when it happened (applied even while paused). Reserves, one after the other, the earliest starts that keep both
 # rules (no more than ARGV[1] starts in any span, at least ARGV[4] between starts)
 # and returns {1, µs until each}; the callers sleep that long and start. Returns
 # {0, µs to wait} and reserves nothing while paused, or when the first start would
@@ -196,15 +199,15 @@ class LocalRateLimiter:
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+for i = 9, #ARGV, 2 do
+  local planned = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if planned then
+    redis.call('ZADD', KEYS[1], tonumber(planned) + tonumber(ARGV[i + 1]), ARGV[i])
+  end
+end
 local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
 if paused > now then
   return {0, paused - now}
-end
-if ARGV[6] ~= '' then
-  local planned = redis.call('ZSCORE', KEYS[1], ARGV[6])
-  if planned then
-    redis.call('ZADD', KEYS[1], tonumber(planned) + tonumber(ARGV[7]), ARGV[6])
-  end
 end
 local limit = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
@@ -258,8 +261,9 @@ class RedisRateLimiter:
     Within a process, waiters queue on a local lock so only the head of the
     queue asks Redis; across processes the Lua script decides, by reserving
     the earliest start both rules allow. A pause set by one worker (after a
-    429) stops every new reservation until it ends; starts already reserved
-    (at most one per process, a few intervals ahead) still go out.
+    429) stops every new reservation until it ends; starts another process
+    had already reserved (at most ``block`` of them, a few intervals ahead)
+    still go out, and the process that saw the 429 drops its own.
 
     The client is created lazily inside the running event loop (a
     ``redis.asyncio`` client belongs to one loop), so build one limiter per
@@ -309,9 +313,14 @@ class RedisRateLimiter:
         self._acquire_script = None
         self._pause_script = None
         self._lock = asyncio.Lock()
-        # (member, µs) of this limiter's last start if it began later than reserved.
-        self._late: tuple[str, int] = ("", 0)
+        # (member, µs) of this limiter's starts that began later than reserved, sent
+        # with the next reservation.
+        self._late: list[tuple[str, int]] = []
         self._block = block
+        # A reserved start taken more than one spread interval after its time is stale:
+        # it is dropped, not made, so starts left unused never fire in a burst.
+        self._stale_after = self._span_us / per_second / 1_000_000
+        self._pauses = 0  # bumped by pause(): a reservation answered across one is dropped
         # Starts reserved for this process and not taken yet: (member, monotonic start).
         self._ready: deque[tuple[str, float]] = deque()
         self._queued = 0  # callers waiting for the lock
@@ -342,6 +351,7 @@ class RedisRateLimiter:
                     self._queued -= 1
                     queued = False
                     while True:
+                        self._drop_stale()
                         if self._ready:
                             await self._take_reserved(deadline_at)
                             return
@@ -372,19 +382,26 @@ class RedisRateLimiter:
         member = f"{self._member_prefix}:{next(self._members)}"
         left = _seconds_left(self._clock, deadline_at)
         max_wait = -1 if left is None else max(0, math.floor(left * 1_000_000))
-        late_member, late_us = self._late
+        late, self._late = self._late, []
         wanted = min(self._block, 1 + self._queued)
-        granted, *waits_us = await acquire_script(
-            keys=[self.starts_key, self.pause_key, self.due_key],
-            args=[
-                self.per_second, self._span_us, member, self._interval_us, max_wait,
-                late_member, late_us, wanted,
-            ],
-        )  # fmt: skip
-        self._late = ("", 0)
+        pauses = self._pauses
+        try:
+            granted, *waits_us = await acquire_script(
+                keys=[self.starts_key, self.pause_key, self.due_key],
+                args=[
+                    self.per_second, self._span_us, member, self._interval_us, max_wait,
+                    "", 0, wanted, *(value for pair in late for value in pair),
+                ],
+            )  # fmt: skip
+        except BaseException:
+            self._late = late + self._late  # not applied: send them with the next call
+            raise
         answered = self._clock.monotonic()
         if not int(granted):
             return [False, int(waits_us[0]) / 1_000_000]
+        if self._pauses != pauses:
+            # A 429 came while this reservation was on its way: start none of it.
+            return [False, 0.0]
         for index, wait_us in enumerate(waits_us, start=1):
             self._ready.append((f"{member}:{index}", answered + int(wait_us) / 1_000_000))
         return [True]
@@ -407,9 +424,16 @@ class RedisRateLimiter:
         self._ready.popleft()
         if wait > 0:
             await self._clock.sleep(wait)
-            late = self._clock.monotonic() - start_at
-            if late > 0:
-                self._late = (member, round(late * 1_000_000))
+        late = self._clock.monotonic() - start_at
+        if late > LATE_ENOUGH_TO_MOVE:
+            self._late.append((member, round(late * 1_000_000)))
+            del self._late[:-64]  # a bounded list: the oldest corrections matter least
+
+    def _drop_stale(self) -> None:
+        """Forget reserved starts whose time passed more than one interval ago (left unused)."""
+        now = self._clock.monotonic()
+        while self._ready and self._ready[0][1] < now - self._stale_after:
+            self._ready.popleft()
 
     async def pause(self, seconds: float) -> None:
         if seconds <= 0:
@@ -417,8 +441,10 @@ class RedisRateLimiter:
         _, pause_script = self._scripts()
         # Starts this process reserved ahead are dropped: the provider said slow down.
         # Again after the pause is set: a reservation may have reached Redis first.
+        self._pauses += 1
         self._ready.clear()
         await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
+        self._pauses += 1
         self._ready.clear()
         logger.info("Rate limiter %s paused for %.3fs", self.account, seconds)
 

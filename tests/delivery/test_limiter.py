@@ -684,3 +684,46 @@ def test_the_block_size_must_be_a_whole_number_of_starts(block):
             url="redis://127.0.0.1:6379/0", account="a", per_second=1, clock=SystemClock(),
             block=block,
         )  # fmt: skip
+
+
+def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_url, redis_account):
+    """Found in review: callers queued behind a reservation of four are cancelled, leaving
+    three reserved starts unused. A second later new callers must not take those stale
+    starts all at once (a burst the window never counted): they reserve afresh, spread."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        try:
+            await limiter.acquire()  # the first start, at once
+            # The next caller sleeps until its start (102 ms) holding the lock; four queue.
+            asleep = asyncio.ensure_future(limiter.acquire())
+            await asyncio.sleep(0.01)
+            head = asyncio.ensure_future(limiter.acquire())
+            await asyncio.sleep(0.01)
+            queued = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
+            await asyncio.sleep(0.14)  # the head has reserved four starts and sleeps
+            assert len(limiter._ready) == 3, "the scenario did not leave three reserved"
+            for waiter in queued:
+                waiter.cancel()
+            await asyncio.gather(*queued, return_exceptions=True)
+            await asyncio.gather(asleep, head)
+            await asyncio.sleep(1.5)
+            starts: list[float] = []
+
+            async def one():
+                await limiter.acquire()
+                starts.append(clock.monotonic())
+
+            async with asyncio.TaskGroup() as group:
+                for _ in range(3):
+                    group.create_task(one())
+            return sorted(starts)
+        finally:
+            await limiter.aclose()
+
+    starts = run(scenario())
+    # Three fresh starts one interval (102 ms) apart, not three stale ones at once.
+    assert starts[-1] - starts[0] >= 2 * 0.102 * 0.9, starts
