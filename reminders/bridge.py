@@ -37,6 +37,7 @@ from delivery.message import message_id_for
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
 from reminders.models import Reminder
+from reminders.services._sql import claim_token_param, values_rows
 from workshops.models import Enrollment, Workshop
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
@@ -203,7 +204,8 @@ class ClaimWatch:
 
     def __init__(self, *, token, reminders, clock: Clock) -> None:
         self._token = token
-        self._rendered = {reminder.pk: _rendered(reminder.workshop) for reminder in reminders}
+        # What each claimed reminder's message showed of its workshop, once per workshop.
+        self._workshop_of = {reminder.pk: reminder.workshop_id for reminder in reminders}
         self._shown = {reminder.workshop_id: _rendered(reminder.workshop) for reminder in reminders}
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
@@ -218,7 +220,7 @@ class ClaimWatch:
         taken_at = self._clock.monotonic()
         try:
             unchanged = self._unchanged()
-            changed = [pk for pk in self._rendered if pk not in unchanged]
+            changed = [pk for pk in self._workshop_of if pk not in unchanged]
             withdrawn = self._reasons(changed) if changed else {}
         except (OperationalError, InterfaceError) as exc:
             # No fresh snapshot: calls wait for one rather than guess.
@@ -236,11 +238,10 @@ class ClaimWatch:
             (workshop_id, title, stamp(starts), stamp(ends), zone)
             for workshop_id, (title, starts, ends, zone) in self._shown.items()
         ]
-        ids = list(self._rendered)
+        ids = list(self._workshop_of)
         sql = (
-            "WITH shown (id, title, starts_at, ends_at, timezone) AS (VALUES "
-            + ", ".join(["(%s, %s, %s, %s, %s)"] * len(shown))
-            + f") SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
+            f"WITH shown (id, title, starts_at, ends_at, timezone) AS (VALUES {values_rows(shown)}) "
+            f"SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
             f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
             "JOIN shown ON shown.id = w.id "
@@ -249,7 +250,7 @@ class ClaimWatch:
             "AND w.title = shown.title AND w.starts_at = shown.starts_at "
             "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone"
         )
-        token = Reminder._meta.get_field("claim_token").get_db_prep_value(self._token, connection)
+        token = claim_token_param(self._token)
         params = [value for row in shown for value in row] + ids
         params += [Reminder.Status.SENDING.value, token, Workshop.Status.SCHEDULED.value]
         params += [Enrollment.Status.ACTIVE.value]
@@ -278,7 +279,7 @@ class ClaimWatch:
                 withdrawn[pk] = "workshop cancelled"
             elif e_status != "active":
                 withdrawn[pk] = "enrollment cancelled"
-            elif tuple(shown) != self._rendered[pk]:
+            elif tuple(shown) != self._shown[self._workshop_of[pk]]:
                 withdrawn[pk] = "workshop changed after the message was rendered"
             else:
                 # Changed and changed back between the two reads: as rendered again.

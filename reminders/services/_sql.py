@@ -1,4 +1,5 @@
-"""SQL that Django's ORM does not write for us: an UPDATE that reports the rows it changed."""
+"""SQL that Django's ORM does not write for us: an UPDATE that reports the rows it changed,
+and the pieces of the hand-written statements (VALUES lists, the claim token as a parameter)."""
 
 from __future__ import annotations
 
@@ -32,3 +33,17 @@ def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {table}.{pk}, {table}.{status}", params)
         return [(row[0], row[1]) for row in cursor.fetchall()]
+
+
+def values_rows(rows: list[tuple]) -> str:
+    """Return ``(%s, ...), ...`` for ``rows`` of equal length: the body of a VALUES list."""
+    row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
+    return ", ".join([row] * len(rows))
+
+
+def claim_token_param(token):
+    """Return a claim token as this database stores it (uuid on PostgreSQL, hex on SQLite)."""
+    from reminders.models import Reminder
+
+    connection = connections[Reminder.objects.db]
+    return Reminder._meta.get_field("claim_token").get_db_prep_value(token, connection)

@@ -14,6 +14,7 @@ from clock import Clock, default_clock
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
+from reminders.services._sql import claim_token_param
 from workshops.models import Enrollment, Workshop
 
 Status = Reminder.Status
@@ -110,7 +111,7 @@ def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
     """
     attempt = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
-    token_value = Reminder._meta.get_field("claim_token").get_db_prep_value(token, connection)
+    token_value = claim_token_param(token)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {attempt} (reminder_id, number, claim_token, channel, worker, "

@@ -23,6 +23,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
+from reminders.services._sql import claim_token_param, values_rows
 from reminders.services.claim import Claim
 from reminders.services.fate import reminder_fate, reminders_return, sources_locked
 from reminders.services.personal import erased_among, personal_words, scrubber
@@ -231,7 +232,7 @@ def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -
     rows = [(pk, v.status, v.reason[:200], v.error, v.message_id[:255]) for pk, v in finals.items()]
     reminder = _table(Reminder)
     sql = (
-        f"WITH v (id, status, reason, error, message_id) AS (VALUES {_placeholders(rows)}) "
+        f"WITH v (id, status, reason, error, message_id) AS (VALUES {values_rows(rows)}) "
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "
         "sent_at = CASE WHEN v.status = %s THEN %s ELSE NULL END, next_attempt_at = NULL, "
@@ -241,7 +242,13 @@ def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
     params = [value for row in rows for value in row]
-    params += [Status.SENT.value, stamp, stamp, _token(claim), Status.SENDING.value]
+    params += [
+        Status.SENT.value,
+        stamp,
+        stamp,
+        claim_token_param(claim.token),
+        Status.SENDING.value,
+    ]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return {pk: status for pk, status in cursor.fetchall()}
@@ -262,7 +269,7 @@ def _finish_attempts(
         )  # fmt: skip
     attempt = _table(DeliveryAttempt)
     sql = (
-        f"WITH v (reminder_id, outcome, error, message_id, calls) AS (VALUES {_placeholders(rows)}) "
+        f"WITH v (reminder_id, outcome, error, message_id, calls) AS (VALUES {values_rows(rows)}) "
         f"UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
         "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
         f"FROM v WHERE {attempt}.reminder_id = v.reminder_id AND {attempt}.claim_token = %s "
@@ -271,7 +278,7 @@ def _finish_attempts(
     params = [value for row in rows for value in row]
     params += [
         connection.ops.adapt_datetimefield_value(now),
-        _token(claim),
+        claim_token_param(claim.token),
         Attempt.IN_FLIGHT.value,
     ]
     with connection.cursor() as cursor:
@@ -280,16 +287,6 @@ def _finish_attempts(
 
 def _table(model) -> str:
     return connection.ops.quote_name(model._meta.db_table)
-
-
-def _placeholders(rows: list[tuple]) -> str:
-    """Return ``(%s, ...), ...`` for ``rows`` of equal length (a VALUES list)."""
-    row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
-    return ", ".join([row] * len(rows))
-
-
-def _token(claim: Claim):
-    return Reminder._meta.get_field("claim_token").get_db_prep_value(claim.token, connection)
 
 
 def reminder_release(
