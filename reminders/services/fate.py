@@ -15,7 +15,10 @@ transaction) either committed before the read, and the fate sees it, or waits
 until the returning transaction commits, and then finds the row ``pending``
 and treats it like any open reminder. Lock order everywhere: attendee (the
 record, when an outcome's text may quote an erased attendee), workshop,
-enrollment, reminder, delivery attempt.
+enrollment, reminder, delivery attempt. Writers that may meet on the same
+``sending`` rows (the record, a release, the reaper) first lock those rows in
+id order with ``reminders_locked``: an UPDATE locks rows in whatever order its
+plan reads them, and two such orders over the same rows deadlock.
 """
 
 from __future__ import annotations
@@ -119,6 +122,22 @@ def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
     with connection.cursor() as cursor:
         cursor.execute(sql, [ids])
         return {row[0]: Source(row[1], row[2], row[3]) for row in cursor.fetchall()}
+
+
+def reminders_locked(ids: Iterable[int], guard: Q) -> None:
+    """Lock the reminders of ``ids`` that match ``guard``, ``FOR UPDATE`` in id order.
+
+    Call it inside ``atomic``, after ``sources_locked`` and before the UPDATEs.
+    On SQLite, which serialises writers, it sends nothing.
+    """
+    ids = sorted(set(ids))
+    if ids and connection.vendor == "postgresql":
+        list(
+            Reminder.objects.filter(guard, pk__in=ids)
+            .select_for_update()
+            .order_by("pk")
+            .values_list("pk", flat=True)
+        )
 
 
 def reminders_return(

@@ -13,7 +13,12 @@ from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import update_returning
-from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+from reminders.services.fate import (
+    reminder_fate,
+    reminders_locked,
+    reminders_return,
+    sources_locked,
+)
 from reminders.services.record import CHANNELS_HONOURING_KEYS
 
 logger = logging.getLogger(__name__)
@@ -65,6 +70,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
             )
             for pk, source in sources_locked(retry).items()
         }
+        reminders_locked(tokens, expired)
         changed = reminders_return(
             fates=fates, guard=expired, now=now, errors=dict.fromkeys(fates, reasons.LEASE_LOST)
         )

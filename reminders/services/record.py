@@ -25,7 +25,12 @@ from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import claim_token_param, values_rows
 from reminders.services.claim import Claim
-from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+from reminders.services.fate import (
+    reminder_fate,
+    reminders_locked,
+    reminders_return,
+    sources_locked,
+)
 from reminders.services.personal import erased_among, personal_words, scrubber
 
 Status = Reminder.Status
@@ -168,6 +173,7 @@ def reminder_record_batch(
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
         sources = sources_locked(returns)
+        reminders_locked(verdicts, _fence(claim))
         changed = _record_finals(claim=claim, finals=finals, now=now)
         if returns:
             policy = ReminderPolicy.from_settings()
@@ -310,6 +316,7 @@ def reminder_release(
             )
             for pk, source in sources_locked(ids).items()
         }
+        reminders_locked(fates, _fence(claim))
         changed = reminders_return(fates=fates, guard=_fence(claim), now=now, refund=fates)
         if changed:
             DeliveryAttempt.objects.filter(

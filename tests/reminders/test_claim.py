@@ -114,7 +114,9 @@ def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(clock,
     statements = [q["sql"] for q in queries if "SAVEPOINT" not in q["sql"]]
     print(f"\nclaim + record of 100 reminders: {len(statements)} statements")
     assert len(claim.reminders) == 100
-    assert len(statements) / 100 <= 0.06
+    # Claim: take, refuse the late, load, insert attempts. Record: lock in id order
+    # (reminders.services.fate.reminders_locked), write the rows, close the attempts.
+    assert len(statements) / 100 <= 0.07
     assert Reminder.objects.filter(status="sent").count() == 100
 
 
