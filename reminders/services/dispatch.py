@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
-from django.db import transaction
+from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
 from django.db.models.functions import Concat, Left
 
@@ -25,6 +25,12 @@ Status = Reminder.Status
 Publish = Callable[[list[int], datetime], object]
 
 
+# The most rows one transaction of the scan locks. A claim that meets a row the
+# scan holds waits for that transaction, so this bounds the wait (about 30 ms
+# per 1,000 rows on the reference machine; bench/scan_million.py measures it).
+ROWS_PER_TRANSACTION = 1000
+
+
 def reminders_expire(*, clock: Clock | None = None) -> int:
     """Mark open reminders whose deadline has passed as ``missed``; return how many.
 
@@ -32,33 +38,50 @@ def reminders_expire(*, clock: Clock | None = None) -> int:
     expired in the broker) would otherwise stay ``queued`` forever. The rule
     is the policy's ``late_q``, the same one the claim enforces; the stored
     deadline is current because every move and every return rewrites it.
+    After an outage there may be many: they are marked ``ROWS_PER_TRANSACTION``
+    at a time, skipping rows a claim holds (that claim marks them itself), so
+    no claim waits long behind the sweep.
     """
     clock = clock or default_clock()
     now = clock.now()
-    return Reminder.objects.filter(
-        ReminderPolicy.late_q(now), status__in=Reminder.OPEN_STATUSES
-    ).update(
-        status=Status.MISSED,
-        status_reason=Case(
-            When(
-                last_error__gt="",
-                then=Left(
-                    Concat(
-                        Value(reasons.LATE_IN_RETRY.format(error="")),
-                        "last_error",
-                        output_field=TextField(),
+    late = Reminder.objects.filter(ReminderPolicy.late_q(now), status__in=Reminder.OPEN_STATUSES)
+    total = 0
+    while True:
+        with transaction.atomic():
+            # The ids first, then the UPDATE: as a subquery of the UPDATE, PostgreSQL
+            # may run a LIMIT ... SKIP LOCKED once per row and take every late row.
+            chunk = list(
+                late.select_for_update(skip_locked=True).values_list("id", flat=True)[
+                    :ROWS_PER_TRANSACTION
+                ]
+            )
+            changed = Reminder.objects.filter(
+                ReminderPolicy.late_q(now), id__in=chunk, status__in=Reminder.OPEN_STATUSES
+            ).update(
+                status=Status.MISSED,
+                status_reason=Case(
+                    When(
+                        last_error__gt="",
+                        then=Left(
+                            Concat(
+                                Value(reasons.LATE_IN_RETRY.format(error="")),
+                                "last_error",
+                                output_field=TextField(),
+                            ),
+                            200,
+                        ),
                     ),
-                    200,
+                    When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
+                    default=Value(reasons.LATE_AT_CLAIM),
+                    output_field=TextField(),
                 ),
-            ),
-            When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
-            default=Value(reasons.LATE_AT_CLAIM),
-            output_field=TextField(),
-        ),
-        queued_until=None,
-        next_attempt_at=None,
-        updated_at=now,
-    )
+                queued_until=None,
+                next_attempt_at=None,
+                updated_at=now,
+            )
+        total += changed
+        if changed < ROWS_PER_TRANSACTION:
+            return total
 
 
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
@@ -94,7 +117,11 @@ def reminders_dispatch(
     one batch (reminders.publish.publish_batch in production). Guarantee: a
     row is queued only by the UPDATE that finds it ``pending`` or queued
     under an expired message, so two dispatchers never both publish it.
-    Return how many reminders were queued.
+    Rows are locked and queued ``ROWS_PER_TRANSACTION`` at a time, each
+    transaction publishing its own whole batches after it commits, so a claim
+    that meets a row being dispatched waits for one short transaction, not
+    for the whole dispatch (called inside a transaction, it takes them all in
+    that one). Return how many reminders were queued.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -110,44 +137,66 @@ def reminders_dispatch(
     ).order_by("deadline_at", "id")
     if ids is not None:
         due = due.filter(id__in=ids)
-    with transaction.atomic():
-        rows = list(
-            due.select_for_update(skip_locked=True).values_list("id", "deadline_at")[:limit]
-        )
-        if not rows:
-            return 0
-        batches = []
-        by_expiry: dict[datetime, list[int]] = defaultdict(list)
-        for start in range(0, len(rows), batch_size):
-            batch = rows[start : start + batch_size]
-            expires_at = message_expiry(
-                deadlines=[deadline for _, deadline in batch], now=now, requeue_after=requeue_after
+    # Whole batches per transaction, so no batch straddles two of them. Inside
+    # a caller's transaction (a staff replay) every lock lasts until that one
+    # commits, so smaller transactions would only add statements.
+    per_transaction = max(batch_size, ROWS_PER_TRANSACTION // batch_size * batch_size)
+    if connection.in_atomic_block:
+        per_transaction = limit
+    queued = published = taken = 0
+    while taken < limit:
+        take = min(per_transaction, limit - taken)
+        with transaction.atomic():
+            rows = list(
+                due.select_for_update(skip_locked=True).values_list("id", "deadline_at")[:take]
             )
-            batches.append(([pk for pk, _ in batch], expires_at))
-            by_expiry[expires_at].extend(pk for pk, _ in batch)
-        # One statement whatever the number of batches: each row is queued
-        # until its batch's expiry (usually one value for all of them).
-        changed = {
-            pk
-            for pk, _ in update_returning(
-                Reminder.objects.filter(due_now, id__in=[pk for pk, _ in rows]),
-                status=Status.QUEUED,
-                queued_until=Case(
-                    *[When(id__in=ids, then=Value(expiry)) for expiry, ids in by_expiry.items()],
-                    output_field=DateTimeField(),
-                ),
-                updated_at=now,
-            )
-        }
-        queued = 0
-        for batch_ids, expires_at in batches:
-            batch_ids = [pk for pk in batch_ids if pk in changed]
-            if batch_ids:
-                transaction.on_commit(partial(publish, batch_ids, expires_at))
-                queued += len(batch_ids)
+            taken += len(rows)
+            if rows:
+                batches = _queue(
+                    rows,
+                    due_now=due_now,
+                    now=now,
+                    batch_size=batch_size,
+                    requeue_after=requeue_after,
+                )
+                for batch_ids, expires_at in batches:
+                    transaction.on_commit(partial(publish, batch_ids, expires_at))
+                    queued += len(batch_ids)
+                    published += 1
+        if len(rows) < take:
+            break
     if queued:
-        logger.info("Dispatched %s reminders in %s batches", queued, len(batches))
+        logger.info("Dispatched %s reminders in %s batches", queued, published)
     return queued
+
+
+def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: timedelta):
+    """Mark locked due ``rows`` queued in one statement; return the batches to publish."""
+    batches = []
+    by_expiry: dict[datetime, list[int]] = defaultdict(list)
+    for start in range(0, len(rows), batch_size):
+        batch = rows[start : start + batch_size]
+        expires_at = message_expiry(
+            deadlines=[deadline for _, deadline in batch], now=now, requeue_after=requeue_after
+        )
+        batches.append(([pk for pk, _ in batch], expires_at))
+        by_expiry[expires_at].extend(pk for pk, _ in batch)
+    # One statement whatever the number of batches: each row is queued
+    # until its batch's expiry (usually one value for all of them).
+    changed = {
+        pk
+        for pk, _ in update_returning(
+            Reminder.objects.filter(due_now, id__in=[pk for pk, _ in rows]),
+            status=Status.QUEUED,
+            queued_until=Case(
+                *[When(id__in=ids, then=Value(expiry)) for expiry, ids in by_expiry.items()],
+                output_field=DateTimeField(),
+            ),
+            updated_at=now,
+        )
+    }
+    kept = [([pk for pk in ids if pk in changed], expires_at) for ids, expires_at in batches]
+    return [(ids, expires_at) for ids, expires_at in kept if ids]
 
 
 def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:

@@ -5,7 +5,7 @@ import sys
 from datetime import timedelta
 
 import pytest
-from django.db import transaction
+from django.db import connection, transaction
 
 from clock import SystemClock
 from reminders.models import Reminder
@@ -145,3 +145,108 @@ def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_
     assert all(r.queued_until <= now for r in reminders)
     clock.advance_to(now)
     assert _dispatch(clock=clock, publish=lambda ids, expires: True) == 3
+
+
+def test_each_transaction_of_the_dispatch_commits_and_publishes_its_own_rows(
+    clock, due_reminders, settings, monkeypatch
+):
+    """A claim that meets a row being dispatched waits for one transaction of at most
+    ROWS_PER_TRANSACTION rows, not for the whole dispatch (bench/scan_million.py measures
+    the wait at 20,000 due rows). Seen from each publish: the rows queued so far."""
+    from reminders.services import dispatch
+
+    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
+    settings.REMINDERS_BATCH_SIZE = 10
+    due_reminders(50)
+    seen: list[tuple[int, int]] = []
+
+    def publish(ids, expires_at):
+        seen.append((len(ids), Reminder.objects.filter(status="queued").count()))
+
+    assert reminders_dispatch(clock=clock, publish=publish) == 50
+    assert seen == [(10, 20), (10, 20), (10, 40), (10, 40), (10, 50)]
+
+
+def test_a_transaction_of_the_dispatch_holds_whole_batches(
+    clock, due_reminders, settings, monkeypatch
+):
+    from reminders.services import dispatch
+
+    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 25)
+    settings.REMINDERS_BATCH_SIZE = 10
+    due_reminders(45)
+    sizes: list[int] = []
+    reminders_dispatch(clock=clock, publish=lambda ids, expires_at: sizes.append(len(ids)))
+    assert sizes == [10, 10, 10, 10, 5]
+
+
+def test_the_dispatch_limit_holds_across_transactions(clock, due_reminders, settings, monkeypatch):
+    from reminders.services import dispatch
+
+    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
+    settings.REMINDERS_BATCH_SIZE = 10
+    due_reminders(50)
+    assert reminders_dispatch(clock=clock, publish=lambda ids, expires_at: None, limit=35) == 35
+    assert Reminder.objects.filter(status="pending").count() == 15
+
+
+def test_the_expiry_marks_every_late_row_one_transaction_at_a_time(
+    clock, due_reminders, monkeypatch
+):
+    from django.test.utils import CaptureQueriesContext
+
+    from reminders.services import dispatch, reminders_expire
+
+    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
+    due_reminders(50, per_workshop=25, starts_in=timedelta(hours=1))
+    clock.advance(timedelta(minutes=31).total_seconds())
+    with CaptureQueriesContext(connection) as queries:
+        assert reminders_expire(clock=clock) == 50
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
+    updates = [q["sql"] for q in queries if q["sql"].startswith("UPDATE")]
+    assert len(updates) == 3, "each transaction marks at most ROWS_PER_TRANSACTION rows"
+
+
+def test_the_expiry_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due_reminders):
+    """After an outage the sweep may have thousands of late rows; a claim holding one of
+    them must not make the sweep wait, nor the sweep the claim. The held row is left to
+    the claim, which refuses it for lateness itself."""
+    import threading
+
+    from reminders.services import reasons, reminder_claim_batch, reminders_expire
+
+    held, *others = due_reminders(5, per_workshop=5, starts_in=timedelta(hours=1))
+    clock.advance(timedelta(minutes=31).total_seconds())
+    locked, release = threading.Event(), threading.Event()
+    claimed: list = []
+
+    def claimer() -> None:
+        try:
+            with transaction.atomic():
+                list(Reminder.objects.select_for_update().filter(pk=held))
+                locked.set()
+                release.wait(30)
+                claimed.append(reminder_claim_batch(ids=[held], channel="file", clock=clock))
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=claimer)
+    thread.start()
+    assert locked.wait(10)
+    swept: list[int] = []
+    sweep = threading.Thread(target=lambda: (swept.append(reminders_expire(clock=clock)),
+                                             connection.close()))  # fmt: skip
+    sweep.start()
+    sweep.join(5)
+    finished_while_held = not sweep.is_alive()
+    release.set()
+    thread.join(30)
+    sweep.join(30)
+    assert finished_while_held, "the expiry waited for the claim's row lock"
+    assert swept == [4]
+    assert claimed[0].reminders == []
+    row = Reminder.objects.get(pk=held)
+    assert (row.status, row.status_reason) == ("missed", reasons.LATE_AT_CLAIM)
+    assert set(Reminder.objects.filter(pk__in=others).values_list("status", flat=True)) == {
+        "missed"
+    }
