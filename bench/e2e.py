@@ -99,7 +99,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--channel", choices=["http", "smtp"], default="http")
     parser.add_argument("--reminders", type=int, default=10_000)
     parser.add_argument("--baseline-count", type=int, default=1_500)
-    parser.add_argument("--rate", type=int, default=200, help="provider limit, requests/s")
+    parser.add_argument(
+        "--rate",
+        type=int,
+        default=200,
+        help="provider limit, requests/s; 0: no limit anywhere (the unthrottled run)",
+    )
     parser.add_argument("--delay", type=float, default=0.1, help="provider answer time (s)")
     parser.add_argument("--pool-size", type=int, default=2, help="prefork processes per worker")
     parser.add_argument(
@@ -138,12 +143,12 @@ def main(argv: list[str] | None = None) -> int:
             REMINDERS_CHANNEL=args.channel,
             REMINDERS_RATE_LIMIT=str(args.rate),
             REMINDERS_SCAN_INTERVAL="5",
-            BENCH_BASELINE_RATE=f"{args.rate / 2:g}/s",
+            BENCH_BASELINE_RATE=f"{args.rate / 2:g}/s" if args.rate else "",
         )
         if args.channel == "http":
+            limit = ["--rate-limit", str(args.rate)] if args.rate else []
             sink = SinkProcess(
-                "http", logs, "--secret", SECRET, "--delay", str(args.delay),
-                "--rate-limit", str(args.rate),
+                "http", logs, "--secret", SECRET, "--delay", str(args.delay), *limit
             )  # fmt: skip
             env.update(REMINDERS_HTTP_URL=f"{sink.address}/reminders", REMINDERS_HTTP_SECRET=SECRET)
         else:
@@ -493,7 +498,7 @@ def report(args, product: dict, baseline: dict) -> bool:
         ("reminders delivered", lambda p: f"{p['sent']}"),
         ("time, first scan -> last send", lambda p: f"{p['elapsed']:.1f} s"),
         ("achieved rate", lambda p: f"{p['rate']:.1f}/s"),
-        ("  / rate limit", lambda p: f"{p['rate'] / args.rate:.3f}"),
+        ("  / rate limit", lambda p: f"{p['rate'] / args.rate:.3f}" if args.rate else "-"),
         ("steady rate seen by the sink", lambda p: f"{p['steady']:.1f}/s"),
         ("sink: busiest 1 s window", lambda p: f"{p['window']['busiest']}"),
         ("sink: 429 answers", lambda p: f"{p['window']['status_429']}"),
@@ -536,7 +541,7 @@ def report(args, product: dict, baseline: dict) -> bool:
             print(f"  WARNING: pg_stat_statements evicted entries during the {phase['name']}")
     if product["statuses"].get("sent") != args.reminders:
         print(f"  product statuses: {product['statuses']}")
-    fraction = product["rate"] / args.rate
+    fraction = product["rate"] / args.rate if args.rate else None
     speedup = product["rate"] / baseline["rate"]
     rss = max(p.rss_sum_kb for p in product["peaks"].values()) / 1024
     pss = max(p.pss_sum_kb for p in product["peaks"].values()) / 1024
@@ -544,9 +549,11 @@ def report(args, product: dict, baseline: dict) -> bool:
         phase["name"]: 1000 * phase["cpu"].used["workers"] / max(1, phase["sent"])
         for phase in (product, baseline)
     }
-    checks = {
-        f"rate >= {TARGET_FRACTION} of the limit": fraction >= TARGET_FRACTION,
-        "busiest window <= the limit": product["window"]["busiest"] <= args.rate,
+    checks = {}
+    if args.rate:
+        checks[f"rate >= {TARGET_FRACTION} of the limit"] = fraction >= TARGET_FRACTION
+        checks["busiest window <= the limit"] = product["window"]["busiest"] <= args.rate
+    checks |= {
         "no 429": product["window"]["status_429"] == 0,
         f"worker CPU <= {TARGET_CPU_MS:g} ms per reminder": cpu_ms["product"] <= TARGET_CPU_MS,
         f"worker tree PSS <= {TARGET_PSS_MB:g} MB": pss <= TARGET_PSS_MB,
@@ -564,7 +571,7 @@ def report(args, product: dict, baseline: dict) -> bool:
             {
                 "e2e": {
                     "rate": round(product["rate"], 1),
-                    "fraction": round(fraction, 3),
+                    "fraction": round(fraction, 3) if fraction is not None else None,
                     "speedup": round(speedup, 1),
                     "busiest": product["window"]["busiest"],
                     "cpu_ms": round(cpu_ms["product"], 2),
@@ -586,7 +593,7 @@ def phase_figures(args, phase: dict) -> dict:
         "sent": phase["sent"],
         "seconds": round(phase["elapsed"], 1),
         "rate": round(phase["rate"], 1),
-        "fraction_of_limit": round(phase["rate"] / args.rate, 3),
+        "fraction_of_limit": round(phase["rate"] / args.rate, 3) if args.rate else None,
         "steady_rate": round(phase["steady"], 1),
         "busiest_second": phase["window"]["busiest"],
         "status_429": phase["window"]["status_429"],
@@ -600,7 +607,8 @@ def phase_figures(args, phase: dict) -> dict:
 
 
 def save(args, product: dict, baseline: dict):
-    """Write bench/results/e2e-CHANNEL.json, stamped with the commit and date."""
+    """Write bench/results/e2e-CHANNEL.json (e2e-CHANNEL-unthrottled.json with --rate 0)."""
+    name = f"e2e-{args.channel}" + ("" if args.rate else "-unthrottled")
     figures = {
         "bench": "e2e",
         "channel": args.channel,
@@ -611,7 +619,9 @@ def save(args, product: dict, baseline: dict):
             "rate": args.rate,
             "delay": args.delay,
             "pool_size": args.pool_size,
-            "command": f"python -m bench.e2e --channel {args.channel} --save",
+            "command": f"python -m bench.e2e --channel {args.channel}"
+            + ("" if args.rate else " --rate 0")
+            + " --save",
         },
         "product": phase_figures(args, product),
         "baseline": phase_figures(args, baseline),
@@ -619,7 +629,9 @@ def save(args, product: dict, baseline: dict):
     figures["cpu_ratio"] = round(
         figures["baseline"]["worker_cpu_ms"] / figures["product"]["worker_cpu_ms"], 2
     )
-    return save_results(f"e2e-{args.channel}", figures)
+    figures["cpu"] = {name: round(used, 1) for name, used in product["cpu"].used.items()}
+    figures["cpu"]["seconds"] = round(product["cpu"].elapsed, 1)
+    return save_results(name, figures)
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ from delivery.message import build_message, message_id_for, parse_sender
 from reminders.content import reminder_envelope
 from reminders.models import Reminder
 
-RATE = os.environ.get("BENCH_BASELINE_RATE", "100/s")
+RATE = os.environ.get("BENCH_BASELINE_RATE", "100/s") or None  # empty: unthrottled
 _client: httpx.Client | None = None
 _smtp: smtplib.SMTP | None = None
 

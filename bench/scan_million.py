@@ -37,6 +37,7 @@ import shutil
 import sys
 import threading
 import time
+from collections import Counter
 from datetime import timedelta
 
 from bench.harness import CLOCK, PrivatePostgres, make_workdir, manage, save_results, stamp
@@ -104,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         f"over sizes {sorted(args.sizes)} "
         f"({'constant' if figures['statements_constant'] else 'NOT constant'}); "
         f"claims blocked over {LOCK_BUDGET_MS} ms: {figures['lock_waits_over_budget']} "
-        f"of {figures['probe_claims']}; longest claim {figures['longest_claim_ms']} ms"
+        f"of {figures['probe_claims']}; longest claim {figures['longest_claim_ms']} ms; longest "
+        f"UPDATE holding locks {figures['longest_locked_update_ms']} ms"
     )
     print(json.dumps({"scan_million": {k: v for k, v in figures.items() if k != "plans"}}))
     if args.save:
@@ -345,7 +347,14 @@ def _run(seeded: dict, *, explain: bool) -> dict:
             "probe_claims": probe.claims,
             "probe_blocked": probe.blocked,
             "probe_longest_ms": round(1000 * probe.longest, 1),
+            # What a claim meeting a locked row waits for, at most: the slowest
+            # UPDATE of reminder rows inside a transaction holding its locks.
+            "longest_locked_update_ms": max(
+                [s["ms"] for s in capture.statements if s["kind"] == "UPDATE reminders_reminder"],
+                default=0.0,
+            ),
             "slowest": [f"{s['kind']} {s['ms']} ms" for s in slowest],
+            "by_kind": dict(Counter(s["kind"] for s in capture.statements)),
         }
         scans.append(row)
         print(
@@ -383,7 +392,8 @@ def _run(seeded: dict, *, explain: bool) -> dict:
 def _summary(runs: list[dict]) -> dict:
     """Compare the runs: what a scan sends beyond its dispatch transactions must not grow.
 
-    The dispatch sends two statements (lock, queue) per transaction of at most
+    Beyond one read of the due ids, the dispatch sends two statements (lock,
+    queue) per transaction of at most
     ``ROWS_PER_TRANSACTION`` rows, so a scan's statements are a fixed part plus
     2 x ceil(dispatched / ROWS_PER_TRANSACTION), at most REMINDERS_DISPATCH_LIMIT
     rows' worth, whatever the number of workshops.
@@ -392,20 +402,23 @@ def _summary(runs: list[dict]) -> dict:
 
     from reminders.services.dispatch import ROWS_PER_TRANSACTION
 
+    batch = settings.REMINDERS_BATCH_SIZE
+    per_transaction = max(batch, ROWS_PER_TRANSACTION // batch * batch)  # whole batches
+
     def fixed(row: dict) -> int:
-        return row["statements"] - 2 * math.ceil(row["dispatched"] / ROWS_PER_TRANSACTION)
+        return row["statements"] - 2 * math.ceil(row["dispatched"] / per_transaction)
 
     cold = [fixed(run["scans"][0]) for run in runs]
     steady = [fixed(run["scans"][-1]) for run in runs]
     largest = runs[-1]
     scans = [row for run in runs for row in run["scans"]]
     return {
-        "rows_per_transaction": ROWS_PER_TRANSACTION,
+        "rows_per_transaction": per_transaction,
         "cold_fixed_statements": cold,
         "steady_fixed_statements": steady,
         "statements_constant": len(set(cold)) == 1 and len(set(steady)) == 1,
         "most_statements_per_scan": cold[0]
-        + 2 * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / ROWS_PER_TRANSACTION),
+        + 2 * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / per_transaction),
         "workshops": largest["workshops"],
         "enrollments": largest["enrollments"],
         "in_lead_window": largest["in_lead_window"],
@@ -415,6 +428,7 @@ def _summary(runs: list[dict]) -> dict:
         "probe_claims": sum(row["probe_claims"] for row in scans),
         "lock_waits_over_budget": sum(row["probe_blocked"] for row in scans),
         "longest_claim_ms": max(row["probe_longest_ms"] for row in scans),
+        "longest_locked_update_ms": max(row["longest_locked_update_ms"] for row in scans),
         "plans": largest.get("plans", {}),
     }
 

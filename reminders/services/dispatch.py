@@ -26,11 +26,11 @@ Publish = Callable[[list[int], datetime], object]
 
 
 # The most rows one transaction of the scan locks. A claim that meets a row the
-# scan holds waits for that transaction, so this bounds the wait: queueing 1,000
-# rows took 60-75 ms on the reference machine (each UPDATE rewrites the row's ten
-# index entries), too close to the 100 ms a claim may wait; bench/scan_million.py
-# measures the wait.
-ROWS_PER_TRANSACTION = 500
+# scan holds waits for that transaction, so this bounds the wait: with 1,000,000
+# enrollments, queueing 500 rows took 70-107 ms on the reference machine (each
+# UPDATE rewrites the row's ten index entries), too close to the 100 ms a claim
+# may wait; bench/scan_million.py measures it.
+ROWS_PER_TRANSACTION = 250
 
 
 def reminders_expire(*, clock: Clock | None = None) -> int:
@@ -139,34 +139,36 @@ def reminders_dispatch(
     ).order_by("deadline_at", "id")
     if ids is not None:
         due = due.filter(id__in=ids)
-    # Whole batches per transaction, so no batch straddles two of them. Inside
-    # a caller's transaction (a staff replay) every lock lasts until that one
-    # commits, so smaller transactions would only add statements.
-    per_transaction = max(batch_size, ROWS_PER_TRANSACTION // batch_size * batch_size)
     if connection.in_atomic_block:
-        per_transaction = limit
-    queued = published = taken = 0
-    while taken < limit:
-        take = min(per_transaction, limit - taken)
+        # Inside a caller's transaction (a staff replay) every lock lasts until
+        # that one commits: smaller transactions would only add statements.
+        chunks = [due]
+    else:
+        # One read, without locks, picks the rows in deadline order; then each
+        # transaction locks whole batches of them by id (re-checking the due
+        # rule under the lock) and queues them, so none holds its locks for
+        # longer than queueing ROWS_PER_TRANSACTION rows takes.
+        per_transaction = max(batch_size, ROWS_PER_TRANSACTION // batch_size * batch_size)
+        candidates = list(due.values_list("id", flat=True)[:limit])
+        chunks = [
+            due.filter(id__in=candidates[start : start + per_transaction])
+            for start in range(0, len(candidates), per_transaction)
+        ]
+    queued = published = 0
+    for chunk in chunks:
         with transaction.atomic():
             rows = list(
-                due.select_for_update(skip_locked=True).values_list("id", "deadline_at")[:take]
+                chunk.select_for_update(skip_locked=True).values_list("id", "deadline_at")[:limit]
             )
-            taken += len(rows)
-            if rows:
-                batches = _queue(
-                    rows,
-                    due_now=due_now,
-                    now=now,
-                    batch_size=batch_size,
-                    requeue_after=requeue_after,
-                )
-                for batch_ids, expires_at in batches:
-                    transaction.on_commit(partial(publish, batch_ids, expires_at))
-                    queued += len(batch_ids)
-                    published += 1
-        if len(rows) < take:
-            break
+            if not rows:
+                continue
+            batches = _queue(
+                rows, due_now=due_now, now=now, batch_size=batch_size, requeue_after=requeue_after
+            )
+            for batch_ids, expires_at in batches:
+                transaction.on_commit(partial(publish, batch_ids, expires_at))
+                queued += len(batch_ids)
+                published += 1
     if queued:
         logger.info("Dispatched %s reminders in %s batches", queued, published)
     return queued
@@ -184,11 +186,20 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
         batches.append(([pk for pk, _ in batch], expires_at))
         by_expiry[expires_at].extend(pk for pk, _ in batch)
     # One statement whatever the number of batches: each row is queued
-    # until its batch's expiry (usually one value for all of them).
+    # until its batch's expiry (usually one value for all of them). On
+    # PostgreSQL this transaction's FOR UPDATE re-checked the due rule against
+    # each row it locked, so the rows are matched by id alone: with the rule
+    # repeated, the planner scanned every open row through the partial index
+    # (50-70 ms per statement at 97,000 open rows, bench/scan_million.py). SQLite
+    # takes no row locks, so there the UPDATE re-checks the rule itself.
+    ids = [pk for pk, _ in rows]
+    target = Reminder.objects.filter(id__in=ids)
+    if connection.vendor != "postgresql":
+        target = target.filter(due_now)
     changed = {
         pk
         for pk, _ in update_returning(
-            Reminder.objects.filter(due_now, id__in=[pk for pk, _ in rows]),
+            target,
             status=Status.QUEUED,
             queued_until=Case(
                 *[When(id__in=ids, then=Value(expiry)) for expiry, ids in by_expiry.items()],
