@@ -100,7 +100,8 @@ def _run(args) -> int:
     def reset() -> None:
         with connection.cursor() as cursor:
             cursor.execute(
-                "TRUNCATE reminders_deliveryattempt, reminders_reminder, workshops_enrollment, "
+                "TRUNCATE reminders_deliveryattempt, reminders_reminder, reminders_scanrun, "
+                "workshops_enrollment, "
                 "workshops_attendee, workshops_workshop RESTART IDENTITY CASCADE"
             )
 
