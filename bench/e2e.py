@@ -116,6 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--smtp-connections", type=int, default=8, help="REMINDERS_SMTP_CONNECTIONS (smtp only)"
     )
+    parser.add_argument(
+        "--events-cost",
+        action="store_true",
+        help="run the product a second time with REMINDERS_TASK_EVENTS=0 and compare the CPU",
+    )
     parser.add_argument("--check", action="store_true", help="exit 1 when a target is missed")
     parser.add_argument(
         "--save",
@@ -184,6 +189,18 @@ def main(argv: list[str] | None = None) -> int:
             flush=True,
         )
         product = run_product(args, env, logs, sink, observer)
+        quiet = loud = None
+        if args.events_cost:
+            # The same reminders twice more, from pending: without task events, then
+            # with them. A run on reset rows costs the workers more than the first
+            # run whatever the setting (checked with events on in both), so the two
+            # compared are both runs on reset rows.
+            reset_reminders(observer, sink)
+            quiet = run_product(args, {**env, "REMINDERS_TASK_EVENTS": "0"}, logs, sink, observer)
+            quiet["name"] = "events off"
+            reset_reminders(observer, sink)
+            loud = run_product(args, {**env, "REMINDERS_TASK_EVENTS": "1"}, logs, sink, observer)
+            loud["name"] = "events on"
         baseline = run_baseline(args, env, logs, sink, observer)
     finally:
         if sink is not None:
@@ -191,13 +208,50 @@ def main(argv: list[str] | None = None) -> int:
         redis.close()
         postgres.close()
     ok = report(args, product, baseline)
+    if quiet is not None:
+        report_events(loud, quiet)
     if args.save:
-        print(f"saved to {save(args, product, baseline)}")
+        print(f"saved to {save(args, product, baseline, quiet, loud)}")
     if args.keep:
         print(f"logs kept in {workdir}")
     else:
         shutil.rmtree(workdir, ignore_errors=True)
     return 1 if args.check and not ok else 0
+
+
+def reset_reminders(observer, sink: SinkProcess) -> None:
+    """Bring every reminder back to ``pending`` with no attempts, as if just planned."""
+    observer.conn.execute("TRUNCATE reminders_deliveryattempt")
+    observer.conn.execute(
+        "UPDATE reminders_reminder SET status = 'pending', claim_token = NULL, "
+        "lease_expires_at = NULL, attempts = 0, sent_at = NULL, provider_message_id = '', "
+        "status_reason = '', last_error = '', next_attempt_at = NULL, queued_until = NULL, "
+        "created_at = now()"
+    )
+    observer.conn.execute("VACUUM ANALYZE reminders_reminder")
+    # The broker and the limiter's keys: nothing is in flight between the runs.
+    observer.redis.flushall()
+    if sink.kind == "http":
+        httpx.post(f"{sink.address}/_reset", timeout=10).raise_for_status()
+
+
+def report_events(loud: dict, quiet: dict) -> None:
+    """Print what Celery's task events cost the workers: the two runs on reset rows compared."""
+    on, off = (1000 * p["cpu"].used["workers"] / max(1, p["sent"]) for p in (loud, quiet))
+    print(
+        f"task events: worker CPU per reminder {on:.2f} ms with them, {off:.2f} ms without "
+        f"({on - off:+.2f} ms, {on / off:.3f}x); sent {loud['sent']} and {quiet['sent']}"
+    )
+    for phase in (loud, quiet):
+        cpu = phase["cpu"]
+        parts = ", ".join(f"{name} {used:.1f}" for name, used in cpu.used.items())
+        window = phase["window"]
+        print(
+            f"  {phase['name']}: {phase['elapsed']:.1f} s, busiest second {window['busiest']}, "
+            f"{window['status_429']} 429s, limiter round trips "
+            f"{phase['counters']['evalsha'] / max(1, phase['sent']):.3f} per reminder; "
+            f"CPU seconds over {cpu.elapsed:.1f} s: {parts}"
+        )
 
 
 def seed(args) -> None:
@@ -606,9 +660,13 @@ def phase_figures(args, phase: dict) -> dict:
     }
 
 
-def save(args, product: dict, baseline: dict):
+def save(args, product: dict, baseline: dict, quiet: dict | None = None, loud=None):
     """Write bench/results/e2e-CHANNEL.json (e2e-CHANNEL-unthrottled.json with --rate 0)."""
-    name = f"e2e-{args.channel}" + ("" if args.rate else "-unthrottled")
+    name = (
+        f"e2e-{args.channel}"
+        + ("" if args.rate else "-unthrottled")
+        + ("-events" if args.events_cost else "")
+    )
     figures = {
         "bench": "e2e",
         "channel": args.channel,
@@ -629,6 +687,15 @@ def save(args, product: dict, baseline: dict):
     figures["cpu_ratio"] = round(
         figures["baseline"]["worker_cpu_ms"] / figures["product"]["worker_cpu_ms"], 2
     )
+    if quiet is not None:
+        figures["events_off"] = phase_figures(args, quiet)
+        figures["events_on"] = phase_figures(args, loud)
+        figures["events_cpu_ratio"] = round(
+            figures["events_on"]["worker_cpu_ms"] / figures["events_off"]["worker_cpu_ms"], 3
+        )
+        figures["settings"]["command"] = figures["settings"]["command"].replace(
+            " --save", " --events-cost --save"
+        )
     figures["cpu"] = {name: round(used, 1) for name, used in product["cpu"].used.items()}
     figures["cpu"]["seconds"] = round(product["cpu"].elapsed, 1)
     return save_results(name, figures)

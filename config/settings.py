@@ -410,7 +410,13 @@ CELERY_TASK_PUBLISH_RETRY_POLICY = {
     "interval_max": 1,
 }
 CELERY_WORKER_HIJACK_ROOT_LOGGER = False
-CELERY_WORKER_SEND_TASK_EVENTS = False
+# Task events (sent, received, started, succeeded, failed) on the broker, so
+# Flower and `celery events` see every task with no extra setting. They cost a
+# few small Redis publishes per batch message (bench/e2e.py --events-cost
+# measures the worker CPU). REMINDERS_TASK_EVENTS=0 turns them off.
+REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
+CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS
+CELERY_TASK_SEND_SENT_EVENT = REMINDERS_TASK_EVENTS
 
 # django-celery-beat's DatabaseScheduler, which first makes the stored scan
 # follow REMINDERS_SCAN_INTERVAL (reminders/beat.py says why not on beat_init).

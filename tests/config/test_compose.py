@@ -18,7 +18,9 @@ def _check_command(argv: list[str]) -> None:
     if program == "celery":
         assert argv[1:3] == ["-A", "config"]
         assert importlib.import_module("config").celery_app.main == "reminders"
-        assert argv[3] in {"worker", "beat"}
+        assert argv[3] in {"worker", "beat", "flower"}
+        if argv[3] == "flower":
+            importlib.import_module("flower")
     elif program == "gunicorn":
         module, _, attribute = argv[1].partition(":")
         assert hasattr(importlib.import_module(module), attribute or "application")
@@ -35,7 +37,7 @@ def _check_command(argv: list[str]) -> None:
 def test_every_app_service_command_refers_to_existing_modules():
     services = _compose()["services"]
     app_services = {name: spec for name, spec in services.items() if spec.get("build")}
-    assert set(app_services) == {"migrate", "web", "worker", "beat"}
+    assert set(app_services) == {"migrate", "web", "worker", "beat", "flower"}
     for spec in app_services.values():
         _check_command(spec["command"])
         assert spec["environment"]["DATABASE_URL"].startswith("postgres://")
@@ -64,3 +66,14 @@ def test_procfile_commands_match_compose():
         assert shlex.split(procfile[name]) == services[name]["command"]
     for line in procfile.values():
         _check_command(shlex.split(line))
+
+
+def test_flower_listens_on_this_machine_only_and_refuses_to_start_without_basic_auth():
+    """Flower shows every task's arguments and can revoke tasks: never open, never anonymous."""
+    flower = _compose()["services"]["flower"]
+    assert flower["ports"] == ["${FLOWER_BIND:-127.0.0.1}:5555:5555"]
+    auth = flower["environment"]["FLOWER_BASIC_AUTH"]
+    assert auth.startswith("${FLOWER_BASIC_AUTH:?"), "compose must refuse to start without it"
+    # It reads the same broker as the workers, so their events need no extra setting.
+    worker = _compose()["services"]["worker"]
+    assert flower["environment"]["CELERY_BROKER_URL"] == worker["environment"]["CELERY_BROKER_URL"]

@@ -67,7 +67,7 @@ def test_every_published_port_listens_on_loopback_unless_the_operator_says_other
     published = [
         (name, port) for name, spec in COMPOSE["services"].items() for port in spec.get("ports", [])
     ]
-    assert {name for name, _ in published} == {"web", "mailpit"}
+    assert {name for name, _ in published} == {"web", "mailpit", "flower"}
     for name, port in published:
         host = interpolate(str(port), {}).split(":")
         assert len(host) == 3 and host[0] == "127.0.0.1", (name, port)
