@@ -64,6 +64,7 @@ from reminders.selectors import (
     scheduler_health,
     selection_of,
 )
+from reminders.trace import trace_lines
 from reminders.workshop_actions import (
     WORKSHOP_EFFECT_LABELS,
     WORKSHOP_SKIP_LABELS,
@@ -461,8 +462,21 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                 )
             },
         ),
+        ("Timeline", {"fields": ("timeline",)}),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    @admin.display(description="What happened (UTC, then the workshop's zone)")
+    def timeline(self, obj: Reminder):
+        """The same lines as ``manage.py reminder_trace``, one per event."""
+        return format_html(
+            '<ol class="reminder-timeline" style="margin:0;padding-left:1.5em">{}</ol>',
+            format_html_join(
+                "", '<li style="font-family:monospace;white-space:pre-wrap">{}</li>',
+                ((line,) for line in trace_lines(obj)),
+            ),
+        )  # fmt: skip
+
     sent_at_utc = utc_column("sent_at", "Sent at")
     next_attempt_at_utc = utc_column("next_attempt_at", "Next attempt")
     queued_until_utc = utc_column("queued_until", "Queued until")

@@ -1,0 +1,132 @@
+"""One reminder's history, read back from what the database keeps (``manage.py reminder_trace``).
+
+Read only. Every line comes from a durable record: the row's own creation
+and current state, each DeliveryAttempt (claim, outcome, the reaper's
+``lease_expired``), and each StaffDecision that names the reminder, its
+workshop or its attendee. Dispatches are not recorded one by one: a queued
+row shows when its current message expires.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+from zoneinfo import ZoneInfo
+
+from django.db import connection
+from django.db.models import Q
+
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
+
+
+@dataclass(frozen=True, slots=True)
+class TraceEvent:
+    at: datetime
+    what: str
+
+
+def reminder_lookup(identifier: str) -> Reminder:
+    """Return the reminder whose id or key is ``identifier``; raise ``Reminder.DoesNotExist``."""
+    identifier = identifier.strip()
+    query = Q(key=identifier)
+    if identifier.isdigit():
+        query |= Q(pk=int(identifier))
+    return Reminder.objects.select_related("workshop", "attendee").get(query)
+
+
+def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
+    """Return the reminder's events, oldest first (ties keep the order they were found in)."""
+    workshop = reminder.workshop
+    events = [
+        TraceEvent(
+            reminder.created_at,
+            f"planned: reminder {reminder.pk} {reminder.key}, workshop {workshop.pk} "
+            f"{workshop.title!r} ({workshop.timezone}), attendee {reminder.attendee_id}; "
+            f"window opens {_utc(reminder.window_opens_at)}, deadline {_utc(reminder.deadline_at)}",
+        )
+    ]
+    attempts = DeliveryAttempt.objects.filter(reminder=reminder).order_by("number", "pk")
+    for attempt in attempts:
+        events.append(
+            TraceEvent(
+                attempt.claimed_at,
+                f"claimed: attempt {attempt.number} by {attempt.worker or 'unnamed worker'} "
+                f"on {attempt.channel}, token {attempt.claim_token}, "
+                f"lease until {_utc(attempt.lease_expires_at)}",
+            )
+        )
+        if attempt.finished_at is None:
+            continue
+        detail = f"outcome of attempt {attempt.number}: {attempt.outcome}"
+        if attempt.outcome == DeliveryAttempt.Outcome.LEASE_EXPIRED:
+            detail = f"reaper: attempt {attempt.number}'s lease expired, {attempt.outcome}"
+        if attempt.provider_calls:
+            detail += f", {attempt.provider_calls} provider call(s)"
+        if attempt.provider_message_id:
+            detail += f", message {attempt.provider_message_id}"
+        if attempt.error:
+            detail += f", error: {attempt.error}"
+        events.append(TraceEvent(attempt.finished_at, detail))
+    for decision in _decisions_naming(reminder):
+        detail = f"staff {decision.action} by {decision.actor_name or 'unknown'} ({decision.state})"
+        if decision.reason:
+            detail += f": {decision.reason}"
+        events.append(TraceEvent(decision.created_at, detail))
+    events.sort(key=lambda event: event.at)
+    events.append(TraceEvent(reminder.updated_at, f"now: {_state(reminder)}"))
+    return events
+
+
+def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:
+    """The staff decisions whose recorded ids include this reminder, its workshop or attendee."""
+    fields = (
+        ("reminder_ids", reminder.pk),
+        ("workshop_ids", reminder.workshop_id),
+        ("attendee_ids", reminder.attendee_id),
+    )
+    decisions = StaffDecision.objects.order_by("created_at", "pk")
+    if connection.features.supports_json_field_contains:
+        query = Q()
+        for field, value in fields:
+            query |= Q(**{f"{field}__contains": [value]})
+        return list(decisions.filter(query))
+    # SQLite (the local run) cannot search inside JSON lists; its decisions are few.
+    return [
+        decision
+        for decision in decisions
+        if any(value in (getattr(decision, field) or []) for field, value in fields)
+    ]
+
+
+def _state(reminder: Reminder) -> str:
+    text = str(reminder.status)
+    if reminder.status_reason:
+        text += f" ({reminder.status_reason})"
+    if reminder.status == Reminder.Status.QUEUED and reminder.queued_until:
+        text += f", its message expires {_utc(reminder.queued_until)}"
+    if reminder.next_attempt_at:
+        text += f", next attempt not before {_utc(reminder.next_attempt_at)}"
+    if reminder.last_error and reminder.status != Reminder.Status.SENT:
+        text += f", last error: {reminder.last_error}"
+    if reminder.sent_at:
+        text += f", sent {_utc(reminder.sent_at)}"
+    return text + f", {reminder.attempts} attempt(s) counted"
+
+
+def _utc(moment: datetime | None) -> str:
+    return (
+        "-"
+        if moment is None
+        else moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M:%S UTC")
+    )
+
+
+def trace_lines(reminder: Reminder) -> list[str]:
+    """One line per event: the time in UTC and in the workshop's zone, then what happened."""
+    zone = ZoneInfo(reminder.workshop.timezone)
+    lines = []
+    for event in reminder_timeline(reminder):
+        utc = event.at.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M:%S UTC")
+        local = event.at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
+        lines.append(f"{utc}  {local}  {event.what}")
+    return lines

@@ -1,0 +1,97 @@
+"""manage.py reminder_trace: one reminder's timeline, from the records the database keeps."""
+
+from datetime import timedelta
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import Reminder
+from reminders.replay import reminder_replay
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+
+pytestmark = pytest.mark.django_db
+
+
+def _trace(identifier: str) -> list[str]:
+    out = StringIO()
+    call_command("reminder_trace", identifier, stdout=out)
+    return out.getvalue().splitlines()
+
+
+def _transient(reminder) -> DeliveryResult:
+    return DeliveryResult(
+        reminder_id=reminder.pk,
+        key=reminder.key,
+        outcome=Outcome.TRANSIENT,
+        message_id=None,
+        error="503 busy",
+        attempts=1,
+        provider_reached=True,
+        maybe_delivered=False,
+    )
+
+
+def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
+    clock, due_reminders, replayer, published, settings
+):
+    settings.REMINDERS_MAX_ATTEMPTS = 2
+    (pk,) = due_reminders(1)
+    first = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
+    reminder_record_batch(claim=first, results=[_transient(first.reminders[0])], clock=clock)
+    clock.advance(timedelta(minutes=10).total_seconds())
+    second = reminder_claim_batch(ids=[pk], channel="http", worker="w2@host", clock=clock)
+    assert second.reminders, "the retry was not claimable"
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)  # w2 vanished with its claim
+    assert reminders_reap(clock=clock)["failed"] == 1
+    clock.advance(60)
+    reminder_replay(
+        reminders=Reminder.objects.filter(pk=pk), actor=replayer, clock=clock, reason="retry it"
+    )
+    reminder = Reminder.objects.get(pk=pk)
+
+    lines = _trace(str(pk))
+    assert lines == _trace(reminder.key)
+    events = [line.split("  ", 2)[2] for line in lines]
+    expected = [
+        "planned: ",
+        "claimed: attempt 1 by w1@host on http, token " + str(first.token),
+        "outcome of attempt 1: transient, 1 provider call(s), error: 503 busy",
+        "claimed: attempt 2 by w2@host on http, token " + str(second.token),
+        "reaper: attempt 2's lease expired, lease_expired",
+        "staff replay by replayer (done): retry it",
+        "now: queued",
+    ]
+    assert len(events) == len(expected), "\n".join(lines)
+    for event, start in zip(events, expected, strict=True):
+        assert event.startswith(start), f"{event!r} should start with {start!r}"
+    # Each line is stamped in UTC and in the workshop's zone, in time order.
+    zone = reminder.workshop.timezone
+    assert zone == "Europe/Berlin"
+    assert all(" UTC  " in line and (" CET  " in line or " CEST  " in line) for line in lines)
+    stamps = [line.split(" UTC", 1)[0] for line in lines]
+    assert stamps == sorted(stamps)
+
+
+def test_an_unknown_reminder_is_a_clear_error(db):
+    with pytest.raises(CommandError, match="No reminder has the id or key 'rem-w9-a9'"):
+        _trace("rem-w9-a9")
+
+
+def test_the_reminder_page_shows_the_same_timeline(admin_client, clock, due_reminders):
+    from django.urls import reverse
+    from django.utils.html import escape
+
+    from reminders.trace import reminder_lookup, trace_lines
+
+    (pk,) = due_reminders(1)
+    claim = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
+    reminder_record_batch(claim=claim, results=[_transient(claim.reminders[0])], clock=clock)
+    page = admin_client.get(reverse("admin:reminders_reminder_change", args=[pk]))
+    assert page.status_code == 200
+    html = page.content.decode()
+    lines = trace_lines(reminder_lookup(str(pk)))
+    assert len(lines) == 4  # planned, claimed, outcome, now
+    for line in lines:
+        assert escape(line) in html

@@ -1,0 +1,67 @@
+"""A reminder's page shows its timeline in a real browser (issue 13, item 2): the same lines
+as ``manage.py reminder_trace``, for a reminder retried, reaped and replayed."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import Reminder
+from reminders.replay import reminder_replay
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from reminders.trace import reminder_lookup, trace_lines
+from tests.browser.conftest import PASSWORD, log_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def test_the_reminder_page_shows_its_timeline(
+    live_server,
+    plain_http_cookies,
+    live_clock,
+    due_reminders,
+    new_page,
+    screenshot_dir,
+    django_user_model,
+    settings,
+    published,
+):
+    settings.REMINDERS_MAX_ATTEMPTS = 2
+    (pk,) = due_reminders(1)
+    clock = live_clock
+    first = reminder_claim_batch(ids=[pk], channel="http", worker="worker1@host", clock=clock)
+    reminder_record_batch(
+        claim=first,
+        results=[
+            DeliveryResult(
+                reminder_id=pk, key=first.reminders[0].key, outcome=Outcome.TRANSIENT,
+                message_id=None, error="503 Service Unavailable", attempts=1,
+                provider_reached=True, maybe_delivered=False,
+            )
+        ],
+        clock=clock,
+    )  # fmt: skip
+    clock.advance(timedelta(minutes=10).total_seconds())
+    reminder_claim_batch(ids=[pk], channel="http", worker="worker2@host", clock=clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    reminders_reap(clock=clock)
+    staff = django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
+    staff.user_permissions.add(
+        *Permission.objects.filter(codename__in=["view_reminder", "replay_reminder"])
+    )
+    clock.advance(60)
+    reminder_replay(
+        reminders=Reminder.objects.filter(pk=pk), actor=staff, clock=clock, reason="provider back"
+    )
+
+    page = new_page()
+    log_in(page, live_server.url, "ops", f"/admin/reminders/reminder/{pk}/change/")
+    items = page.locator("ol.reminder-timeline li")
+    shown = [items.nth(i).inner_text() for i in range(items.count())]
+    assert shown == trace_lines(reminder_lookup(str(pk)))
+    assert len(shown) == 7, shown
+    page.locator("ol.reminder-timeline").scroll_into_view_if_needed()
+    page.screenshot(path=screenshot_dir / "reminder-timeline.png", full_page=True)
