@@ -185,12 +185,17 @@ LOGGING = {
     },
     # Every line, the libraries' too (a client library may log a request's URL), passes
     # through the redaction of URL passwords and query values.
-    "filters": {"redact": {"()": "config.reporting.RedactSecrets"}},
+    # Lines about a reminder also carry its claim's token, worker and attempt
+    # number (reminders/logcontext.py).
+    "filters": {
+        "redact": {"()": "config.reporting.RedactSecrets"},
+        "reminder": {"()": "reminders.logcontext.ReminderFields"},
+    },
     "handlers": {
         "console": {
             "class": "logging.StreamHandler",
             "formatter": LOG_FORMAT,
-            "filters": ["redact"],
+            "filters": ["reminder", "redact"],
         }
     },
     "root": {

@@ -20,6 +20,7 @@ got. Envelopes never handed to a task are reported ``CANCELLED`` with
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import random as _random
 import threading
@@ -346,7 +347,12 @@ class _Batch:
                 self._finish_at_deadline(progress)
                 return None
             except Exception as exc:
-                logger.warning("Rate limiter failed for reminder %s: %r", envelope.reminder_id, exc)
+                logger.warning(
+                    "Rate limiter failed for reminder %s: %r",
+                    envelope.reminder_id,
+                    exc,
+                    extra={"reminder_id": envelope.reminder_id, "key": envelope.key},
+                )
                 return _Failure(Outcome.TRANSIENT, f"rate limiter unavailable: {exc!r}")
             if self._clock.now() >= envelope.deadline_at:
                 self._finish_at_deadline(progress)
@@ -442,6 +448,7 @@ class _Batch:
             type(exc).__name__,
             progress.envelope.reminder_id,
             exc_info=exc,
+            extra={"reminder_id": progress.envelope.reminder_id, "key": progress.envelope.key},
         )
         return _Failure(
             Outcome.PERMANENT,
@@ -516,6 +523,7 @@ class _Batch:
         result = progress.result
         if result is None:
             return
+        fields = {"reminder_id": result.reminder_id, "key": result.key}
         if result.outcome is Outcome.SENT:
             # DEBUG, not INFO: the attempt row already records every send durably,
             # and a line per sent reminder cost 4 % of a worker's CPU.
@@ -525,6 +533,7 @@ class _Batch:
                 self._name,
                 result.message_id,
                 result.attempts,
+                extra=fields,
             )
         else:
             logger.warning(
@@ -533,6 +542,7 @@ class _Batch:
                 self._name,
                 result.outcome,
                 result.error,
+                extra=fields,
             )
 
 
@@ -651,7 +661,12 @@ def deliver_sync(
     # Waiting on an Event, not on Thread.join: an exception raised into a join by
     # a signal handler can leave the thread looking finished while it still runs.
     finished = threading.Event()
-    loop_thread = threading.Thread(target=run_loop, name="delivery-loop", daemon=True)
+    # The loop runs in the caller's context (its context variables, such as the
+    # claim its log lines carry: reminders/logcontext.py), as asyncio.run would.
+    caller = contextvars.copy_context()
+    loop_thread = threading.Thread(
+        target=caller.run, args=(run_loop,), name="delivery-loop", daemon=True
+    )
     loop_thread.start()
     cause: BaseException | None = None
     while True:

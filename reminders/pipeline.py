@@ -19,6 +19,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders import bridge
 from reminders import publish as publishing
 from reminders.content import reminder_envelope
+from reminders.logcontext import claim_context
 from reminders.services import (
     reminder_claim_batch,
     reminder_record_batch,
@@ -106,15 +107,22 @@ def deliver(
         counts["skipped"] += len(chunk) - len(claim.reminders)
         if not claim.reminders:
             continue
-        try:
-            results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
-        except BaseException:
-            # Interrupted (a soft time limit): what was not claimed goes back.
-            left = ids[offset + len(chunk) :]
-            if left:
-                reminders_unpublished(ids=left, clock=clock)
-            raise
-        counts.update(record_with_retry(claim=claim, results=results, clock=clock))
+        context = claim_context(
+            token=claim.token,
+            worker=worker,
+            keys={reminder.pk: reminder.key for reminder in claim.reminders},
+            attempts=claim.attempt_numbers,
+        )
+        with context:
+            try:
+                results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
+            except BaseException:
+                # Interrupted (a soft time limit): what was not claimed goes back.
+                left = ids[offset + len(chunk) :]
+                if left:
+                    reminders_unpublished(ids=left, clock=clock)
+                raise
+            counts.update(record_with_retry(claim=claim, results=results, clock=clock))
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
     return dict(counts)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
@@ -36,6 +36,8 @@ class Claim:
     lease_expires_at: datetime
     channel: str
     reminders: list[Reminder]
+    # The DeliveryAttempt number of this claim, per reminder id (logs carry it).
+    attempt_numbers: dict[int, int] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[int]:
@@ -97,11 +99,17 @@ def reminder_claim_batch(
             .select_related("attendee", "workshop")
             .order_by("deadline_at", "id")
         )
-        _record_attempts(token=token, worker=worker)
-    return Claim(token=token, lease_expires_at=lease, channel=channel, reminders=claimed)
+        numbers = _record_attempts(token=token, worker=worker)
+    return Claim(
+        token=token,
+        lease_expires_at=lease,
+        channel=channel,
+        reminders=claimed,
+        attempt_numbers=numbers,
+    )
 
 
-def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
+def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
     """Insert one in-flight DeliveryAttempt per reminder of the claim, in one statement.
 
     Each attempt is numbered after the reminder's highest earlier one, not by
@@ -120,7 +128,8 @@ def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
             f"SELECT r.id, COALESCE((SELECT MAX(a.number) FROM {attempt} a "
             "WHERE a.reminder_id = r.id), 0) + 1, r.claim_token, r.channel, %s, "
             "r.updated_at, r.lease_expires_at, NULL, %s, 0, '', '' "
-            f"FROM {reminder} r WHERE r.claim_token = %s AND r.status = %s",
+            f"FROM {reminder} r WHERE r.claim_token = %s AND r.status = %s "
+            "RETURNING reminder_id, number",
             [
                 worker[:200],
                 DeliveryAttempt.Outcome.IN_FLIGHT.value,
@@ -128,3 +137,4 @@ def _record_attempts(*, token: uuid.UUID, worker: str) -> None:
                 Status.SENDING.value,
             ],
         )
+        return dict(cursor.fetchall())

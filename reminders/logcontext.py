@@ -1,0 +1,66 @@
+"""What every log line about a reminder carries: its id, key, claim token, worker and attempt.
+
+``reminders.pipeline.deliver`` sets the claim's context around each chunk it
+sends and records (``claim_context``). ``ReminderFields``, a filter on the
+console handler (config/settings.py ``LOGGING``), then adds to every record
+logged in that context the claim token and the worker, and to a record that
+names a ``reminder_id`` (the delivery engine passes it in ``extra``) that
+reminder's key and DeliveryAttempt number. With ``LOG_FORMAT=json`` they are
+fields of the line's object (``manage.py reminder_trace`` shows the same
+token, worker and number); the text format shows the message only.
+
+Async tasks copy the context they are created in, so the engine's tasks, on
+the event loop the bridge starts for the chunk, see the chunk's claim.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import logging
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimContext:
+    token: str
+    worker: str
+    keys: Mapping[int, str]
+    attempts: Mapping[int, int]
+
+
+_claim: contextvars.ContextVar[ClaimContext | None] = contextvars.ContextVar(
+    "reminders_claim", default=None
+)
+
+
+@contextmanager
+def claim_context(
+    *, token, worker: str, keys: Mapping[int, str], attempts: Mapping[int, int]
+) -> Iterator[None]:
+    """Make the log lines inside the block carry this claim's token, worker and attempts."""
+    previous = _claim.set(ClaimContext(str(token), worker, keys, attempts))
+    try:
+        yield
+    finally:
+        _claim.reset(previous)
+
+
+class ReminderFields(logging.Filter):
+    """Add the current claim's fields to a record; never drops one."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        context = _claim.get()
+        if context is None:
+            return True
+        record.claim_token = context.token
+        record.worker = context.worker
+        reminder_id = getattr(record, "reminder_id", None)
+        if reminder_id is not None:
+            if not getattr(record, "key", None):
+                record.key = context.keys.get(reminder_id, "")
+            attempt = context.attempts.get(reminder_id)
+            if attempt is not None:
+                record.attempt = attempt
+        return True
