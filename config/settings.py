@@ -154,6 +154,8 @@ STORAGES = {
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Prometheus scrapes /metrics over the private network, often in plain http.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0, minimum=0, maximum=63072000, unit="seconds")
 SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
 SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
@@ -420,6 +422,9 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # few small Redis publishes per batch message (bench/e2e.py --events-cost
 # measures the worker CPU). REMINDERS_TASK_EVENTS=0 turns them off.
 REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
+# /metrics on web (reminders/metrics.py): off (404) unless set; then it answers
+# only "Authorization: Bearer <METRICS_TOKEN>".
+METRICS_TOKEN = env_str("METRICS_TOKEN")
 CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = REMINDERS_TASK_EVENTS
 

@@ -1,0 +1,137 @@
+"""``/metrics`` on the web process: what the database and the broker say, for Prometheus.
+
+Every series here is read at scrape time from PostgreSQL and Redis, not kept
+in this process's memory, so any web process answers the same and nothing
+is lost when one restarts (gunicorn's workers need no multiprocess mode for
+them). The cost of a scrape is fixed: three queries and one Redis pipeline,
+whatever the number of reminders (``tests/admin/test_metrics.py``).
+
+Off unless ``METRICS_TOKEN`` is set (404); then only a request with
+``Authorization: Bearer <token>`` gets the page (401 otherwise).
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from django.conf import settings
+from django.db.models import Count, Max, Min, Q
+from django.http import Http404, HttpRequest, HttpResponse
+from django.views.decorators.cache import never_cache
+from django.views.decorators.http import require_GET
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from clock import default_clock
+from reminders.models import Reminder, ScanRun, StaffDecision
+from reminders.services.dispatch import SCAN_NAME
+
+# The queues whose depth is reported, and the priority suffixes kombu's Redis
+# transport gives a queue's lists (a message waits in one of them).
+QUEUES = ("reminders", "scan")
+_PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
+# The statuses whose oldest row's age is reported: how long work has waited.
+AGED = (Reminder.Status.QUEUED, Reminder.Status.SENDING)
+
+
+class ReminderCollector(Collector):
+    """Collect the reminder, scan, queue and staff series at each scrape."""
+
+    def collect(self):
+        now = default_clock().now()
+        counts = dict(Reminder.objects.order_by().values_list("status").annotate(n=Count("id")))
+        by_status = GaugeMetricFamily(
+            "reminders_by_status", "Reminders in each status, from the database", labels=["status"]
+        )
+        for status in Reminder.Status:
+            by_status.add_metric([status.value], counts.get(status.value, 0))
+        yield by_status
+
+        oldest = Reminder.objects.aggregate(
+            **{status.value: Min("updated_at", filter=Q(status=status)) for status in AGED}
+        )
+        ages = GaugeMetricFamily(
+            "reminders_oldest_seconds",
+            "Seconds since the oldest reminder in this status got there (0 when none is)",
+            labels=["status"],
+        )
+        for status in AGED:
+            moment = oldest[status.value]
+            ages.add_metric([status.value], (now - moment).total_seconds() if moment else 0.0)
+        yield ages
+
+        scan = ScanRun.objects.filter(name=SCAN_NAME).aggregate(
+            finished=Max("finished_at"), seconds=Max("duration_seconds"), done=Max("completed")
+        )
+        last = GaugeMetricFamily(
+            "reminders_scan_last_completed_timestamp_seconds",
+            "When the last scan completed (Unix time; 0 before the first)",
+        )
+        last.add_metric([], scan["finished"].timestamp() if scan["finished"] else 0.0)
+        yield last
+        duration = GaugeMetricFamily(
+            "reminders_scan_seconds", "How long the last completed scan took"
+        )
+        duration.add_metric([], float(scan["seconds"] or 0.0))
+        yield duration
+        completed = CounterMetricFamily("reminders_scans", "Scans completed since the first")
+        completed.add_metric([], float(scan["done"] or 0))
+        yield completed
+
+        depth = GaugeMetricFamily(
+            "reminders_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
+        )
+        for queue, waiting in _queue_depths().items():
+            depth.add_metric([queue], waiting)
+        yield depth
+
+        actions = CounterMetricFamily(
+            "reminders_staff_actions",
+            "Staff decisions recorded, by action (replays, resolutions, cancels, ...)",
+            labels=["action"],
+        )
+        recorded = dict(
+            StaffDecision.objects.order_by().values_list("action").annotate(n=Count("id"))
+        )
+        for action in StaffDecision.Action:
+            actions.add_metric([action.value], recorded.get(action.value, 0))
+        yield actions
+
+
+def _queue_depths() -> dict[str, int]:
+    """Return the messages waiting in each of QUEUES, in one Redis round trip."""
+    import redis
+
+    client = redis.Redis.from_url(
+        settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=2
+    )
+    try:
+        pipe = client.pipeline(transaction=False)
+        for queue in QUEUES:
+            for suffix in _PRIORITY_SUFFIXES:
+                pipe.llen(queue + suffix)
+        lengths = pipe.execute()
+    finally:
+        client.close()
+    step = len(_PRIORITY_SUFFIXES)
+    return {queue: sum(lengths[i * step : (i + 1) * step]) for i, queue in enumerate(QUEUES)}
+
+
+_registry = CollectorRegistry(auto_describe=False)
+_registry.register(ReminderCollector())
+
+
+@never_cache
+@require_GET
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """Serve the series in Prometheus's text format to a request bearing METRICS_TOKEN."""
+    token = settings.METRICS_TOKEN
+    if not token:
+        raise Http404("metrics are off: set METRICS_TOKEN")
+    given = request.headers.get("Authorization", "")
+    if not hmac.compare_digest(given.encode(), f"Bearer {token}".encode()):
+        response = HttpResponse("a bearer token is required\n", status=401)
+        response["WWW-Authenticate"] = 'Bearer realm="metrics"'
+        return response
+    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)

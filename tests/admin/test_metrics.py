@@ -1,0 +1,119 @@
+"""/metrics on web: off without METRICS_TOKEN, a bearer token when on, and series read from
+PostgreSQL and Redis at a fixed cost per scrape (issue 13, item 1, the web's part)."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+import redis
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
+
+from reminders.models import Reminder, ScanRun
+
+pytestmark = pytest.mark.django_db
+
+TOKEN = "metrics-test-token"
+
+
+def _scrape(client, token: str | None = TOKEN):
+    headers = {"HTTP_AUTHORIZATION": f"Bearer {token}"} if token is not None else {}
+    return client.get("/metrics", **headers)
+
+
+def _series(text: str) -> dict[str, float]:
+    values = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            name, value = line.rsplit(" ", 1)
+            values[name] = float(value)
+    return values
+
+
+def test_metrics_are_off_without_a_token(client, settings):
+    settings.METRICS_TOKEN = ""
+    assert _scrape(client).status_code == 404
+
+
+def test_metrics_ask_for_the_bearer_token(client, settings):
+    settings.METRICS_TOKEN = TOKEN
+    assert _scrape(client, token=None).status_code == 401
+    assert _scrape(client, token="wrong").status_code == 401
+    answer = _scrape(client)
+    assert answer.status_code == 200
+    assert answer["Content-Type"].startswith("text/plain")
+
+
+def test_the_series_say_what_the_database_and_the_broker_hold(
+    client, settings, make_reminders, clock, redis_url
+):
+    settings.METRICS_TOKEN = TOKEN
+    settings.CELERY_BROKER_URL = redis_url
+    broker = redis.Redis.from_url(redis_url)
+    broker.flushdb()
+    make_reminders(3, "failed")
+    make_reminders(2, "sending")
+    make_reminders(4, "queued")
+    clock.advance(90)
+    ScanRun.objects.create(
+        name="scan", finished_at=clock.now(), duration_seconds=1.25, counts={}, completed=7
+    )
+    broker.rpush("reminders", "m1", "m2")
+    broker.rpush("reminders\x06\x163", "m3")  # kombu's list for priority 3
+    broker.rpush("scan", "s1")
+    answer = _scrape(client)
+    series = _series(answer.content.decode())
+    assert series['reminders_by_status{status="failed"}'] == 3
+    assert series['reminders_by_status{status="sending"}'] == 2
+    assert series['reminders_by_status{status="queued"}'] == 4
+    assert series['reminders_by_status{status="sent"}'] == 0
+    oldest_queued = min(
+        Reminder.objects.filter(status="queued").values_list("updated_at", flat=True)
+    )
+    assert series['reminders_oldest_seconds{status="queued"}'] == pytest.approx(
+        (clock.now() - oldest_queued).total_seconds(), abs=1
+    )
+    assert series['reminders_oldest_seconds{status="sending"}'] >= 90
+    assert series["reminders_scan_last_completed_timestamp_seconds"] == pytest.approx(
+        clock.now().timestamp()
+    )
+    assert series["reminders_scan_seconds"] == 1.25
+    assert series["reminders_scans_total"] == 7
+    assert series['reminders_queue_depth{queue="reminders"}'] == 3
+    assert series['reminders_queue_depth{queue="scan"}'] == 1
+    assert series['reminders_staff_actions_total{action="replay"}'] == 0
+    broker.flushdb()
+
+
+def test_a_scrape_costs_the_same_queries_for_10_or_1000_reminders(
+    client, settings, make_reminders, redis_url
+):
+    settings.METRICS_TOKEN = TOKEN
+    settings.CELERY_BROKER_URL = redis_url
+    make_reminders(10, "queued")
+    with CaptureQueriesContext(connection) as small:
+        assert _scrape(client).status_code == 200
+    make_reminders(1000, "queued", starts_in=timedelta(hours=4))
+    with CaptureQueriesContext(connection) as large:
+        assert _scrape(client).status_code == 200
+    assert len(large) == len(small) <= 4, [q["sql"] for q in large]
+
+
+def test_the_staff_counter_follows_the_audit(client, settings, make_reminders, replayer):
+    from reminders.replay import reminder_replay
+
+    settings.METRICS_TOKEN = TOKEN
+    [pk] = make_reminders(1, "failed")
+    reminder_replay(reminders=Reminder.objects.filter(pk=pk), actor=replayer)
+    text = _scrape(client).content.decode()
+    assert re.search(r'^reminders_staff_actions_total\{action="replay"\} 1\.0$', text, re.M)
+
+
+def test_metrics_answer_over_plain_http_where_everything_else_redirects(client, settings):
+    """Prometheus scrapes inside the network; the HTTPS redirect would send it away."""
+    settings.METRICS_TOKEN = TOKEN
+    settings.SECURE_SSL_REDIRECT = True
+    assert client.get("/admin/").status_code == 301
+    assert _scrape(client).status_code == 200
