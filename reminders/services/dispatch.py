@@ -192,8 +192,7 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
     # repeated, the planner scanned every open row through the partial index
     # (50-70 ms per statement at 97,000 open rows, bench/scan_million.py). SQLite
     # takes no row locks, so there the UPDATE re-checks the rule itself.
-    ids = [pk for pk, _ in rows]
-    target = Reminder.objects.filter(id__in=ids)
+    target = Reminder.objects.filter(id__in=[pk for pk, _ in rows])
     if connection.vendor != "postgresql":
         target = target.filter(due_now)
     changed = {
@@ -202,14 +201,14 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
             target,
             status=Status.QUEUED,
             queued_until=Case(
-                *[When(id__in=ids, then=Value(expiry)) for expiry, ids in by_expiry.items()],
+                *[When(id__in=pks, then=Value(expiry)) for expiry, pks in by_expiry.items()],
                 output_field=DateTimeField(),
             ),
             updated_at=now,
         )
     }
-    kept = [([pk for pk in ids if pk in changed], expires_at) for ids, expires_at in batches]
-    return [(ids, expires_at) for ids, expires_at in kept if ids]
+    kept = [([pk for pk in pks if pk in changed], expires_at) for pks, expires_at in batches]
+    return [(pks, expires_at) for pks, expires_at in kept if pks]
 
 
 def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:

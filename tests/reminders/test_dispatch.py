@@ -250,3 +250,39 @@ def test_the_expiry_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due
     assert set(Reminder.objects.filter(pk__in=others).values_list("status", flat=True)) == {
         "missed"
     }
+
+
+def test_a_row_claimed_or_cancelled_after_the_read_is_not_queued_by_a_later_transaction(
+    clock, due_reminders, settings, monkeypatch
+):
+    """The dispatch reads the due ids once, then locks them transaction by transaction. A
+    row a worker claims, or staff cancel, in between must stay as they left it: the lock
+    re-checks the due rule (on PostgreSQL the queueing UPDATE matches by id alone)."""
+    from reminders.services import dispatch, reminder_claim_batch
+    from workshops.services import workshop_cancel
+
+    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
+    settings.REMINDERS_BATCH_SIZE = 10
+    ids = due_reminders(20, per_workshop=20) + due_reminders(20, per_workshop=20)
+    later = Reminder.objects.filter(pk__in=ids).order_by("deadline_at", "id")[20:]
+    claimed_id = later[0].pk
+    cancelled_workshop = Reminder.objects.get(pk=later[5].pk).workshop
+    published: list[list[int]] = []
+
+    def publish(batch, expires_at):
+        if not published:  # the first transaction committed; the second has not locked yet
+            assert reminder_claim_batch(ids=[claimed_id], channel="file", clock=clock).reminders
+            workshop_cancel(workshop=cancelled_workshop, clock=clock)
+        published.append(list(batch))
+
+    reminders_dispatch(clock=clock, publish=publish)
+    queued = {pk for batch in published for pk in batch}
+    assert claimed_id not in queued
+    statuses = dict(Reminder.objects.filter(pk__in=ids).values_list("pk", "status"))
+    assert statuses[claimed_id] == "sending"
+    cancelled = set(
+        Reminder.objects.filter(workshop=cancelled_workshop).values_list("pk", flat=True)
+    )
+    assert not cancelled & queued
+    assert {statuses[pk] for pk in cancelled if pk != claimed_id} == {"cancelled"}
+    assert queued == set(ids[:20])
