@@ -13,6 +13,7 @@ Off unless ``METRICS_TOKEN`` is set (404); then only a request with
 from __future__ import annotations
 
 import hmac
+from pathlib import Path
 
 from django.conf import settings
 from django.db.models import Count, Max, Min, Q
@@ -100,12 +101,19 @@ class ReminderCollector(Collector):
 
 
 def _queue_depths() -> dict[str, int]:
-    """Return the messages waiting in each of QUEUES, in one Redis round trip."""
+    """Return the messages waiting in each of QUEUES, in one Redis round trip.
+
+    On the local run's filesystem broker, a message is a file named
+    ``<time>_<uuid>.<queue>.msg`` in the queue folder (kombu's own naming).
+    """
+    url = settings.CELERY_BROKER_URL
+    if url.startswith("filesystem://"):
+        folder = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
+        names = [path.name.partition(".")[2] for path in folder.iterdir()]
+        return {queue: names.count(f"{queue}.msg") for queue in QUEUES}
     import redis
 
-    client = redis.Redis.from_url(
-        settings.CELERY_BROKER_URL, socket_connect_timeout=2, socket_timeout=2
-    )
+    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
     try:
         pipe = client.pipeline(transaction=False)
         for queue in QUEUES:

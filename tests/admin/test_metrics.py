@@ -117,3 +117,17 @@ def test_metrics_answer_over_plain_http_where_everything_else_redirects(client, 
     settings.SECURE_SSL_REDIRECT = True
     assert client.get("/admin/").status_code == 301
     assert _scrape(client).status_code == 200
+
+
+def test_queue_depth_on_the_local_runs_filesystem_broker(client, settings, tmp_path):
+    """`make run` uses kombu's filesystem broker: a scrape there reads its queue folder."""
+    settings.METRICS_TOKEN = TOKEN
+    settings.CELERY_BROKER_URL = "filesystem://"
+    settings.CELERY_BROKER_TRANSPORT_OPTIONS = {"data_folder_in": str(tmp_path)}
+    for name in ("1_a.reminders.msg", "2_b.reminders.msg", "3_c.scan.msg"):
+        (tmp_path / name).write_bytes(b"{}")
+    answer = _scrape(client)
+    assert answer.status_code == 200
+    series = _series(answer.content.decode())
+    assert series['reminders_queue_depth{queue="reminders"}'] == 2
+    assert series['reminders_queue_depth{queue="scan"}'] == 1
