@@ -31,12 +31,11 @@ import json
 import math
 import multiprocessing
 import os
-import shutil
 import sys
 import uuid
 from datetime import timedelta
 
-from bench.harness import CLOCK, PrivatePostgres, make_workdir, manage, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, save_results, stamp
 
 DATABASE = "bench_dblayer"
 TARGET_RATE = 5000
@@ -57,27 +56,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    workdir = make_workdir("dblayer-")
-    postgres = PrivatePostgres(workdir / "pg", durable=True)
-    try:
-        postgres.init()
-        postgres.start()
-        postgres.execute(f"CREATE DATABASE {DATABASE}")
-        env = {
-            "DATABASE_URL": postgres.url(DATABASE),
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "SECRET_KEY": "bench-only-not-secret",
-            "DEBUG": "0",
-            "LOG_LEVEL": "WARNING",
-            "REMINDERS_RATE_LIMIT": "0",
-            "REMINDERS_VAR_DIR": str(workdir / "var"),
-            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/12",  # never published to
-        }
-        manage({**os.environ, **env}, "migrate", "--verbosity", "0")
-        os.environ.update(env)
-        import django
-
-        django.setup()
+    with django_on_private_postgres("dblayer-", DATABASE, keep=args.keep, REMINDERS_RATE_LIMIT="0"):
         ids = _seed(args)
         print(
             f"database layer on a private PostgreSQL: {len(ids)} due reminders, batches of "
@@ -90,10 +69,6 @@ def main(argv: list[str] | None = None) -> int:
             _reset(ids)
             baseline = _run(ids, processes, _baseline_worker)
             rows.append((processes, product, baseline))
-    finally:
-        postgres.close()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     code, summary = _report(rows)
     if args.save:
         figures = {

@@ -178,6 +178,42 @@ class PrivatePostgres:
             self.stop("immediate")
 
 
+@contextlib.contextmanager
+def django_on_private_postgres(prefix: str, database: str, *, keep: bool = False, **env: str):
+    """Start a PostgreSQL cluster of our own, migrate ``database`` on it and set Django up
+    in this process against it; stop and remove the cluster when the block ends.
+
+    ``env`` adds settings (``REMINDERS_RATE_LIMIT="0"``...). The broker URL points
+    at a Redis database nothing is published to. Yields the work directory.
+    """
+    workdir = make_workdir(prefix)
+    postgres = PrivatePostgres(workdir / "pg", durable=True)
+    try:
+        postgres.init()
+        postgres.start()
+        postgres.execute(f"CREATE DATABASE {database}")
+        settings = {
+            "DATABASE_URL": postgres.url(database),
+            "DJANGO_SETTINGS_MODULE": "config.settings",
+            "SECRET_KEY": "bench-only-not-secret",
+            "DEBUG": "0",
+            "LOG_LEVEL": "WARNING",
+            "REMINDERS_VAR_DIR": str(workdir / "var"),
+            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/12",  # never published to
+            **env,
+        }
+        manage({**os.environ, **settings}, "migrate", "--verbosity", "0")
+        os.environ.update(settings)
+        import django
+
+        django.setup()
+        yield workdir
+    finally:
+        postgres.close()
+        if not keep:
+            shutil.rmtree(workdir, ignore_errors=True)
+
+
 # --- Redis --------------------------------------------------------------------
 
 

@@ -31,16 +31,14 @@ from __future__ import annotations
 import argparse
 import json
 import math
-import os
 import re
-import shutil
 import sys
 import threading
 import time
 from collections import Counter
 from datetime import timedelta
 
-from bench.harness import CLOCK, PrivatePostgres, make_workdir, manage, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, save_results, stamp
 
 DATABASE = "bench_scan_million"
 LOCK_BUDGET_MS = 100
@@ -69,35 +67,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
 
-    workdir = make_workdir("scan-million-")
-    postgres = PrivatePostgres(workdir / "pg", durable=True)
-    try:
-        postgres.init()
-        postgres.start()
-        postgres.execute(f"CREATE DATABASE {DATABASE}")
-        env = {
-            "DATABASE_URL": postgres.url(DATABASE),
-            "DJANGO_SETTINGS_MODULE": "config.settings",
-            "SECRET_KEY": "bench-only-not-secret",
-            "DEBUG": "0",
-            "LOG_LEVEL": "WARNING",
-            "REMINDERS_VAR_DIR": str(workdir / "var"),
-            "CELERY_BROKER_URL": "redis://127.0.0.1:6379/12",  # never published to
-        }
-        manage({**os.environ, **env}, "migrate", "--verbosity", "0")
-        os.environ.update(env)
-        import django
-
-        django.setup()
+    with django_on_private_postgres("scan-million-", DATABASE, keep=args.keep):
         runs = []
         for size in sorted(args.sizes):
             seeded = _seed(args, size)
             runs.append(_run(seeded, explain=size == max(args.sizes)))
         figures = _summary(runs)
-    finally:
-        postgres.close()
-        if not args.keep:
-            shutil.rmtree(workdir, ignore_errors=True)
     met = figures["statements_constant"] and figures["lock_waits_over_budget"] == 0
     print(
         f"statements per scan beyond 2 per dispatch transaction, cold "
