@@ -6,7 +6,6 @@ was given.
 """
 
 import socket
-from datetime import timedelta
 
 import httpx
 import pytest
@@ -16,7 +15,7 @@ from clock import SystemClock
 from config.celery import app
 from reminders.models import Reminder
 from tests.support.processes import CELERY, Proc, celery_worker, process_env
-from workshops.models import Attendee, Enrollment, Workshop
+from tests.support.seeding import unplanned_workshop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
@@ -55,17 +54,7 @@ def _flower_up(base: str) -> bool:
 
 def test_flower_shows_the_workers_delivery_batches_and_asks_for_its_password(redis_url, smtp_sink):
     redis.Redis.from_url(redis_url).flushdb()
-    now = SystemClock().now()
-    workshop = Workshop.objects.create(
-        title="Flower test",
-        starts_at=now + timedelta(hours=2),
-        ends_at=now + timedelta(hours=3),
-        timezone="Europe/Berlin",
-    )
-    people = Attendee.objects.bulk_create(
-        Attendee(name=f"P{i}", email=f"p{i}@example.com") for i in range(3)
-    )
-    Enrollment.objects.bulk_create(Enrollment(attendee=p, workshop=workshop) for p in people)
+    workshop = unplanned_workshop("Flower test")
     env = process_env(
         REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
     )

@@ -1,33 +1,20 @@
 """A real Celery worker process on the real Redis runs a task this test enqueued."""
 
-from datetime import timedelta
-
 import pytest
 import redis
 
-from clock import SystemClock
 from config.celery import app
 from reminders.models import Reminder
 from tests.support.processes import celery_worker, process_env
-from workshops.models import Attendee, Enrollment, Workshop
+from tests.support.seeding import unplanned_workshop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 
 def test_worker_process_runs_the_scan_it_was_sent(redis_url, smtp_sink):
     redis.Redis.from_url(redis_url).flushdb()
-    now = SystemClock().now()
-    workshop = Workshop.objects.create(
-        title="Worker test",
-        starts_at=now + timedelta(hours=2),
-        ends_at=now + timedelta(hours=3),
-        timezone="Europe/Berlin",
-    )
-    people = Attendee.objects.bulk_create(
-        Attendee(name=f"P{i}", email=f"p{i}@example.com") for i in range(3)
-    )
     # Created behind the services' back, so only the scan can plan them.
-    Enrollment.objects.bulk_create(Enrollment(attendee=p, workshop=workshop) for p in people)
+    workshop = unplanned_workshop("Worker test")
     assert Reminder.objects.count() == 0
 
     env = process_env(
