@@ -26,6 +26,18 @@ def _share_shutdown_flag(sender, **kwargs) -> None:
 
 
 @worker_init.connect
+def _serve_metrics(sender, **kwargs) -> None:
+    """Serve the worker's series when REMINDERS_METRICS_PORT is set (reminders/telemetry.py).
+
+    Before the pool forks, so every pool process writes into the directory
+    this process serves from.
+    """
+    from reminders import telemetry
+
+    telemetry.start(getattr(sender, "hostname", "") or "")
+
+
+@worker_init.connect
 def _load_before_fork(sender, **kwargs) -> None:
     """Import and compile what every pool process needs, then freeze it, before the fork.
 

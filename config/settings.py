@@ -425,6 +425,10 @@ REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
 # /metrics on web (reminders/metrics.py): off (404) unless set; then it answers
 # only "Authorization: Bearer <METRICS_TOKEN>".
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+# A worker's own series (provider calls, slack, limiter waits: reminders/telemetry.py)
+# on this port, summed over its pool processes. Unset: off. One port per worker on a host.
+REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=1, maximum=65535)
+REMINDERS_METRICS_BIND = env_str("REMINDERS_METRICS_BIND", "127.0.0.1")
 CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = REMINDERS_TASK_EVENTS
 

@@ -9,7 +9,18 @@ from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
 
-from reminders.metrics import metrics_view
+
+def metrics_view(request):
+    """Serve /metrics (reminders/metrics.py), importing it, and so prometheus_client, on first use.
+
+    A worker loads this URLconf too (Celery's Django fix-up runs the system
+    checks), before it has chosen prometheus_client's multiprocess mode
+    (reminders/telemetry.py); the library must not be imported before that.
+    """
+    from reminders.metrics import metrics_view as view
+
+    return view(request)
+
 
 admin.site.site_header = "Workshop Reminders"
 admin.site.site_title = "Workshop Reminders"

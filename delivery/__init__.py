@@ -22,6 +22,7 @@ Public API
 ``summarise`` -> ``Summary``           successes / failures / unfinished by reminder id
 ``delivery.limiter``                   ``LocalRateLimiter``, ``RedisRateLimiter``
 ``delivery.hedge``                     ``hedged_send`` (the http channel's REMINDERS_HTTP_HEDGE_URLS)
+``delivery.observer``                  ``Observer``: told of each call, send and limiter wait
 
 Exceptions
 ----------

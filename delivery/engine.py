@@ -40,6 +40,15 @@ from delivery.errors import (
 )
 from delivery.gate import Gate
 from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
+from delivery.observer import (
+    CALL_MAYBE_DELIVERED,
+    CALL_PERMANENT,
+    CALL_SENT,
+    CALL_THROTTLED,
+    CALL_TIMEOUT,
+    CALL_TRANSIENT,
+    Observer,
+)
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult, Outcome
 
@@ -51,6 +60,15 @@ logger = logging.getLogger("delivery")
 STOP_POLL_INTERVAL = 0.05
 # The FakeClock's helper task may outlive a batch by a few loop turns.
 _CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
+
+
+def _call_outcome(failure: _Failure) -> str:
+    """Name how a failed call ended, for an observer."""
+    if failure.rate_limited:
+        return CALL_THROTTLED
+    if failure.final:
+        return CALL_PERMANENT
+    return CALL_MAYBE_DELIVERED if failure.ambiguous else CALL_TRANSIENT
 
 
 class _Stopped(Exception):
@@ -105,8 +123,11 @@ class _Batch:
         limiter: RateLimiter | None,
         random: Callable[[], float],
         gate: Gate | None = None,
+        observer: Observer | None = None,
     ) -> None:
         self._progress = [_Progress(envelope) for envelope in envelopes]
+        self._observer = observer
+        self._observer_failed = False
         self._channel = channel
         self._policy = policy
         self._clock = clock
@@ -341,6 +362,7 @@ class _Batch:
         ):
             return None  # withdrawn already: spend no limiter grant on it
         if self._limiter is not None:
+            waiting_since = self._clock.monotonic()
             try:
                 await self._limiter.acquire(deadline_at=envelope.deadline_at)
             except DeadlineReached:
@@ -354,6 +376,10 @@ class _Batch:
                     extra={"reminder_id": envelope.reminder_id, "key": envelope.key},
                 )
                 return _Failure(Outcome.TRANSIENT, f"rate limiter unavailable: {exc!r}")
+            finally:
+                if self._observer is not None:
+                    waited = self._clock.monotonic() - waiting_since
+                    self._observe("limiter_waited", waited)
             if self._clock.now() >= envelope.deadline_at:
                 self._finish_at_deadline(progress)
                 return None
@@ -387,13 +413,18 @@ class _Batch:
         failure: _Failure | None = None
         message_id = ""
         self._calls_in_flight += 1
+        call_started = self._clock.monotonic()
+        call_outcome = CALL_MAYBE_DELIVERED  # what a call cut off by a stop counts as
         try:
             async with self._clock.timeout(timeout):
                 try:
                     message_id = await self._channel.send(envelope)
+                    call_outcome = CALL_SENT
                 except Exception as exc:  # the channel's own errors, incl. its own TimeoutError
                     failure = self._classify(progress, exc)
+                    call_outcome = _call_outcome(failure)
         except TimeoutError:
+            call_outcome = CALL_TIMEOUT
             progress.reached = True
             progress.maybe_delivered = True
             if timeout < self._policy.call_timeout:
@@ -405,6 +436,11 @@ class _Batch:
             self._calls_in_flight -= 1
             if self._calls_in_flight == 0 and self._no_calls is not None:
                 self._no_calls.set()
+            if self._observer is not None:
+                seconds = self._clock.monotonic() - call_started
+                self._observe("call_ended", self._name, call_outcome, seconds)
+                if call_outcome == CALL_SENT:
+                    self._observe("sent", self._name, self._seconds_left(envelope))
         # Not in a finally: a cancellation must still see the call as in flight.
         progress.in_flight = False
         if failure is None:
@@ -465,6 +501,15 @@ class _Batch:
             await self._limiter.pause(retry_after)
         except Exception:
             logger.warning("Could not pause the rate limiter", exc_info=True)
+
+    def _observe(self, event: str, *args) -> None:
+        """Hand a measurement to the observer; its failure is logged once and changes nothing."""
+        try:
+            getattr(self._observer, event)(*args)
+        except Exception:
+            if not self._observer_failed:
+                self._observer_failed = True
+                logger.warning("Delivery observer failed on %s", event, exc_info=True)
 
     def _seconds_left(self, envelope: Envelope) -> float:
         return (envelope.deadline_at - self._clock.now()).total_seconds()
@@ -556,6 +601,7 @@ async def deliver(
     stop: asyncio.Event | None = None,
     random: Callable[[], float] = _random.random,
     gate: Gate | None = None,
+    observer: Observer | None = None,
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
@@ -571,7 +617,9 @@ async def deliver(
     partial results. Per-envelope failures are results; only a batch that
     cannot run at all (the same reminder id twice) raises.
 
-    The caller owns ``limiter`` and ``gate``; ``random`` draws the backoff jitter.
+    The caller owns ``limiter`` and ``gate``; ``random`` draws the backoff
+    jitter; ``observer`` (delivery.observer) is told of each provider call,
+    each send's slack before its deadline and each wait for the limiter.
     """
     batch = _Batch(
         list(envelopes),
@@ -581,6 +629,7 @@ async def deliver(
         limiter=limiter,
         random=random,
         gate=gate,
+        observer=observer,
     )
     return await batch.run(stop)
 
@@ -610,6 +659,7 @@ def deliver_sync(
     gate: Gate | None = None,
     tick: Callable[[], None] | None = None,
     tick_interval: float = 0.25,
+    observer: Observer | None = None,
 ) -> list[DeliveryResult]:
     """Run one batch on a fresh event loop; the one entry point for synchronous code.
 
@@ -651,6 +701,7 @@ def deliver_sync(
                     stops=[flag for flag in (stop, interrupt) if flag is not None],
                     random=random,
                     gate=gate,
+                    observer=observer,
                 )
             )
         except BaseException as exc:  # handed to the calling thread
@@ -710,6 +761,7 @@ async def _deliver_on_fresh_loop(
     stops: list[_Flag],
     random: Callable[[], float],
     gate: Gate | None,
+    observer: Observer | None,
 ) -> list[DeliveryResult]:
     channel = channel_factory()
     limiter = limiter_factory() if limiter_factory is not None else None
@@ -733,6 +785,7 @@ async def _deliver_on_fresh_loop(
                     stop=async_stop,
                     random=random,
                     gate=gate,
+                    observer=observer,
                 )
             finally:
                 if bridge is not None:

@@ -36,6 +36,7 @@ from delivery.limiter import RateLimiter, RedisRateLimiter
 from delivery.message import message_id_for
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
+from reminders import telemetry
 from reminders.models import Reminder
 from reminders.services._sql import claim_token_param, values_rows
 from workshops.models import Enrollment, Workshop
@@ -323,4 +324,5 @@ def deliver_envelopes(
         gate=watch.gate if watch is not None else None,
         tick=watch.refresh if watch is not None else None,
         tick_interval=WATCH_INTERVAL,
+        observer=telemetry.observer(),
     )

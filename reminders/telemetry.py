@@ -1,0 +1,183 @@
+"""A worker's own series for Prometheus: provider calls, slack before the deadline, limiter waits.
+
+Off unless ``REMINDERS_METRICS_PORT`` is set. Then, at ``worker_init``, in
+the worker's main process and before the pool forks (config/celery.py),
+``start`` does three things:
+
+1. empties a directory the worker owns, ``<REMINDERS_VAR_DIR>/metrics/<nodename>``
+   (or ``PROMETHEUS_MULTIPROC_DIR`` when the environment names one), of the
+   ``*.db`` files an earlier run left;
+2. points prometheus-client's multiprocess mode at it, so each pool process
+   writes its counts to a mapped file of its own there;
+3. serves the sum over all those files on
+   ``REMINDERS_METRICS_BIND:REMINDERS_METRICS_PORT`` (127.0.0.1 by default),
+   from a thread of the main process.
+
+A pool process that exits (``--max-tasks-per-child``, a kill) leaves its file
+behind, so a worker's totals never go backwards while it runs. A restarted
+worker starts from zero, which Prometheus reads as a counter reset.
+
+The series (names are a contract: deploy/prometheus/alerts.yml and
+docs/operations.md use them):
+
+- ``reminders_provider_calls_total{channel,outcome}``: every call, with the
+  outcomes of ``delivery.observer.CALL_OUTCOMES``; ``outcome="throttled"``
+  counts the provider's 429s.
+- ``reminders_provider_call_seconds{channel}``: how long each call took.
+- ``reminders_send_slack_seconds{channel}``: how long before its deadline
+  each accepted message was accepted.
+- ``reminders_limiter_wait_seconds``: each wait for the rate limiter's grant.
+
+The observer is called on the batch's event loop; each call is a dictionary
+lookup and a write to the mapped file, never I/O that waits.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+from django.conf import settings
+
+from delivery.observer import CALL_OUTCOMES
+
+logger = logging.getLogger(__name__)
+
+MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
+# Seconds; the call buckets straddle the provider's usual answer (0.1 s) and the
+# call timeout; the slack buckets the cutoff alert's 5 minutes and the lead.
+CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+SLACK_BUCKETS = (
+    60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0,
+    43200.0, 86400.0, 172800.0,
+)  # fmt: skip
+WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+
+_observer: WorkerObserver | None = None
+
+
+class WorkerObserver:
+    """The engine's observer (delivery.observer.Observer), counting into prometheus-client."""
+
+    def __init__(self, *, registry=None) -> None:
+        """Make the series, in ``registry`` (prometheus-client's default one when None)."""
+        from prometheus_client import REGISTRY, Counter, Histogram
+
+        registry = REGISTRY if registry is None else registry
+
+        self.calls = Counter(
+            "reminders_provider_calls",
+            "Provider calls, by channel and by how each call ended",
+            ["channel", "outcome"],
+            registry=registry,
+        )
+        self.call_seconds = Histogram(
+            "reminders_provider_call_seconds",
+            "How long each provider call took",
+            ["channel"],
+            buckets=CALL_BUCKETS,
+            registry=registry,
+        )
+        self.slack = Histogram(
+            "reminders_send_slack_seconds",
+            "How long before its deadline (the cutoff) each accepted message was accepted",
+            ["channel"],
+            buckets=SLACK_BUCKETS,
+            registry=registry,
+        )
+        self.limiter_wait = Histogram(
+            "reminders_limiter_wait_seconds",
+            "Each wait for the rate limiter's grant to start a provider call",
+            buckets=WAIT_BUCKETS,
+            registry=registry,
+        )
+        # labels() takes a lock and builds a key; resolve each child once.
+        self._calls: dict[tuple[str, str], object] = {}
+        self._call_seconds: dict[str, object] = {}
+        self._slack: dict[str, object] = {}
+
+    def call_ended(self, channel: str, outcome: str, seconds: float) -> None:
+        """Count one call and its duration."""
+        counter = self._calls.get((channel, outcome))
+        if counter is None:
+            counter = self._calls[channel, outcome] = self.calls.labels(channel, outcome)
+        counter.inc()
+        histogram = self._call_seconds.get(channel)
+        if histogram is None:
+            histogram = self._call_seconds[channel] = self.call_seconds.labels(channel)
+        histogram.observe(seconds)
+
+    def sent(self, channel: str, slack_seconds: float) -> None:
+        """Note how far before its deadline an accepted message went out."""
+        histogram = self._slack.get(channel)
+        if histogram is None:
+            histogram = self._slack[channel] = self.slack.labels(channel)
+        histogram.observe(slack_seconds)
+
+    def limiter_waited(self, seconds: float) -> None:
+        """Note one wait for the limiter."""
+        self.limiter_wait.observe(seconds)
+
+    def declare(self, channel: str) -> None:
+        """Expose every outcome of ``channel`` at zero, so a rate over it has a start."""
+        for outcome in CALL_OUTCOMES:
+            self._calls.setdefault((channel, outcome), self.calls.labels(channel, outcome))
+        self._call_seconds.setdefault(channel, self.call_seconds.labels(channel))
+        self._slack.setdefault(channel, self.slack.labels(channel))
+
+
+def observer() -> WorkerObserver | None:
+    """Return this worker's observer, or None when REMINDERS_METRICS_PORT is unset."""
+    return _observer
+
+
+def metrics_directory(nodename: str) -> Path:
+    """Return the directory a worker named ``nodename`` owns for its processes' files."""
+    safe = re.sub(r"[^A-Za-z0-9_.@-]", "_", nodename) or "worker"
+    return Path(settings.VAR_DIR) / "metrics" / safe
+
+
+def start(nodename: str) -> Path | None:
+    """Set up multiprocess mode and serve this worker's series; return the directory.
+
+    Called once in the worker's main process before the pool forks. Return
+    None when REMINDERS_METRICS_PORT is unset. Raise ``SystemExit`` with a
+    message naming the fix when the port cannot be bound (Celery would
+    otherwise log the error and go on without metrics).
+    """
+    global _observer
+    port = settings.REMINDERS_METRICS_PORT
+    if not port:
+        return None
+    directory = Path(os.environ.get(MULTIPROC_ENV) or metrics_directory(nodename))
+    directory.mkdir(parents=True, exist_ok=True)
+    # Files left by an earlier run would be summed into this one's totals.
+    for leftover in directory.glob("*.db"):
+        leftover.unlink(missing_ok=True)
+    os.environ[MULTIPROC_ENV] = str(directory)
+
+    from prometheus_client import CollectorRegistry, start_http_server, values
+    from prometheus_client.multiprocess import MultiProcessCollector
+
+    # prometheus-client picks its value class when first imported, and the
+    # celery command has imported it already (Flower's plugin does, to load its
+    # own counters). Pick again now that the directory is set: the series made
+    # below, and so every pool process's counts, go to the mapped files.
+    values.ValueClass = values.get_value_class()
+
+    registry = CollectorRegistry()
+    MultiProcessCollector(registry, path=str(directory))
+    bind = settings.REMINDERS_METRICS_BIND
+    try:
+        start_http_server(port, addr=bind, registry=registry)
+    except OSError as exc:
+        raise SystemExit(
+            f"REMINDERS_METRICS_PORT={port} on {bind} cannot be served ({exc.strerror or exc}): "
+            "give each worker on a host its own port, or unset REMINDERS_METRICS_PORT."
+        ) from exc
+    _observer = WorkerObserver()
+    _observer.declare(settings.REMINDERS_CHANNEL)
+    logger.info("Worker metrics on http://%s:%d/metrics from %s", bind, port, directory)
+    return directory

@@ -1,0 +1,156 @@
+"""A real worker's metrics port and the web's /metrics, scraped around a real delivery.
+
+Five reminders go through a real Celery worker (two pool processes, batches
+of two) to the loopback HTTP provider, which answers one with a 429, one
+with a 503 and one with a 400 first. Each series must move by exactly what
+happened: seven calls in all, four sends, and the rows' statuses.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+
+import httpx
+import pytest
+import redis
+from prometheus_client.parser import text_string_to_metric_families
+
+from clock import SystemClock
+from config.celery import app
+from loopback.http_sink import HttpSink
+from reminders.models import Reminder, reminder_key
+from tests.support.processes import CELERY, Proc, celery_worker, process_env
+from tests.support.seeding import unplanned_workshop
+from workshops.models import Enrollment
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+SECRET = "metrics-test-secret"
+TOKEN = "scrape-token"
+_clock = SystemClock()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _samples(text: str) -> dict[tuple[str, tuple], float]:
+    """Return every sample as {(name, sorted labels): value}."""
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            found[sample.name, tuple(sorted(sample.labels.items()))] = sample.value
+    return found
+
+
+def _scrape_worker(port: int) -> dict[tuple[str, tuple], float]:
+    answer = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5)
+    answer.raise_for_status()
+    return _samples(answer.text)
+
+
+def _wait(predicate, *, timeout: float, what: str):
+    deadline = _clock.monotonic() + timeout
+    while _clock.monotonic() < deadline:
+        if predicate():
+            return
+        _clock.sleep_blocking(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def calls(samples, outcome: str) -> float:
+    return samples[("reminders_provider_calls_total", (("channel", "http"), ("outcome", outcome)))]
+
+
+def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, settings, client):
+    redis.Redis.from_url(redis_url).flushdb()
+    workshop = unplanned_workshop("Metrics test", attendees=5)
+    attendees = Enrollment.objects.filter(workshop=workshop).order_by("pk")
+    keys = [reminder_key(attendee_id=e.attendee_id, workshop_id=workshop.pk) for e in attendees]
+    port = _free_port()
+    with HttpSink(secret=SECRET, delay=0.2) as sink:
+        sink.script(keys[0], 429)
+        sink.script(keys[1], 503)
+        sink.script(keys[2], 400)
+        env = process_env(
+            REMINDERS_CHANNEL="http",
+            REMINDERS_HTTP_URL=sink.url,
+            REMINDERS_HTTP_SECRET=SECRET,
+            REMINDERS_RATE_LIMIT="50",
+            REMINDERS_BATCH_SIZE="2",
+            REMINDERS_METRICS_PORT=str(port),
+            REMINDERS_VAR_DIR=str(tmp_path),
+        )
+        with celery_worker(env, concurrency=2, name="metered") as worker:
+            before = _scrape_worker(port)
+            app.send_task("reminders.scan")
+            _wait(
+                lambda: (
+                    Reminder.objects.filter(
+                        workshop=workshop, status__in=["sent", "failed"]
+                    ).count()
+                    == 5
+                ),
+                timeout=60,
+                what="all five reminders to end",
+            )
+            worker.wait_for_line("Batch of 1 finished")
+            after = _scrape_worker(port)
+            files = sorted(path.name for path in (tmp_path / "metrics").glob("*/*.db"))
+
+    # Before the first batch every outcome of the configured channel is there, at zero.
+    assert [calls(before, o) for o in ("sent", "throttled", "transient", "permanent")] == [0] * 4
+    # Seven calls: four accepted, and the 429, the 503 and the 400 before them.
+    assert calls(after, "sent") == 4
+    assert calls(after, "throttled") == 1
+    assert calls(after, "transient") == 1
+    assert calls(after, "permanent") == 1
+    assert calls(after, "timeout") == calls(after, "maybe_delivered") == 0
+    assert after[("reminders_provider_call_seconds_count", (("channel", "http"),))] == 7
+    # Each call waited for the sink's 0.2 s answer.
+    assert after[("reminders_provider_call_seconds_sum", (("channel", "http"),))] >= 7 * 0.2
+    assert after[("reminders_limiter_wait_seconds_count", ())] == 7
+    # The deadline is 30 minutes before a start 2 hours away: every send had about 90 minutes.
+    slack = {labels: value for (name, labels), value in after.items()
+             if name == "reminders_send_slack_seconds_bucket"}  # fmt: skip
+    assert slack[(("channel", "http"), ("le", "3600.0"))] == 0
+    assert slack[(("channel", "http"), ("le", "7200.0"))] == 4
+    assert after[("reminders_send_slack_seconds_count", (("channel", "http"),))] == 4
+    # The sum came from the files of more than one process: both pool processes sent.
+    assert len(files) >= 3, files  # the main process's, and one per pool process that counted
+    assert len(sink.requests) == 7
+
+    settings.METRICS_TOKEN = TOKEN
+    web = _samples(client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}").content.decode())
+    assert web[("reminders_by_status", (("status", "sent"),))] == 4
+    assert web[("reminders_by_status", (("status", "failed"),))] == 1
+    assert web[("reminders_by_status", (("status", "queued"),))] == 0
+    assert web[("reminders_scans_total", ())] >= 1
+    assert web[("reminders_scan_last_completed_timestamp_seconds", ())] > 0
+    assert web[("reminders_queue_depth", (("queue", "reminders"),))] == 0
+
+
+def test_a_worker_whose_metrics_port_is_taken_exits_and_says_what_to_do(tmp_path):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        env = process_env(REMINDERS_METRICS_PORT=str(port), REMINDERS_VAR_DIR=str(tmp_path))
+        worker = Proc(
+            [CELERY, "-A", "config", "worker", "--concurrency=1", "--hostname=clash@%h",
+             "--without-mingle", "--without-gossip"],
+            env,
+            "clash",
+        )  # fmt: skip
+        try:
+            code = worker.popen.wait(60)
+        except subprocess.TimeoutExpired:
+            worker.stop()
+            raise AssertionError(f"the worker kept running:\n{worker.output()}") from None
+        worker.stop()
+    assert code != 0
+    assert f"REMINDERS_METRICS_PORT={port}" in worker.output()
+    assert "give each worker on a host its own port" in worker.output()
