@@ -3,7 +3,7 @@
 Every series here is read at scrape time from PostgreSQL and Redis, not kept
 in this process's memory, so any web process answers the same and nothing
 is lost when one restarts (gunicorn's workers need no multiprocess mode for
-them). The cost of a scrape is fixed: three queries and one Redis pipeline,
+them). The cost of a scrape is fixed: five queries and one Redis pipeline,
 whatever the number of reminders (``tests/admin/test_metrics.py``).
 
 Off unless ``METRICS_TOKEN`` is set (404); then only a request with
@@ -13,6 +13,7 @@ Off unless ``METRICS_TOKEN`` is set (404); then only a request with
 from __future__ import annotations
 
 import hmac
+from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
@@ -26,6 +27,7 @@ from prometheus_client.registry import Collector
 
 from clock import default_clock
 from reminders.models import Reminder, ScanRun, StaffDecision
+from reminders.schedule import SCAN_TASK_NAME
 from reminders.services.dispatch import SCAN_NAME
 
 # The queues whose depth is reported, and the priority suffixes kombu's Redis
@@ -34,6 +36,10 @@ QUEUES = ("reminders", "scan")
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
 # The statuses whose oldest row's age is reported: how long work has waited.
 AGED = (Reminder.Status.QUEUED, Reminder.Status.SENDING)
+# Reminders not yet with a worker whose deadline is this close (or past) are
+# counted: the alert ReminderNearDeadlineNotSent (deploy/prometheus/alerts.yml).
+NEAR_DEADLINE = timedelta(minutes=10)
+WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
 
 
 class ReminderCollector(Collector):
@@ -49,8 +55,16 @@ class ReminderCollector(Collector):
             by_status.add_metric([status.value], counts.get(status.value, 0))
         yield by_status
 
+        # One statement for the ages and the near-deadline counts.
+        horizon = now + NEAR_DEADLINE
         oldest = Reminder.objects.aggregate(
-            **{status.value: Min("updated_at", filter=Q(status=status)) for status in AGED}
+            **{status.value: Min("updated_at", filter=Q(status=status)) for status in AGED},
+            **{
+                f"near_{status.value}": Count(
+                    "id", filter=Q(status=status, deadline_at__lt=horizon)
+                )
+                for status in WAITING
+            },
         )
         ages = GaugeMetricFamily(
             "reminders_oldest_seconds",
@@ -61,6 +75,14 @@ class ReminderCollector(Collector):
             moment = oldest[status.value]
             ages.add_metric([status.value], (now - moment).total_seconds() if moment else 0.0)
         yield ages
+        near = GaugeMetricFamily(
+            "reminders_near_deadline",
+            "Reminders still pending or queued whose deadline is under 10 minutes away or past",
+            labels=["status"],
+        )
+        for status in WAITING:
+            near.add_metric([status.value], oldest[f"near_{status.value}"])
+        yield near
 
         scan = ScanRun.objects.filter(name=SCAN_NAME).aggregate(
             finished=Max("finished_at"), seconds=Max("duration_seconds"), done=Max("completed")
@@ -79,6 +101,7 @@ class ReminderCollector(Collector):
         completed = CounterMetricFamily("reminders_scans", "Scans completed since the first")
         completed.add_metric([], float(scan["done"] or 0))
         yield completed
+        yield from _beat_series()
 
         depth = GaugeMetricFamily(
             "reminders_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
@@ -98,6 +121,43 @@ class ReminderCollector(Collector):
         for action in StaffDecision.Action:
             actions.add_metric([action.value], recorded.get(action.value, 0))
         yield actions
+
+
+def _beat_series():
+    """When beat last published the scan, and its interval, from django-celery-beat's row.
+
+    Beat writes the row's ``last_run_at`` at every publish
+    (CELERY_BEAT_SYNC_EVERY = 1), so its age tells "beat is not publishing"
+    apart from "scans are published but not completed".
+    """
+    from django_celery_beat.models import PeriodicTask
+
+    row = (
+        PeriodicTask.objects.filter(name=SCAN_TASK_NAME)
+        .values("last_run_at", "enabled", "interval__every", "interval__period")
+        .first()
+    )
+    published = GaugeMetricFamily(
+        "reminders_beat_last_published_timestamp_seconds",
+        "When celery-beat last published the scan (Unix time; 0 before the first)",
+    )
+    last_run = row["last_run_at"] if row else None
+    published.add_metric([], last_run.timestamp() if last_run else 0.0)
+    yield published
+    interval = GaugeMetricFamily(
+        "reminders_scan_interval_seconds",
+        "How often beat publishes the scan (0 when the schedule is missing or disabled)",
+    )
+    seconds = 0.0
+    if row and row["enabled"] and row["interval__every"]:
+        seconds = row["interval__every"] * _PERIOD_SECONDS.get(row["interval__period"], 0.0)
+    interval.add_metric([], seconds)
+    yield interval
+
+
+_PERIOD_SECONDS = {
+    "days": 86400.0, "hours": 3600.0, "minutes": 60.0, "seconds": 1.0, "microseconds": 1e-6,
+}  # fmt: skip
 
 
 def _queue_depths() -> dict[str, int]:

@@ -77,3 +77,16 @@ def test_flower_listens_on_this_machine_only_and_refuses_to_start_without_basic_
     # It reads the same broker as the workers, so their events need no extra setting.
     worker = _compose()["services"]["worker"]
     assert flower["environment"]["CELERY_BROKER_URL"] == worker["environment"]["CELERY_BROKER_URL"]
+
+
+def test_workers_serve_their_metrics_on_the_compose_network_and_publish_no_port():
+    """Each replica serves its series where a Prometheus on the network can scrape it;
+    nothing reaches the host, and the worker keeps every other variable of the app."""
+    services = _compose()["services"]
+    worker = services["worker"]
+    assert worker["environment"]["REMINDERS_METRICS_PORT"] == "9808"
+    assert worker["environment"]["REMINDERS_METRICS_BIND"] == "0.0.0.0"
+    assert "ports" not in worker
+    assert worker["environment"]["DATABASE_URL"] == services["web"]["environment"]["DATABASE_URL"]
+    scrape = (ROOT / "deploy" / "prometheus" / "prometheus.yml").read_text()
+    assert ":9808" in scrape
