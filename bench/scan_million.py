@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> int:
         figures = _summary(runs)
     met = figures["statements_constant"] and figures["lock_waits_over_budget"] == 0
     print(
-        f"statements per scan beyond 2 per dispatch transaction, cold "
+        f"statements per scan beyond {figures['statements_per_transaction']} per dispatch "
+        "transaction, cold "
         f"{figures['cold_fixed_statements']}, steady {figures['steady_fixed_statements']} "
         f"over sizes {sorted(args.sizes)} "
         f"({'constant' if figures['statements_constant'] else 'NOT constant'}); "
@@ -373,21 +374,24 @@ def _run(seeded: dict, *, explain: bool) -> dict:
 def _summary(runs: list[dict]) -> dict:
     """Compare the runs: what a scan sends beyond its dispatch transactions must not grow.
 
-    Beyond one read of the due ids, the dispatch sends two statements (lock,
-    queue) per transaction of at most
-    ``ROWS_PER_TRANSACTION`` rows, so a scan's statements are a fixed part plus
-    2 x ceil(dispatched / ROWS_PER_TRANSACTION), at most REMINDERS_DISPATCH_LIMIT
-    rows' worth, whatever the number of workshops.
+    Beyond one read of the due ids, the dispatch sends
+    ``STATEMENTS_PER_TRANSACTION`` statements (lock, queue, record) per
+    transaction of at most ``ROWS_PER_TRANSACTION`` rows, so a scan's
+    statements are a fixed part plus that many times ceil(dispatched /
+    ROWS_PER_TRANSACTION), at most REMINDERS_DISPATCH_LIMIT rows' worth,
+    whatever the number of workshops.
     """
     from django.conf import settings
 
-    from reminders.services.dispatch import ROWS_PER_TRANSACTION
+    from reminders.services.dispatch import ROWS_PER_TRANSACTION, STATEMENTS_PER_TRANSACTION
 
     batch = settings.REMINDERS_BATCH_SIZE
     per_transaction = max(batch, ROWS_PER_TRANSACTION // batch * batch)  # whole batches
 
     def fixed(row: dict) -> int:
-        return row["statements"] - 2 * math.ceil(row["dispatched"] / per_transaction)
+        return row["statements"] - STATEMENTS_PER_TRANSACTION * math.ceil(
+            row["dispatched"] / per_transaction
+        )
 
     cold = [fixed(run["scans"][0]) for run in runs]
     steady = [fixed(run["scans"][-1]) for run in runs]
@@ -395,11 +399,13 @@ def _summary(runs: list[dict]) -> dict:
     scans = [row for run in runs for row in run["scans"]]
     return {
         "rows_per_transaction": per_transaction,
+        "statements_per_transaction": STATEMENTS_PER_TRANSACTION,
         "cold_fixed_statements": cold,
         "steady_fixed_statements": steady,
         "statements_constant": len(set(cold)) == 1 and len(set(steady)) == 1,
         "most_statements_per_scan": cold[0]
-        + 2 * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / per_transaction),
+        + STATEMENTS_PER_TRANSACTION
+        * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / per_transaction),
         "workshops": largest["workshops"],
         "enrollments": largest["enrollments"],
         "in_lead_window": largest["in_lead_window"],

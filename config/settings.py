@@ -427,6 +427,11 @@ REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 # A worker's own series (provider calls, slack, limiter waits: reminders/telemetry.py)
 # on this port, summed over its pool processes. Unset: off. One port per worker on a host.
+# How long the record of each dispatched batch (reminders.models.Dispatch, read by
+# manage.py reminder_trace and the admin's timeline) is kept; every scan deletes older ones.
+REMINDERS_DISPATCH_HISTORY_DAYS = env_int(
+    "REMINDERS_DISPATCH_HISTORY_DAYS", 14, minimum=1, maximum=3650, unit="days"
+)
 REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=1, maximum=65535)
 REMINDERS_METRICS_BIND = env_str("REMINDERS_METRICS_BIND", "127.0.0.1")
 CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS

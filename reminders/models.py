@@ -274,3 +274,28 @@ class ScanRun(models.Model):
 
     def __str__(self) -> str:
         return f"Scan {self.name} finished at {self.finished_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+class Dispatch(models.Model):
+    """One batch message the dispatch queued: which reminders, when, and until when.
+
+    Written by reminders.services.reminders_dispatch in the transaction that
+    queues the rows, so a record exists exactly when they were queued; the
+    message is published after that commit. It is history for
+    ``manage.py reminder_trace`` and the admin's timeline, not state: nothing
+    decides a reminder's fate from it, and the scan deletes records older
+    than REMINDERS_DISPATCH_HISTORY_DAYS. On PostgreSQL a GIN index on
+    ``reminder_ids`` finds a reminder's dispatches (migration 0009).
+    """
+
+    queued_at = models.DateTimeField(db_index=True, editable=False)
+    expires_at = models.DateTimeField(
+        editable=False, help_text="When the message expires and its rows are due again."
+    )
+    reminder_ids = models.JSONField(default=list, editable=False)
+
+    class Meta:
+        ordering = ["queued_at", "id"]
+
+    def __str__(self) -> str:
+        return f"Dispatch of {len(self.reminder_ids)} reminders at {self.queued_at:%Y-%m-%d %H:%M:%S} UTC"

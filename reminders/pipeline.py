@@ -21,6 +21,7 @@ from reminders import publish as publishing
 from reminders.content import reminder_envelope
 from reminders.logcontext import claim_context
 from reminders.services import (
+    dispatches_prune,
     reminder_claim_batch,
     reminder_record_batch,
     reminder_release,
@@ -58,6 +59,7 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
     counts["dispatched"] = reminders_dispatch(
         clock=clock, publish=publish or publishing.publish_batch
     )
+    dispatches_prune(clock=clock)
     scan_completed(counts=counts, duration=clock.monotonic() - started, worker=worker, clock=clock)
     logger.info("Scan finished: %s", counts)
     return counts

@@ -1,10 +1,10 @@
 """One reminder's history, read back from what the database keeps (``manage.py reminder_trace``).
 
 Read only. Every line comes from a durable record: the row's own creation
-and current state, each DeliveryAttempt (claim, outcome, the reaper's
-``lease_expired``), and each StaffDecision that names the reminder, its
-workshop or its attendee. Dispatches are not recorded one by one: a queued
-row shows when its current message expires.
+and current state, each Dispatch that carried it (kept for
+REMINDERS_DISPATCH_HISTORY_DAYS), each DeliveryAttempt (claim, outcome, the
+reaper's ``lease_expired``), and each StaffDecision that names the reminder,
+its workshop or its attendee.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from zoneinfo import ZoneInfo
 from django.db import connection
 from django.db.models import Q
 
-from reminders.models import DeliveryAttempt, Reminder, StaffDecision
+from reminders.models import DeliveryAttempt, Dispatch, Reminder, StaffDecision
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +35,11 @@ def reminder_lookup(identifier: str) -> Reminder:
 
 
 def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
-    """Return the reminder's events, oldest first (ties keep the order they were found in)."""
+    """Return the reminder's events, oldest first.
+
+    Events at the same instant (a replay and the dispatch it makes) keep this
+    order: planned, attempts, staff decisions, dispatches.
+    """
     workshop = reminder.workshop
     events = [
         TraceEvent(
@@ -72,9 +76,31 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         if decision.reason:
             detail += f": {decision.reason}"
         events.append(TraceEvent(decision.created_at, detail))
+    for dispatch in _dispatches_of(reminder):
+        events.append(
+            TraceEvent(
+                dispatch.queued_at,
+                f"dispatched: queued in a batch of {len(dispatch.reminder_ids)} "
+                f"(dispatch {dispatch.pk}), its message expires {_utc(dispatch.expires_at)}",
+            )
+        )
     events.sort(key=lambda event: event.at)
     events.append(TraceEvent(reminder.updated_at, f"now: {_state(reminder)}"))
     return events
+
+
+def _dispatches_of(reminder: Reminder) -> list[Dispatch]:
+    """The dispatch records whose batch carried this reminder, oldest first."""
+    dispatches = Dispatch.objects.order_by("queued_at", "pk")
+    if connection.features.supports_json_field_contains:
+        # reminder_ids @> '[id]', answered by the GIN index (migration 0009).
+        return list(dispatches.filter(reminder_ids__contains=[reminder.pk]))
+    # SQLite (the local run): read them, from the reminder's creation on.
+    return [
+        dispatch
+        for dispatch in dispatches.filter(queued_at__gte=reminder.created_at)
+        if reminder.pk in dispatch.reminder_ids
+    ]
 
 
 def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:

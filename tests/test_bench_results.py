@@ -30,7 +30,7 @@ def _results() -> dict[str, dict]:
 def _lookup(document: dict, dotted: str):
     value = document
     for part in dotted.split("."):
-        value = value[part]
+        value = value[int(part)] if isinstance(value, list) else value[part]
     return value
 
 

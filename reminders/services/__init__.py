@@ -23,6 +23,7 @@ from reminders.services import reasons
 from reminders.services.claim import Claim, reminder_claim_batch
 from reminders.services.dispatch import (
     SCAN_NAME,
+    dispatches_prune,
     message_expiry,
     reminders_dispatch,
     reminders_expire,
@@ -53,6 +54,7 @@ __all__ = [
     "Source",
     "Verdict",
     "channel_honours_keys",
+    "dispatches_prune",
     "message_expiry",
     "reasons",
     "reminder_claim_batch",

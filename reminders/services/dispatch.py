@@ -14,7 +14,7 @@ from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
 from django.db.models.functions import Concat, Left
 
 from clock import Clock, default_clock
-from reminders.models import Reminder, ScanRun
+from reminders.models import Dispatch, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import update_returning
@@ -31,6 +31,9 @@ Publish = Callable[[list[int], datetime], object]
 # UPDATE rewrites the row's ten index entries), too close to the 100 ms a claim
 # may wait; bench/scan_million.py measures it.
 ROWS_PER_TRANSACTION = 250
+# The statements each transaction of the dispatch runs: the locking SELECT, the
+# queueing UPDATE and the INSERT of its Dispatch records (bench/scan*.py count them).
+STATEMENTS_PER_TRANSACTION = 3
 
 
 def reminders_expire(*, clock: Clock | None = None) -> int:
@@ -123,7 +126,8 @@ def reminders_dispatch(
     transaction publishing its own whole batches after it commits, so a claim
     that meets a row being dispatched waits for one short transaction, not
     for the whole dispatch (called inside a transaction, it takes them all in
-    that one). Return how many reminders were queued.
+    that one). Each batch leaves a ``Dispatch`` record, written in the
+    transaction that queues its rows. Return how many reminders were queued.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -164,6 +168,11 @@ def reminders_dispatch(
                 continue
             batches = _queue(
                 rows, due_now=due_now, now=now, batch_size=batch_size, requeue_after=requeue_after
+            )
+            # The history the trace reads, committed with the rows it names.
+            Dispatch.objects.bulk_create(
+                Dispatch(queued_at=now, expires_at=expires_at, reminder_ids=batch_ids)
+                for batch_ids, expires_at in batches
             )
             for batch_ids, expires_at in batches:
                 transaction.on_commit(partial(publish, batch_ids, expires_at))
@@ -209,6 +218,25 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
     }
     kept = [([pk for pk in pks if pk in changed], expires_at) for pks, expires_at in batches]
     return [(pks, expires_at) for pks, expires_at in kept if pks]
+
+
+def dispatches_prune(*, clock: Clock | None = None) -> int:
+    """Delete dispatch records older than REMINDERS_DISPATCH_HISTORY_DAYS; return how many.
+
+    One statement through the ``queued_at`` index; run by every scan, so each
+    deletes about one scan's worth.
+    """
+    clock = clock or default_clock()
+    cutoff = clock.now() - timedelta(days=settings.REMINDERS_DISPATCH_HISTORY_DAYS)
+    # A bare DELETE: nothing points at a Dispatch, and QuerySet.delete() would
+    # wrap the one statement in a transaction of its own (BEGIN and COMMIT).
+    table = connection.ops.quote_name(Dispatch._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"DELETE FROM {table} WHERE queued_at < %s",
+            [connection.ops.adapt_datetimefield_value(cutoff)],
+        )
+        return cursor.rowcount
 
 
 def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:

@@ -9,7 +9,12 @@ from django.core.management import CommandError, call_command
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import Reminder
 from reminders.replay import reminder_replay
-from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from reminders.services import (
+    reminder_claim_batch,
+    reminder_record_batch,
+    reminders_dispatch,
+    reminders_reap,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -38,6 +43,8 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
 ):
     settings.REMINDERS_MAX_ATTEMPTS = 2
     (pk,) = due_reminders(1)
+    assert reminders_dispatch(publish=lambda ids, expires_at: None, clock=clock) == 1
+    clock.advance(1)
     first = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
     reminder_record_batch(claim=first, results=[_transient(first.reminders[0])], clock=clock)
     clock.advance(timedelta(minutes=10).total_seconds())
@@ -56,11 +63,13 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
     events = [line.split("  ", 2)[2] for line in lines]
     expected = [
         "planned: ",
+        "dispatched: queued in a batch of 1 ",
         "claimed: attempt 1 by w1@host on http, token " + str(first.token),
         "outcome of attempt 1: transient, 1 provider call(s), error: 503 busy",
         "claimed: attempt 2 by w2@host on http, token " + str(second.token),
         "reaper: attempt 2's lease expired, lease_expired",
         "staff replay by replayer (done): retry it",
+        "dispatched: queued in a batch of 1 ",
         "now: queued",
     ]
     assert len(events) == len(expected), "\n".join(lines)

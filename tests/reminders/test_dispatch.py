@@ -6,10 +6,11 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
+from django.test.utils import CaptureQueriesContext
 
 from clock import SystemClock
-from reminders.models import Reminder
-from reminders.services import reminders_dispatch
+from reminders.models import Dispatch, Reminder
+from reminders.services import dispatches_prune, reminders_dispatch
 from tests.support.processes import process_env
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -104,6 +105,7 @@ def test_rolled_back_transaction_publishes_nothing(clock, due_reminders, publish
         raise RuntimeError("roll back")
     assert published == []
     assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
+    assert not Dispatch.objects.exists()
 
 
 def test_window_not_open_and_retry_time_not_reached_are_not_dispatched(
@@ -286,3 +288,33 @@ def test_a_row_claimed_or_cancelled_after_the_read_is_not_queued_by_a_later_tran
     assert not cancelled & queued
     assert {statuses[pk] for pk in cancelled if pk != claimed_id} == {"cancelled"}
     assert queued == set(ids[:20])
+
+
+def test_each_published_batch_leaves_a_record_of_its_ids_and_expiry(
+    clock, due_reminders, published, settings
+):
+    """What the trace reads: one Dispatch per message, naming exactly its rows."""
+    settings.REMINDERS_BATCH_SIZE = 4
+    due_reminders(10)
+    assert _dispatch(clock=clock) == 10
+    records = list(Dispatch.objects.order_by("pk").values_list("reminder_ids", "expires_at"))
+    assert records == [(ids, expires_at) for ids, expires_at in published]
+    assert set(Dispatch.objects.values_list("queued_at", flat=True)) == {clock.now()}
+    # A second dispatch while the messages live queues nothing and records nothing.
+    assert _dispatch(clock=clock) == 0
+    assert Dispatch.objects.count() == 3
+
+
+def test_the_scan_prunes_dispatch_records_past_their_history_in_one_statement(
+    clock, due_reminders, published, settings
+):
+    settings.REMINDERS_DISPATCH_HISTORY_DAYS = 2
+    due_reminders(3)
+    _dispatch(clock=clock)
+    clock.advance(timedelta(days=1).total_seconds())
+    Dispatch.objects.create(queued_at=clock.now(), expires_at=clock.now(), reminder_ids=[1])
+    clock.advance(timedelta(days=1, seconds=1).total_seconds())
+    with CaptureQueriesContext(connection) as queries:
+        assert dispatches_prune(clock=clock) == 1
+    assert len(queries) == 1, [q["sql"] for q in queries]
+    assert list(Dispatch.objects.values_list("reminder_ids", flat=True)) == [[1]]
