@@ -17,7 +17,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
-from django.db.models import Count, Max, Min, Q
+from django.db.models import Count, Min, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_GET
@@ -84,22 +84,42 @@ class ReminderCollector(Collector):
             near.add_metric([status.value], oldest[f"near_{status.value}"])
         yield near
 
-        scan = ScanRun.objects.filter(name=SCAN_NAME).aggregate(
-            finished=Max("finished_at"), seconds=Max("duration_seconds"), done=Max("completed")
-        )
+        scan = (
+            ScanRun.objects.filter(name=SCAN_NAME)
+            .values("finished_at", "duration_seconds", "completed", "counts", "phase_seconds")
+            .first()
+        ) or {}
         last = GaugeMetricFamily(
             "reminders_scan_last_completed_timestamp_seconds",
             "When the last scan completed (Unix time; 0 before the first)",
         )
-        last.add_metric([], scan["finished"].timestamp() if scan["finished"] else 0.0)
+        finished = scan.get("finished_at")
+        last.add_metric([], finished.timestamp() if finished else 0.0)
         yield last
         duration = GaugeMetricFamily(
             "reminders_scan_seconds", "How long the last completed scan took"
         )
-        duration.add_metric([], float(scan["seconds"] or 0.0))
+        duration.add_metric([], float(scan.get("duration_seconds") or 0.0))
         yield duration
+        phase_time = GaugeMetricFamily(
+            "reminders_scan_phase_seconds",
+            "How long each phase of the last completed scan took",
+            labels=["phase"],
+        )
+        for phase, seconds in sorted((scan.get("phase_seconds") or {}).items()):
+            phase_time.add_metric([phase], float(seconds))
+        yield phase_time
+        phase_rows = GaugeMetricFamily(
+            "reminders_scan_rows",
+            "What the last completed scan did: reminders expired (missed), reaped by "
+            "outcome, planned and dispatched",
+            labels=["phase"],
+        )
+        for phase, rows in sorted((scan.get("counts") or {}).items()):
+            phase_rows.add_metric([phase], float(rows))
+        yield phase_rows
         completed = CounterMetricFamily("reminders_scans", "Scans completed since the first")
-        completed.add_metric([], float(scan["done"] or 0))
+        completed.add_metric([], float(scan.get("completed") or 0))
         yield completed
         yield from _beat_series()
 

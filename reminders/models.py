@@ -267,6 +267,9 @@ class ScanRun(models.Model):
     finished_at = models.DateTimeField(editable=False)
     duration_seconds = models.FloatField(editable=False)
     counts = models.JSONField(default=dict, editable=False)
+    phase_seconds = models.JSONField(
+        default=dict, editable=False, help_text="How long each phase of the scan took."
+    )
     worker = models.CharField(max_length=200, blank=True, editable=False)
     completed = models.PositiveBigIntegerField(
         default=0, editable=False, help_text="Scans completed since the row was created."

@@ -53,14 +53,31 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
     """
     clock = clock or default_clock()
     started = clock.monotonic()
-    counts: dict[str, int] = {"missed": reminders_expire(clock=clock)}
-    counts.update({f"reaped_{key}": value for key, value in reminders_reap(clock=clock).items()})
-    counts["planned"] = reminders_plan(clock=clock)
-    counts["dispatched"] = reminders_dispatch(
-        clock=clock, publish=publish or publishing.publish_batch
+    phases: dict[str, float] = {}
+
+    def timed(phase: str, job):
+        begun = clock.monotonic()
+        try:
+            return job()
+        finally:
+            phases[phase] = round(clock.monotonic() - begun, 3)
+
+    counts: dict[str, int] = {"missed": timed("expire", lambda: reminders_expire(clock=clock))}
+    reaped = timed("reap", lambda: reminders_reap(clock=clock))
+    counts.update({f"reaped_{key}": value for key, value in reaped.items()})
+    counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock))
+    counts["dispatched"] = timed(
+        "dispatch",
+        lambda: reminders_dispatch(clock=clock, publish=publish or publishing.publish_batch),
     )
-    dispatches_prune(clock=clock)
-    scan_completed(counts=counts, duration=clock.monotonic() - started, worker=worker, clock=clock)
+    timed("prune", lambda: dispatches_prune(clock=clock))
+    scan_completed(
+        counts=counts,
+        duration=clock.monotonic() - started,
+        phase_seconds=phases,
+        worker=worker,
+        clock=clock,
+    )
     logger.info("Scan finished: %s", counts)
     return counts
 

@@ -251,14 +251,23 @@ SCAN_NAME = "scan"
 
 
 def scan_completed(
-    *, counts: dict[str, int], duration: float, worker: str = "", clock: Clock | None = None
+    *,
+    counts: dict[str, int],
+    duration: float,
+    phase_seconds: dict[str, float] | None = None,
+    worker: str = "",
+    clock: Clock | None = None,
 ) -> None:
-    """Record that a scan finished now, what it did and how long it took (one upsert)."""
+    """Record that a scan finished now, what it did and how long it and each phase took.
+
+    One UPDATE of the scan's row (an INSERT the first time).
+    """
     now = (clock or default_clock()).now()
     values = {
         "finished_at": now,
         "duration_seconds": round(duration, 3),
         "counts": counts,
+        "phase_seconds": phase_seconds or {},
         "worker": worker[:200],
     }
     updated = ScanRun.objects.filter(name=SCAN_NAME).update(completed=F("completed") + 1, **values)

@@ -58,7 +58,12 @@ def test_the_series_say_what_the_database_and_the_broker_hold(
     make_reminders(4, "queued")
     clock.advance(90)
     ScanRun.objects.create(
-        name="scan", finished_at=clock.now(), duration_seconds=1.25, counts={}, completed=7
+        name="scan",
+        finished_at=clock.now(),
+        duration_seconds=1.25,
+        counts={"planned": 5, "dispatched": 3, "reaped_failed": 1},
+        phase_seconds={"plan": 0.5, "dispatch": 0.25},
+        completed=7,
     )
     broker.rpush("reminders", "m1", "m2")
     broker.rpush("reminders\x06\x163", "m3")  # kombu's list for priority 3
@@ -81,6 +86,11 @@ def test_the_series_say_what_the_database_and_the_broker_hold(
     )
     assert series["reminders_scan_seconds"] == 1.25
     assert series["reminders_scans_total"] == 7
+    assert series['reminders_scan_rows{phase="planned"}'] == 5
+    assert series['reminders_scan_rows{phase="dispatched"}'] == 3
+    assert series['reminders_scan_rows{phase="reaped_failed"}'] == 1
+    assert series['reminders_scan_phase_seconds{phase="plan"}'] == 0.5
+    assert series['reminders_scan_phase_seconds{phase="dispatch"}'] == 0.25
     assert series['reminders_queue_depth{queue="reminders"}'] == 3
     assert series['reminders_queue_depth{queue="scan"}'] == 1
     assert series['reminders_staff_actions_total{action="replay"}'] == 0

@@ -198,3 +198,17 @@ def test_reaper_fails_a_reminder_that_keeps_killing_its_worker(clock, due_remind
     row = Reminder.objects.get(pk=reminder_id)
     assert row.status == "failed"
     assert row.status_reason.startswith("gave up after 3 attempts")
+
+
+def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, published):
+    """What /metrics reports as reminders_scan_phase_seconds and reminders_scan_rows."""
+    from reminders.models import ScanRun
+
+    due_reminders(4)
+    counts = pipeline.scan(clock=clock)
+    run = ScanRun.objects.get(name="scan")
+    assert run.counts == counts
+    assert counts["dispatched"] == 4
+    assert set(run.phase_seconds) == {"expire", "reap", "plan", "dispatch", "prune"}
+    assert all(seconds >= 0 for seconds in run.phase_seconds.values())
+    assert sum(run.phase_seconds.values()) <= run.duration_seconds + 0.005
