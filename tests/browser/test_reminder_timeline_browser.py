@@ -62,6 +62,8 @@ def test_the_reminder_page_shows_its_timeline(
     items = page.locator("ol.reminder-timeline li")
     shown = [items.nth(i).inner_text() for i in range(items.count())]
     assert shown == trace_lines(reminder_lookup(str(pk)))
-    assert len(shown) == 7, shown
+    # planned, two claims and their outcomes, the replay and the dispatch it made, now.
+    assert len(shown) == 8, shown
+    assert "dispatched: queued in a batch of 1" in shown[-2]
     page.locator("ol.reminder-timeline").scroll_into_view_if_needed()
     page.screenshot(path=screenshot_dir / "reminder-timeline.png", full_page=True)
