@@ -108,6 +108,10 @@ class Envelope:
     the SMTP ``Message-ID`` and the file name, so a re-send is recognisable.
     ``deadline_at`` is an aware wall-clock instant; no provider call starts at
     or after it. ``payload`` carries extra text fields for the http channel.
+    ``reply_to`` (with ``reply_to_name``) is where a reply goes, and
+    ``list_id`` names the stream of messages (RFC 2919) so readers can filter
+    it; mail channels write them as headers, on one line each, and leave out
+    a ``reply_to`` that is not a usable address.
     """
 
     reminder_id: int
@@ -120,6 +124,9 @@ class Envelope:
     html_body: str | None = None
     attachments: tuple[Attachment, ...] = ()
     payload: Mapping[str, str] = field(default_factory=FrozenMap)
+    reply_to: str = ""
+    reply_to_name: str = ""
+    list_id: str = ""
 
     def __post_init__(self) -> None:
         if not isinstance(self.reminder_id, int) or isinstance(self.reminder_id, bool):
@@ -131,7 +138,10 @@ class Envelope:
                 f"Envelope.key {self.key!r} must be at most {MAX_KEY_LENGTH} printable ASCII "
                 "characters (it is sent as an HTTP header); hash longer keys."
             )
-        for name in ("recipient", "recipient_name", "subject", "text_body"):
+        for name in (
+            "recipient", "recipient_name", "subject", "text_body",
+            "reply_to", "reply_to_name", "list_id",
+        ):  # fmt: skip
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
         if self.html_body is not None and not isinstance(self.html_body, str):

@@ -85,6 +85,19 @@ def _ascii_recipient(address: str) -> tuple[str, str]:
     return local, ascii_domain
 
 
+def _reply_to(envelope: Envelope) -> Address | None:
+    """Return the Reply-To mailbox, or None when there is none or it cannot be written."""
+    if not envelope.reply_to or address_problem(envelope.reply_to) is not None:
+        return None
+    local, _, domain = envelope.reply_to.rpartition("@")
+    ascii_domain = idna_domain(domain)
+    if not local.isascii() or ascii_domain is None:
+        return None
+    return Address(
+        display_name=clean_header_text(envelope.reply_to_name), username=local, domain=ascii_domain
+    )
+
+
 def build_message(
     envelope: Envelope,
     *,
@@ -108,6 +121,11 @@ def build_message(
     message["Message-ID"] = message_id_for(envelope.key, message_id_domain)
     # RFC 3834: automatic replies must not answer an automated message.
     message["Auto-Submitted"] = "auto-generated"
+    reply_to = _reply_to(envelope)
+    if reply_to is not None:
+        message["Reply-To"] = reply_to
+    if envelope.list_id:
+        message["List-Id"] = clean_header_text(envelope.list_id)
     message.set_content(envelope.text_body)
     if envelope.html_body is not None:
         message.add_alternative(envelope.html_body, subtype="html")

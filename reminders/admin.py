@@ -706,17 +706,10 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
     readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts")
-    fields = (
-        "title",
-        "timezone",
-        "starts_at",
-        "ends_at",
-        "start_local",
-        "start_utc",
-        "status",
-        "reminder_counts",
-        "created_at_utc",
-        "updated_at_utc",
+    # The base's sections, with the reminder counts beside the status.
+    fieldsets = (
+        *BaseWorkshopAdmin.fieldsets[:-1],
+        (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
     )
 
     def get_queryset(self, request):

@@ -23,7 +23,7 @@ from django.core.mail import EmailMultiAlternatives, get_connection
 from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock
-from delivery.addresses import clean_header_text
+from delivery.addresses import address_problem, clean_header_text
 from delivery.channel import Channel
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
@@ -73,12 +73,19 @@ def smtp_settings() -> SmtpSettings:
 def send_with_django(envelope: Envelope) -> str:
     """Send one envelope through Django's configured EMAIL_BACKEND (runs in a thread)."""
     message_id = message_id_for(envelope.key, domain=_from_domain())
+    headers = {"Message-ID": message_id}
+    if envelope.list_id:
+        headers["List-Id"] = clean_header_text(envelope.list_id)
+    reply_to = []
+    if envelope.reply_to and address_problem(envelope.reply_to) is None:
+        reply_to = [_mailbox(clean_header_text(envelope.reply_to_name), envelope.reply_to)]
     message = EmailMultiAlternatives(
         subject=clean_header_text(envelope.subject),
         body=envelope.text_body,
         from_email=settings.DEFAULT_FROM_EMAIL,
         to=[_mailbox(clean_header_text(envelope.recipient_name), envelope.recipient)],
-        headers={"Message-ID": message_id},
+        reply_to=reply_to,
+        headers=headers,
     )
     if envelope.html_body:
         message.attach_alternative(envelope.html_body, "text/html")
@@ -198,8 +205,8 @@ class ClaimWatch:
     seconds. Each refresh is one query over the claimed reminders, their
     workshops and enrollments; an envelope is withdrawn when its reminder is
     no longer ``sending`` under this claim (reaped), its workshop or
-    enrollment is cancelled, or its workshop's title, time or zone differ
-    from what was rendered. With snapshots at most ``REVOCATION_WINDOW``
+    enrollment is cancelled, or its workshop's title, time, zone, location,
+    join link or organiser differ from what was rendered. With snapshots at most ``REVOCATION_WINDOW``
     seconds old, no call starts later than that after staff commit a change.
     """
 
@@ -236,12 +243,13 @@ class ClaimWatch:
         quote = connection.ops.quote_name
         stamp = connection.ops.adapt_datetimefield_value
         shown = [
-            (workshop_id, title, stamp(starts), stamp(ends), zone)
-            for workshop_id, (title, starts, ends, zone) in self._shown.items()
+            (workshop_id, title, stamp(starts), stamp(ends), zone, *details)
+            for workshop_id, (title, starts, ends, zone, *details) in self._shown.items()
         ]
         ids = list(self._workshop_of)
         sql = (
-            f"WITH shown (id, title, starts_at, ends_at, timezone) AS (VALUES {values_rows(shown)}) "
+            "WITH shown (id, title, starts_at, ends_at, timezone, location, join_url, "
+            f"contact_name, contact_email) AS (VALUES {values_rows(shown)}) "
             f"SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
             f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
@@ -249,7 +257,9 @@ class ClaimWatch:
             f"WHERE r.id IN ({', '.join(['%s'] * len(ids))}) AND r.status = %s "
             "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
             "AND w.title = shown.title AND w.starts_at = shown.starts_at "
-            "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone"
+            "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone "
+            "AND w.location = shown.location AND w.join_url = shown.join_url "
+            "AND w.contact_name = shown.contact_name AND w.contact_email = shown.contact_email"
         )
         token = claim_token_param(self._token)
         params = [value for row in shown for value in row] + ids
@@ -271,6 +281,10 @@ class ClaimWatch:
             "workshop__starts_at",
             "workshop__ends_at",
             "workshop__timezone",
+            "workshop__location",
+            "workshop__join_url",
+            "workshop__contact_name",
+            "workshop__contact_email",
         )
         withdrawn = dict.fromkeys(ids, "the reminder no longer exists")
         for pk, status, token, w_status, e_status, *shown in rows:
@@ -289,7 +303,17 @@ class ClaimWatch:
 
 
 def _rendered(workshop) -> tuple:
-    return (workshop.title, workshop.starts_at, workshop.ends_at, workshop.timezone)
+    """What a message shows of its workshop: a change to any of it withdraws unsent calls."""
+    return (
+        workshop.title,
+        workshop.starts_at,
+        workshop.ends_at,
+        workshop.timezone,
+        workshop.location,
+        workshop.join_url,
+        workshop.contact_name,
+        workshop.contact_email,
+    )
 
 
 def deliver_envelopes(

@@ -13,11 +13,14 @@ import re
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.template.loader import get_template
 
+from delivery.addresses import address_problem
 from delivery.envelope import Attachment, Envelope, FrozenMap
+from delivery.message import key_digest
 from reminders.models import Reminder
 
 TIME_FORMAT = "%A %d %B %Y at %H:%M"
@@ -78,6 +81,19 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
         "start_workshop": start_there.strftime(TIME_FORMAT),
         "workshop_zone_abbr": start_there.tzname(),
         "workshop_zone": workshop_zone.key,
+        "location": _one_line(workshop.location),
+        "join_url": _join_url(workshop.join_url),
+        "organiser": _one_line(workshop.contact_name),
+        "organiser_email": workshop.contact_email,
+    }
+    details = {
+        name: value
+        for name, value in (
+            ("location", context["location"]),
+            ("join_url", context["join_url"]),
+            ("reply_to", workshop.contact_email),
+        )
+        if value
     }
     return Envelope(
         reminder_id=reminder.pk,
@@ -105,9 +121,27 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
                 "workshop_timezone": workshop_zone.key,
                 "attendee_timezone": zone.key,
                 "deadline_at": reminder.deadline_at.astimezone(UTC).isoformat(),
+                **details,
             }
         ),
+        reply_to=workshop.contact_email,
+        reply_to_name=_one_line(workshop.contact_name),
+        list_id=list_id(),
     )
+
+
+def _join_url(value: str) -> str:
+    """Return the join link when it is an https link on one line (the model's rule), else ''."""
+    if value.lower().startswith("https://") and value.isprintable() and " " not in value:
+        return value
+    return ""
+
+
+def list_id() -> str:
+    """Return the List-Id every reminder carries: the sender's domain, under ``reminders.``."""
+    address = settings.DEFAULT_FROM_EMAIL.rsplit("<", 1)[-1].rstrip(">").strip()
+    domain = address.rpartition("@")[2] or "localhost"
+    return f"Workshop reminders <reminders.{domain}>"
 
 
 # Every line break Python's str.splitlines() knows, as one escaped "\\n" each.
@@ -125,6 +159,12 @@ def _ics_text(value: str) -> str:
     """
     value = value.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,")
     return _ICS_CONTROLS.sub("", _ICS_BREAKS.sub("\\\\n", value))
+
+
+def _ics_param(value: str) -> str:
+    """Return text as a quoted iCalendar parameter value (RFC 5545, 3.2): no quotes, one line."""
+    text = _ICS_CONTROLS.sub("", _ICS_BREAKS.sub(" ", value)).replace('"', "'").strip()
+    return f'"{text}"' if text else ""
 
 
 def _fold(line: str) -> str:
@@ -156,7 +196,8 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
         "PRODID:-//Workshop Reminders//EN",
         "METHOD:PUBLISH",
         "BEGIN:VEVENT",
-        f"UID:workshop-{workshop.pk}@workshop-reminders",
+        # One event per attendee's copy, stable under its idempotency key.
+        f"UID:{key_digest(reminder.key)}@workshop-reminders",
         # When this reminder's invitation was first made: the same on every
         # retry, requeue and replay, so one idempotency key always carries
         # byte-identical content (a receiver may compare key and body).
@@ -165,6 +206,15 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
         f"DTEND:{_ics_time(workshop.ends_at)}",
         f"SUMMARY:{_ics_text(workshop.title)}",
         f"DESCRIPTION:{_ics_text(f'Held in {workshop.timezone}.')}",
+    ]
+    if workshop.location:
+        lines.append(f"LOCATION:{_ics_text(workshop.location)}")
+    if _join_url(workshop.join_url):
+        lines.append(f"URL:{workshop.join_url}")  # a URI value: printable, one line, no escaping
+    if workshop.contact_email and address_problem(workshop.contact_email) is None:
+        name = _ics_param(workshop.contact_name)
+        lines.append(f"ORGANIZER{f';CN={name}' if name else ''}:mailto:{workshop.contact_email}")
+    lines += [
         "END:VEVENT",
         "END:VCALENDAR",
     ]

@@ -157,10 +157,20 @@ class WorkshopForm(forms.ModelForm):
         help_text="Wall-clock time where the workshop is held.",
     )
     ends_at = LocalDateTimeField(label="End (in the workshop's zone)")
+    join_url = forms.URLField(
+        label="Join link",
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        help_text="The link attendees open to join (https), if it is held online.",
+    )
 
     class Meta:
         model = Workshop
-        fields = ("title", "timezone", "starts_at", "ends_at")
+        fields = (
+            "title", "timezone", "starts_at", "ends_at",
+            "location", "join_url", "contact_name", "contact_email",
+        )  # fmt: skip
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -262,16 +272,20 @@ class WorkshopAdmin(admin.ModelAdmin):
     inlines = [EnrollmentInline]
     save_as = True
     readonly_fields = ("status", "start_local", "start_utc", "created_at_utc", "updated_at_utc")
-    fields = (
-        "title",
-        "timezone",
-        "starts_at",
-        "ends_at",
-        "start_local",
-        "start_utc",
-        "status",
-        "created_at_utc",
-        "updated_at_utc",
+    fieldsets = (
+        (
+            None,
+            {"fields": ("title", "timezone", "starts_at", "ends_at", "start_local", "start_utc")},
+        ),
+        (
+            "What reminders show",
+            {
+                "fields": ("location", "join_url", "contact_name", "contact_email"),
+                "description": "Shown in every reminder not yet sent, and in its calendar file. "
+                "Replies to a reminder go to the organiser's email.",
+            },
+        ),
+        (None, {"fields": ("status", "created_at_utc", "updated_at_utc")}),
     )
     created_at_utc = utc_column("created_at", "Created")
     updated_at_utc = utc_column("updated_at", "Updated")
@@ -291,7 +305,7 @@ class WorkshopAdmin(admin.ModelAdmin):
             saved = workshop_update(workshop=obj, **values)
         else:
             # Also "Save as new": the copy is a new workshop with nothing of the
-            # original but these four fields; its reminders are planned fresh.
+            # original but the form's fields; its reminders are planned fresh.
             saved = workshop_create(**values)
         # The admin carries on with ``obj`` (inlines, change log, redirect).
         for model_field in Workshop._meta.concrete_fields:

@@ -13,7 +13,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 
-from workshops.validators import validate_zone
+from workshops.validators import validate_join_url, validate_zone
 
 
 class Workshop(models.Model):
@@ -30,6 +30,24 @@ class Workshop(models.Model):
         help_text="IANA zone the workshop is held in, e.g. Europe/Berlin.",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
+    location = models.CharField(
+        max_length=300, blank=True, help_text="Where it is held: a room and address, or 'Online'."
+    )
+    join_url = models.URLField(
+        "join link",
+        max_length=500,
+        blank=True,
+        validators=[validate_join_url],
+        help_text="The link attendees open to join (https), if it is held online.",
+    )
+    contact_name = models.CharField(
+        "organiser", max_length=200, blank=True, help_text="Who organises it, as attendees see it."
+    )
+    contact_email = models.EmailField(
+        "organiser's email",
+        blank=True,
+        help_text="Replies to a reminder go here, and calendars show it as the organiser.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -17,7 +17,9 @@ from clock import Clock, default_clock
 from workshops.models import Attendee, Enrollment, Workshop
 from workshops.signals import enrollment_changed, workshop_changed
 
-RESCHEDULABLE_FIELDS = frozenset({"title", "starts_at", "ends_at", "timezone"})
+# What a reminder shows of its workshop besides its time: where, how to join, who organises.
+DETAIL_FIELDS = frozenset({"location", "join_url", "contact_name", "contact_email"})
+RESCHEDULABLE_FIELDS = frozenset({"title", "starts_at", "ends_at", "timezone"}) | DETAIL_FIELDS
 
 
 def workshop_create(
@@ -28,12 +30,22 @@ def workshop_create(
     ends_at: datetime | None = None,
     duration: timedelta | None = None,
     clock: Clock | None = None,
+    **details: str,
 ) -> Workshop:
-    """Create a scheduled workshop that starts in the future."""
+    """Create a scheduled workshop that starts in the future.
+
+    ``details`` are any of DETAIL_FIELDS (location, join_url, contact_name,
+    contact_email); each is optional.
+    """
     clock = clock or default_clock()
+    unknown = set(details) - DETAIL_FIELDS
+    if unknown:
+        raise TypeError(f"workshop_create() got unknown fields {sorted(unknown)}.")
     if ends_at is None and duration is not None and starts_at is not None:
         ends_at = starts_at + duration
-    workshop = Workshop(title=title, starts_at=starts_at, ends_at=ends_at, timezone=timezone)
+    workshop = Workshop(
+        title=title, starts_at=starts_at, ends_at=ends_at, timezone=timezone, **details
+    )
     workshop.full_clean()
     if workshop.starts_at <= clock.now():
         raise ValidationError(
@@ -46,7 +58,7 @@ def workshop_create(
 
 
 def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
-    """Change a workshop's title, time or zone; listeners recompute what depends on it.
+    """Change a workshop's title, time, zone or details; listeners recompute what depends on it.
 
     A start moved into the past is allowed (the event happened earlier than
     planned); the reminders app then marks unsent reminders as missed.

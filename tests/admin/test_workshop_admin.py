@@ -285,3 +285,25 @@ def test_enrolling_in_a_cancelled_workshop_is_a_field_error(
         "workshop": ["This workshop is cancelled; enrol the attendee in a scheduled workshop."]
     }
     assert not Enrollment.objects.exists()
+
+
+def test_staff_set_the_place_link_and_organiser_and_an_http_link_is_refused(admin_client):
+    details = {
+        "location": "Room 4, Kiln House",
+        "join_url": "https://meet.example.org/kiln",
+        "contact_name": "Ada",
+        "contact_email": "ada@example.org",
+    }
+    response = admin_client.post(f"{CHANGELIST}add/", form_data(**details))
+    assert response.status_code == 302, field_errors(response)
+    workshop = Workshop.objects.get()
+    assert {name: getattr(workshop, name) for name in details} == details
+
+    insecure = form_data(title="Other", join_url="http://meet.example.org/kiln")
+    response = admin_client.post(f"{CHANGELIST}add/", insecure)
+    assert response.status_code == 200
+    [error] = field_errors(response)["join_url"]
+    assert error.startswith("The join link must start with https://")
+    assert Workshop.objects.count() == 1
+    page = admin_client.get(f"{CHANGELIST}{workshop.pk}/change/").content.decode()
+    assert "What reminders show" in page

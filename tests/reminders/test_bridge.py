@@ -107,3 +107,76 @@ def test_channel_concurrency_is_capped_by_smtp_connections(settings):
     settings.REMINDERS_SMTP_CONNECTIONS = 3
     assert check_channel("smtp", clock=SystemClock()) == 3
     assert check_channel("file", clock=SystemClock()) == 50
+
+
+@pytest.mark.parametrize("channel", ["django", "smtp"])
+def test_the_place_the_join_link_and_the_organiser_reach_the_message_and_its_calendar(
+    live_clock, sink, settings, make_workshop, channel
+):
+    """Reply-To is the organiser, List-Id names the stream; staff's line breaks stay inside
+    their one header or their one calendar line."""
+    from workshops.models import Workshop
+
+    settings.REMINDERS_CHANNEL = channel
+    settings.DEFAULT_FROM_EMAIL = "Reminders <reminders@example.org>"
+    workshop = make_workshop(starts_in=timedelta(hours=2), title="Kiln basics")
+    Workshop.objects.filter(pk=workshop.pk).update(
+        location="Room 4, Kiln House\nBcc: evil@example.com",
+        join_url="https://meet.example.org/kiln?id=7",
+        contact_name="Ada\r\nCc: evil@example.com",
+        contact_email="ada@example.org",
+    )
+    attendee, _ = attendee_get_or_create(email="grace@example.com", name="Grace")
+    enrollment_create(attendee=attendee, workshop=workshop)
+    reminder = Reminder.objects.get()
+    pipeline.deliver([reminder.pk], clock=SystemClock())
+
+    (received,) = sink.received()
+    assert received.header("Bcc") is None and received.header("Cc") is None
+    assert received.header("Reply-To").replace('"', "") == (
+        "Ada Cc: evil@example.com <ada@example.org>"
+    )
+    assert received.header("List-Id") == "Workshop reminders <reminders.example.org>"
+    message = received.parsed()
+    text = message.get_body(("plain",)).get_content().replace("\r\n", "\n")
+    assert "Where: Room 4, Kiln House Bcc: evil@example.com\n" in text
+    assert "Join: https://meet.example.org/kiln?id=7\n" in text
+    assert "Organiser: Ada Cc: evil@example.com <ada@example.org>" in text
+    html = message.get_body(("html",)).get_content()
+    assert 'href="https://meet.example.org/kiln?id=7"' in html
+    (ics,) = [part for part in message.iter_attachments() if part.get_filename() == "workshop.ics"]
+    lines = ics.get_content().replace("\r\n ", "").split("\r\n")
+    assert "LOCATION:Room 4\\, Kiln House\\nBcc: evil@example.com" in lines
+    assert "URL:https://meet.example.org/kiln?id=7" in lines
+    assert 'ORGANIZER;CN="Ada Cc: evil@example.com":mailto:ada@example.org' in lines
+    from delivery.message import key_digest
+
+    assert f"UID:{key_digest(reminder.key)}@workshop-reminders" in lines
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"location": "Room 9"},
+        {"join_url": "https://meet.example.org/other"},
+        {"contact_name": "Grace"},
+        {"contact_email": "grace@example.org"},
+    ],
+)
+def test_the_claim_watch_withdraws_a_message_whose_place_link_or_organiser_changed(
+    clock, due_reminders, change
+):
+    """A call not yet started would carry what the workshop no longer says."""
+    from reminders.bridge import ClaimWatch
+    from reminders.services import reminder_claim_batch
+    from workshops.services import workshop_update
+
+    ids = due_reminders(2)
+    claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+    watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+    watch.refresh()
+    assert [watch.gate.withdrawn(pk) for pk in ids] == [None, None]
+    workshop_update(workshop=claim.reminders[0].workshop, **change)
+    watch.refresh()
+    changed = "workshop changed after the message was rendered"
+    assert [watch.gate.withdrawn(pk) for pk in ids] == [changed, changed]

@@ -137,3 +137,20 @@ def test_cancelling_stamps_updated_at_with_the_clock(clock, make_workshop, enrol
     assert enrollment_cancel(enrollment=enrollment).updated_at == clock.now()
     clock.advance(60)
     assert workshop_cancel(workshop=workshop).updated_at == clock.now()
+
+
+def test_the_details_a_reminder_shows_are_validated_by_the_model(clock):
+    start = clock.now() + timedelta(days=2)
+    with pytest.raises(ValidationError) as caught:
+        workshop_create(
+            title="Kiln",
+            starts_at=start,
+            duration=timedelta(hours=1),
+            timezone="Europe/Berlin",
+            join_url="http://meet.example.org/x",
+            contact_email="not an address",
+        )
+    assert set(caught.value.message_dict) == {"join_url", "contact_email"}
+    assert not Workshop.objects.exists()
+    with pytest.raises(TypeError, match="unknown fields"):
+        workshop_create(title="Kiln", starts_at=start, timezone="Europe/Berlin", room="4")
