@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import re
+import textwrap
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -59,6 +60,28 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
+# Mail readers show plain text as it comes; lines are wrapped here (RFC 5322
+# asks for 78 characters at most; 72 leaves room for a reply's quoting).
+TEXT_WIDTH = 72
+
+
+def wrap_text(text: str) -> str:
+    """Wrap each line of ``text`` at TEXT_WIDTH, never inside a word or a link.
+
+    Blank lines (paragraph breaks) stay; a word longer than the width, such as
+    a join link, stays whole on a line of its own.
+    """
+    wrapped = []
+    for line in text.splitlines():
+        if len(line) <= TEXT_WIDTH:
+            wrapped.append(line)
+            continue
+        wrapped.extend(
+            textwrap.wrap(line, width=TEXT_WIDTH, break_long_words=False, break_on_hyphens=False)
+        )
+    return "\n".join(wrapped) + ("\n" if text.endswith("\n") else "")
+
+
 def reminder_envelope(*, reminder: Reminder) -> Envelope:
     """Return the envelope for a reminder whose attendee and workshop are loaded.
 
@@ -101,7 +124,7 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
         recipient=attendee.email,
         recipient_name=_one_line(attendee.name),
         subject=_one_line(_render("reminders/email/subject.txt", context)),
-        text_body=_render("reminders/email/body.txt", context),
+        text_body=wrap_text(_render("reminders/email/body.txt", context)),
         html_body=_render("reminders/email/body.html", context),
         attachments=(
             Attachment(

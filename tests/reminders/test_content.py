@@ -36,7 +36,7 @@ def test_subject_and_text_body_carry_the_title_and_name_exactly(reminder):
     name = reminder.attendee.name
     assert name.startswith(NAME)
     assert f"Hello {name}," in envelope.text_body
-    assert f'"{MARKUP}" starts on' in envelope.text_body
+    assert f'"{MARKUP}" starts on' in " ".join(envelope.text_body.split())
     for text in (envelope.subject, envelope.text_body):
         assert "&amp;" not in text and "&lt;" not in text and "&#x27;" not in text
     assert envelope.payload["workshop_title"] == MARKUP
@@ -81,3 +81,25 @@ def test_no_character_of_a_title_can_end_its_line_in_the_calendar_file(reminder,
         "DTEND", "SUMMARY", "DESCRIPTION", "END", "END",
     ]  # fmt: skip
     assert not any(ch in ics for ch in "\u2028\u2029\x85\x0b\x0c\x00\x1b\x7f")
+
+
+def test_the_text_is_wrapped_for_mail_readers_and_a_link_stays_whole(reminder):
+    from reminders.content import TEXT_WIDTH
+    from workshops.models import Workshop
+
+    link = "https://meet.example.org/" + "k" * 80
+    Workshop.objects.filter(pk=reminder.workshop_id).update(join_url=link, location="Hall 2")
+    reminder.workshop.refresh_from_db()
+    text = reminder_envelope(reminder=reminder).text_body
+    lines = text.splitlines()
+    assert all(len(line) <= TEXT_WIDTH or " " not in line for line in lines), lines
+    assert link in lines  # alone on its line, unbroken
+    assert "Where: Hall 2" in lines
+    # Paragraphs keep their blank line between them.
+    assert text.count("\n\n") >= 4
+
+
+def test_a_workshop_without_details_shows_none_of_their_lines(reminder):
+    text = reminder_envelope(reminder=reminder).text_body
+    assert "Where:" not in text and "Join:" not in text and "Organiser:" not in text
+    assert "calendar.\n\nSee you there!" in text
