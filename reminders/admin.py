@@ -38,7 +38,7 @@ from django.contrib import admin, messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
 from django.db.models import Count, Q, QuerySet
-from django.http import HttpResponseRedirect
+from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
@@ -46,6 +46,7 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
+from reminders.content import preview_envelope
 from reminders.erasure import attendee_erase_preview, attendees_erase
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
@@ -78,7 +79,7 @@ from reminders.workshop_actions import (
 from workshops.admin import AttendeeAdmin as BaseAttendeeAdmin
 from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
 from workshops.admin import format_local, format_utc, utc_column
-from workshops.models import Attendee, Workshop
+from workshops.models import Attendee, Enrollment, Workshop
 
 Status = Reminder.Status
 CONFIRM = "post"
@@ -706,11 +707,63 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
     readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts")
+    change_form_template = "admin/reminders/workshop/change_form.html"
+
     # The base's sections, with the reminder counts beside the status.
     fieldsets = (
         *BaseWorkshopAdmin.fieldsets[:-1],
         (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
     )
+
+    def get_urls(self):
+        preview = path(
+            "<path:object_id>/preview/",
+            self.admin_site.admin_view(self.preview_view),
+            name="workshops_workshop_preview",
+        )
+        return [preview, *super().get_urls()]
+
+    def preview_view(self, request, object_id):
+        """Show the reminder a chosen enrolled attendee would get: headers, text, HTML and .ics.
+
+        Read only, and with the view permission: nothing is sent, claimed or stored.
+        """
+        workshop = self.get_object(request, object_id)
+        if workshop is None:
+            raise Http404("No such workshop.")
+        if not self.has_view_permission(request, workshop):
+            raise PermissionDenied
+        enrolled = list(
+            Attendee.objects.filter(
+                enrollments__workshop=workshop, enrollments__status=Enrollment.Status.ACTIVE
+            ).order_by("name", "pk")
+        )
+        chosen = None
+        wanted = request.GET.get("attendee", "")
+        if wanted.isdigit():
+            chosen = next((a for a in enrolled if a.pk == int(wanted)), None)
+        error = ""
+        if wanted and chosen is None:
+            error = "That attendee is not enrolled in this workshop; choose one from the list."
+        chosen = chosen or (enrolled[0] if enrolled else None)
+        envelope = (
+            preview_envelope(workshop=workshop, attendee=chosen, now=default_clock().now())
+            if chosen is not None
+            else None
+        )
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Preview of the reminder for {workshop.title}",
+            "subtitle": None,
+            "opts": self.model._meta,
+            "original": workshop,
+            "enrolled": enrolled,
+            "chosen": chosen,
+            "error": error,
+            "envelope": envelope,
+            "ics": envelope.attachments[0].content.decode() if envelope else "",
+        }
+        return TemplateResponse(request, "admin/reminders/workshop/preview.html", context)
 
     def get_queryset(self, request):
         # One query for the whole page: a filtered COUNT per status.

@@ -242,3 +242,25 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
         "END:VCALENDAR",
     ]
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
+
+
+def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
+    """Return the envelope ``attendee`` would get for ``workshop`` if it were sent at ``now``.
+
+    Read only. The planned reminder is used when there is one (its key and
+    creation time, so the .ics is the one that would be sent); otherwise an
+    unsaved one with the key it would get, made ``now``.
+    """
+    from reminders.models import reminder_key
+    from reminders.policy import ReminderPolicy
+
+    reminder = Reminder.objects.filter(workshop=workshop, attendee=attendee).first()
+    if reminder is None:
+        reminder = Reminder(
+            pk=0,
+            key=reminder_key(attendee_id=attendee.pk, workshop_id=workshop.pk),
+            created_at=now,
+            deadline_at=ReminderPolicy.from_settings().deadline_at(workshop.starts_at),
+        )
+    reminder.workshop, reminder.attendee = workshop, attendee
+    return reminder_envelope(reminder=reminder)
