@@ -378,9 +378,10 @@ CELERY_TASK_ROUTES = {
     "reminders.scan": {"queue": "scan"},
     "reminders.deliver_batch": {"queue": "reminders"},
     "reminders.replay_selection": {"queue": "reminders"},
+    "reminders.send_test": {"queue": "reminders"},
 }
 # Task modules beside the apps' tasks.py: the background replay of a large
-# staff selection (REMINDERS_REPLAY_INLINE_LIMIT).
+# staff selection (REMINDERS_REPLAY_INLINE_LIMIT) and the staff's test sends.
 CELERY_IMPORTS = ("reminders.staff_tasks",)
 
 # Acknowledge after the task body ran: a worker that dies mid-batch leaves its

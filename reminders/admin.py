@@ -36,7 +36,7 @@ from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin import helpers
-from django.core.exceptions import PermissionDenied
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, Q, QuerySet
 from django.http import Http404, HttpResponseRedirect
 from django.template.response import TemplateResponse
@@ -65,6 +65,7 @@ from reminders.selectors import (
     scheduler_health,
     selection_of,
 )
+from reminders.testsend import reminder_send_test_request
 from reminders.trace import trace_lines
 from reminders.workshop_actions import (
     WORKSHOP_EFFECT_LABELS,
@@ -642,6 +643,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
         "progress",
         "actor_name",
         "reason",
+        "outcome",
         "selected",
         "changed",
         "queued",
@@ -726,13 +728,18 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
     def preview_view(self, request, object_id):
         """Show the reminder a chosen enrolled attendee would get: headers, text, HTML and .ics.
 
-        Read only, and with the view permission: nothing is sent, claimed or stored.
+        Read only, and with the view permission: nothing is sent, claimed or
+        stored. A POST ("Send me a test", permission ``send_test_reminder``)
+        queues a test of it to the staff member's own address
+        (reminders.testsend) and comes back here.
         """
         workshop = self.get_object(request, object_id)
         if workshop is None:
             raise Http404("No such workshop.")
         if not self.has_view_permission(request, workshop):
             raise PermissionDenied
+        if request.method == "POST":
+            return self._send_test(request, workshop)
         enrolled = list(
             Attendee.objects.filter(
                 enrollments__workshop=workshop, enrollments__status=Enrollment.Status.ACTIVE
@@ -753,6 +760,7 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
         )
         context = {
             **self.admin_site.each_context(request),
+            "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "title": f"Preview of the reminder for {workshop.title}",
             "subtitle": None,
             "opts": self.model._meta,
@@ -764,6 +772,37 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             "ics": envelope.attachments[0].content.decode() if envelope else "",
         }
         return TemplateResponse(request, "admin/reminders/workshop/preview.html", context)
+
+    def _send_test(self, request, workshop):
+        if not request.user.has_perm("reminders.send_test_reminder"):
+            raise PermissionDenied
+        wanted = request.POST.get("attendee", "")
+        back = reverse("admin:workshops_workshop_preview", args=[workshop.pk])
+        attendee = Attendee.objects.filter(pk=int(wanted)).first() if wanted.isdigit() else None
+        if attendee is None:
+            self.message_user(request, "Choose an attendee to test.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        back += f"?{urlencode({'attendee': attendee.pk})}"
+        try:
+            decision = reminder_send_test_request(
+                workshop=workshop, attendee=attendee, actor=request.user
+            )
+        except ValidationError as error:
+            self.message_user(request, " ".join(error.messages), messages.ERROR)
+            return HttpResponseRedirect(back)
+        audit = reverse("admin:reminders_staffdecision_change", args=[decision.pk])
+        self.message_user(
+            request,
+            format_html(
+                "A test of {}'s reminder is on its way to {}; its outcome is on "
+                '<a href="{}">the staff decision</a>.',
+                attendee.name,
+                request.user.email,
+                audit,
+            ),
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(back)
 
     def get_queryset(self, request):
         # One query for the whole page: a filtered COUNT per status.

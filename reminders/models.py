@@ -116,6 +116,7 @@ class Reminder(models.Model):
         permissions = [
             ("replay_reminder", "Can replay reminders"),
             ("resolve_unknown_reminder", "Can decide reminders whose outcome is unknown"),
+            ("send_test_reminder", "Can send themselves a test of a workshop's reminder"),
         ]
 
     def __str__(self) -> str:
@@ -179,6 +180,7 @@ class StaffDecision(models.Model):
         CANCEL = "cancel", "Workshops cancelled"
         REINSTATE = "reinstate", "Workshops reinstated"
         ERASE = "erase", "Attendee's personal data erased"
+        SEND_TEST = "send_test", "Test reminder sent to the staff member"
 
     class State(models.TextChoices):
         DONE = "done", "Done"
@@ -230,6 +232,11 @@ class StaffDecision(models.Model):
     attendee_ids = models.JSONField(
         default=list, editable=False, help_text="Ids of the attendees whose data was erased."
     )
+    outcome = models.TextField(
+        blank=True,
+        editable=False,
+        help_text="How a test send ended: sent with the provider's id, or why not.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]
@@ -244,6 +251,7 @@ class StaffDecision(models.Model):
                         "cancel",
                         "reinstate",
                         "erase",
+                        "send_test",
                     ]
                 ),
                 name="staff_decision_action_valid",

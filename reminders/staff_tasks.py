@@ -40,3 +40,21 @@ def replay_selection(decision_id) -> dict[str, int]:
         decision.queued,
     )
     return {"changed": decision.changed, "queued": decision.queued}
+
+
+@shared_task(
+    name="reminders.send_test",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=5,
+)
+def send_test(decision_id) -> dict[str, int]:
+    """Send the test reminder StaffDecision ``decision_id`` asks for (reminders.testsend)."""
+    from reminders.testsend import reminder_send_test_run
+
+    if not isinstance(decision_id, int) or isinstance(decision_id, bool) or decision_id < 1:
+        logger.error("Rejected send_test with a malformed id %.100r", decision_id)
+        return {"rejected": 1}
+    decision = reminder_send_test_run(decision_id=decision_id)
+    return {"sent": decision.changed}

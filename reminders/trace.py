@@ -110,7 +110,10 @@ def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:
         ("workshop_ids", reminder.workshop_id),
         ("attendee_ids", reminder.attendee_id),
     )
-    decisions = StaffDecision.objects.order_by("created_at", "pk")
+    # A test send names the workshop but touched none of its reminders.
+    decisions = StaffDecision.objects.exclude(action=StaffDecision.Action.SEND_TEST).order_by(
+        "created_at", "pk"
+    )
     if connection.features.supports_json_field_contains:
         query = Q()
         for field, value in fields:

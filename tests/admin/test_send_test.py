@@ -1,0 +1,130 @@
+"""'Send me a test' (issue 12, item 4): the preview goes to the staff member's own address
+through the configured channel, audited, and no reminder row or sent marker is touched."""
+
+from __future__ import annotations
+
+import pytest
+
+from loopback.http_sink import HttpSink
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
+from reminders.testsend import reminder_send_test_request, reminder_send_test_run
+from workshops.services import attendee_get_or_create, enrollment_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SEND = "reminders.send_test_reminder"
+VIEW = ("workshops.view_workshop", "reminders.view_reminder")
+
+
+@pytest.fixture
+def enrolled(make_workshop):
+    workshop = make_workshop(title="Kiln basics")
+    attendee, _ = attendee_get_or_create(email="anna@example.com", name="Anna")
+    enrollment_create(attendee=attendee, workshop=workshop)
+    return workshop, attendee
+
+
+def _rows():
+    return list(
+        Reminder.objects.order_by("pk").values_list("pk", "status", "attempts", "updated_at")
+    )
+
+
+def _tester(make_staff, email="ops@example.org"):
+    user = make_staff(*VIEW, SEND, username="tester")
+    user.email = email
+    user.save()
+    return user
+
+
+def test_a_test_goes_to_the_staff_member_over_smtp_and_touches_no_reminder(
+    enrolled, make_staff, settings, smtp_sink, live_clock
+):
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    workshop, attendee = enrolled
+    before = _rows()
+    queued: list[int] = []
+    decision = reminder_send_test_request(
+        workshop=workshop, attendee=attendee, actor=_tester(make_staff), publish_task=queued.append
+    )
+    assert queued == [decision.pk]
+    assert decision.state == "running"
+
+    done = reminder_send_test_run(decision_id=decision.pk)
+    assert done.state == "done" and done.changed == 1
+    assert done.outcome.startswith("sent to ops@example.org as <")
+    (message,) = smtp_sink.received()
+    assert message.rcpt_tos == ("ops@example.org",)
+    assert message.subject.startswith("[Test] Reminder: Kiln basics starts")
+    assert "Hello Anna," in message.parsed().get_body(("plain",)).get_content()
+    assert _rows() == before
+    assert not DeliveryAttempt.objects.exists()
+    # The task delivered again sends nothing more.
+    assert reminder_send_test_run(decision_id=decision.pk).outcome == done.outcome
+    assert len(smtp_sink.received()) == 1
+
+
+def test_a_test_goes_through_the_http_channel_under_a_key_of_its_own(
+    enrolled, make_staff, settings, live_clock
+):
+    workshop, attendee = enrolled
+    with HttpSink(secret="s") as sink:
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL, settings.REMINDERS_HTTP_SECRET = sink.url, "s"
+        decision = reminder_send_test_request(
+            workshop=workshop, attendee=attendee, actor=_tester(make_staff), publish_task=id
+        )
+        done = reminder_send_test_run(decision_id=decision.pk)
+        (request,) = sink.requests
+    assert done.outcome.startswith("sent to ops@example.org")
+    real_key = Reminder.objects.get().key
+    assert request.key == f"test-{decision.pk}" != real_key
+    assert request.json()["recipient"]["email"] == "ops@example.org"
+    assert request.json()["payload"]["test"] == "true"
+
+
+def test_a_staff_member_without_an_address_is_told_what_to_do_and_nothing_is_recorded(
+    enrolled, make_staff
+):
+    workshop, attendee = enrolled
+    with pytest.raises(Exception, match="set it on your user in the admin"):
+        reminder_send_test_request(
+            workshop=workshop, attendee=attendee, actor=_tester(make_staff, email=""),
+            publish_task=id,
+        )  # fmt: skip
+    assert not StaffDecision.objects.exists()
+
+
+def test_the_admin_button_needs_its_own_permission(client, enrolled, make_staff):
+    workshop, attendee = enrolled
+    viewer = make_staff(*VIEW, username="viewer")
+    viewer.email = "v@example.org"
+    viewer.save()
+    client.force_login(viewer)
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+    assert "Send me a test" not in client.get(url).content.decode()
+    assert client.post(url, {"attendee": attendee.pk}).status_code == 403
+    assert not StaffDecision.objects.exists()
+
+
+def test_the_admin_button_queues_the_test_and_says_where_its_outcome_is(
+    client, enrolled, make_staff, monkeypatch
+):
+    workshop, attendee = enrolled
+    published: list[int] = []
+    monkeypatch.setattr("reminders.testsend._publish_test_task", published.append)
+    client.force_login(_tester(make_staff))
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+    assert "Send me a test" in client.get(url).content.decode()
+    answer = client.post(url, {"attendee": attendee.pk}, follow=True)
+    decision = StaffDecision.objects.get()
+    assert published == [decision.pk]
+    assert (decision.action, decision.actor_name) == ("send_test", "tester")
+    assert "is on its way to ops@example.org" in answer.content.decode()
+    # The reminder's own timeline does not list the test.
+    from reminders.trace import reminder_lookup, trace_lines
+
+    assert not any(
+        "send_test" in line for line in trace_lines(reminder_lookup(str(Reminder.objects.get().pk)))
+    )
