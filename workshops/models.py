@@ -30,22 +30,33 @@ class Workshop(models.Model):
         help_text="IANA zone the workshop is held in, e.g. Europe/Berlin.",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
+    # db_default: rows written without these columns (older code during a
+    # rolling deploy, bulk loads) get '' instead of failing NOT NULL.
     location = models.CharField(
-        max_length=300, blank=True, help_text="Where it is held: a room and address, or 'Online'."
+        max_length=300,
+        blank=True,
+        db_default="",
+        help_text="Where it is held: a room and address, or 'Online'.",
     )
     join_url = models.URLField(
         "join link",
         max_length=500,
         blank=True,
+        db_default="",
         validators=[validate_join_url],
         help_text="The link attendees open to join (https), if it is held online.",
     )
     contact_name = models.CharField(
-        "organiser", max_length=200, blank=True, help_text="Who organises it, as attendees see it."
+        "organiser",
+        max_length=200,
+        blank=True,
+        db_default="",
+        help_text="Who organises it, as attendees see it.",
     )
     contact_email = models.EmailField(
         "organiser's email",
         blank=True,
+        db_default="",
         help_text="Replies to a reminder go here, and calendars show it as the organiser.",
     )
     created_at = models.DateTimeField(auto_now_add=True)
