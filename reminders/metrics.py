@@ -12,6 +12,7 @@ Off unless ``METRICS_TOKEN`` is set (404); then only a request with
 
 from __future__ import annotations
 
+import functools
 import hmac
 from datetime import timedelta
 from pathlib import Path
@@ -191,19 +192,25 @@ def _queue_depths() -> dict[str, int]:
         folder = Path(settings.CELERY_BROKER_TRANSPORT_OPTIONS["data_folder_in"])
         names = [path.name.partition(".")[2] for path in folder.iterdir()]
         return {queue: names.count(f"{queue}.msg") for queue in QUEUES}
-    import redis
-
-    client = redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
-    try:
-        pipe = client.pipeline(transaction=False)
-        for queue in QUEUES:
-            for suffix in _PRIORITY_SUFFIXES:
-                pipe.llen(queue + suffix)
-        lengths = pipe.execute()
-    finally:
-        client.close()
+    pipe = _redis(url).pipeline(transaction=False)
+    for queue in QUEUES:
+        for suffix in _PRIORITY_SUFFIXES:
+            pipe.llen(queue + suffix)
+    lengths = pipe.execute()
     step = len(_PRIORITY_SUFFIXES)
     return {queue: sum(lengths[i * step : (i + 1) * step]) for i, queue in enumerate(QUEUES)}
+
+
+@functools.cache
+def _redis(url: str):
+    """Return one client per broker URL, whose pool keeps its connection between scrapes.
+
+    redis-py's pool notices a fork and opens new connections in the child, so
+    each gunicorn worker gets its own.
+    """
+    import redis
+
+    return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)
 
 
 _registry = CollectorRegistry(auto_describe=False)

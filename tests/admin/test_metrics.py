@@ -180,3 +180,24 @@ def test_beats_last_publish_and_the_interval_come_from_its_schedule_row(client, 
     )
     PeriodicTask.objects.filter(name=SCAN_TASK_NAME).update(enabled=False)
     assert _series(_scrape(client).content.decode())["reminders_scan_interval_seconds"] == 0
+
+
+def test_scrapes_reuse_one_redis_connection(client, settings, redis_url, monkeypatch):
+    """A scrape every 15 s must not open a connection to Redis every 15 s."""
+    import redis.connection
+
+    settings.METRICS_TOKEN = TOKEN
+    settings.CELERY_BROKER_URL = redis_url
+    assert _scrape(client).status_code == 200
+    opened = []
+    connect = redis.connection.AbstractConnection.connect
+
+    def counting(self, *args, **kwargs):
+        if getattr(self, "_sock", None) is None:  # a new socket, not a pooled one
+            opened.append(self)
+        return connect(self, *args, **kwargs)
+
+    monkeypatch.setattr(redis.connection.AbstractConnection, "connect", counting)
+    for _ in range(5):
+        assert _scrape(client).status_code == 200
+    assert opened == []
