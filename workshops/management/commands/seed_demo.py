@@ -93,6 +93,11 @@ class Command(BaseCommand):
                     starts_at=now + starts_in,
                     duration=duration,
                     timezone=zone,
+                    # What reminders show besides the time (README, "The staff surface").
+                    location="Online" if index % 2 else f"Room {index + 1}, Main building",
+                    join_url=f"https://meet.example.com/demo-{index + 1}" if index % 2 else "",
+                    contact_name="Demo organiser",
+                    contact_email="organiser@example.com",
                 )
                 for person in people[index % 3 :: 2]:
                     enrollment_create(attendee=person, workshop=workshop)
