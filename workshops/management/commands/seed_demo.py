@@ -114,7 +114,9 @@ class Command(BaseCommand):
     def _staff(self, password: str) -> None:
         user_model = get_user_model()
         user, created = user_model.objects.get_or_create(
-            username="staff", defaults={"is_staff": True, "is_superuser": True}
+            username="staff",
+            # An address of its own, so "Send me a test" works in the local run (var/outbox/).
+            defaults={"is_staff": True, "is_superuser": True, "email": "staff@example.com"},
         )
         if created or password:
             password = password or secrets.token_urlsafe(9)
@@ -125,7 +127,12 @@ class Command(BaseCommand):
             user.user_permissions.add(
                 *Permission.objects.filter(
                     content_type__app_label__in=["reminders", "workshops"],
-                    codename__in=["replay_reminder", "resolve_unknown_reminder", "cancel_workshop"],
+                    codename__in=[
+                        "replay_reminder",
+                        "resolve_unknown_reminder",
+                        "cancel_workshop",
+                        "send_test_reminder",
+                    ],
                 )
             )
             self.stdout.write(
