@@ -30,11 +30,14 @@ class Workshop(models.Model):
         help_text="IANA zone the workshop is held in, e.g. Europe/Berlin.",
     )
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.SCHEDULED)
-    # db_default: rows written without these columns (older code during a
-    # rolling deploy, bulk loads) get '' instead of failing NOT NULL.
+    # default: an unsaved or just-created workshop holds '' (with db_default
+    # alone it would hold an expression until read back). db_default: rows
+    # written without these columns (older code during a rolling deploy, bulk
+    # loads) get '' instead of failing NOT NULL.
     location = models.CharField(
         max_length=300,
         blank=True,
+        default="",
         db_default="",
         help_text="Where it is held: a room and address, or 'Online'.",
     )
@@ -42,6 +45,7 @@ class Workshop(models.Model):
         "join link",
         max_length=500,
         blank=True,
+        default="",
         db_default="",
         validators=[validate_join_url],
         help_text="The link attendees open to join (https), if it is held online.",
@@ -50,12 +54,14 @@ class Workshop(models.Model):
         "organiser",
         max_length=200,
         blank=True,
+        default="",
         db_default="",
         help_text="Who organises it, as attendees see it.",
     )
     contact_email = models.EmailField(
         "organiser's email",
         blank=True,
+        default="",
         db_default="",
         help_text="Replies to a reminder go here, and calendars show it as the organiser.",
     )

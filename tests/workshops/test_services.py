@@ -154,3 +154,11 @@ def test_the_details_a_reminder_shows_are_validated_by_the_model(clock):
     assert not Workshop.objects.exists()
     with pytest.raises(TypeError, match="unknown fields"):
         workshop_create(title="Kiln", starts_at=start, timezone="Europe/Berlin", room="4")
+
+
+def test_an_unsaved_workshop_holds_empty_details_not_a_database_expression():
+    """With db_default alone, an unsaved workshop would hold an expression, and rendering a
+    message from it (a preview built in memory, a benchmark's rows) would fail."""
+    workshop = Workshop(title="Kiln")
+    details = [workshop.location, workshop.join_url, workshop.contact_name, workshop.contact_email]
+    assert details == ["", "", "", ""]
