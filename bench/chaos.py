@@ -1181,7 +1181,8 @@ class ChannelRun:
 
     def collect(self) -> dict:
         from delivery.message import message_id_for
-        from reminders.bridge import REVOCATION_WINDOW, _from_domain
+        from reminders.bridge import REVOCATION_WINDOW
+        from reminders.content import sender_domain
         from reminders.models import Reminder
         from workshops.models import Workshop
 
@@ -1206,7 +1207,7 @@ class ChannelRun:
         titles: Counter = Counter()  # subject (smtp) or title (http) of accepted messages
         absorbed = 0
         if self.channel == "smtp":
-            domain = _from_domain()
+            domain = sender_domain()
             key_of = {message_id_for(key, domain).strip("<>"): key for key in by_key}
             for record in self.sink.records():
                 titles[record.get("subject")] += 1

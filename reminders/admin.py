@@ -65,7 +65,7 @@ from reminders.selectors import (
     scheduler_health,
     selection_of,
 )
-from reminders.testsend import reminder_send_test_request
+from reminders.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.trace import trace_lines
 from reminders.workshop_actions import (
     WORKSHOP_EFFECT_LABELS,
@@ -751,7 +751,7 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             chosen = next((a for a in enrolled if a.pk == int(wanted)), None)
         error = ""
         if wanted and chosen is None:
-            error = "That attendee is not enrolled in this workshop; choose one from the list."
+            error = NOT_ENROLLED
         chosen = chosen or (enrolled[0] if enrolled else None)
         envelope = (
             preview_envelope(workshop=workshop, attendee=chosen, now=default_clock().now())

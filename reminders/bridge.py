@@ -37,6 +37,7 @@ from delivery.message import message_id_for
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
 from reminders import telemetry
+from reminders.content import sender_domain
 from reminders.models import Reminder
 from reminders.services._sql import claim_token_param, values_rows
 from workshops.models import Enrollment, Workshop
@@ -72,7 +73,7 @@ def smtp_settings() -> SmtpSettings:
 
 def send_with_django(envelope: Envelope) -> str:
     """Send one envelope through Django's configured EMAIL_BACKEND (runs in a thread)."""
-    message_id = message_id_for(envelope.key, domain=_from_domain())
+    message_id = message_id_for(envelope.key, domain=sender_domain())
     headers = {"Message-ID": message_id}
     if envelope.list_id:
         headers["List-Id"] = clean_header_text(envelope.list_id)
@@ -109,11 +110,6 @@ def _mailbox(name: str, address: str) -> str:
         return address
     quoted = name.replace("\\", "\\\\").replace('"', '\\"')
     return f'"{quoted}" <{address}>'
-
-
-def _from_domain() -> str:
-    address = settings.DEFAULT_FROM_EMAIL.rsplit("<", 1)[-1].rstrip(">")
-    return address.rsplit("@", 1)[-1] or "localhost"
 
 
 def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
@@ -206,8 +202,9 @@ class ClaimWatch:
     workshops and enrollments; an envelope is withdrawn when its reminder is
     no longer ``sending`` under this claim (reaped), its workshop or
     enrollment is cancelled, or its workshop's title, time, zone, location,
-    join link or organiser differ from what was rendered. With snapshots at most ``REVOCATION_WINDOW``
-    seconds old, no call starts later than that after staff commit a change.
+    join link or organiser differ from what was rendered. With snapshots at
+    most ``REVOCATION_WINDOW`` seconds old, no call starts later than that
+    after staff commit a change.
     """
 
     def __init__(self, *, token, reminders, clock: Clock) -> None:

@@ -21,7 +21,8 @@ from django.template.loader import get_template
 from delivery.addresses import address_problem
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.message import key_digest
-from reminders.models import Reminder
+from reminders.models import Reminder, reminder_key
+from reminders.policy import ReminderPolicy
 
 TIME_FORMAT = "%A %d %B %Y at %H:%M"
 
@@ -168,11 +169,15 @@ def _join_url(value: str) -> str:
     return ""
 
 
+def sender_domain() -> str:
+    """Return the domain of DEFAULT_FROM_EMAIL (Message-IDs and the List-Id are under it)."""
+    address = settings.DEFAULT_FROM_EMAIL.rsplit("<", 1)[-1].rstrip(">").strip()
+    return address.rsplit("@", 1)[-1] or "localhost"
+
+
 def list_id() -> str:
     """Return the List-Id every reminder carries: the sender's domain, under ``reminders.``."""
-    address = settings.DEFAULT_FROM_EMAIL.rsplit("<", 1)[-1].rstrip(">").strip()
-    domain = address.rpartition("@")[2] or "localhost"
-    return f"Workshop reminders <reminders.{domain}>"
+    return f"Workshop reminders <reminders.{sender_domain()}>"
 
 
 # Every line break Python's str.splitlines() knows, as one escaped "\\n" each.
@@ -259,9 +264,6 @@ def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
     creation time, so the .ics is the one that would be sent); otherwise an
     unsaved one with the key it would get, made ``now``.
     """
-    from reminders.models import reminder_key
-    from reminders.policy import ReminderPolicy
-
     reminder = Reminder.objects.filter(workshop=workshop, attendee=attendee).first()
     if reminder is None:
         reminder = Reminder(

@@ -36,6 +36,9 @@ from workshops.models import Enrollment
 
 logger = logging.getLogger(__name__)
 
+# Also the preview's answer to an attendee not enrolled (reminders/admin.py).
+NOT_ENROLLED = "That attendee is not enrolled in this workshop; choose one from the list."
+
 # A test send may take this long on the worker, limiter wait included.
 TEST_SEND_BUDGET = 60.0
 # Written on the decision while the worker that claimed it sends.
@@ -68,10 +71,7 @@ def reminder_send_test_request(
         workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
     ).exists()
     if not enrolled:
-        raise ValidationError(
-            "That attendee is not enrolled in this workshop; choose one from the list.",
-            code="not_enrolled",
-        )
+        raise ValidationError(NOT_ENROLLED, code="not_enrolled")
     with transaction.atomic(durable=True):
         decision = StaffDecision.objects.create(
             action=StaffDecision.Action.SEND_TEST,
@@ -109,26 +109,27 @@ def reminder_send_test_run(*, decision_id: int, clock: Clock | None = None) -> S
     decision = StaffDecision.objects.select_related("actor").get(pk=decision_id)
     if not claimed:
         return decision  # sent (or being sent) by an earlier delivery of the task
-    outcome = _send(decision, clock=clock)
+    sent, outcome = _send(decision, clock=clock)
     StaffDecision.objects.filter(pk=decision_id).update(
-        outcome=outcome, state=StaffDecision.State.DONE, changed=int(outcome.startswith("sent"))
+        outcome=outcome, state=StaffDecision.State.DONE, changed=int(sent)
     )
     logger.info("Test send %s by %s: %s", decision_id, decision.actor_name, outcome)
     decision.refresh_from_db()
     return decision
 
 
-def _send(decision: StaffDecision, *, clock: Clock) -> str:
+def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
+    """Send the test; return whether the provider accepted it, and what to write down."""
     from workshops.models import Attendee, Workshop
 
     try:
         workshop = Workshop.objects.get(pk=decision.workshop_ids[0])
         attendee = Attendee.objects.get(pk=decision.selection_ids[0])
     except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
-        return "not sent: the workshop or the attendee no longer exists"
+        return False, "not sent: the workshop or the attendee no longer exists"
     address = decision.actor.email.strip() if decision.actor else ""
     if not address:
-        return "not sent: the staff member's user is gone or has no email address"
+        return False, "not sent: the staff member's user is gone or has no email address"
     now = clock.now()
     real = preview_envelope(workshop=workshop, attendee=attendee, now=now)
     envelope = dataclasses.replace(
@@ -145,5 +146,5 @@ def _send(decision: StaffDecision, *, clock: Clock) -> str:
         [envelope], channel=settings.REMINDERS_CHANNEL, clock=clock, budget=TEST_SEND_BUDGET
     )
     if result.ok:
-        return f"sent to {address} as {result.message_id or 'the provider accepted it'}"
-    return f"not sent ({result.outcome}): {result.error}"[:2000]
+        return True, f"sent to {address} as {result.message_id or 'the provider accepted it'}"
+    return False, f"not sent ({result.outcome}): {result.error}"[:2000]
