@@ -12,24 +12,36 @@ from celery import shared_task
 from django.db import OperationalError
 
 from reminders.replay import replay_continue
+from reminders.testsend import reminder_send_test_run
 
 logger = logging.getLogger(__name__)
 
 
-@shared_task(
-    name="reminders.replay_selection",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=5,
-)
+# Both tasks take a StaffDecision id and are safe to run again: a database
+# that is away for a moment is waited out.
+STAFF_TASK = {
+    "ignore_result": True,
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "max_retries": 5,
+}
+
+
+def _well_formed(decision_id, task: str) -> bool:
+    """Return whether ``decision_id`` can name a StaffDecision; log the task's refusal if not."""
+    if isinstance(decision_id, int) and not isinstance(decision_id, bool) and decision_id >= 1:
+        return True
+    logger.error("Rejected %s with a malformed id %.100r", task, decision_id)
+    return False
+
+
+@shared_task(name="reminders.replay_selection", **STAFF_TASK)
 def replay_selection(decision_id) -> dict[str, int]:
     """Work a background replay (StaffDecision ``decision_id``) through to its end.
 
     Safe to run twice or after a crash: each chunk commits with its progress.
     """
-    if not isinstance(decision_id, int) or isinstance(decision_id, bool) or decision_id < 1:
-        logger.error("Rejected replay_selection with a malformed id %.100r", decision_id)
+    if not _well_formed(decision_id, "replay_selection"):
         return {"rejected": 1}
     decision = replay_continue(decision_id=decision_id)
     logger.info(
@@ -42,19 +54,10 @@ def replay_selection(decision_id) -> dict[str, int]:
     return {"changed": decision.changed, "queued": decision.queued}
 
 
-@shared_task(
-    name="reminders.send_test",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=5,
-)
+@shared_task(name="reminders.send_test", **STAFF_TASK)
 def send_test(decision_id) -> dict[str, int]:
     """Send the test reminder StaffDecision ``decision_id`` asks for (reminders.testsend)."""
-    from reminders.testsend import reminder_send_test_run
-
-    if not isinstance(decision_id, int) or isinstance(decision_id, bool) or decision_id < 1:
-        logger.error("Rejected send_test with a malformed id %.100r", decision_id)
+    if not _well_formed(decision_id, "send_test"):
         return {"rejected": 1}
     decision = reminder_send_test_run(decision_id=decision_id)
     return {"sent": decision.changed}

@@ -128,3 +128,11 @@ def test_the_admin_button_queues_the_test_and_says_where_its_outcome_is(
     assert not any(
         "send_test" in line for line in trace_lines(reminder_lookup(str(Reminder.objects.get().pk)))
     )
+
+
+@pytest.mark.parametrize("malformed", ["7", True, 0, -1, None, [1]])
+def test_the_task_refuses_a_malformed_decision_id_and_sends_nothing(malformed, smtp_sink):
+    from reminders.staff_tasks import send_test
+
+    assert send_test(malformed) == {"rejected": 1}
+    assert smtp_sink.received() == []
