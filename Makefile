@@ -12,7 +12,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_PROCESS_REDIS_URL ?= redis://127.0.0.1:6379/14
 MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
-.PHONY: run test test-units test-processes test-chaos lint venv bench clean mutate
+.PHONY: run test test-units test-processes test-chaos lint venv bench clean mutate messages
 
 $(UV):
 	python3 -m pip install --user --quiet uv
@@ -76,6 +76,13 @@ mutate: venv
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only \
 	REMINDERS_VAR_DIR=$(MUTATE_VAR_DIR) \
 	$(PY) -m bench.mutate $(MUTATE_ARGS)
+
+# Re-read the texts marked for translation into locale/*/django.po, then compile
+# the .mo files (needs GNU gettext; running the project does not: commit both).
+messages: venv
+	SECRET_KEY=messages-only $(PY) manage.py makemessages -l de -l fr --no-location \
+		--ignore='.venv/*' --ignore='tests/*' --ignore='bench/*' --ignore='var/*'
+	SECRET_KEY=messages-only $(PY) manage.py compilemessages --ignore='.venv/*'
 
 clean:
 	rm -rf var/broker var/reminders.sqlite3* var/outbox var/static

@@ -1322,12 +1322,12 @@ class ChannelRun:
 
     def carries(self, content: str | None, start: datetime, zone: str) -> bool:
         """Say whether a message's content shows ``start`` (as reminders.content renders it)."""
-        from reminders.content import TIME_FORMAT
+        from reminders.content import local_start
 
         if not content:
             return False
         if self.channel == "smtp":  # the subject: "... starts <local time> <zone abbr>"
-            return start.astimezone(ZoneInfo(zone)).strftime(TIME_FORMAT) in content
+            return local_start(start, ZoneInfo(zone)) in content
         return content == start.astimezone(UTC).isoformat()
 
     def judge_changes(

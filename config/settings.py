@@ -135,7 +135,12 @@ AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.NumericPasswordValidator"},
 ]
 
-LANGUAGE_CODE = "en-us"
+# The admin speaks English. Reminders are rendered in the attendee's language
+# (else the workshop's), one of LANGUAGES, from the catalogs in locale/ (the
+# compiled .mo files are committed: no gettext tools are needed to run).
+LANGUAGE_CODE = "en"
+LANGUAGES = [("en", "English"), ("de", "Deutsch"), ("fr", "Français")]
+LOCALE_PATHS = [BASE_DIR / "locale"]
 TIME_ZONE = "UTC"
 USE_I18N = True
 USE_TZ = True

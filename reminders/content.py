@@ -1,15 +1,22 @@
 """Render a claimed reminder into a delivery envelope (sync, before any async work).
 
-Subject and bodies come from Django templates; times are shown in the
-attendee's zone (else the workshop's) with the zone's abbreviation for that
-date, so a reminder for a workshop on a daylight-saving day says CEST or CET
-correctly. An iCalendar file with the start in UTC is attached.
+A message is the reminder's frozen text (reminders.models.MessageText: the
+language, subject and intro chosen at the first claim, placeholders still in
+braces) filled with the workshop's and attendee's facts as they are now, and
+the fixed lines (when, where, join link, organiser) from the templates in the
+same language. Times are shown in the attendee's zone (else the workshop's)
+with the zone's abbreviation for that date, so a reminder for a workshop on a
+daylight-saving day says CEST or CET correctly. An iCalendar file with the
+start in UTC is attached.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import re
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -17,14 +24,24 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.template.loader import get_template
+from django.utils import dateformat, translation
+from django.utils.html import escape
+from django.utils.translation import gettext, gettext_noop, pgettext
 
 from delivery.addresses import address_problem
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.message import key_digest
-from reminders.models import Reminder, reminder_key
+from reminders.models import MessageText, Reminder, reminder_key
 from reminders.policy import ReminderPolicy
+from workshops.placeholders import fill
 
-TIME_FORMAT = "%A %d %B %Y at %H:%M"
+# The built-in subject and intro, in braces like staff text; translated in
+# locale/ and frozen, as they read at the first claim, into MessageText.
+DEFAULT_SUBJECT = gettext_noop("Reminder: {workshop_title} starts {start_local}")
+DEFAULT_INTRO = gettext_noop(
+    'Hello {attendee_name},\n\nthis is a reminder that "{workshop_title}" starts on {start_local}.'
+)
+Source = MessageText.Source
 
 
 @functools.cache
@@ -43,13 +60,17 @@ def _forget_templates(*, setting: str, **kwargs) -> None:
         _template.cache_clear()
 
 
-TEMPLATES = ("reminders/email/subject.txt", "reminders/email/body.txt", "reminders/email/body.html")
+TEMPLATES = ("reminders/email/body.txt", "reminders/email/body.html")
 
 
 def compile_templates() -> None:
-    """Compile the message templates now (a worker's parent does it before the pool forks)."""
+    """Compile the message templates and load every catalog now (a worker's parent does it
+    before the pool forks)."""
     for name in TEMPLATES:
         _template(name)
+    for code, _name in settings.LANGUAGES:
+        with translation.override(code):
+            gettext(DEFAULT_SUBJECT)
 
 
 def _render(name: str, context: dict) -> str:
@@ -91,38 +112,149 @@ def wrap_text(text: str) -> str:
     return "\n".join(wrapped) + ("\n" if text.endswith("\n") else "")
 
 
-def reminder_envelope(*, reminder: Reminder) -> Envelope:
+@dataclass(frozen=True, slots=True)
+class ChosenText:
+    """The language and text a reminder gets, placeholders unfilled (a MessageText's fields)."""
+
+    language: str
+    subject_source: str
+    subject: str
+    intro_source: str
+    intro: str
+
+    @property
+    def digest(self) -> str:
+        fields = [self.language, self.subject_source, self.subject, self.intro_source, self.intro]
+        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+
+    def as_row(self) -> MessageText:
+        return MessageText(
+            digest=self.digest,
+            language=self.language,
+            subject_source=self.subject_source,
+            subject=self.subject,
+            intro_source=self.intro_source,
+            intro=self.intro,
+        )
+
+
+def reminder_language(*, workshop, attendee) -> str:
+    """Return the language a reminder is written in: the attendee's, else the workshop's."""
+    known = {code for code, _name in settings.LANGUAGES}
+    for code in (attendee.language, workshop.language):
+        if code in known:
+            return code
+    return settings.LANGUAGE_CODE
+
+
+def choose_text(*, workshop, attendee, texts=None) -> ChosenText:
+    """Return the text ``attendee`` gets for ``workshop`` if its reminder were claimed now.
+
+    ``texts`` maps language codes to the workshop's WorkshopText rows (read
+    from the database when not given). The attendee's language picks a text
+    of that language if the workshop has one, else the workshop's own text; a
+    blank subject or intro is the built-in one in the attendee's language.
+    """
+    language = reminder_language(workshop=workshop, attendee=attendee)
+    if texts is None:
+        texts = {text.language: text for text in workshop.texts.all()} if workshop.pk else {}
+    own = texts.get(language) if language != workshop.language else None
+    source, holder = (Source.LANGUAGE, own) if own is not None else (Source.WORKSHOP, workshop)
+    with translation.override(language):
+        subject, subject_source = holder.reminder_subject, source
+        if not subject.strip():
+            subject, subject_source = gettext(DEFAULT_SUBJECT), Source.BUILT_IN
+        intro, intro_source = holder.reminder_intro, source
+        if not intro.strip():
+            intro, intro_source = gettext(DEFAULT_INTRO), Source.BUILT_IN
+    return ChosenText(
+        language=language,
+        subject_source=subject_source,
+        subject=subject,
+        intro_source=intro_source,
+        intro=intro.replace("\r\n", "\n").strip("\n"),
+    )
+
+
+def local_start(moment: datetime, zone: ZoneInfo, language: str = "en") -> str:
+    """Return ``moment`` as a reminder shows a start: the date and time where ``zone`` is,
+    and the zone's abbreviation for that date, in ``language``."""
+    with translation.override(language):
+        return _when(moment.astimezone(zone))
+
+
+def _when(local: datetime) -> str:
+    # Translators: a Django date format (https://docs.djangoproject.com/en/5.2/ref/templates/builtins/#date).
+    fmt = pgettext("reminder start", r"l d F Y \a\t H:i")
+    return f"{dateformat.format(local, fmt)} {local.tzname()}"
+
+
+def _until(local_end: datetime, local_start: datetime) -> str:
+    if local_end.date() != local_start.date():
+        return _when(local_end)
+    # Translators: a Django time format, the end of a workshop that ends on the day it starts.
+    fmt = pgettext("reminder end", "H:i")
+    return f"{dateformat.format(local_end, fmt)} {local_end.tzname()}"
+
+
+def _intro_html(text: str) -> str:
+    """Return the filled intro as HTML: everything escaped, paragraphs and line breaks kept,
+    each filled value isolated in <bdi> so a right-to-left name cannot reorder its line."""
+    paragraphs = [part for part in re.split(r"\n\s*\n", text) if part.strip()]
+    return "\n".join(f"<p>{paragraph.replace(chr(10), '<br>')}</p>" for paragraph in paragraphs)
+
+
+def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
     """Return the envelope for a reminder whose attendee and workshop are loaded.
 
+    The text is ``text`` if given, else the reminder's frozen one, else (a
+    reminder never claimed) the one it would be frozen with now.
     Deterministic: the same rows give byte-identical content, whenever it runs.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
+    if text is None:
+        text = reminder.text if reminder.text_id else None
+    if text is None:
+        text = choose_text(workshop=workshop, attendee=attendee)
     workshop_zone = ZoneInfo(workshop.timezone)
     zone = ZoneInfo(attendee.timezone) if attendee.timezone else workshop_zone
     start, end = workshop.starts_at.astimezone(zone), workshop.ends_at.astimezone(zone)
-    start_there = workshop.starts_at.astimezone(workshop_zone)
-    context = {
-        "attendee_name": attendee.name,
-        "workshop_title": workshop.title,
-        "start_local": start.strftime(TIME_FORMAT),
-        "zone_abbr": start.tzname(),
-        "zone_name": zone.key,
-        "end_local": end.strftime("%H:%M"),
-        "end_zone_abbr": end.tzname(),
-        "show_workshop_zone": zone.key != workshop_zone.key,
-        "start_workshop": start_there.strftime(TIME_FORMAT),
-        "workshop_zone_abbr": start_there.tzname(),
-        "workshop_zone": workshop_zone.key,
-        "location": _one_line(workshop.location),
-        "join_url": _join_url(workshop.join_url),
-        "organiser": _one_line(workshop.contact_name),
-        "organiser_email": workshop.contact_email,
-    }
+    location, join_url = _one_line(workshop.location), _join_url(workshop.join_url)
+    organiser = _one_line(workshop.contact_name)
+    with translation.override(text.language):
+        values = {
+            "attendee_name": attendee.name,
+            "workshop_title": workshop.title,
+            "start_local": _when(start),
+            "end_local": _until(end, start),
+            "zone": zone.key,
+            "location": location,
+            "join_url": join_url,
+            "organiser": organiser,
+            "organiser_email": workshop.contact_email,
+        }
+        intro = fill(text.intro, values)
+        context = {
+            **values,
+            "language": text.language,
+            "zone_name": zone.key,
+            "show_workshop_zone": zone.key != workshop_zone.key,
+            "start_workshop": _when(workshop.starts_at.astimezone(workshop_zone)),
+            "workshop_zone": workshop_zone.key,
+            "intro": intro,
+            "intro_html": _intro_html(
+                fill(text.intro, values, literal=escape, value=lambda v: f"<bdi>{escape(v)}</bdi>")
+            ),
+        }
+        subject = _one_line(fill(text.subject, values))
+        text_body = wrap_text(_render("reminders/email/body.txt", context).strip() + "\n")
+        html_body = _render("reminders/email/body.html", context)
+        ics = workshop_ics(reminder=reminder)
     details = {
         name: value
         for name, value in (
-            ("location", context["location"]),
-            ("join_url", context["join_url"]),
+            ("location", location),
+            ("join_url", join_url),
             ("reply_to", workshop.contact_email),
         )
         if value
@@ -132,15 +264,11 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
         key=reminder.key,
         recipient=attendee.email,
         recipient_name=_one_line(attendee.name),
-        subject=_one_line(_render("reminders/email/subject.txt", context)),
-        text_body=wrap_text(_render("reminders/email/body.txt", context)),
-        html_body=_render("reminders/email/body.html", context),
+        subject=subject,
+        text_body=text_body,
+        html_body=html_body,
         attachments=(
-            Attachment(
-                filename="workshop.ics",
-                content_type="text/calendar",
-                content=workshop_ics(reminder=reminder),
-            ),
+            Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
         deadline_at=reminder.deadline_at,
         payload=FrozenMap(
@@ -153,11 +281,12 @@ def reminder_envelope(*, reminder: Reminder) -> Envelope:
                 "workshop_timezone": workshop_zone.key,
                 "attendee_timezone": zone.key,
                 "deadline_at": reminder.deadline_at.astimezone(UTC).isoformat(),
+                "language": text.language,
                 **details,
             }
         ),
         reply_to=workshop.contact_email,
-        reply_to_name=_one_line(workshop.contact_name),
+        reply_to_name=organiser,
         list_id=list_id(),
     )
 
@@ -224,8 +353,14 @@ def _ics_time(moment: datetime) -> str:
 
 
 def workshop_ics(*, reminder: Reminder) -> bytes:
-    """Return an iCalendar (.ics) invitation for the reminder's workshop (deterministic)."""
+    """Return an iCalendar (.ics) invitation for the reminder's workshop (deterministic).
+
+    Its one sentence is in the active language (reminder_envelope activates
+    the message's).
+    """
     workshop = reminder.workshop
+    # In the language of the message (the caller holds it active).
+    held_in = gettext("Held in {zone}.").replace("{zone}", workshop.timezone)
     lines = [
         "BEGIN:VCALENDAR",
         "VERSION:2.0",
@@ -241,7 +376,7 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
         f"DTSTART:{_ics_time(workshop.starts_at)}",
         f"DTEND:{_ics_time(workshop.ends_at)}",
         f"SUMMARY:{_ics_text(workshop.title)}",
-        f"DESCRIPTION:{_ics_text(f'Held in {workshop.timezone}.')}",
+        f"DESCRIPTION:{_ics_text(held_in)}",
     ]
     if workshop.location:
         lines.append(f"LOCATION:{_ics_text(workshop.location)}")

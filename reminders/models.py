@@ -66,6 +66,15 @@ class Reminder(models.Model):
     channel = models.CharField(max_length=16, blank=True, editable=False)
     provider_message_id = models.CharField(max_length=255, blank=True, editable=False)
     sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    text = models.ForeignKey(
+        "MessageText",
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="+",
+        editable=False,
+        help_text="The language and text frozen at the first claim; every later send uses it.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -121,6 +130,38 @@ class Reminder(models.Model):
 
     def __str__(self) -> str:
         return f"Reminder {self.key} ({self.status})"
+
+
+class MessageText(models.Model):
+    """One language, subject and intro that a reminder was frozen with (immutable).
+
+    Written by the claim (reminders.services.claim) the first time it takes a
+    reminder: the text staff wrote for the attendee's language, else the
+    workshop's own, else the built-in text as it read then, each with its
+    placeholders still unfilled. Rows are shared by content (``digest`` is
+    unique), so a workshop's thousand reminders point at one row. Every
+    retry, requeue, reaped retry and replay renders from it, so an edit by
+    staff never changes the bytes sent under a key.
+    """
+
+    class Source(models.TextChoices):
+        LANGUAGE = "language", "the workshop's text in this language"
+        WORKSHOP = "workshop", "the workshop's own text"
+        BUILT_IN = "built_in", "the built-in text"
+
+    digest = models.CharField(max_length=64, unique=True, editable=False)
+    language = models.CharField(max_length=8, editable=False)
+    subject_source = models.CharField(max_length=16, choices=Source.choices, editable=False)
+    subject = models.TextField(editable=False)
+    intro_source = models.CharField(max_length=16, choices=Source.choices, editable=False)
+    intro = models.TextField(editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name = "frozen message text"
+
+    def __str__(self) -> str:
+        return f"{self.language}: {self.subject[:60]}"
 
 
 class DeliveryAttempt(models.Model):

@@ -57,6 +57,7 @@ def make_workshop(clock):
         zone: str = "Europe/Berlin",
         title: str | None = None,
         duration: timedelta = timedelta(hours=1),
+        **details: str,
     ):
         return workshop_create(
             title=title or f"Workshop {next(counter)}",
@@ -64,6 +65,7 @@ def make_workshop(clock):
             duration=duration,
             timezone=zone,
             clock=clock,
+            **details,
         )
 
     return make
@@ -75,10 +77,15 @@ def make_attendee():
 
     counter = iter(range(1, 1_000_000))
 
-    def make(*, email: str | None = None, name: str = "Attendee", zone: str = ""):
+    def make(
+        *, email: str | None = None, name: str = "Attendee", zone: str = "", language: str = ""
+    ):
         number = next(counter)
         attendee, _ = attendee_get_or_create(
-            email=email or f"person{number}@example.com", name=f"{name} {number}", timezone=zone
+            email=email or f"person{number}@example.com",
+            name=f"{name} {number}",
+            timezone=zone,
+            language=language,
         )
         return attendee
 

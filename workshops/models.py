@@ -9,11 +9,23 @@ from __future__ import annotations
 
 from zoneinfo import ZoneInfo
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 
+from workshops.placeholders import validate_reminder_text
 from workshops.validators import validate_join_url, validate_zone
+
+SUBJECT_HELP = "Blank: the built-in subject in the attendee's language. Placeholders allowed."
+INTRO_HELP = (
+    "The opening of the message, before the fixed lines (when, where, join link, organiser). "
+    "Blank: the built-in greeting in the attendee's language. Placeholders allowed."
+)
+
+
+def language_field(**kwargs) -> models.CharField:
+    return models.CharField(max_length=8, choices=settings.LANGUAGES, **kwargs)
 
 
 class Workshop(models.Model):
@@ -64,6 +76,28 @@ class Workshop(models.Model):
         default="",
         db_default="",
         help_text="Replies to a reminder go here, and calendars show it as the organiser.",
+    )
+    language = language_field(
+        default=settings.LANGUAGE_CODE,
+        db_default=settings.LANGUAGE_CODE,
+        help_text="The language of the text below, and of reminders to attendees with none.",
+    )
+    reminder_subject = models.CharField(
+        "reminder subject",
+        max_length=200,
+        blank=True,
+        default="",
+        db_default="",
+        validators=[validate_reminder_text],
+        help_text=SUBJECT_HELP,
+    )
+    reminder_intro = models.TextField(
+        "reminder intro",
+        blank=True,
+        default="",
+        db_default="",
+        validators=[validate_reminder_text],
+        help_text=INTRO_HELP,
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
@@ -121,6 +155,12 @@ class Attendee(models.Model):
         validators=[validate_zone],
         help_text="Optional IANA zone; reminders show times in it, else in the workshop's.",
     )
+    language = language_field(
+        blank=True,
+        default="",
+        db_default="",
+        help_text="Reminders are written in it; blank: in the workshop's language.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     erased_at = models.DateTimeField(
         null=True,
@@ -172,3 +212,50 @@ class Enrollment(models.Model):
 
     def __str__(self) -> str:
         return f"{self.attendee} in {self.workshop.title}"
+
+
+class WorkshopText(models.Model):
+    """A workshop's reminder text in a language other than its own.
+
+    An attendee whose language has a row here gets its subject and intro
+    (each blank one: the built-in text in that language); any other attendee
+    gets the workshop's own text. The fixed lines are in the attendee's
+    language either way.
+    """
+
+    workshop = models.ForeignKey(Workshop, on_delete=models.CASCADE, related_name="texts")
+    language = language_field()
+    reminder_subject = models.CharField(
+        "reminder subject",
+        max_length=200,
+        blank=True,
+        validators=[validate_reminder_text],
+        help_text=SUBJECT_HELP,
+    )
+    reminder_intro = models.TextField(
+        "reminder intro", blank=True, validators=[validate_reminder_text], help_text=INTRO_HELP
+    )
+
+    class Meta:
+        ordering = ["workshop", "language"]
+        verbose_name = "reminder text in another language"
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workshop", "language"],
+                name="workshop_text_unique_language",
+                violation_error_message="This workshop already has a text in this language.",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_language_display()} text of {self.workshop.title}"
+
+    def clean(self) -> None:
+        workshop = getattr(self, "workshop", None) if self.workshop_id else None
+        if workshop is not None and self.language == workshop.language:
+            raise ValidationError(
+                {
+                    "language": "This is the workshop's own language: write its text in the "
+                    "workshop's reminder subject and intro instead."
+                }
+            )

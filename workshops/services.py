@@ -19,7 +19,12 @@ from workshops.signals import enrollment_changed, workshop_changed
 
 # What a reminder shows of its workshop besides its time: where, how to join, who organises.
 DETAIL_FIELDS = frozenset({"location", "join_url", "contact_name", "contact_email"})
-RESCHEDULABLE_FIELDS = frozenset({"title", "starts_at", "ends_at", "timezone"}) | DETAIL_FIELDS
+# What staff write of its reminders: a change reaches only reminders not yet
+# claimed (the claim freezes each one's text).
+TEXT_FIELDS = frozenset({"language", "reminder_subject", "reminder_intro"})
+RESCHEDULABLE_FIELDS = (
+    frozenset({"title", "starts_at", "ends_at", "timezone"}) | DETAIL_FIELDS | TEXT_FIELDS
+)
 
 
 def workshop_create(
@@ -35,10 +40,11 @@ def workshop_create(
     """Create a scheduled workshop that starts in the future.
 
     ``details`` are any of DETAIL_FIELDS (location, join_url, contact_name,
-    contact_email); each is optional.
+    contact_email) and TEXT_FIELDS (language, reminder_subject,
+    reminder_intro); each is optional.
     """
     clock = clock or default_clock()
-    unknown = set(details) - DETAIL_FIELDS
+    unknown = set(details) - DETAIL_FIELDS - TEXT_FIELDS
     if unknown:
         raise TypeError(f"workshop_create() got unknown fields {sorted(unknown)}.")
     if ends_at is None and duration is not None and starts_at is not None:
@@ -58,7 +64,7 @@ def workshop_create(
 
 
 def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
-    """Change a workshop's title, time, zone or details; listeners recompute what depends on it.
+    """Change a workshop's title, time, zone, details or text; listeners recompute what depends on it.
 
     A start moved into the past is allowed (the event happened earlier than
     planned); the reminders app then marks unsent reminders as missed.
@@ -105,10 +111,14 @@ def _set_status(workshop: Workshop, old: str, new: str, *, clock: Clock | None) 
     return workshop
 
 
-def attendee_get_or_create(*, email: str, name: str, timezone: str = "") -> tuple[Attendee, bool]:
+def attendee_get_or_create(
+    *, email: str, name: str, timezone: str = "", language: str = ""
+) -> tuple[Attendee, bool]:
     """Return the attendee with this email (case-insensitively), creating it if needed."""
     email = (email or "").strip()
-    candidate = Attendee(email=email, name=(name or "").strip(), timezone=timezone)
+    candidate = Attendee(
+        email=email, name=(name or "").strip(), timezone=timezone, language=language
+    )
     candidate.full_clean(validate_constraints=False)
     existing = Attendee.objects.filter(email__iexact=email).first()
     if existing is not None:

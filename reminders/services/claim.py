@@ -7,15 +7,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, transaction
-from django.db.models import F, Q, QuerySet
+from django.db import connection, models, transaction
+from django.db.models import Case, F, Q, QuerySet, Value, When
 
 from clock import Clock, default_clock
-from reminders.models import DeliveryAttempt, Reminder
+from reminders.content import choose_text, reminder_language
+from reminders.models import DeliveryAttempt, MessageText, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import claim_token_param
-from workshops.models import Enrollment, Workshop
+from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
 
@@ -59,8 +60,9 @@ def reminder_claim_batch(
     blocks on the row lock, then re-evaluates the WHERE against the committed
     row, sees ``status = 'sending'`` and changes nothing. Exactly one claimer
     wins each row. This is also the one place the deadline is *enforced*:
-    ids refused for lateness become ``missed`` here. The claim, its lease and
-    a DeliveryAttempt per reminder commit before any provider is called.
+    ids refused for lateness become ``missed`` here. The claim, its lease,
+    each first-claimed reminder's frozen text and a DeliveryAttempt per
+    reminder commit before any provider is called.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -96,9 +98,10 @@ def reminder_claim_batch(
         )
         claimed = list(
             Reminder.objects.filter(claim_token=token, status=Status.SENDING)
-            .select_related("attendee", "workshop")
+            .select_related("attendee", "workshop", "text")
             .order_by("deadline_at", "id")
         )
+        _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
         numbers = _record_attempts(token=token, worker=worker)
     return Claim(
         token=token,
@@ -107,6 +110,66 @@ def reminder_claim_batch(
         reminders=claimed,
         attempt_numbers=numbers,
     )
+
+
+def _freeze_texts(reminders: list[Reminder]) -> None:
+    """Fix the language and text of reminders claimed for the first time.
+
+    Two statements when the texts are stored already (find them, point the
+    reminders at them); two more for the first batch of a new text (insert
+    it, read its id back); one more to read the workshops' texts in other
+    languages when an attendee's language differs from their workshop's.
+
+    Each gets the text ``reminders.content.choose_text`` picks from its
+    workshop and attendee as they are now; the rows are shared by content,
+    so the insert usually finds them there already. The UPDATE keeps any
+    text a row already has. From here on every send of these reminders, on
+    any retry, requeue, reap or replay, renders from that row.
+    """
+    if not reminders:
+        return
+    # A text in another language matters only to attendees whose language is
+    # not their workshop's: most batches need no read of them at all.
+    texts: dict[int, dict[str, WorkshopText]] = {}
+    others = {
+        reminder.workshop_id
+        for reminder in reminders
+        if reminder_language(workshop=reminder.workshop, attendee=reminder.attendee)
+        != reminder.workshop.language
+    }
+    for text in WorkshopText.objects.filter(workshop_id__in=others) if others else ():
+        texts.setdefault(text.workshop_id, {})[text.language] = text
+    chosen = {
+        reminder.pk: choose_text(
+            workshop=reminder.workshop,
+            attendee=reminder.attendee,
+            texts=texts.get(reminder.workshop_id, {}),
+        ).as_row()
+        for reminder in reminders
+    }
+    rows = {row.digest: row for row in chosen.values()}
+    ids = dict(MessageText.objects.filter(digest__in=rows).values_list("digest", "pk"))
+    missing = [rows[digest] for digest in sorted(rows) if digest not in ids]
+    if missing:
+        # Only the first batch of a new text writes. A claimer inserting the
+        # same text at the same moment: one insert wins, the other does nothing
+        # and reads the winner's row; no existing row is ever locked or rewritten.
+        MessageText.objects.bulk_create(missing, ignore_conflicts=True)
+        found = MessageText.objects.filter(digest__in=[row.digest for row in missing])
+        ids.update(found.values_list("digest", "pk"))
+    by_text: dict[int, list[int]] = {}
+    for pk, row in chosen.items():
+        by_text.setdefault(ids[row.digest], []).append(pk)
+    Reminder.objects.filter(pk__in=chosen, text__isnull=True).update(
+        text_id=Case(
+            *(When(pk__in=pks, then=Value(text_id)) for text_id, pks in by_text.items()),
+            output_field=models.BigIntegerField(),
+        )
+    )
+    for reminder in reminders:
+        row = rows[chosen[reminder.pk].digest]
+        row.pk, row._state.adding = ids[row.digest], False
+        reminder.text = row
 
 
 def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:

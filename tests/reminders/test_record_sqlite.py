@@ -1,5 +1,5 @@
-"""The record's and the claim watch's hand-written SQL also run on SQLite, the database of
-the local run (make run)."""
+"""The record's and the claim watch's hand-written SQL, and the claim's freezing of texts,
+also run on SQLite, the database of the local run (make run)."""
 
 from __future__ import annotations
 
@@ -55,8 +55,10 @@ rows = [[r.status, r.last_error, r.sent_at == clock.now(), r.provider_message_id
          r.claim_token is None] for r in Reminder.objects.order_by("id")]
 attempts = [[a.outcome, a.error, a.finished_at == clock.now(), a.provider_calls]
             for a in DeliveryAttempt.objects.order_by("id")]
+frozen = sorted(set(Reminder.objects.values_list("text_id", flat=True)))
 print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts,
-                  "watch": [as_rendered, after_move]}))
+                  "watch": [as_rendered, after_move], "frozen": [frozen, [r.text_id for r in
+                  claim.reminders]]}))
 """
 
 
@@ -76,6 +78,9 @@ def test_the_claim_watch_and_the_record_work_on_sqlite(tmp_path):
     report = json.loads(done.stdout.strip().splitlines()[-1])
     changed = "workshop changed after the message was rendered"
     assert report["watch"] == [[None, None, None], [changed, changed, changed]]
+    # The claim froze one shared text on SQLite too (its insert-or-read path).
+    (text_ids,), claimed_texts = report["frozen"][0], report["frozen"][1]
+    assert text_ids is not None and claimed_texts == [text_ids] * 3
     # Moved later: the handed-back one is pending with the new deadline.
     assert report["counts"] == {"sent": 1, "failed": 1, "pending": 1}
     assert report["rows"] == [

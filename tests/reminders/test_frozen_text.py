@@ -1,0 +1,123 @@
+"""Frozen content: the first claim fixes a reminder's language and text, and every later
+send under its key renders the same bytes, whatever staff edit in between."""
+
+from __future__ import annotations
+
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+from reminders.content import reminder_envelope
+from reminders.models import MessageText, Reminder
+from reminders.services import reminder_claim_batch, reminders_reap
+from workshops.models import WorkshopText
+from workshops.services import enrollment_create, workshop_update
+
+pytestmark = pytest.mark.django_db
+
+
+def _bytes(envelope) -> tuple:
+    return (
+        envelope.subject,
+        envelope.text_body,
+        envelope.html_body,
+        tuple(a.content for a in envelope.attachments),
+    )
+
+
+def _loaded(pk: int) -> Reminder:
+    return Reminder.objects.select_related("attendee", "workshop", "text").get(pk=pk)
+
+
+def test_a_reaped_retry_after_staff_edit_the_text_sends_the_same_bytes(
+    clock, make_workshop, enrol, settings
+):
+    workshop = make_workshop(
+        starts_in=timedelta(hours=2),
+        reminder_subject="Soon: {workshop_title}",
+        reminder_intro="Dear {attendee_name}, bring an apron.",
+    )
+    first, second = (e.attendee for e in enrol(workshop, count=2))
+    claimed_id, unclaimed_id = (
+        Reminder.objects.get(workshop=workshop, attendee=attendee).pk
+        for attendee in (first, second)
+    )
+    claim = reminder_claim_batch(ids=[claimed_id], channel="http", clock=clock)
+    sent_first = _bytes(reminder_envelope(reminder=claim.reminders[0]))
+    assert sent_first[0] == f"Soon: {workshop.title}"
+    assert "bring an apron." in sent_first[1]
+
+    workshop_update(
+        workshop=workshop, reminder_subject="Changed {workshop_title}", reminder_intro="New words."
+    )
+    # The worker is lost; the reaper hands the reminder back and another claims it.
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    assert reminders_reap(clock=clock)["requeued"] == 1
+    retry = reminder_claim_batch(ids=[claimed_id], channel="http", clock=clock)
+    assert retry.ids == [claimed_id]
+    assert _bytes(reminder_envelope(reminder=retry.reminders[0])) == sent_first
+    assert _bytes(reminder_envelope(reminder=_loaded(claimed_id))) == sent_first
+
+    # The reminder not yet claimed gets the edited text at its first claim.
+    later = reminder_claim_batch(ids=[unclaimed_id], channel="http", clock=clock)
+    envelope = reminder_envelope(reminder=later.reminders[0])
+    assert envelope.subject == f"Changed {workshop.title}"
+    assert "New words." in envelope.text_body and "apron" not in envelope.text_body
+
+
+def test_the_built_in_text_is_frozen_too_with_the_language(clock, make_workshop, make_attendee):
+    workshop = make_workshop(starts_in=timedelta(hours=2))
+    attendee = make_attendee(language="de")
+    enrollment_create(attendee=attendee, workshop=workshop)
+    reminder = Reminder.objects.get(workshop=workshop)
+    claim = reminder_claim_batch(ids=[reminder.pk], channel="http", clock=clock)
+    text = claim.reminders[0].text
+    assert (text.language, text.subject_source, text.intro_source) == ("de", "built_in", "built_in")
+    assert text.subject == "Erinnerung: {workshop_title} am {start_local}"
+    before = _bytes(reminder_envelope(reminder=claim.reminders[0]))
+    # The attendee changes language and staff add a German text: the claimed
+    # reminder keeps the German built-in text it was frozen with.
+    type(attendee).objects.filter(pk=attendee.pk).update(language="fr")
+    WorkshopText.objects.create(workshop=workshop, language="fr", reminder_subject="Salut")
+    assert _bytes(reminder_envelope(reminder=_loaded(reminder.pk))) == before
+
+
+def test_a_thousand_reminders_of_one_workshop_share_one_frozen_text(clock, due_reminders):
+    ids = due_reminders(300, per_workshop=100)
+    for offset in range(0, 300, 50):
+        reminder_claim_batch(ids=ids[offset : offset + 50], channel="http", clock=clock)
+    assert MessageText.objects.count() == 1
+    assert Reminder.objects.filter(pk__in=ids, text__isnull=True).count() == 0
+
+
+@pytest.mark.django_db(transaction=True)
+def test_claimers_freezing_the_same_new_text_at_once_store_it_once(clock, due_reminders):
+    """Four threads claim batches of one workshop whose text is new, at the same moment."""
+    ids = due_reminders(200, per_workshop=200)
+    barrier = threading.Barrier(4)
+    texts: list[set[int]] = [set() for _ in range(4)]
+    errors: list[BaseException] = []
+
+    def worker(index: int) -> None:
+        try:
+            barrier.wait()
+            claim = reminder_claim_batch(
+                ids=ids[index * 50 : (index + 1) * 50], channel="http", clock=clock
+            )
+            texts[index] = {reminder.text_id for reminder in claim.reminders}
+        except BaseException as exc:  # the assertion below reports it
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(60)
+    assert errors == []
+    (only,) = MessageText.objects.values_list("pk", flat=True)
+    assert texts == [{only}] * 4
+    assert set(Reminder.objects.filter(pk__in=ids).values_list("text_id", flat=True)) == {only}
