@@ -1,0 +1,153 @@
+"""Reminders in the attendee's language: the fixed lines, dates and built-in text through
+Django's i18n, staff texts per language with their fallbacks, and the committed catalogs."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from pathlib import Path
+
+import polib
+import pytest
+from django.conf import settings
+
+from reminders.content import choose_text, reminder_envelope
+from reminders.models import Reminder
+from workshops.models import Attendee, Workshop, WorkshopText
+
+pytestmark = pytest.mark.django_db
+
+ROOT = Path(__file__).resolve().parents[2]
+# Sunday 29 March 2026: Europe/Berlin moves from CET to CEST at 02:00.
+DST_START = datetime(2026, 3, 29, 8, 0, tzinfo=UTC)
+
+
+def _envelope(*, language="", workshop_language="en", name="Zoë", zone="", **texts):
+    workshop = Workshop(
+        title="Glaze lab",
+        starts_at=DST_START,
+        ends_at=DST_START.replace(hour=10),
+        timezone="Europe/Berlin",
+        language=workshop_language,
+        location="Room 2",
+        contact_name="Ops",
+        contact_email="ops@example.org",
+        **texts,
+    )
+    attendee = Attendee(pk=7, name=name, email="z@example.org", timezone=zone, language=language)
+    reminder = Reminder(
+        pk=9, key="t-w1-a7", created_at=DST_START, deadline_at=DST_START.replace(hour=7)
+    )
+    reminder.workshop, reminder.attendee = workshop, attendee
+    return reminder_envelope(reminder=reminder)
+
+
+@pytest.mark.parametrize(
+    ("language", "subject", "lines"),
+    [
+        (
+            "en",
+            "Reminder: Glaze lab starts Sunday 29 March 2026 at 10:00 CEST",
+            ["When: Sunday 29 March 2026 at 10:00 CEST (Europe/Berlin)", "Until: 12:00 CEST",
+             "Where: Room 2", "See you there!"],
+        ),
+        (
+            "de",
+            "Erinnerung: Glaze lab am Sonntag, 29. März 2026 um 10:00 Uhr CEST",
+            ["Wann: Sonntag, 29. März 2026 um 10:00 Uhr CEST (Europe/Berlin)",
+             "Bis: 12:00 Uhr CEST", "Wo: Room 2", "Bis bald!"],
+        ),
+        (
+            "fr",
+            "Rappel : Glaze lab commence le dimanche 29 mars 2026 à 10h00 CEST",
+            ["Quand : dimanche 29 mars 2026 à 10h00 CEST (Europe/Berlin)",
+             "Jusqu’à : 12h00 CEST", "Où : Room 2", "À bientôt !"],
+        ),
+    ],
+)  # fmt: skip
+def test_each_language_renders_its_fixed_lines_and_dates_on_a_dst_day(language, subject, lines):
+    envelope = _envelope(language=language)
+    assert envelope.subject == subject
+    for line in lines:
+        assert line in envelope.text_body
+    assert f'<html lang="{language}">' in envelope.html_body
+    assert envelope.payload["language"] == language
+    # Before the change the same wall clock was CET: the abbreviation follows the date.
+    assert "CET" not in envelope.text_body.replace("CEST", "")
+
+
+def test_the_calendar_sentence_is_in_the_message_language():
+    ics = _envelope(language="de").attachments[0].content.decode()
+    assert "DESCRIPTION:Zeitzone des Veranstaltungsorts: Europe/Berlin." in ics
+
+
+@pytest.mark.parametrize("name", ["Ζωή Παπαδοπούλου", "陈静", "محمد الأحمد", "אורי כהן"])
+def test_non_latin_and_right_to_left_names_come_through_whole_and_isolated(name):
+    for language in ("en", "de", "fr"):
+        envelope = _envelope(language=language, name=name)
+        assert name in envelope.text_body.splitlines()[0]
+        assert f"<bdi>{name}</bdi>" in envelope.html_body
+        assert envelope.recipient_name == name
+
+
+def test_a_blank_attendee_language_takes_the_workshops():
+    assert _envelope(language="", workshop_language="fr").subject.startswith("Rappel : ")
+    assert _envelope(language="de", workshop_language="fr").subject.startswith("Erinnerung: ")
+
+
+def test_a_language_without_a_text_of_its_own_gets_the_workshops_text_with_its_own_fixed_lines():
+    envelope = _envelope(
+        language="de",
+        reminder_subject="Bring clay: {workshop_title}",
+        reminder_intro="Hi {attendee_name}!",
+    )
+    assert envelope.subject == "Bring clay: Glaze lab"
+    assert envelope.text_body.startswith("Hi Zoë!\n\nWann: ")
+
+
+def test_a_text_in_the_attendees_language_wins_and_its_blank_parts_are_built_in(
+    make_workshop, make_attendee
+):
+    workshop = make_workshop(reminder_subject="Bring clay", reminder_intro="Hi {attendee_name}!")
+    WorkshopText.objects.create(
+        workshop=workshop, language="fr", reminder_intro="Salut {attendee_name} !"
+    )
+    french, german, english = (make_attendee(language=code) for code in ("fr", "de", ""))
+    chosen = {
+        a.language or "en": choose_text(workshop=workshop, attendee=a)
+        for a in (french, german, english)
+    }
+    assert (chosen["fr"].subject_source, chosen["fr"].intro_source) == ("built_in", "language")
+    assert chosen["fr"].subject == "Rappel : {workshop_title} commence le {start_local}"
+    assert chosen["fr"].intro == "Salut {attendee_name} !"
+    assert (chosen["de"].subject, chosen["de"].intro_source) == ("Bring clay", "workshop")
+    assert (chosen["en"].subject, chosen["en"].language) == ("Bring clay", "en")
+
+
+def test_the_html_part_escapes_staff_text_and_keeps_its_paragraphs():
+    envelope = _envelope(reminder_intro="Hi {attendee_name} <b>&</b>\nline two\n\nParagraph two")
+    assert (
+        "<p>Hi <bdi>Zoë</bdi> &lt;b&gt;&amp;&lt;/b&gt;<br>line two</p>\n<p>Paragraph two</p>"
+        in (envelope.html_body)
+    )
+    assert envelope.text_body.startswith("Hi Zoë <b>&</b>\nline two\n\nParagraph two\n")
+
+
+def test_the_subject_stays_on_one_line_whatever_is_filled_in():
+    envelope = _envelope(reminder_subject="{workshop_title} {location}", name="A\r\nBcc: x@y")
+    assert "\n" not in envelope.subject and "\r" not in envelope.subject
+
+
+@pytest.mark.parametrize("code", [code for code, _name in settings.LANGUAGES if code != "en"])
+def test_the_committed_catalogs_are_complete_and_compiled_from_their_po_files(code):
+    directory = ROOT / "locale" / code / "LC_MESSAGES"
+    source = polib.pofile(str(directory / "django.po"))
+    compiled = polib.mofile(str(directory / "django.mo"))
+    wanted = {(e.msgctxt, e.msgid): e.msgstr for e in source if e.msgstr and not e.obsolete}
+    assert {(e.msgctxt, e.msgid): e.msgstr for e in compiled if e.msgid} == wanted, (
+        "run `make messages` and commit the .mo files"
+    )
+    # Every text a reminder uses is translated (the admin's own strings stay English).
+    used = [
+        e.msgid for e in source if not e.obsolete and e.msgid not in ("Home", "No, take me back")
+    ]
+    assert all(e.msgstr for e in source if e.msgid in used and not e.fuzzy), "untranslated entries"
