@@ -46,9 +46,9 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
-from reminders.content import preview_envelope
+from reminders.content import preview_envelope, preview_text
 from reminders.erasure import attendee_erase_preview, attendees_erase
-from reminders.models import DeliveryAttempt, Reminder, StaffDecision
+from reminders.models import DeliveryAttempt, MessageText, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.replay import (
     REASON_MAX_LENGTH,
@@ -64,6 +64,7 @@ from reminders.selectors import (
     reminder_resolve_preview,
     scheduler_health,
     selection_of,
+    workshop_text_reach,
 )
 from reminders.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.trace import trace_lines
@@ -81,6 +82,7 @@ from workshops.admin import AttendeeAdmin as BaseAttendeeAdmin
 from workshops.admin import WorkshopAdmin as BaseWorkshopAdmin
 from workshops.admin import format_local, format_utc, utc_column
 from workshops.models import Attendee, Enrollment, Workshop
+from workshops.services import TEXT_FIELDS
 
 Status = Reminder.Status
 CONFIRM = "post"
@@ -88,6 +90,12 @@ CONFIRM = "post"
 
 def _plural(count: int, word: str) -> str:
     return f"{count} {word}{'' if count == 1 else 's'}"
+
+
+def _kept(frozen: int) -> str:
+    if frozen == 1:
+        return "1 already claimed keeps the text it was frozen with"
+    return f"{frozen} already claimed keep the text they were frozen with"
 
 
 # Why selected items were left alone, in the order staff read them.
@@ -708,14 +716,62 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
 
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
-    readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts")
+    readonly_fields = (*BaseWorkshopAdmin.readonly_fields, "reminder_counts", "text_reach")
     change_form_template = "admin/reminders/workshop/change_form.html"
 
-    # The base's sections, with the reminder counts beside the status.
+    # The base's sections, with what an edit of the text reaches under the text
+    # and the reminder counts beside the status.
     fieldsets = (
-        *BaseWorkshopAdmin.fieldsets[:-1],
+        *BaseWorkshopAdmin.fieldsets[:-2],
+        (
+            BaseWorkshopAdmin.fieldsets[-2][0],
+            {
+                **BaseWorkshopAdmin.fieldsets[-2][1],
+                "fields": (*BaseWorkshopAdmin.fieldsets[-2][1]["fields"], "text_reach"),
+            },
+        ),
         (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
     )
+
+    @admin.display(description="Who gets which text")
+    def text_reach(self, obj: Workshop) -> str:
+        """Per language of the enrolled attendees, the text they get; and what an edit reaches."""
+        if obj.pk is None:
+            return "-"
+        rows, unclaimed, frozen = workshop_text_reach(obj)
+        summary = format_html(
+            '<p id="text-reach-summary">Saving a changed text reaches <strong>{}</strong>; {}.</p>',
+            _plural(unclaimed, "reminder") + " not yet claimed",
+            _kept(frozen),
+        )
+        if not rows:
+            return summary
+        table = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (r.language_name, r.attendees, r.unclaimed, r.subject_source, r.intro_source)
+                for r in rows
+            ),
+        )
+        return format_html(
+            '{}<table id="text-reach"><thead><tr><th>Language</th><th>Attendees</th>'
+            "<th>Not yet claimed</th><th>Subject</th><th>Intro</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            summary,
+            table,
+        )
+
+    def save_model(self, request, obj, form, change: bool) -> None:
+        super().save_model(request, obj, form, change)
+        if change and set(form.changed_data) & TEXT_FIELDS:
+            _rows, unclaimed, frozen = workshop_text_reach(obj)
+            self.message_user(
+                request,
+                f"The new text reaches {_plural(unclaimed, 'reminder')} not yet claimed; "
+                f"{_kept(frozen)}.",
+                messages.INFO,
+            )
 
     def get_urls(self):
         preview = path(
@@ -758,8 +814,21 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
             if chosen is not None
             else None
         )
+        text, frozen = (
+            preview_text(workshop=workshop, attendee=chosen)
+            if chosen is not None
+            else (None, False)
+        )
+        sources = dict(MessageText.Source.choices)
         context = {
             **self.admin_site.each_context(request),
+            "text": text
+            and {
+                "language": dict(settings.LANGUAGES).get(text.language, text.language),
+                "subject_source": sources.get(text.subject_source, text.subject_source),
+                "intro_source": sources.get(text.intro_source, text.intro_source),
+                "frozen": frozen,
+            },
             "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "title": f"Preview of the reminder for {workshop.title}",
             "subtitle": None,

@@ -392,14 +392,30 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
 
 
+def preview_text(*, workshop, attendee):
+    """Return the text ``attendee`` gets for ``workshop``, and whether it is frozen already
+    (their reminder was claimed once: it keeps that text whatever staff edit)."""
+    frozen = (
+        Reminder.objects.filter(workshop=workshop, attendee=attendee, text__isnull=False)
+        .select_related("text")
+        .first()
+    )
+    if frozen is not None:
+        return frozen.text, True
+    return choose_text(workshop=workshop, attendee=attendee), False
+
+
 def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
     """Return the envelope ``attendee`` would get for ``workshop`` if it were sent at ``now``.
 
-    Read only. The planned reminder is used when there is one (its key and
-    creation time, so the .ics is the one that would be sent); otherwise an
-    unsaved one with the key it would get, made ``now``.
+    Read only. The planned reminder is used when there is one (its key,
+    creation time and frozen text, so the .ics and body are the ones that
+    would be sent); otherwise an unsaved one with the key it would get, made
+    ``now``, and the text its first claim would freeze.
     """
-    reminder = Reminder.objects.filter(workshop=workshop, attendee=attendee).first()
+    reminder = (
+        Reminder.objects.filter(workshop=workshop, attendee=attendee).select_related("text").first()
+    )
     if reminder is None:
         reminder = Reminder(
             pk=0,

@@ -14,6 +14,7 @@ and used as a subquery, so a preview costs one query whatever its size.
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -21,7 +22,8 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from clock import Clock, default_clock
-from reminders.models import Reminder, ScanRun
+from reminders.content import choose_text, reminder_language
+from reminders.models import MessageText, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_TASK_NAME
 from reminders.services.dispatch import SCAN_NAME
@@ -295,3 +297,69 @@ def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
         scan_enabled=bool(scan and scan["enabled"]),
         **counts,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class TextReach:
+    """Which text the attendees of one language get, and how many reminders an edit reaches."""
+
+    language: str
+    language_name: str
+    attendees: int
+    unclaimed: int
+    subject_source: str
+    intro_source: str
+
+
+def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
+    """Return, per language of the workshop's enrolled attendees, the text they get now;
+    and how many of its reminders an edit would still reach (not yet claimed, still open)
+    and how many keep the text they were frozen with. Four queries.
+    """
+    texts = {text.language: text for text in workshop.texts.all()}
+    enrolled = Counter()
+    for language, count in (
+        Enrollment.objects.filter(workshop=workshop, status=Enrollment.Status.ACTIVE)
+        .values_list("attendee__language")
+        .annotate(count=Count("pk"))
+    ):
+        enrolled[language] += count
+    mine = Reminder.objects.filter(workshop=workshop)
+    counts = mine.aggregate(
+        frozen=Count("pk", filter=Q(text__isnull=False)),
+        unclaimed=Count("pk", filter=Q(text__isnull=True, status__in=Reminder.OPEN_STATUSES)),
+    )
+    unclaimed_by = dict(
+        mine.filter(text__isnull=True, status__in=Reminder.OPEN_STATUSES)
+        .values_list("attendee__language")
+        .annotate(count=Count("pk"))
+    )
+    names = dict(settings.LANGUAGES)
+    merged: dict[str, list[int]] = {}
+    for raw in set(enrolled) | set(unclaimed_by):
+        language = reminder_language(workshop=workshop, attendee=_Speaker(raw))
+        tally = merged.setdefault(language, [0, 0])
+        tally[0] += enrolled.get(raw, 0)
+        tally[1] += unclaimed_by.get(raw, 0)
+    sources = dict(MessageText.Source.choices)
+    rows = []
+    for language, (attendees, unclaimed) in sorted(merged.items()):
+        chosen = choose_text(workshop=workshop, attendee=_Speaker(language), texts=texts)
+        rows.append(
+            TextReach(
+                language=language,
+                language_name=names.get(language, language),
+                attendees=attendees,
+                unclaimed=unclaimed,
+                subject_source=sources[chosen.subject_source],
+                intro_source=sources[chosen.intro_source],
+            )
+        )
+    return rows, counts["unclaimed"], counts["frozen"]
+
+
+@dataclass(frozen=True, slots=True)
+class _Speaker:
+    """Stands in for an attendee of a language when choosing a text."""
+
+    language: str

@@ -31,10 +31,11 @@ from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
 from django.db.models import Count, Q
 from django.urls import reverse
-from django.utils.html import format_html
+from django.utils.html import format_html, format_html_join
 
 from clock import default_clock
-from workshops.models import Attendee, Enrollment, Workshop
+from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
+from workshops.placeholders import PLACEHOLDERS
 from workshops.services import (
     enrollment_cancel,
     enrollment_create,
@@ -170,7 +171,9 @@ class WorkshopForm(forms.ModelForm):
         fields = (
             "title", "timezone", "starts_at", "ends_at",
             "location", "join_url", "contact_name", "contact_email",
+            "language", "reminder_subject", "reminder_intro",
         )  # fmt: skip
+        widgets = {"reminder_intro": forms.Textarea(attrs={"rows": 5, "cols": 80})}
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
@@ -262,6 +265,26 @@ class EnrollmentInline(admin.TabularInline):
     created_at_utc = utc_column("created_at", "Enrolled")
 
 
+class WorkshopTextInline(admin.StackedInline):
+    """The workshop's reminder text in other languages (saved as they are: nothing follows)."""
+
+    model = WorkshopText
+    extra = 0
+    fields = ("language", "reminder_subject", "reminder_intro")
+    formfield_overrides = {
+        WorkshopText._meta.get_field("reminder_intro").__class__: {
+            "widget": forms.Textarea(attrs={"rows": 4, "cols": 80})
+        }
+    }
+
+
+def placeholder_help() -> str:
+    """The placeholders staff may use, as the admin lists them next to the text fields."""
+    return format_html_join(
+        ", ", "<code>{{{}}}</code> ({})", ((name, what) for name, what in PLACEHOLDERS.items())
+    )
+
+
 @admin.register(Workshop)
 class WorkshopAdmin(admin.ModelAdmin):
     form = WorkshopForm
@@ -269,7 +292,7 @@ class WorkshopAdmin(admin.ModelAdmin):
     list_filter = ("status", ("starts_at", admin.DateFieldListFilter), "timezone")
     search_fields = ("title",)
     date_hierarchy = "starts_at"
-    inlines = [EnrollmentInline]
+    inlines = [WorkshopTextInline, EnrollmentInline]
     save_as = True
     readonly_fields = ("status", "start_local", "start_utc", "created_at_utc", "updated_at_utc")
     fieldsets = (
@@ -283,6 +306,18 @@ class WorkshopAdmin(admin.ModelAdmin):
                 "fields": ("location", "join_url", "contact_name", "contact_email"),
                 "description": "Shown in every reminder not yet sent, and in its calendar file. "
                 "Replies to a reminder go to the organiser's email.",
+            },
+        ),
+        (
+            "Reminder text",
+            {
+                "fields": ("language", "reminder_subject", "reminder_intro"),
+                "description": format_html(
+                    "Written in the workshop's language; texts in other languages go below. "
+                    "A change reaches only reminders not yet claimed: each reminder keeps the "
+                    "text it had when a worker first took it. Placeholders: {}.",
+                    placeholder_help(),
+                ),
             },
         ),
         (None, {"fields": ("status", "created_at_utc", "updated_at_utc")}),

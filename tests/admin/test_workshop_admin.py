@@ -38,6 +38,11 @@ def form_data(
         "enrollments-INITIAL_FORMS": str(sum(1 for row in rows if row[0])),
         "enrollments-MIN_NUM_FORMS": "0",
         "enrollments-MAX_NUM_FORMS": "1000",
+        "language": "en",
+        "texts-TOTAL_FORMS": "0",
+        "texts-INITIAL_FORMS": "0",
+        "texts-MIN_NUM_FORMS": "0",
+        "texts-MAX_NUM_FORMS": "1000",
         **extra,
     }
     for index, (enrollment_id, attendee_id, status) in enumerate(rows):
