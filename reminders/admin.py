@@ -154,6 +154,13 @@ class ReplayForm(forms.Form):
         max_length=REASON_MAX_LENGTH,
         help_text="Optional; recorded with the replay.",
     )
+    use_edited_text = forms.BooleanField(
+        required=False,
+        label="Use the edited text",
+        help_text="Off: each reminder sends the text it was frozen with when first claimed, "
+        "the same as before. On: it takes the workshop's text as it is now. Recorded with "
+        "the replay.",
+    )
 
 
 class ResolveUnknownForm(forms.Form):
@@ -348,11 +355,14 @@ class StaffActionsMixin:
                 submit_label=f"Yes, replay {_plural(preview.eligible, 'reminder')}",
                 form=form,
             )
-        reason = form.cleaned_data["reason"]
+        options = {
+            "reason": form.cleaned_data["reason"],
+            "use_edited_text": form.cleaned_data["use_edited_text"],
+        }
         if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT:
-            result = reminder_replay_later(reminders=reminders, actor=request.user, reason=reason)
+            result = reminder_replay_later(reminders=reminders, actor=request.user, **options)
         else:
-            result = reminder_replay(reminders=reminders, actor=request.user, reason=reason)
+            result = reminder_replay(reminders=reminders, actor=request.user, **options)
         if missing is None:
             missing = self._missing(request, found=result.selected)
         self.message_user(
@@ -652,6 +662,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
         "actor_name",
         "reason",
         "outcome",
+        "use_edited_text",
         "selected",
         "changed",
         "queued",

@@ -278,6 +278,13 @@ class StaffDecision(models.Model):
         editable=False,
         help_text="How a test send ended: sent with the provider's id, or why not.",
     )
+    use_edited_text = models.BooleanField(
+        "replayed with the edited text",
+        default=False,
+        editable=False,
+        help_text="A replay whose reminders drop the text they were frozen with and take the "
+        "workshop's text as it is at their next claim.",
+    )
 
     class Meta:
         ordering = ["-created_at", "-id"]

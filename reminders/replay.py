@@ -104,6 +104,7 @@ def reminder_replay(
     clock: Clock | None = None,
     publish: Publish | None = None,
     reason: str = "",
+    use_edited_text: bool = False,
 ) -> StaffActionResult:
     """Re-arm the replayable reminders of a selection and queue them for delivery after commit.
 
@@ -111,6 +112,11 @@ def reminder_replay(
     a scheduled workshop and an active enrollment. They go back to
     ``pending`` with no retry time, and are dispatched at once when their
     window is open. Everything else is counted and left alone.
+
+    A replayed reminder keeps the text it was frozen with at its first claim,
+    so it sends what it would have sent. With ``use_edited_text`` staff choose
+    otherwise: its frozen text is dropped, its next claim freezes the
+    workshop's text as it is then, and the decision records the choice.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -121,6 +127,7 @@ def reminder_replay(
             guard=Q(status__in=REPLAYABLE_STATUSES),
             reason=REASON_REPLAYED.format(actor=actor.get_username()),
             now=now,
+            use_edited_text=use_edited_text,
         )
         queued = _dispatch(rearmed, clock=clock, publish=publish)
         result = _audit(
@@ -131,15 +138,17 @@ def reminder_replay(
             changed=rearmed,
             queued=queued,
             reason=(reason or "").strip()[:REASON_MAX_LENGTH],
+            use_edited_text=use_edited_text,
         )
         result = replace(result, later=_left_for_scan(rearmed, now=now))
     logger.info(
-        "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s",
+        "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s%s",
         actor.get_username(),
         result.selected,
         result.changed,
         result.queued,
         result.skipped,
+        ", with the edited text" if use_edited_text else "",
     )
     return result
 
@@ -241,14 +250,22 @@ def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
     return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
 
 
-def _rearm(*, candidates: QuerySet[Reminder], guard: Q, reason: str, now: datetime) -> list[int]:
+def _rearm(
+    *,
+    candidates: QuerySet[Reminder],
+    guard: Q,
+    reason: str,
+    now: datetime,
+    use_edited_text: bool = False,
+) -> list[int]:
     """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is still ``pending``.
 
     The fate comes from the workshop and enrollment as they are now, read
     under ``FOR SHARE`` (reminders.services.fate): a reminder of a workshop
     cancelled or moved inside the cutoff meanwhile is left as it is. The
     re-armed rows get the current window and deadline and a fresh attempt
-    count. Return the ids the guarded UPDATE changed.
+    count; with ``use_edited_text`` also no frozen text (the next claim
+    freezes the current one). Return the ids the guarded UPDATE changed.
     """
     ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
@@ -259,7 +276,8 @@ def _rearm(*, candidates: QuerySet[Reminder], guard: Q, reason: str, now: dateti
         )
         if fate.status == Status.PENDING:
             fates[pk] = fate
-    return sorted(reminders_return(fates=fates, guard=guard, now=now, extra={"attempts": 0}))
+    extra = {"attempts": 0, **({"text": None} if use_edited_text else {})}
+    return sorted(reminders_return(fates=fates, guard=guard, now=now, extra=extra))
 
 
 def _left_for_scan(ids: list[int], *, now: datetime) -> int:
@@ -285,6 +303,7 @@ def reminder_replay_later(
     reason: str = "",
     clock: Clock | None = None,
     publish_task: PublishTask | None = None,
+    use_edited_text: bool = False,
 ) -> StaffActionResult:
     """Record a replay of a large selection and hand it to a worker after commit.
 
@@ -310,6 +329,7 @@ def reminder_replay_later(
             queued=0,
             skipped=dict(preview.skipped),
             selection_ids=ids,
+            use_edited_text=use_edited_text,
         )
         publish = publish_task or _publish_replay_task
         transaction.on_commit(lambda: publish(audit.pk))
@@ -372,6 +392,7 @@ def replay_continue(
                 guard=Q(status__in=REPLAYABLE_STATUSES),
                 reason=REASON_REPLAYED.format(actor=decision.actor_name),
                 now=now,
+                use_edited_text=decision.use_edited_text,
             )
             decision.queued += _dispatch(rearmed, clock=clock, publish=publish)
             decision.changed += len(rearmed)
@@ -395,6 +416,7 @@ def _audit(
     changed: list[int],
     queued: int,
     reason: str,
+    use_edited_text: bool = False,
 ) -> StaffActionResult:
     skipped = dict(preview.skipped)
     # Counted eligible a moment ago, but a concurrent replay or a worker took
@@ -413,6 +435,7 @@ def _audit(
         queued=queued,
         skipped=skipped,
         reminder_ids=sorted(changed),
+        use_edited_text=use_edited_text,
     )
     return StaffActionResult(
         action=action,

@@ -415,3 +415,29 @@ def test_audit_records_are_listed_read_only(make_reminders, login, replayer, mak
         == 403
     )
     assert client.get(reverse("admin:reminders_staffdecision_add")).status_code == 403
+
+
+def test_the_edited_text_is_an_explicit_choice_on_the_confirmation_and_goes_into_the_audit(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks, clock
+):
+    from reminders.models import MessageText
+
+    failed = make_reminders(2, "failed")
+    frozen = MessageText.objects.create(
+        digest="d" * 64, language="en", subject_source="built_in", subject="Old",
+        intro_source="built_in", intro="Old words.",
+    )  # fmt: skip
+    Reminder.objects.filter(pk__in=failed).update(text=frozen)
+    client = login(replayer)
+    page = post_action(client, "replay_selected", failed[:1]).content.decode()
+    assert 'name="use_edited_text"' in page and "Use the edited text" in page
+    with django_capture_on_commit_callbacks(execute=True):
+        post_action(client, "replay_selected", failed[:1], confirm=True)
+        post_action(client, "replay_selected", failed[1:], confirm=True, use_edited_text="on")
+    kept, edited = (Reminder.objects.get(pk=pk) for pk in failed)
+    assert (kept.text_id, edited.text_id) == (frozen.pk, None)
+    audits = StaffDecision.objects.order_by("pk")
+    assert [(a.reminder_ids, a.use_edited_text) for a in audits] == [
+        ([failed[0]], False),
+        ([failed[1]], True),
+    ]

@@ -9,9 +9,12 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
+from delivery.results import Outcome
 from reminders.content import reminder_envelope
-from reminders.models import MessageText, Reminder
-from reminders.services import reminder_claim_batch, reminders_reap
+from reminders.models import MessageText, Reminder, StaffDecision
+from reminders.replay import reminder_replay, reminder_replay_later, replay_continue
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from tests.reminders.test_claim import _result
 from workshops.models import WorkshopText
 from workshops.services import enrollment_create, workshop_update
 
@@ -121,3 +124,49 @@ def test_claimers_freezing_the_same_new_text_at_once_store_it_once(clock, due_re
     (only,) = MessageText.objects.values_list("pk", flat=True)
     assert texts == [{only}] * 4
     assert set(Reminder.objects.filter(pk__in=ids).values_list("text_id", flat=True)) == {only}
+
+
+def _failed_after_edit(clock, make_workshop, enrol):
+    """A reminder claimed with the first text, failed for good, and the text edited since."""
+    workshop = make_workshop(starts_in=timedelta(hours=2), reminder_intro="First words.")
+    (enrollment,) = enrol(workshop)
+    reminder = Reminder.objects.get(enrollment=enrollment)
+    claim = reminder_claim_batch(ids=[reminder.pk], channel="http", clock=clock)
+    sent = _bytes(reminder_envelope(reminder=claim.reminders[0]))
+    failed = _result(claim.reminders[0], Outcome.PERMANENT, error="400 mailbox full")
+    assert reminder_record_batch(claim=claim, results=[failed], clock=clock) == {"failed": 1}
+    workshop_update(workshop=workshop, reminder_intro="Edited words.")
+    return reminder, sent
+
+
+@pytest.mark.parametrize("later", [False, True], ids=["in the request", "in the background"])
+def test_a_replay_sends_the_frozen_text_unless_staff_choose_the_edited_one(
+    clock, make_workshop, enrol, admin_user, later
+):
+    reminder, sent = _failed_after_edit(clock, make_workshop, enrol)
+    replay(reminder, admin_user, clock=clock, later=later, use_edited_text=False)
+    again = reminder_claim_batch(ids=[reminder.pk], channel="http", clock=clock)
+    assert _bytes(reminder_envelope(reminder=again.reminders[0])) == sent
+    failed = _result(again.reminders[0], Outcome.PERMANENT, error="400 mailbox full")
+    reminder_record_batch(claim=again, results=[failed], clock=clock)
+
+    decision = replay(reminder, admin_user, clock=clock, later=later, use_edited_text=True)
+    assert decision.use_edited_text and decision.reminder_ids == [reminder.pk]
+    edited = reminder_claim_batch(ids=[reminder.pk], channel="http", clock=clock)
+    body = reminder_envelope(reminder=edited.reminders[0]).text_body
+    assert body.startswith("Edited words.\n") and "First words." not in body
+    decisions = StaffDecision.objects.filter(action="replay").order_by("pk")
+    assert list(decisions.values_list("use_edited_text", flat=True)) == [False, True]
+
+
+def replay(reminder, actor, *, clock, later: bool, use_edited_text: bool) -> StaffDecision:
+    selection = Reminder.objects.filter(pk=reminder.pk)
+    options = {"actor": actor, "clock": clock, "use_edited_text": use_edited_text}
+    if later:
+        result = reminder_replay_later(
+            reminders=selection, publish_task=lambda _pk: None, **options
+        )
+        replay_continue(decision_id=result.audit_id, clock=clock, publish=lambda *a, **k: None)
+    else:
+        result = reminder_replay(reminders=selection, publish=lambda *a, **k: None, **options)
+    return StaffDecision.objects.get(pk=result.audit_id)
