@@ -46,7 +46,7 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
-from reminders.content import preview_envelope, preview_text
+from reminders.content import preview_envelope, preview_text, reminder_envelope
 from reminders.erasure import attendee_erase_preview, attendees_erase
 from reminders.models import DeliveryAttempt, MessageText, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
@@ -482,9 +482,50 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                 )
             },
         ),
+        ("Message", {"fields": ("frozen_text", "message")}),
         ("Timeline", {"fields": ("timeline",)}),
     )
     readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
+
+    @admin.display(description="Text")
+    def frozen_text(self, obj: Reminder) -> str:
+        """The language and text the first claim froze, or that it would freeze now."""
+        sources = dict(MessageText.Source.choices)
+        if obj.text_id is None:
+            return (
+                "Not frozen yet: the first claim fixes the language and text; until then an "
+                "edit of the workshop's text changes it."
+            )
+        text = obj.text
+        return format_html(
+            "Frozen at the first claim: {}; the subject is {}, the intro {}. Every send under "
+            "this key uses it, whatever is edited since.",
+            dict(settings.LANGUAGES).get(text.language, text.language),
+            sources.get(text.subject_source, text.subject_source),
+            sources.get(text.intro_source, text.intro_source),
+        )
+
+    @admin.display(description="What it says")
+    def message(self, obj: Reminder) -> str:
+        """The subject and text part as sent (or as they would be sent), from the frozen text."""
+        envelope = reminder_envelope(reminder=obj)
+        preview = reverse("admin:workshops_workshop_preview", args=[obj.workshop_id])
+        changed = ""
+        if obj.sent_at and obj.workshop.updated_at > obj.sent_at:
+            changed = (
+                "The workshop was edited after this was sent: the times and details below "
+                "are its current ones. "
+            )
+        return format_html(
+            '<p>{}<a href="{}?{}">Preview with the HTML part and the .ics</a></p>'
+            '<p id="reminder-subject"><strong>{}</strong></p>'
+            '<pre id="reminder-text" style="white-space: pre-wrap; max-width: 60em">{}</pre>',
+            changed,
+            preview,
+            urlencode({"attendee": obj.attendee_id}),
+            envelope.subject,
+            envelope.text_body,
+        )
 
     @admin.display(description="What happened (UTC, then the workshop's zone)")
     def timeline(self, obj: Reminder):

@@ -239,6 +239,7 @@ class WorkshopText(models.Model):
     class Meta:
         ordering = ["workshop", "language"]
         verbose_name = "reminder text in another language"
+        verbose_name_plural = "reminder texts in other languages"
         constraints = [
             models.UniqueConstraint(
                 fields=["workshop", "language"],

@@ -11,7 +11,7 @@ from reminders.models import Reminder
 from reminders.services import reminder_claim_batch, reminder_release
 from tests.admin.test_workshop_admin import CHANGELIST, field_errors, form_data
 from workshops.models import Workshop, WorkshopText
-from workshops.services import enrollment_create
+from workshops.services import enrollment_create, workshop_update
 
 pytestmark = pytest.mark.django_db
 
@@ -116,3 +116,27 @@ def test_the_page_says_what_an_edit_reaches_and_which_text_each_language_gets(
         "The new text reaches 3 reminders not yet claimed; 1 already claimed keeps the text it "
         "was frozen with." in notes
     )
+
+
+def test_the_reminder_page_shows_its_frozen_text_and_what_it_says(
+    admin_client, clock, make_workshop, make_attendee
+):
+    workshop = make_workshop(
+        starts_in=timedelta(hours=2), reminder_intro="Bring clay, {attendee_name}."
+    )
+    attendee = make_attendee(language="de")
+    enrollment_create(attendee=attendee, workshop=workshop)
+    reminder = Reminder.objects.get(workshop=workshop)
+    url = f"/admin/reminders/reminder/{reminder.pk}/change/"
+    assert "Not frozen yet" in admin_client.get(url).content.decode()
+
+    reminder_claim_batch(ids=[reminder.pk], channel="http", clock=clock)
+    workshop_update(workshop=workshop, reminder_intro="Edited since.")
+    page = admin_client.get(url).content.decode()
+    assert (
+        "Frozen at the first claim: Deutsch; the subject is the built-in text, the intro "
+        "the workshop&#x27;s own text." in page
+    )
+    text = page.split('<pre id="reminder-text"')[1].split("</pre>")[0]
+    assert f"Bring clay, {attendee.name}." in text and "Wann:" in text
+    assert "Edited since." not in text

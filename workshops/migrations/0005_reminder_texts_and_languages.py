@@ -106,6 +106,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "verbose_name": "reminder text in another language",
+                "verbose_name_plural": "reminder texts in other languages",
                 "ordering": ["workshop", "language"],
                 "constraints": [
                     models.UniqueConstraint(
