@@ -24,7 +24,8 @@ from django.conf import settings
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 from django.template.loader import get_template
-from django.utils import dateformat, translation
+from django.utils import translation
+from django.utils.dates import MONTHS, WEEKDAYS
 from django.utils.html import escape
 from django.utils.translation import gettext, gettext_noop, pgettext
 
@@ -183,18 +184,93 @@ def local_start(moment: datetime, zone: ZoneInfo, language: str = "en") -> str:
         return _when(moment.astimezone(zone))
 
 
+# The fixed lines' labels, in Python rather than {% translate %} tags: each
+# language's are looked up once per process (_words), not once per reminder.
+LABELS = {
+    "when": gettext_noop("When:"),
+    "until": gettext_noop("Until:"),
+    "where": gettext_noop("Where:"),
+    "join": gettext_noop("Join:"),
+    "organiser": gettext_noop("Organiser:"),
+    "reply": gettext_noop("reply to this message to reach them"),
+    "calendar": gettext_noop("The attached calendar file adds it to your calendar."),
+    "goodbye": gettext_noop("See you there!"),
+}
+ELSEWHERE = gettext_noop(", which is %(start_workshop)s where it is held (%(workshop_zone)s)")
+
+
+@dataclass(frozen=True, slots=True)
+class _Words:
+    """One language's labels, date formats and day and month names, looked up once."""
+
+    labels: dict
+    elsewhere: str
+    held_in: str
+    start_format: str
+    end_format: str
+    weekdays: tuple
+    months: tuple
+
+
+@functools.cache
+def _words(language: str) -> _Words:
+    with translation.override(language):
+        return _Words(
+            labels={name: gettext(text) for name, text in LABELS.items()},
+            elsewhere=gettext(ELSEWHERE),
+            held_in=gettext("Held in {zone}."),
+            # Translators: a Django date format (https://docs.djangoproject.com/en/5.2/ref/templates/builtins/#date);
+            # only l, d, j, F, Y, H and i are understood, and \ quotes a letter.
+            start_format=pgettext("reminder start", r"l d F Y \a\t H:i"),
+            # Translators: a Django time format, the end of a workshop that ends on the day it starts.
+            end_format=pgettext("reminder end", "H:i"),
+            weekdays=tuple(str(WEEKDAYS[day]) for day in range(7)),
+            months=tuple(str(MONTHS[month]) for month in range(1, 13)),
+        )
+
+
+def _format(local: datetime, fmt: str, words: _Words) -> str:
+    """Format ``local`` with the few Django date format characters reminders use.
+
+    Django's own dateformat.format costs about 70 us a call, most of it
+    resolving lazy day and month names; this reads them from ``words``.
+    """
+    out, quoted = [], False
+    for char in fmt:
+        if quoted:
+            out.append(char)
+            quoted = False
+        elif char == "\\":
+            quoted = True
+        elif char == "l":
+            out.append(words.weekdays[local.weekday()])
+        elif char == "d":
+            out.append(f"{local.day:02d}")
+        elif char == "j":
+            out.append(str(local.day))
+        elif char == "F":
+            out.append(words.months[local.month - 1])
+        elif char == "Y":
+            out.append(str(local.year))
+        elif char == "H":
+            out.append(f"{local.hour:02d}")
+        elif char == "i":
+            out.append(f"{local.minute:02d}")
+        else:
+            out.append(char)
+    return "".join(out)
+
+
 def _when(local: datetime) -> str:
-    # Translators: a Django date format (https://docs.djangoproject.com/en/5.2/ref/templates/builtins/#date).
-    fmt = pgettext("reminder start", r"l d F Y \a\t H:i")
-    return f"{dateformat.format(local, fmt)} {local.tzname()}"
+    words = _words(translation.get_language())
+    return f"{_format(local, words.start_format, words)} {local.tzname()}"
 
 
 def _until(local_end: datetime, local_start: datetime) -> str:
     if local_end.date() != local_start.date():
         return _when(local_end)
-    # Translators: a Django time format, the end of a workshop that ends on the day it starts.
-    fmt = pgettext("reminder end", "H:i")
-    return f"{dateformat.format(local_end, fmt)} {local_end.tzname()}"
+    words = _words(translation.get_language())
+    return f"{_format(local_end, words.end_format, words)} {local_end.tzname()}"
 
 
 def _intro_html(text: str) -> str:
@@ -234,12 +310,16 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
             "organiser_email": workshop.contact_email,
         }
         intro = fill(text.intro, values)
+        words = _words(text.language)
+        start_workshop = _when(workshop.starts_at.astimezone(workshop_zone))
         context = {
             **values,
+            "words": words.labels,
+            "elsewhere": words.elsewhere
+            % {"start_workshop": start_workshop, "workshop_zone": workshop_zone.key},
             "language": text.language,
             "zone_name": zone.key,
             "show_workshop_zone": zone.key != workshop_zone.key,
-            "start_workshop": _when(workshop.starts_at.astimezone(workshop_zone)),
             "workshop_zone": workshop_zone.key,
             "intro": intro,
             "intro_html": _intro_html(
@@ -360,7 +440,7 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
     """
     workshop = reminder.workshop
     # In the language of the message (the caller holds it active).
-    held_in = gettext("Held in {zone}.").replace("{zone}", workshop.timezone)
+    held_in = _words(translation.get_language()).held_in.replace("{zone}", workshop.timezone)
     lines = [
         "BEGIN:VCALENDAR",
         "VERSION:2.0",
