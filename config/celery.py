@@ -53,7 +53,7 @@ def _load_before_fork(sender, **kwargs) -> None:
 
     from reminders import content, pipeline  # noqa: F401  (the whole send path)
 
-    content.compile_templates()
+    content.warm_up()
     gc.collect()
     gc.freeze()
 

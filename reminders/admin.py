@@ -46,9 +46,9 @@ from django.utils.http import urlencode
 from django.utils.timesince import timesince
 
 from clock import default_clock
-from reminders.content import preview_envelope, preview_text, reminder_envelope
+from reminders.content import language_name, reminder_envelope, reminder_preview
 from reminders.erasure import attendee_erase_preview, attendees_erase
-from reminders.models import DeliveryAttempt, MessageText, Reminder, StaffDecision
+from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.replay import (
     REASON_MAX_LENGTH,
@@ -490,7 +490,6 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.display(description="Text")
     def frozen_text(self, obj: Reminder) -> str:
         """The language and text the first claim froze, or that it would freeze now."""
-        sources = dict(MessageText.Source.choices)
         if obj.text_id is None:
             return (
                 "Not frozen yet: the first claim fixes the language and text; until then an "
@@ -500,9 +499,9 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         return format_html(
             "Frozen at the first claim: {}; the subject is {}, the intro {}. Every send under "
             "this key uses it, whatever is edited since.",
-            dict(settings.LANGUAGES).get(text.language, text.language),
-            sources.get(text.subject_source, text.subject_source),
-            sources.get(text.intro_source, text.intro_source),
+            language_name(text.language),
+            text.get_subject_source_display(),
+            text.get_intro_source_display(),
         )
 
     @admin.display(description="What it says")
@@ -861,26 +860,17 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
         if wanted and chosen is None:
             error = NOT_ENROLLED
         chosen = chosen or (enrolled[0] if enrolled else None)
-        envelope = (
-            preview_envelope(workshop=workshop, attendee=chosen, now=default_clock().now())
+        preview = (
+            reminder_preview(workshop=workshop, attendee=chosen, now=default_clock().now())
             if chosen is not None
             else None
         )
-        text, frozen = (
-            preview_text(workshop=workshop, attendee=chosen)
-            if chosen is not None
-            else (None, False)
-        )
-        sources = dict(MessageText.Source.choices)
+        envelope = preview.envelope if preview else None
         context = {
             **self.admin_site.each_context(request),
-            "text": text
-            and {
-                "language": dict(settings.LANGUAGES).get(text.language, text.language),
-                "subject_source": sources.get(text.subject_source, text.subject_source),
-                "intro_source": sources.get(text.intro_source, text.intro_source),
-                "frozen": frozen,
-            },
+            "text": preview.text if preview else None,
+            "text_language": language_name(preview.text.language) if preview else "",
+            "frozen": preview.frozen if preview else False,
             "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "title": f"Preview of the reminder for {workshop.title}",
             "subtitle": None,

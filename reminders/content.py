@@ -3,8 +3,8 @@
 A message is the reminder's frozen text (reminders.models.MessageText: the
 language, subject and intro chosen at the first claim, placeholders still in
 braces) filled with the workshop's and attendee's facts as they are now, and
-the fixed lines (when, where, join link, organiser) from the templates in the
-same language. Times are shown in the attendee's zone (else the workshop's)
+the fixed lines (when, where, join link, organiser) in the same language,
+built here in Python with every value escaped in the HTML part. Times are shown in the attendee's zone (else the workshop's)
 with the zone's abbreviation for that date, so a reminder for a workshop on a
 daylight-saving day says CEST or CET correctly. An iCalendar file with the
 start in UTC is attached.
@@ -21,9 +21,6 @@ from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
-from django.core.signals import setting_changed
-from django.dispatch import receiver
-from django.template.loader import get_template
 from django.utils import translation
 from django.utils.dates import MONTHS, WEEKDAYS
 from django.utils.html import escape
@@ -45,37 +42,11 @@ DEFAULT_INTRO = gettext_noop(
 Source = MessageText.Source
 
 
-@functools.cache
-def _template(name: str):
-    """Return the compiled template: loaded and parsed once per process, not once per reminder.
-
-    Forgotten when the TEMPLATES setting changes (tests override it); a
-    worker reads edited template files at its next start.
-    """
-    return get_template(name)
-
-
-@receiver(setting_changed)
-def _forget_templates(*, setting: str, **kwargs) -> None:
-    if setting == "TEMPLATES":
-        _template.cache_clear()
-
-
-TEMPLATES = ("reminders/email/body.txt", "reminders/email/body.html")
-
-
-def compile_templates() -> None:
-    """Compile the message templates and load every catalog now (a worker's parent does it
-    before the pool forks)."""
-    for name in TEMPLATES:
-        _template(name)
+def warm_up() -> None:
+    """Look up every language's words now (a worker's parent does it before the pool forks,
+    so the children share them instead of each loading the catalogs)."""
     for code, _name in settings.LANGUAGES:
-        with translation.override(code):
-            gettext(DEFAULT_SUBJECT)
-
-
-def _render(name: str, context: dict) -> str:
-    return _template(name).render(context)
+        _words(code)
 
 
 def _one_line(text: str) -> str:
@@ -113,30 +84,12 @@ def wrap_text(text: str) -> str:
     return "\n".join(wrapped) + ("\n" if text.endswith("\n") else "")
 
 
-@dataclass(frozen=True, slots=True)
-class ChosenText:
-    """The language and text a reminder gets, placeholders unfilled (a MessageText's fields)."""
-
-    language: str
-    subject_source: str
-    subject: str
-    intro_source: str
-    intro: str
-
-    @property
-    def digest(self) -> str:
-        fields = [self.language, self.subject_source, self.subject, self.intro_source, self.intro]
-        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
-
-    def as_row(self) -> MessageText:
-        return MessageText(
-            digest=self.digest,
-            language=self.language,
-            subject_source=self.subject_source,
-            subject=self.subject,
-            intro_source=self.intro_source,
-            intro=self.intro,
-        )
+def text_digest(
+    *, language: str, subject_source: str, subject: str, intro_source: str, intro: str
+) -> str:
+    """Return the digest MessageText rows are shared by: one per distinct language and text."""
+    fields = [language, subject_source, subject, intro_source, intro]
+    return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
 
 def reminder_language(*, workshop, attendee) -> str:
@@ -148,8 +101,14 @@ def reminder_language(*, workshop, attendee) -> str:
     return settings.LANGUAGE_CODE
 
 
-def choose_text(*, workshop, attendee, texts=None) -> ChosenText:
-    """Return the text ``attendee`` gets for ``workshop`` if its reminder were claimed now.
+def language_name(code: str) -> str:
+    """The name settings.LANGUAGES gives a language code (the code itself if it has none)."""
+    return dict(settings.LANGUAGES).get(code, code)
+
+
+def choose_text(*, workshop, attendee, texts=None) -> MessageText:
+    """Return the text ``attendee`` gets for ``workshop`` if its reminder were claimed now,
+    as an unsaved MessageText with its digest.
 
     ``texts`` maps language codes to the workshop's WorkshopText rows (read
     from the database when not given). The attendee's language picks a text
@@ -161,31 +120,31 @@ def choose_text(*, workshop, attendee, texts=None) -> ChosenText:
         texts = {text.language: text for text in workshop.texts.all()} if workshop.pk else {}
     own = texts.get(language) if language != workshop.language else None
     source, holder = (Source.LANGUAGE, own) if own is not None else (Source.WORKSHOP, workshop)
-    with translation.override(language):
-        subject, subject_source = holder.reminder_subject, source
-        if not subject.strip():
-            subject, subject_source = gettext(DEFAULT_SUBJECT), Source.BUILT_IN
-        intro, intro_source = holder.reminder_intro, source
-        if not intro.strip():
-            intro, intro_source = gettext(DEFAULT_INTRO), Source.BUILT_IN
-    return ChosenText(
-        language=language,
-        subject_source=subject_source,
-        subject=subject,
-        intro_source=intro_source,
-        intro=intro.replace("\r\n", "\n").strip("\n"),
-    )
+    words = _words(language)
+    subject, subject_source = holder.reminder_subject, source
+    if not subject.strip():
+        subject, subject_source = words.default_subject, Source.BUILT_IN
+    intro, intro_source = holder.reminder_intro, source
+    if not intro.strip():
+        intro, intro_source = words.default_intro, Source.BUILT_IN
+    fields = {
+        "language": language,
+        "subject_source": subject_source,
+        "subject": subject,
+        "intro_source": intro_source,
+        "intro": intro.replace("\r\n", "\n").strip("\n"),
+    }
+    return MessageText(digest=text_digest(**fields), **fields)
 
 
 def local_start(moment: datetime, zone: ZoneInfo, language: str = "en") -> str:
     """Return ``moment`` as a reminder shows a start: the date and time where ``zone`` is,
     and the zone's abbreviation for that date, in ``language``."""
-    with translation.override(language):
-        return _when(moment.astimezone(zone))
+    return _when(moment.astimezone(zone), _words(language))
 
 
-# The fixed lines' labels, in Python rather than {% translate %} tags: each
-# language's are looked up once per process (_words), not once per reminder.
+# The fixed lines' labels: each language's are looked up once per process
+# (_words), not once per reminder.
 LABELS = {
     "when": gettext_noop("When:"),
     "until": gettext_noop("Until:"),
@@ -201,13 +160,16 @@ ELSEWHERE = gettext_noop(", which is %(start_workshop)s where it is held (%(work
 
 @dataclass(frozen=True, slots=True)
 class _Words:
-    """One language's labels, date formats and day and month names, looked up once."""
+    """One language's texts, labels, date formats and day and month names, looked up once
+    per process (and before the fork in a worker: reminders.content.warm_up)."""
 
+    default_subject: str
+    default_intro: str
     labels: dict
     elsewhere: str
     held_in: str
-    start_format: str
-    end_format: str
+    start_format: tuple
+    end_format: tuple
     weekdays: tuple
     months: tuple
 
@@ -216,68 +178,147 @@ class _Words:
 def _words(language: str) -> _Words:
     with translation.override(language):
         return _Words(
+            default_subject=gettext(DEFAULT_SUBJECT),
+            default_intro=gettext(DEFAULT_INTRO),
             labels={name: gettext(text) for name, text in LABELS.items()},
             elsewhere=gettext(ELSEWHERE),
             held_in=gettext("Held in {zone}."),
             # Translators: a Django date format (https://docs.djangoproject.com/en/5.2/ref/templates/builtins/#date);
             # only l, d, j, F, Y, H and i are understood, and \ quotes a letter.
-            start_format=pgettext("reminder start", r"l d F Y \a\t H:i"),
+            start_format=_parse(pgettext("reminder start", r"l d F Y \a\t H:i")),
             # Translators: a Django time format, the end of a workshop that ends on the day it starts.
-            end_format=pgettext("reminder end", "H:i"),
+            end_format=_parse(pgettext("reminder end", "H:i")),
             weekdays=tuple(str(WEEKDAYS[day]) for day in range(7)),
             months=tuple(str(MONTHS[month]) for month in range(1, 13)),
         )
 
 
-def _format(local: datetime, fmt: str, words: _Words) -> str:
-    """Format ``local`` with the few Django date format characters reminders use.
+_CODES = frozenset("ldjFYHi")
 
-    Django's own dateformat.format costs about 70 us a call, most of it
-    resolving lazy day and month names; this reads them from ``words``.
+
+def _parse(fmt: str) -> tuple[tuple[str, str], ...]:
+    """Split a Django date format into (code, "") and ("", literal) parts, once per language.
+
+    Only l, d, j, F, Y, H and i are understood; a backslash quotes the next
+    character, and any other character stands for itself.
     """
-    out, quoted = [], False
+    parts: list[tuple[str, str]] = []
+    quoted = False
     for char in fmt:
-        if quoted:
-            out.append(char)
-            quoted = False
-        elif char == "\\":
+        if char == "\\" and not quoted:
             quoted = True
-        elif char == "l":
-            out.append(words.weekdays[local.weekday()])
-        elif char == "d":
-            out.append(f"{local.day:02d}")
-        elif char == "j":
-            out.append(str(local.day))
-        elif char == "F":
-            out.append(words.months[local.month - 1])
-        elif char == "Y":
-            out.append(str(local.year))
-        elif char == "H":
-            out.append(f"{local.hour:02d}")
-        elif char == "i":
-            out.append(f"{local.minute:02d}")
+            continue
+        if char in _CODES and not quoted:
+            parts.append((char, ""))
+        elif parts and not parts[-1][0]:
+            parts[-1] = ("", parts[-1][1] + char)
         else:
-            out.append(char)
-    return "".join(out)
+            parts.append(("", char))
+        quoted = False
+    return tuple(parts)
 
 
-def _when(local: datetime) -> str:
-    words = _words(translation.get_language())
+def _format(local: datetime, parts: tuple[tuple[str, str], ...], words: _Words) -> str:
+    """Format ``local`` by parsed parts (Django's dateformat.format costs about 70 us a call,
+    most of it resolving lazy day and month names; these come from ``words``)."""
+    fields = {
+        "l": words.weekdays[local.weekday()],
+        "d": f"{local.day:02d}",
+        "j": str(local.day),
+        "F": words.months[local.month - 1],
+        "Y": str(local.year),
+        "H": f"{local.hour:02d}",
+        "i": f"{local.minute:02d}",
+    }
+    return "".join(fields[code] if code else literal for code, literal in parts)
+
+
+def _when(local: datetime, words: _Words) -> str:
     return f"{_format(local, words.start_format, words)} {local.tzname()}"
 
 
-def _until(local_end: datetime, local_start: datetime) -> str:
+def _until(local_end: datetime, local_start: datetime, words: _Words) -> str:
     if local_end.date() != local_start.date():
-        return _when(local_end)
-    words = _words(translation.get_language())
+        return _when(local_end, words)
     return f"{_format(local_end, words.end_format, words)} {local_end.tzname()}"
 
 
-def _intro_html(text: str) -> str:
-    """Return the filled intro as HTML: everything escaped, paragraphs and line breaks kept,
-    each filled value isolated in <bdi> so a right-to-left name cannot reorder its line."""
-    paragraphs = [part for part in re.split(r"\n\s*\n", text) if part.strip()]
+def _bdi(value: str) -> str:
+    """A filled value in the HTML part: escaped and isolated, so a right-to-left name cannot
+    reorder its line."""
+    return f"<bdi>{escape(value)}</bdi>"
+
+
+def _intro_html(escaped: str) -> str:
+    """Return the intro, already filled and escaped, as HTML paragraphs with its line breaks."""
+    paragraphs = [part for part in re.split(r"\n\s*\n", escaped) if part.strip()]
     return "\n".join(f"<p>{paragraph.replace(chr(10), '<br>')}</p>" for paragraph in paragraphs)
+
+
+def _organiser_line(values: dict[str, str], *, html: bool) -> str:
+    name, email = values["organiser"], values["organiser_email"]
+    if html:
+        name, email = (_bdi(name) if name else ""), escape(email)
+    if name and email:
+        return f"{name} &lt;{email}&gt;" if html else f"{name} <{email}>"
+    return name or email
+
+
+def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
+    """The plain text part: the filled intro, then the fixed lines in the message's language.
+
+    Built in Python, not by a template: Django's template engine cost about
+    60 % of a reminder's rendering, and these lines have no logic to share.
+    """
+    label = words.labels
+    lines = [
+        fill(text.intro, values),
+        "",
+        f"{label['when']} {values['start_local']} ({values['zone']}){elsewhere}",
+        f"{label['until']} {values['end_local']}",
+    ]
+    if values["location"]:
+        lines.append(f"{label['where']} {values['location']}")
+    if values["join_url"]:
+        lines.append(f"{label['join']} {values['join_url']}")
+    if values["organiser"] or values["organiser_email"]:
+        who = _organiser_line(values, html=False)
+        lines.append(f"{label['organiser']} {who} ({label['reply']})")
+    lines += ["", label["calendar"], "", label["goodbye"]]
+    return "\n".join(lines) + "\n"
+
+
+def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
+    """The HTML part: inline styles only, everything escaped, names and titles in <bdi>."""
+    label = {name: escape(value) for name, value in words.labels.items()}
+    details = [
+        f"<strong>{label['when']}</strong> {escape(values['start_local'])} "
+        f"({escape(values['zone'])}){escape(elsewhere)}",
+        f"<strong>{label['until']}</strong> {escape(values['end_local'])}",
+    ]
+    if values["location"]:
+        details.append(f"<strong>{label['where']}</strong> {_bdi(values['location'])}")
+    if values["join_url"]:
+        url = escape(values["join_url"])
+        details.append(
+            f'<strong>{label["join"]}</strong> <a href="{url}" style="color: #1a5fb4">{url}</a>'
+        )
+    if values["organiser"] or values["organiser_email"]:
+        who = _organiser_line(values, html=True)
+        details.append(f"<strong>{label['organiser']}</strong> {who} ({label['reply']})")
+    intro = _intro_html(fill(text.intro, values, literal=escape, value=_bdi))
+    lines = "<br>\n".join(details)
+    return (
+        "<!doctype html>\n"
+        f'<html lang="{escape(text.language)}">\n'
+        '<body style="font-family: sans-serif; line-height: 1.5">\n'
+        f"{intro}\n"
+        f"<p>{lines}</p>\n"
+        f"<p>{label['calendar']}</p>\n"
+        f"<p>{label['goodbye']}</p>\n"
+        "</body>\n"
+        "</html>\n"
+    )
 
 
 def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
@@ -297,39 +338,28 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
     start, end = workshop.starts_at.astimezone(zone), workshop.ends_at.astimezone(zone)
     location, join_url = _one_line(workshop.location), _join_url(workshop.join_url)
     organiser = _one_line(workshop.contact_name)
-    with translation.override(text.language):
-        values = {
-            "attendee_name": attendee.name,
-            "workshop_title": workshop.title,
-            "start_local": _when(start),
-            "end_local": _until(end, start),
-            "zone": zone.key,
-            "location": location,
-            "join_url": join_url,
-            "organiser": organiser,
-            "organiser_email": workshop.contact_email,
-        }
-        intro = fill(text.intro, values)
-        words = _words(text.language)
-        start_workshop = _when(workshop.starts_at.astimezone(workshop_zone))
-        context = {
-            **values,
-            "words": words.labels,
-            "elsewhere": words.elsewhere
-            % {"start_workshop": start_workshop, "workshop_zone": workshop_zone.key},
-            "language": text.language,
-            "zone_name": zone.key,
-            "show_workshop_zone": zone.key != workshop_zone.key,
+    words = _words(text.language)
+    values = {
+        "attendee_name": attendee.name,
+        "workshop_title": workshop.title,
+        "start_local": _when(start, words),
+        "end_local": _until(end, start, words),
+        "zone": zone.key,
+        "location": location,
+        "join_url": join_url,
+        "organiser": organiser,
+        "organiser_email": workshop.contact_email,
+    }
+    elsewhere = ""
+    if zone.key != workshop_zone.key:
+        elsewhere = words.elsewhere % {
+            "start_workshop": _when(workshop.starts_at.astimezone(workshop_zone), words),
             "workshop_zone": workshop_zone.key,
-            "intro": intro,
-            "intro_html": _intro_html(
-                fill(text.intro, values, literal=escape, value=lambda v: f"<bdi>{escape(v)}</bdi>")
-            ),
         }
-        subject = _one_line(fill(text.subject, values))
-        text_body = wrap_text(_render("reminders/email/body.txt", context).strip() + "\n")
-        html_body = _render("reminders/email/body.html", context)
-        ics = workshop_ics(reminder=reminder)
+    subject = _one_line(fill(text.subject, values))
+    text_body = wrap_text(_text_body(text, values, words, elsewhere=elsewhere))
+    html_body = _html_body(text, values, words, elsewhere=elsewhere)
+    ics = workshop_ics(reminder=reminder, language=text.language)
     details = {
         name: value
         for name, value in (
@@ -432,15 +462,14 @@ def _ics_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def workshop_ics(*, reminder: Reminder) -> bytes:
+def workshop_ics(*, reminder: Reminder, language: str | None = None) -> bytes:
     """Return an iCalendar (.ics) invitation for the reminder's workshop (deterministic).
 
-    Its one sentence is in the active language (reminder_envelope activates
-    the message's).
+    Its one sentence is in ``language``, the message's (default: the project's).
     """
     workshop = reminder.workshop
-    # In the language of the message (the caller holds it active).
-    held_in = _words(translation.get_language()).held_in.replace("{zone}", workshop.timezone)
+    words = _words(language or settings.LANGUAGE_CODE)
+    held_in = words.held_in.replace("{zone}", workshop.timezone)
     lines = [
         "BEGIN:VCALENDAR",
         "VERSION:2.0",
@@ -472,26 +501,23 @@ def workshop_ics(*, reminder: Reminder) -> bytes:
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
 
 
-def preview_text(*, workshop, attendee):
-    """Return the text ``attendee`` gets for ``workshop``, and whether it is frozen already
-    (their reminder was claimed once: it keeps that text whatever staff edit)."""
-    frozen = (
-        Reminder.objects.filter(workshop=workshop, attendee=attendee, text__isnull=False)
-        .select_related("text")
-        .first()
-    )
-    if frozen is not None:
-        return frozen.text, True
-    return choose_text(workshop=workshop, attendee=attendee), False
+@dataclass(frozen=True, slots=True)
+class Preview:
+    """What an attendee would get: the envelope, its text, and whether that text is frozen."""
+
+    envelope: Envelope
+    text: MessageText
+    frozen: bool
 
 
-def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
-    """Return the envelope ``attendee`` would get for ``workshop`` if it were sent at ``now``.
+def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
+    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now``.
 
     Read only. The planned reminder is used when there is one (its key,
     creation time and frozen text, so the .ics and body are the ones that
-    would be sent); otherwise an unsaved one with the key it would get, made
-    ``now``, and the text its first claim would freeze.
+    would be sent; frozen: it keeps that text whatever staff edit); otherwise
+    an unsaved one with the key it would get, made ``now``, and the text its
+    first claim would freeze.
     """
     reminder = (
         Reminder.objects.filter(workshop=workshop, attendee=attendee).select_related("text").first()
@@ -504,4 +530,13 @@ def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
             deadline_at=ReminderPolicy.from_settings().deadline_at(workshop.starts_at),
         )
     reminder.workshop, reminder.attendee = workshop, attendee
-    return reminder_envelope(reminder=reminder)
+    frozen = reminder.text_id is not None
+    text = reminder.text if frozen else choose_text(workshop=workshop, attendee=attendee)
+    return Preview(
+        envelope=reminder_envelope(reminder=reminder, text=text), text=text, frozen=frozen
+    )
+
+
+def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
+    """Return the envelope of reminder_preview (what a test send sends)."""
+    return reminder_preview(workshop=workshop, attendee=attendee, now=now).envelope

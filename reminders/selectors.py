@@ -22,8 +22,8 @@ from django.conf import settings
 from django.db.models import Count, Q, QuerySet
 
 from clock import Clock, default_clock
-from reminders.content import choose_text, reminder_language
-from reminders.models import MessageText, Reminder, ScanRun
+from reminders.content import choose_text, language_name, reminder_language
+from reminders.models import Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_TASK_NAME
 from reminders.services.dispatch import SCAN_NAME
@@ -334,25 +334,23 @@ def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
         .values_list("attendee__language")
         .annotate(count=Count("pk"))
     )
-    names = dict(settings.LANGUAGES)
     merged: dict[str, list[int]] = {}
     for raw in set(enrolled) | set(unclaimed_by):
         language = reminder_language(workshop=workshop, attendee=_Speaker(raw))
         tally = merged.setdefault(language, [0, 0])
         tally[0] += enrolled.get(raw, 0)
         tally[1] += unclaimed_by.get(raw, 0)
-    sources = dict(MessageText.Source.choices)
     rows = []
     for language, (attendees, unclaimed) in sorted(merged.items()):
         chosen = choose_text(workshop=workshop, attendee=_Speaker(language), texts=texts)
         rows.append(
             TextReach(
                 language=language,
-                language_name=names.get(language, language),
+                language_name=language_name(language),
                 attendees=attendees,
                 unclaimed=unclaimed,
-                subject_source=sources[chosen.subject_source],
-                intro_source=sources[chosen.intro_source],
+                subject_source=chosen.get_subject_source_display(),
+                intro_source=chosen.get_intro_source_display(),
             )
         )
     return rows, counts["unclaimed"], counts["frozen"]

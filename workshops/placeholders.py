@@ -12,6 +12,7 @@ valid when it was saved stays renderable.
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 from collections.abc import Callable, Mapping
 
@@ -68,6 +69,35 @@ def validate_reminder_text(value: str) -> None:
         )
 
 
+@functools.lru_cache(maxsize=1024)
+def _parts(text: str) -> tuple[tuple[str, str], ...]:
+    """Split ``text`` into (name, token) placeholders and ("", text) literals, once per text
+    (a workshop's thousand reminders share theirs)."""
+    parts: list[tuple[str, str]] = []
+
+    def add_literal(piece: str) -> None:
+        if not piece:
+            return
+        if parts and not parts[-1][0]:
+            parts[-1] = ("", parts[-1][1] + piece)
+        else:
+            parts.append(("", piece))
+
+    position = 0
+    for match in _TOKEN.finditer(text):
+        add_literal(text[position : match.start()])
+        token, name = match.group(0), match.group(1)
+        if token in ("{{", "}}"):
+            add_literal(token[0])
+        elif name in PLACEHOLDERS:
+            parts.append((name, token))
+        else:
+            add_literal(token)
+        position = match.end()
+    add_literal(text[position:])
+    return tuple(parts)
+
+
 def fill(
     text: str,
     values: Mapping[str, str],
@@ -79,20 +109,13 @@ def fill(
 
     ``literal`` is applied to the staff's own text between placeholders and
     ``value`` to each filled value (the HTML part escapes both, and isolates
-    values with ``<bdi>``). Anything that is not a known placeholder is kept
-    as written.
+    values with ``<bdi>``). Anything that is not a known placeholder, or has
+    no value in ``values``, is kept as written; an empty value fills nothing.
     """
     out: list[str] = []
-    position = 0
-    for match in _TOKEN.finditer(text):
-        out.append(literal(text[position : match.start()]))
-        token, name = match.group(0), match.group(1)
-        if token in ("{{", "}}"):
-            out.append(literal(token[0]))
-        elif name in values:
-            out.append(value(values[name]) if values[name] else "")
-        else:
-            out.append(literal(token))
-        position = match.end()
-    out.append(literal(text[position:]))
+    for name, piece in _parts(text):
+        if not name or name not in values:
+            out.append(literal(piece))
+        elif values[name]:
+            out.append(value(values[name]))
     return "".join(out)

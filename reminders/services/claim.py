@@ -144,7 +144,7 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
             workshop=reminder.workshop,
             attendee=reminder.attendee,
             texts=texts.get(reminder.workshop_id, {}),
-        ).as_row()
+        )
         for reminder in reminders
     }
     rows = {row.digest: row for row in chosen.values()}
