@@ -166,7 +166,14 @@ def main(argv: list[str] | None = None) -> int:
     )
     if args.save:
         figures = {
+            "bench": "render",
             **stamp(),
+            "settings": {
+                "against": args.against,
+                "rounds": args.rounds,
+                "reminders": args.reminders,
+                "command": "python -m bench.render --save",
+            },
             "against": args.against,
             "rounds": args.rounds,
             "reminders": args.reminders,
