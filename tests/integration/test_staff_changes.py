@@ -215,3 +215,25 @@ def test_an_attendee_erased_while_waiting_in_the_limiter_is_never_sent_to(
     )
     assert email not in texts and name not in texts, texts
     assert Reminder.objects.filter(status="sent").count() == 39
+
+
+def test_a_text_edited_while_the_batch_waits_in_the_limiter_changes_none_of_its_messages(
+    live_clock, provider, make_workshop, enrol
+):
+    """The claim froze the text: an edit mid-batch withdraws nothing and sends no new words."""
+    workshop = make_workshop(
+        starts_in=timedelta(hours=3), reminder_subject="Kiln: {workshop_title}",
+        reminder_intro="Bring an apron, {attendee_name}.",
+    )  # fmt: skip
+    enrol(workshop, count=40)
+    ids = list(Reminder.objects.values_list("id", flat=True))
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 10)
+    workshop_update(workshop=workshop, reminder_subject="Edited", reminder_intro="Edited words.")
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    bodies = [r.json() for r in provider.requests]
+    assert len(bodies) == 40 and outcome["counts"]["sent"] == 40
+    assert {body["subject"] for body in bodies} == {f"Kiln: {workshop.title}"}
+    assert all(body["text_body"].startswith("Bring an apron, ") for body in bodies)
+    assert DeliveryAttempt.objects.filter(outcome="withdrawn").count() == 0
