@@ -29,6 +29,7 @@ from django import forms
 from django.contrib import admin
 from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
+from django.db import models
 from django.db.models import Count, Q
 from django.urls import reverse
 from django.utils.html import format_html, format_html_join
@@ -272,9 +273,7 @@ class WorkshopTextInline(admin.StackedInline):
     extra = 0
     fields = ("language", "reminder_subject", "reminder_intro")
     formfield_overrides = {
-        WorkshopText._meta.get_field("reminder_intro").__class__: {
-            "widget": forms.Textarea(attrs={"rows": 4, "cols": 80})
-        }
+        models.TextField: {"widget": forms.Textarea(attrs={"rows": 4, "cols": 80})}
     }
 
 

@@ -140,3 +140,40 @@ def test_the_reminder_page_shows_its_frozen_text_and_what_it_says(
     text = page.split('<pre id="reminder-text"')[1].split("</pre>")[0]
     assert f"Bring clay, {attendee.name}." in text and "Wann:" in text
     assert "Edited since." not in text
+
+
+def test_moving_the_workshop_to_a_language_it_has_a_text_in_is_refused_until_that_text_goes(
+    admin_client, make_workshop
+):
+    workshop = make_workshop(starts_in=timedelta(days=3))
+    german = WorkshopText.objects.create(workshop=workshop, language="de", reminder_subject="Hallo")
+    url = f"{CHANGELIST}{workshop.pk}/change/"
+    row = {
+        "texts-INITIAL_FORMS": "1",
+        "texts-0-id": str(german.pk),
+        "texts-0-workshop": str(workshop.pk),
+    }
+    refused = admin_client.post(
+        url, _post(workshop, language="de", **_texts(("de", "Hallo", "")), **row)
+    )
+    assert refused.status_code == 200
+    formset = next(
+        f for f in refused.context["inline_admin_formsets"] if f.formset.prefix == "texts"
+    )
+    assert "the workshop's own language" in str(formset.formset.errors)
+    workshop.refresh_from_db()
+    assert workshop.language == "en"
+
+    dropped = admin_client.post(
+        url,
+        _post(
+            workshop,
+            language="de",
+            **_texts(("de", "Hallo", "")),
+            **row,
+            **{"texts-0-DELETE": "on"},
+        ),
+    )
+    assert dropped.status_code == 302
+    workshop.refresh_from_db()
+    assert workshop.language == "de" and not WorkshopText.objects.exists()
