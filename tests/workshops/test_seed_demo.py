@@ -4,7 +4,7 @@ import pytest
 from django.core.management import call_command
 
 from reminders.models import Reminder
-from workshops.models import Enrollment, Workshop
+from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
 
 pytestmark = pytest.mark.django_db
 
@@ -24,6 +24,15 @@ def test_seed_demo_builds_every_case_once(clock, capsys):
     assert statuses["missed"] > 0  # the workshop inside the cutoff
     assert statuses["cancelled"] > 0
     assert statuses["pending"] > 0
+    # Staff texts and languages have something to show (README, "The staff surface").
+    assert set(Attendee.objects.exclude(language="").values_list("language", flat=True)) == {
+        "de",
+        "fr",
+    }
+    (text,) = WorkshopText.objects.all()
+    assert text.language == "de" and text.workshop.reminder_intro
+    text.workshop.full_clean()
+    text.full_clean()
     out = capsys.readouterr().out
     assert "user: staff  password: demo-pass-123" in out
     assert "already exist" in out

@@ -11,7 +11,7 @@ from django.core.management.base import BaseCommand
 from django.db import transaction
 
 from clock import default_clock
-from workshops.models import Workshop
+from workshops.models import Workshop, WorkshopText
 from workshops.services import (
     attendee_get_or_create,
     enrollment_cancel,
@@ -48,22 +48,27 @@ WORKSHOPS = [
     ),
 ]
 
+# (name, email, zone, language: blank is the workshop's)
 ATTENDEES = [
-    ("Ada Lovelace", "ada@example.com", "Europe/London"),
-    ("Grace Hopper", "grace@example.com", "America/New_York"),
-    ("Alan Turing", "alan@example.com", ""),
-    ("Katherine Johnson", "katherine@example.com", "America/Chicago"),
-    ("Edsger Dijkstra", "edsger@example.com", "Europe/Amsterdam"),
-    ("Yukihiro Matsumoto", "matz@example.com", "Asia/Tokyo"),
-    ("Ren\u00e9e Desrosiers", "renee@example.com", "America/Toronto"),
-    ("J\u00f6rg M\u00fcller", "joerg@example.com", "Europe/Berlin"),
+    ("Ada Lovelace", "ada@example.com", "Europe/London", ""),
+    ("Grace Hopper", "grace@example.com", "America/New_York", ""),
+    ("Alan Turing", "alan@example.com", "", ""),
+    ("Katherine Johnson", "katherine@example.com", "America/Chicago", ""),
+    ("Edsger Dijkstra", "edsger@example.com", "Europe/Amsterdam", ""),
+    ("Yukihiro Matsumoto", "matz@example.com", "Asia/Tokyo", ""),
+    ("J\u00f6rg M\u00fcller", "joerg@example.com", "Europe/Berlin", "de"),
+    ("Ren\u00e9e Desrosiers", "renee@example.com", "America/Toronto", "fr"),
 ]
+# The first workshop's own text, and its text for German speakers (README, "The staff surface").
+INTRO = "Hello {attendee_name},\n\nplease bring a laptop with Python 3.11 to {workshop_title}."
+GERMAN_INTRO = "Hallo {attendee_name},\n\nbitte bringen Sie einen Laptop mit Python 3.11 mit."
 
 
 class Command(BaseCommand):
     help = (
         "Create demo workshops (several zones, one inside the cutoff, one cancelled, one a "
-        "week away), attendees, enrollments (one cancelled) and a staff user 'staff'. "
+        "week away, one with its own text and a German one), attendees (two in German and "
+        "French), enrollments (one cancelled) and a staff user 'staff'. "
         "Safe to run twice: existing demo data is left as it is."
     )
 
@@ -84,8 +89,8 @@ class Command(BaseCommand):
         now = default_clock().now()
         with transaction.atomic():
             people = [
-                attendee_get_or_create(name=name, email=email, timezone=zone)[0]
-                for name, email, zone in ATTENDEES
+                attendee_get_or_create(name=name, email=email, timezone=zone, language=language)[0]
+                for name, email, zone, language in ATTENDEES
             ]
             for index, (title, zone, starts_in, duration) in enumerate(WORKSHOPS):
                 workshop = workshop_create(
@@ -98,7 +103,12 @@ class Command(BaseCommand):
                     join_url=f"https://meet.example.com/demo-{index + 1}" if index % 2 else "",
                     contact_name="Demo organiser",
                     contact_email="organiser@example.com",
+                    reminder_intro=INTRO if index == 0 else "",
                 )
+                if index == 0:
+                    WorkshopText.objects.create(
+                        workshop=workshop, language="de", reminder_intro=GERMAN_INTRO
+                    )
                 for person in people[index % 3 :: 2]:
                     enrollment_create(attendee=person, workshop=workshop)
                 if title.startswith("Cancelled"):
