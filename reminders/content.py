@@ -166,6 +166,7 @@ class _Words:
     default_subject: str
     default_intro: str
     labels: dict
+    html_labels: dict
     elsewhere: str
     held_in: str
     start_format: tuple
@@ -177,10 +178,12 @@ class _Words:
 @functools.cache
 def _words(language: str) -> _Words:
     with translation.override(language):
+        labels = {name: gettext(text) for name, text in LABELS.items()}
         return _Words(
             default_subject=gettext(DEFAULT_SUBJECT),
             default_intro=gettext(DEFAULT_INTRO),
-            labels={name: gettext(text) for name, text in LABELS.items()},
+            labels=labels,
+            html_labels={name: escape(text) for name, text in labels.items()},
             elsewhere=gettext(ELSEWHERE),
             held_in=gettext("Held in {zone}."),
             # Translators: a Django date format (https://docs.djangoproject.com/en/5.2/ref/templates/builtins/#date);
@@ -290,7 +293,7 @@ def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
 
 def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
     """The HTML part: inline styles only, everything escaped, names and titles in <bdi>."""
-    label = {name: escape(value) for name, value in words.labels.items()}
+    label = words.html_labels
     details = [
         f"<strong>{label['when']}</strong> {escape(values['start_local'])} "
         f"({escape(values['zone'])}){escape(elsewhere)}",
