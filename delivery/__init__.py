@@ -7,10 +7,13 @@ asynchronous code is this one, in a Celery task:
 1. prepare envelopes with the ORM (claim rows, build ``Envelope`` values);
 2. call ``deliver_sync(envelopes, channel_factory, policy=..., clock=...)``,
    which runs one fresh event loop for the batch and returns when every task
-   of it has ended;
+   of it has ended; or, for a job delivered in chunks, open one
+   ``Session(channel_factory, clock=...)`` and call its ``deliver`` per
+   chunk, so the chunks share one loop, channel and limiter;
 3. record the ``DeliveryResult`` values with the ORM afterwards.
 
-No ORM call happens inside the loop, and no event loop outlives the call.
+No ORM call happens inside the loop (a session's loop runs only inside
+``deliver``), and no event loop outlives the call or the session.
 
 Public API
 ----------
@@ -18,6 +21,7 @@ Public API
 ``DeliveryPolicy``                     concurrency, timeouts, retries, budget
 ``Channel``                            protocol; implementations in ``delivery.channels``
 ``deliver`` / ``deliver_sync``         run a batch (async / from sync code)
+``Session``                            several batches from sync code on one loop and channel
 ``DeliveryResult``, ``Outcome``        the output, one per envelope, in order
 ``summarise`` -> ``Summary``           successes / failures / unfinished by reminder id
 ``delivery.limiter``                   ``LocalRateLimiter``, ``RedisRateLimiter``
@@ -64,7 +68,7 @@ deadlines, monotonic time for timeouts, backoff and rate windows.
 """
 
 from delivery.channel import Channel
-from delivery.engine import deliver, deliver_sync
+from delivery.engine import Session, deliver, deliver_sync
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.errors import (
     DeliveryError,
@@ -96,6 +100,7 @@ __all__ = [
     "OutcomeUnknownError",
     "PermanentError",
     "RateLimitedError",
+    "Session",
     "Summary",
     "TransientError",
     "deliver",

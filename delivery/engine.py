@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import queue
 import random as _random
 import threading
 from collections.abc import Callable, Iterable
@@ -52,7 +53,7 @@ from delivery.observer import (
 from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult, Outcome
 
-__all__ = ["Interrupted", "deliver", "deliver_sync"]
+__all__ = ["Interrupted", "Session", "deliver", "deliver_sync"]
 
 logger = logging.getLogger("delivery")
 
@@ -661,84 +662,250 @@ def deliver_sync(
     tick_interval: float = 0.25,
     observer: Observer | None = None,
 ) -> list[DeliveryResult]:
-    """Run one batch on a fresh event loop; the one entry point for synchronous code.
+    """Run one batch on a fresh event loop; a ``Session`` for a single batch.
 
-    The loop runs in its own thread; the calling thread waits for it and,
-    every ``tick_interval`` seconds meanwhile, calls ``tick`` (the caller's
-    chance to refresh ``gate`` with its own, synchronous, resources). The
-    channel and the limiter are built inside the new loop (their connections
-    belong to it). ``stop`` is any object with ``is_set()`` (a
-    ``threading.Event``, or a ``multiprocessing.Event`` set by another
-    process); it is bridged into the loop.
-
-    An exception raised in the calling thread while it waits (a Celery soft
-    time limit, KeyboardInterrupt) stops the batch as ``stop`` would; once
-    the batch has ended, ``Interrupted`` is raised with its results and the
-    cause. Raise ``RuntimeError`` when called from inside a running event
-    loop: await ``deliver`` there instead.
+    See ``Session.deliver`` for the waiting, ticking and interruption rules.
+    Raise ``RuntimeError`` when called from inside a running event loop:
+    await ``deliver`` there instead.
     """
+    with Session(
+        channel_factory,
+        clock=clock,
+        limiter_factory=limiter_factory,
+        close_timeout=policy.close_timeout,
+    ) as session:
+        return session.deliver(
+            envelopes,
+            policy=policy,
+            stop=stop,
+            random=random,
+            gate=gate,
+            tick=tick,
+            tick_interval=tick_interval,
+            observer=observer,
+        )
+
+
+class Session:
+    """One event loop, channel and rate limiter kept for several batches run from synchronous code.
+
+    The synchronous side of the crossing: a caller that delivers a large job
+    in chunks (claim, send, record, next chunk) opens one session for the
+    job, so the chunks share one event loop, one set of provider
+    connections (SMTP sessions, an HTTP connection pool) and one rate
+    limiter client instead of opening and closing them per chunk. The loop
+    runs only while ``deliver`` runs: between chunks nothing asynchronous
+    happens, so the caller's synchronous work (the ORM) never overlaps it.
+
+    Use it as a context manager; leaving it closes the channel (bounded by
+    ``close_timeout``) and the limiter inside the loop, then the loop. The
+    channel is opened at the first chunk that needs it and, if that fails,
+    tried again at the next. Not for use from inside a running event loop
+    (``RuntimeError``), nor from two threads at once.
+    """
+
+    def __init__(
+        self,
+        channel_factory: Callable[[], Channel],
+        *,
+        clock: Clock,
+        limiter_factory: Callable[[], RateLimiter] | None = None,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self._channel_factory = channel_factory
+        self._limiter_factory = limiter_factory
+        self._clock = clock
+        self._close_timeout = close_timeout
+        self._jobs: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        # Built inside the loop at the first chunk (their connections belong to it).
+        self._channel: _KeptOpen | None = None
+        self._limiter: RateLimiter | None = None
+        #: Batches run in this session (observability, tests).
+        self.batches = 0
+
+    def __enter__(self) -> Session:
+        _refuse_inside_a_loop("Session")
+        self._jobs = queue.SimpleQueue()
+        # The loop has a thread of its own: the calling thread stays free to tick.
+        self._thread = threading.Thread(target=self._serve, name="delivery-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the channel and the limiter inside the loop, then end the loop (idempotent)."""
+        if self._thread is None:
+            return
+        try:
+            self._run(self._close_resources, stop=None, tick=None, tick_interval=0.25)
+        except Interrupted as exc:
+            # Interrupted while closing: the close ran to its end all the same.
+            raise exc.cause from None
+        finally:
+            assert self._jobs is not None
+            self._jobs.put(None)
+            self._thread.join()
+            self._thread = None
+
+    def deliver(
+        self,
+        envelopes: Iterable[Envelope],
+        *,
+        policy: DeliveryPolicy,
+        stop: _Flag | None = None,
+        random: Callable[[], float] = _random.random,
+        gate: Gate | None = None,
+        tick: Callable[[], None] | None = None,
+        tick_interval: float = 0.25,
+        observer: Observer | None = None,
+    ) -> list[DeliveryResult]:
+        """Run one batch on the session's loop and return one result per envelope (blocking).
+
+        The calling thread waits for the loop and, every ``tick_interval``
+        seconds meanwhile, calls ``tick`` (the caller's chance to refresh
+        ``gate`` with its own, synchronous, resources). ``stop`` is any object
+        with ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event``
+        set by another process); it is bridged into the loop. The batch runs
+        in the caller's context (its context variables, such as the claim
+        its log lines carry: reminders/logcontext.py).
+
+        An exception raised in the calling thread while it waits (a Celery
+        soft time limit, KeyboardInterrupt) stops the batch as ``stop`` would;
+        once the batch has ended, ``Interrupted`` is raised with its results
+        and the cause.
+        """
+        if self._thread is None:
+            raise RuntimeError("Session.deliver() needs the session open: use 'with Session(...)'.")
+        envelopes = list(envelopes)
+        interrupt = threading.Event()
+        stops = [flag for flag in (stop, interrupt) if flag is not None]
+
+        async def batch() -> list[DeliveryResult]:
+            channel, limiter = self._resources()
+            self.batches += 1
+            return await _deliver_with_stops(
+                envelopes,
+                channel,
+                policy=policy,
+                clock=self._clock,
+                limiter=limiter,
+                stops=stops,
+                random=random,
+                gate=gate,
+                observer=observer,
+            )
+
+        return self._run(batch, stop=interrupt, tick=tick, tick_interval=tick_interval)
+
+    def _resources(self) -> tuple[_KeptOpen, RateLimiter | None]:
+        if self._channel is None:
+            self._channel = _KeptOpen(self._channel_factory())
+            if self._limiter_factory is not None:
+                self._limiter = self._limiter_factory()
+        return self._channel, self._limiter
+
+    async def _close_resources(self) -> None:
+        channel, self._channel = self._channel, None
+        limiter, self._limiter = self._limiter, None
+        try:
+            if channel is not None:
+                await channel.close(self._clock, self._close_timeout)
+        finally:
+            if limiter is not None:
+                try:
+                    await limiter.aclose()
+                except Exception:
+                    logger.warning("Rate limiter did not close cleanly", exc_info=True)
+            await _reap_leftovers()
+
+    def _run(self, job, *, stop, tick, tick_interval: float):
+        """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking."""
+        assert self._jobs is not None
+        outcome: dict[str, object] = {}
+        # Waiting on an Event, not on a queue or a join: an exception raised into
+        # the wait by a signal handler leaves the Event's state true.
+        finished = threading.Event()
+        self._jobs.put((job, contextvars.copy_context(), outcome, finished))
+        cause: BaseException | None = None
+        while True:
+            # Every statement of the wait sits inside the try: an exception raised
+            # by a signal handler can land on any of them.
+            try:
+                while not finished.wait(tick_interval):
+                    if tick is not None:
+                        tick()
+                break
+            except BaseException as exc:
+                # Stop the batch, let it finish (drain and all), then report.
+                if stop is not None:
+                    stop.set()
+                cause = cause or exc
+        if "error" in outcome:
+            raise outcome["error"]  # type: ignore[misc]
+        result = outcome["result"]
+        if cause is not None:
+            raise Interrupted(result, cause)  # type: ignore[arg-type]
+        return result
+
+    def _serve(self) -> None:
+        assert self._jobs is not None
+        with asyncio.Runner() as runner:
+            while (job := self._jobs.get()) is not None:
+                coroutine_function, context, outcome, finished = job
+                try:
+                    outcome["result"] = runner.run(coroutine_function(), context=context)
+                except BaseException as exc:  # handed to the calling thread
+                    outcome["error"] = exc
+                finally:
+                    finished.set()
+
+
+class _KeptOpen:
+    """A channel opened once for a session: a batch's enter and exit leave it open."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.name = getattr(channel, "name", type(channel).__name__)
+        self.honours_idempotency_keys = bool(getattr(channel, "honours_idempotency_keys", False))
+        self.max_concurrency = getattr(channel, "max_concurrency", None)
+        self.is_open = False
+
+    async def __aenter__(self) -> _KeptOpen:
+        if not self.is_open:
+            await self.channel.__aenter__()
+            self.is_open = True
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        return None
+
+    async def send(self, envelope: Envelope) -> str:
+        return await self.channel.send(envelope)
+
+    async def close(self, clock: Clock, seconds: float) -> None:
+        if not self.is_open:
+            return
+        self.is_open = False
+        try:
+            async with clock.timeout(seconds):
+                await self.channel.__aexit__(None, None, None)
+        except Exception:
+            # The results are already decided; a failed QUIT must not lose them.
+            logger.warning("Channel %s did not close cleanly", self.name, exc_info=True)
+
+
+def _refuse_inside_a_loop(what: str) -> None:
     try:
         asyncio.get_running_loop()
     except RuntimeError:
-        pass
-    else:
-        raise RuntimeError(
-            "deliver_sync() was called from inside a running event loop, which it would block; "
-            "await delivery.deliver() there instead."
-        )
-    interrupt = threading.Event()
-    outcome: dict[str, object] = {}
-
-    def run_loop() -> None:
-        try:
-            outcome["results"] = asyncio.run(
-                _deliver_on_fresh_loop(
-                    list(envelopes),
-                    channel_factory,
-                    policy=policy,
-                    clock=clock,
-                    limiter_factory=limiter_factory,
-                    stops=[flag for flag in (stop, interrupt) if flag is not None],
-                    random=random,
-                    gate=gate,
-                    observer=observer,
-                )
-            )
-        except BaseException as exc:  # handed to the calling thread
-            outcome["error"] = exc
-        finally:
-            finished.set()
-
-    # Waiting on an Event, not on Thread.join: an exception raised into a join by
-    # a signal handler can leave the thread looking finished while it still runs.
-    finished = threading.Event()
-    # The loop runs in the caller's context (its context variables, such as the
-    # claim its log lines carry: reminders/logcontext.py), as asyncio.run would.
-    caller = contextvars.copy_context()
-    loop_thread = threading.Thread(
-        target=caller.run, args=(run_loop,), name="delivery-loop", daemon=True
+        return
+    raise RuntimeError(
+        f"{what} was used from inside a running event loop, which it would block; "
+        "await delivery.deliver() there instead."
     )
-    loop_thread.start()
-    cause: BaseException | None = None
-    while True:
-        # Every statement of the wait sits inside the try: an exception raised
-        # by a signal handler can land on any of them.
-        try:
-            while not finished.wait(tick_interval):
-                if tick is not None:
-                    tick()
-            break
-        except BaseException as exc:
-            # Stop the batch, let it finish (drain and all), then report.
-            interrupt.set()
-            cause = cause or exc
-    loop_thread.join()
-    if "error" in outcome:
-        raise outcome["error"]  # type: ignore[misc]
-    results: list[DeliveryResult] = outcome["results"]  # type: ignore[assignment]
-    if cause is not None:
-        raise Interrupted(results, cause)
-    return results
 
 
 class _Flag(Protocol):
@@ -751,51 +918,42 @@ async def _bridge_stop(stops: list[_Flag], target: asyncio.Event, clock: Clock) 
     target.set()
 
 
-async def _deliver_on_fresh_loop(
+async def _deliver_with_stops(
     envelopes: list[Envelope],
-    channel_factory: Callable[[], Channel],
+    channel: Channel,
     *,
     policy: DeliveryPolicy,
     clock: Clock,
-    limiter_factory: Callable[[], RateLimiter] | None,
+    limiter: RateLimiter | None,
     stops: list[_Flag],
     random: Callable[[], float],
     gate: Gate | None,
     observer: Observer | None,
 ) -> list[DeliveryResult]:
-    channel = channel_factory()
-    limiter = limiter_factory() if limiter_factory is not None else None
     async_stop = asyncio.Event()
     if any(flag.is_set() for flag in stops):
         async_stop.set()
-    try:
-        async with asyncio.TaskGroup() as group:
-            bridge = None
-            if stops:
-                bridge = group.create_task(
-                    _bridge_stop(stops, async_stop, clock), name="delivery.stop-bridge"
-                )
-            try:
-                results = await deliver(
-                    envelopes,
-                    channel,
-                    policy=policy,
-                    clock=clock,
-                    limiter=limiter,
-                    stop=async_stop,
-                    random=random,
-                    gate=gate,
-                    observer=observer,
-                )
-            finally:
-                if bridge is not None:
-                    bridge.cancel()
-    finally:
-        if limiter is not None:
-            try:
-                await limiter.aclose()
-            except Exception:
-                logger.warning("Rate limiter did not close cleanly", exc_info=True)
+    async with asyncio.TaskGroup() as group:
+        bridge = None
+        if stops:
+            bridge = group.create_task(
+                _bridge_stop(stops, async_stop, clock), name="delivery.stop-bridge"
+            )
+        try:
+            results = await deliver(
+                envelopes,
+                channel,
+                policy=policy,
+                clock=clock,
+                limiter=limiter,
+                stop=async_stop,
+                random=random,
+                gate=gate,
+                observer=observer,
+            )
+        finally:
+            if bridge is not None:
+                bridge.cancel()
     await _reap_leftovers()
     return results
 

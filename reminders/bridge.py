@@ -4,9 +4,11 @@ Everything above this module is synchronous: the admin, the services, the
 ORM, the Celery task. Everything below it is asyncio: the delivery engine and
 its channels (package ``delivery``, which never imports Django). The crossing
 is ``deliver_envelopes``: a Celery task that has claimed reminders and built
-their envelopes with the ORM calls it, it runs one fresh event loop for the
-batch (``delivery.deliver_sync``) and returns plain results, which the task
-then records with the ORM. No ORM call happens while the loop runs; no
+their envelopes with the ORM calls it, it runs the chunk on the batch's event
+loop (a ``delivery.Session`` from ``delivery_session``, which keeps the loop,
+the provider connections and the limiter's client from one chunk to the next)
+and returns plain results, which the task then records with the ORM. No ORM
+call happens while the loop runs (between chunks it does not run at all); no
 coroutine escapes it.
 
 This module also turns Django settings into the engine's plain values
@@ -29,7 +31,7 @@ from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
 from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_error
 from delivery.channels.threaded import ThreadedChannel
-from delivery.engine import deliver_sync
+from delivery.engine import Session
 from delivery.envelope import Envelope
 from delivery.gate import Gate
 from delivery.limiter import RateLimiter, RedisRateLimiter
@@ -197,7 +199,7 @@ class ClaimWatch:
     """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
 
     Runs in the calling (synchronous) thread, between the engine's loop
-    turns: ``deliver_sync`` calls ``refresh`` every ``WATCH_INTERVAL``
+    turns: the engine session calls ``refresh`` every ``WATCH_INTERVAL``
     seconds. Each refresh is one query over the claimed reminders, their
     workshops and enrollments; an envelope is withdrawn when its reminder is
     no longer ``sending`` under this claim (reaped), its workshop or
@@ -313,6 +315,22 @@ def _rendered(workshop) -> tuple:
     )
 
 
+def delivery_session(*, channel: str, clock: Clock) -> Session:
+    """Return an engine session for one Celery batch: its chunks share a loop and connections.
+
+    Use it as a context manager around the chunks of a batch and pass it to
+    ``deliver_envelopes``; leaving it closes the channel's connections and
+    the limiter's Redis client. The loop runs only inside
+    ``deliver_envelopes``, so the ORM work between chunks never overlaps it.
+    """
+    return Session(
+        channel_factory(channel, clock=clock),
+        clock=clock,
+        limiter_factory=limiter_factory(clock=clock),
+        close_timeout=settings.REMINDERS_TIME_BOUNDS.close,
+    )
+
+
 def deliver_envelopes(
     envelopes: list[Envelope],
     *,
@@ -321,26 +339,33 @@ def deliver_envelopes(
     budget: float,
     stop=None,
     watch: ClaimWatch | None = None,
+    session: Session | None = None,
 ) -> list[DeliveryResult]:
-    """Deliver a batch on a fresh event loop and return one result per envelope (blocking).
+    """Deliver a chunk on the event loop and return one result per envelope (blocking).
 
+    With ``session`` (``delivery_session``), on that session's loop, channel
+    and limiter; without, on a fresh loop closed before returning.
     ``stop`` is anything with ``is_set()`` (reminders.worker's shutdown flag
     in a worker). With ``watch``, the claim's rows are read once before the
     first call and every ``WATCH_INTERVAL`` seconds after, and the engine
     starts no call for an envelope the watch withdrew. Raises
     ``delivery.engine.Interrupted`` (with the results) when this thread is
-    interrupted mid-batch, e.g. by Celery's soft time limit.
+    interrupted mid-chunk, e.g. by Celery's soft time limit.
     """
     if not envelopes:
         return []
     if watch is not None and not watch.gate.is_fresh():
         watch.refresh()
-    return deliver_sync(
+    if session is None:
+        with delivery_session(channel=channel, clock=clock) as one_off:
+            return _deliver_on(one_off, envelopes, budget=budget, stop=stop, watch=watch)
+    return _deliver_on(session, envelopes, budget=budget, stop=stop, watch=watch)
+
+
+def _deliver_on(session: Session, envelopes, *, budget: float, stop, watch) -> list:
+    return session.deliver(
         envelopes,
-        channel_factory(channel, clock=clock),
         policy=delivery_policy(budget=budget),
-        clock=clock,
-        limiter_factory=limiter_factory(clock=clock),
         stop=stop,
         gate=watch.gate if watch is not None else None,
         tick=watch.refresh if watch is not None else None,

@@ -98,7 +98,10 @@ def deliver(
     claimed (sent, cancelled, unknown, held by another worker) are skipped.
     ``stop`` (anything with ``is_set()``, the worker's shutdown flag in
     production) ends the batch: no new call, calls in flight drain, and the
-    ids not yet claimed are due again at the next scan.
+    ids not yet claimed are due again at the next scan. The chunks share one
+    event loop, the provider connections and the rate limiter's client
+    (``bridge.delivery_session``); each chunk is still claimed, sent and
+    recorded before the next is claimed.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
@@ -108,40 +111,50 @@ def deliver(
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()
-    for offset in range(0, len(ids), chunk_size):
-        remaining = budget - (clock.monotonic() - started)
-        if remaining < 1 or (stop is not None and stop.is_set()):
-            left = ids[offset:]
-            reminders_unpublished(ids=left, clock=clock)
-            counts["deferred"] += len(left)
-            logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
-            break
-        chunk = ids[offset : offset + chunk_size]
-        try:
-            claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
-        except (OperationalError, InterfaceError) as exc:
-            # Nothing of this chunk or after it is claimed: hand them back whole.
-            connection.close()
-            raise DatabaseUnavailable(ids[offset:]) from exc
-        counts["skipped"] += len(chunk) - len(claim.reminders)
-        if not claim.reminders:
-            continue
-        context = claim_context(
-            token=claim.token,
-            worker=worker,
-            keys={reminder.pk: reminder.key for reminder in claim.reminders},
-            attempts=claim.attempt_numbers,
-        )
-        with context:
+    # One event loop, one set of provider connections and one limiter client
+    # for the whole batch; between chunks the loop does not run.
+    with bridge.delivery_session(channel=channel, clock=clock) as session:
+        for offset in range(0, len(ids), chunk_size):
+            remaining = budget - (clock.monotonic() - started)
+            if remaining < 1 or (stop is not None and stop.is_set()):
+                left = ids[offset:]
+                reminders_unpublished(ids=left, clock=clock)
+                counts["deferred"] += len(left)
+                logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
+                break
+            chunk = ids[offset : offset + chunk_size]
             try:
-                results = _send(claim, channel=channel, clock=clock, budget=remaining, stop=stop)
-            except BaseException:
-                # Interrupted (a soft time limit): what was not claimed goes back.
-                left = ids[offset + len(chunk) :]
-                if left:
-                    reminders_unpublished(ids=left, clock=clock)
-                raise
-            counts.update(record_with_retry(claim=claim, results=results, clock=clock))
+                claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
+            except (OperationalError, InterfaceError) as exc:
+                # Nothing of this chunk or after it is claimed: hand them back whole.
+                connection.close()
+                raise DatabaseUnavailable(ids[offset:]) from exc
+            counts["skipped"] += len(chunk) - len(claim.reminders)
+            if not claim.reminders:
+                continue
+            context = claim_context(
+                token=claim.token,
+                worker=worker,
+                keys={reminder.pk: reminder.key for reminder in claim.reminders},
+                attempts=claim.attempt_numbers,
+            )
+            with context:
+                try:
+                    results = _send(
+                        claim,
+                        channel=channel,
+                        clock=clock,
+                        budget=remaining,
+                        stop=stop,
+                        session=session,
+                    )
+                except BaseException:
+                    # Interrupted (a soft time limit): what was not claimed goes back.
+                    left = ids[offset + len(chunk) :]
+                    if left:
+                        reminders_unpublished(ids=left, clock=clock)
+                    raise
+                counts.update(record_with_retry(claim=claim, results=results, clock=clock))
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
     return dict(counts)
@@ -184,7 +197,9 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
             return counts
 
 
-def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[DeliveryResult]:
+def _send(
+    claim, *, channel: str, clock: Clock, budget: float, stop, session
+) -> list[DeliveryResult]:
     envelopes, results = [], []
     try:
         for reminder in claim.reminders:
@@ -206,7 +221,13 @@ def _send(claim, *, channel: str, clock: Clock, budget: float, stop) -> list[Del
     try:
         results.extend(
             bridge.deliver_envelopes(
-                envelopes, channel=channel, clock=clock, budget=budget, stop=stop, watch=watch
+                envelopes,
+                channel=channel,
+                clock=clock,
+                budget=budget,
+                stop=stop,
+                watch=watch,
+                session=session,
             )
         )
     except Interrupted as exc:

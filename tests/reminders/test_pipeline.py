@@ -46,6 +46,26 @@ def test_scan_then_batch_sends_each_due_reminder_once(
     assert sorted(Reminder.objects.values_list("id", flat=True)) == sorted(ids)
 
 
+def test_a_batchs_chunks_share_its_smtp_sessions(
+    clock, due_reminders, published, smtp_sink, settings
+):
+    """40 reminders in one batch with 4 connections: 10 chunks, each claimed, sent and
+    recorded before the next, over the same 4 SMTP sessions (not 4 new ones per chunk)."""
+    from reminders.models import DeliveryAttempt
+
+    clock.autojump = False
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_SMTP_CONNECTIONS = 4
+    due_reminders(40)
+    pipeline.scan(clock=clock)
+    [(batch, _)] = published
+    assert pipeline.deliver(batch, clock=clock)["sent"] == 40
+    assert len(smtp_sink.received()) == 40
+    assert smtp_sink.stats()["connections_opened"] == 4
+    assert DeliveryAttempt.objects.values("claim_token").distinct().count() == 10
+
+
 def test_message_shows_the_start_in_the_attendees_zone_on_a_dst_day(clock, outbox, settings):
     """T5: 09:00 in Berlin on the spring-forward day is 07:00 UTC, shown as 09:00 CEST."""
     from workshops.services import workshop_create

@@ -1,0 +1,174 @@
+"""Session: several batches from synchronous code on one event loop, channel and limiter."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+
+import pytest
+
+from delivery import DeliveryPolicy, Outcome, Session
+from delivery.channels import MemoryChannel
+from delivery.engine import Interrupted
+from delivery.limiter import LocalRateLimiter
+from tests.delivery.conftest import run
+
+pytestmark = pytest.mark.timeout(30)
+
+CHUNK = contextvars.ContextVar("chunk", default="none")
+
+
+class _Recording(MemoryChannel):
+    """Records the loop and the caller's context variable each send ran under."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        self.loops: list[asyncio.AbstractEventLoop] = []
+        self.chunks: list[str] = []
+
+    async def send(self, envelope):
+        self.loops.append(asyncio.get_running_loop())
+        self.chunks.append(CHUNK.get())
+        return await super().send(envelope)
+
+
+def test_a_sessions_batches_share_one_loop_channel_and_limiter_each_opened_and_closed_once(
+    system_clock, make_real_envelope
+):
+    built: list[_Recording] = []
+    limiters: list[LocalRateLimiter] = []
+    closed: list[LocalRateLimiter] = []
+
+    class TrackedLimiter(LocalRateLimiter):
+        async def aclose(self):
+            closed.append(self)
+
+    def channel_factory():
+        asyncio.get_running_loop()  # raises unless called inside the loop
+        built.append(_Recording(clock=system_clock))
+        return built[-1]
+
+    def limiter_factory():
+        limiters.append(TrackedLimiter(1000, clock=system_clock))
+        return limiters[-1]
+
+    with Session(channel_factory, clock=system_clock, limiter_factory=limiter_factory) as session:
+        for _ in range(3):
+            results = session.deliver(
+                [make_real_envelope() for _ in range(4)], policy=DeliveryPolicy()
+            )
+            assert [r.outcome for r in results] == [Outcome.SENT] * 4
+        # Still open between and after the batches: closing is the session's.
+        assert (built[0].opened, built[0].closed) == (1, 0)
+        assert closed == []
+
+    assert len(built) == 1 and (built[0].opened, built[0].closed) == (1, 1)
+    assert len(set(map(id, built[0].loops))) == 1 and len(built[0].loops) == 12
+    assert len(limiters) == 1 and closed == limiters
+    assert session.batches == 3
+
+
+def test_the_loop_does_not_run_between_a_sessions_batches(system_clock, make_real_envelope):
+    """Between chunks the caller works with the ORM: nothing asynchronous may run meanwhile."""
+    ran: list[float] = []
+
+    class Scheduling(MemoryChannel):
+        async def send(self, envelope):
+            if not self.calls:
+                asyncio.get_running_loop().call_later(
+                    0.05, lambda: ran.append(system_clock.monotonic())
+                )
+            else:
+                await asyncio.sleep(0.1)  # the second batch gives the loop time to run
+            return await super().send(envelope)
+
+    with Session(lambda: Scheduling(clock=system_clock), clock=system_clock) as session:
+        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        between = system_clock.monotonic()
+        system_clock.sleep_blocking(0.3)  # the callback is due 0.05 s after the first send
+        assert ran == []
+        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+
+    # It ran at the next batch, not while the caller slept.
+    assert len(ran) >= 1 and ran[0] >= between + 0.3
+
+
+def test_a_channel_that_fails_to_open_is_tried_again_at_the_next_batch(
+    system_clock, make_real_envelope
+):
+    class Flaky(MemoryChannel):
+        tries = 0
+
+        async def __aenter__(self):
+            Flaky.tries += 1
+            if Flaky.tries == 1:
+                raise OSError("connection refused")
+            return await super().__aenter__()
+
+    channel = Flaky(clock=system_clock)
+    with Session(lambda: channel, clock=system_clock) as session:
+        [first] = session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        [second] = session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+
+    assert first.outcome is Outcome.TRANSIENT and "could not be opened" in first.error
+    assert not first.provider_reached
+    assert second.outcome is Outcome.SENT
+    assert Flaky.tries == 2 and (channel.opened, channel.closed) == (1, 1)
+
+
+def test_each_batch_runs_in_its_callers_context(system_clock, make_real_envelope):
+    """The claim a log line carries (reminders/logcontext.py) is the chunk's, not the first's."""
+    channel = _Recording(clock=system_clock)
+    with Session(lambda: channel, clock=system_clock) as session:
+        for name in ("first", "second"):
+            token = CHUNK.set(name)
+            try:
+                session.deliver([make_real_envelope() for _ in range(2)], policy=DeliveryPolicy())
+            finally:
+                CHUNK.reset(token)
+
+    assert channel.chunks == ["first", "first", "second", "second"]
+
+
+def test_an_interruption_in_one_batch_stops_it_and_the_session_still_closes(
+    system_clock, make_real_envelope
+):
+    """A soft time limit raised into the waiting thread: the batch drains and reports."""
+    channel = MemoryChannel(clock=system_clock)
+    envelopes = [make_real_envelope(), make_real_envelope()]
+    channel.hang(envelopes[1].key)
+    ticks = 0
+
+    def tick():
+        nonlocal ticks
+        ticks += 1
+        if ticks == 2:
+            raise KeyboardInterrupt  # what a signal handler raises into the wait
+
+    with Session(lambda: channel, clock=system_clock) as session:
+        with pytest.raises(Interrupted) as caught:
+            session.deliver(
+                envelopes,
+                policy=DeliveryPolicy(call_timeout=20, drain=0.1),
+                tick=tick,
+                tick_interval=0.05,
+            )
+
+    assert isinstance(caught.value.cause, KeyboardInterrupt)
+    assert [r.outcome for r in caught.value.results] == [Outcome.SENT, Outcome.CANCELLED]
+    assert (channel.opened, channel.closed) == (1, 1)
+
+
+def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock):
+    async def inside_a_loop():
+        with Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock):
+            pass
+
+    with pytest.raises(RuntimeError, match=r"await delivery\.deliver\(\) there instead"):
+        run(inside_a_loop())
+
+
+def test_deliver_needs_the_session_open(system_clock, make_real_envelope):
+    session = Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock)
+    with pytest.raises(RuntimeError, match="use 'with Session"):
+        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
