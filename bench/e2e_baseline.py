@@ -28,7 +28,7 @@ from django.conf import settings
 
 from clock import default_clock
 from delivery.channels.http import encode_body, signed_headers
-from delivery.message import build_message, message_id_for, parse_sender
+from delivery.message import message_id_for, parse_sender, write_message
 from reminders.content import reminder_envelope
 from reminders.models import Reminder
 
@@ -68,10 +68,10 @@ def baseline_send_smtp(reminder_id: int) -> str:
     clock = default_clock()
     envelope = _envelope(reminder_id)
     sender = parse_sender(settings.DEFAULT_FROM_EMAIL, setting="DEFAULT_FROM_EMAIL")
-    message = build_message(
+    message = write_message(
         envelope, sender=sender, message_id_domain=sender.domain, date=clock.now()
     )
-    _mail().send_message(message)
+    _mail().sendmail(sender.address, [message.recipient], message.data)
     return _store(reminder_id, message_id_for(envelope.key, sender.domain))
 
 

@@ -21,15 +21,14 @@ MAX_LOCAL_PART_LENGTH = 64
 
 _ATOM_CHARS = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-\u0080-\U0010ffff]+$")
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-_LINE_SEPARATORS = {"\u2028", "\u2029", "\u0085"}
+# Unicode's control characters (category Cc: U+0000-U+001F, U+007F-U+009F, NEL
+# included) and the line and paragraph separators.
+_BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def clean_header_text(text: str) -> str:
     """Return ``text`` on one line: control characters become spaces, runs collapse."""
-    cleaned = "".join(
-        " " if unicodedata.category(ch) == "Cc" or ch in _LINE_SEPARATORS else ch for ch in text
-    )
-    return " ".join(cleaned.split())
+    return " ".join(_BREAKING.sub(" ", text).split())
 
 
 def idna_domain(domain: str) -> str | None:

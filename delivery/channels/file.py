@@ -18,7 +18,7 @@ from typing import Self
 from clock import Clock
 from delivery.envelope import Envelope
 from delivery.errors import TransientError
-from delivery.message import build_message, key_digest, message_id_for, parse_sender
+from delivery.message import key_digest, message_id_for, parse_sender, write_message
 
 __all__ = ["FileChannel"]
 
@@ -76,11 +76,11 @@ class FileChannel:
         return None
 
     async def send(self, envelope: Envelope) -> str:
-        message = build_message(
+        message = write_message(
             envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
         )
         try:
-            await asyncio.to_thread(_write_atomically, self.path_for(envelope.key), bytes(message))
+            await asyncio.to_thread(_write_atomically, self.path_for(envelope.key), message.data)
         except OSError as exc:
             raise TransientError(f"could not write {self.path_for(envelope.key)}: {exc}") from exc
         return message_id_for(envelope.key, self._domain)

@@ -30,7 +30,7 @@ import aiosmtplib
 from clock import Clock
 from delivery.envelope import Envelope
 from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
-from delivery.message import Sender, build_message, message_id_for, parse_sender
+from delivery.message import Sender, message_id_for, parse_sender, write_message
 
 __all__ = ["SmtpSettings", "SmtpChannel", "translate_smtplib_error"]
 
@@ -197,11 +197,10 @@ class SmtpChannel:
     async def send(self, envelope: Envelope) -> str:
         if self._slots is None:
             raise RuntimeError("SmtpChannel.send() needs the channel open: use 'async with'.")
-        message = build_message(
+        message = write_message(
             envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
         )
-        data = message.as_bytes()
-        recipient = message["To"].addresses[0].addr_spec
+        data, recipient = message.data, message.recipient
         async with self._slots:
             reused = bool(self._idle)
             connection = self._idle.pop() if reused else await self._connect()
