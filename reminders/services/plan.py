@@ -16,6 +16,7 @@ from datetime import datetime
 from django.conf import settings
 from django.db import connection
 from django.db.models import (
+    BooleanField,
     Case,
     CharField,
     DateTimeField,
@@ -28,6 +29,7 @@ from django.db.models import (
     Value,
     When,
 )
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Cast, Concat
 
 from clock import Clock, default_clock
@@ -58,6 +60,37 @@ _PLAN_COLUMNS = (
     "created_at",
     "updated_at",
 )
+
+
+def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet | None:
+    """Return the enrollments of the workshops in the lead window, by an explicit id list.
+
+    The scan's plan reads those workshops first (``workshop_status_start``)
+    and hands PostgreSQL their ids as one array, so the INSERT's plan starts
+    from the window's enrollments (``enrollment_workshop_status``) whatever
+    ANALYZE sampled. Joined instead, the planner sometimes read every
+    enrollment and looked each workshop up by primary key: 2-3 s at a million
+    enrollments instead of a few hundred ms (docs/benchmarks.md,
+    bench/scan_million.py). Return None when no workshop is in the window.
+    On SQLite (the local run) the join stays.
+    """
+    if connection.vendor != "postgresql":
+        return Enrollment.objects.all()
+    ids = list(
+        Workshop.objects.filter(
+            status=Workshop.Status.SCHEDULED,
+            starts_at__gt=now - policy.lead,
+            starts_at__lte=now + policy.lead,
+        ).values_list("id", flat=True)
+    )
+    if not ids:
+        return None
+    column = ".".join(
+        connection.ops.quote_name(name) for name in (Enrollment._meta.db_table, "workshop_id")
+    )
+    return Enrollment.objects.filter(
+        RawSQL(f"{column} = ANY(%s)", [ids], output_field=BooleanField())
+    )
 
 
 def _plan_source(
@@ -134,19 +167,21 @@ def reminders_plan(
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
     One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` statement, whatever the
-    number of workshops: the unique constraint on (attendee, workshop) decides
+    number of workshops (for the scan, after one read of the ids of the
+    workshops in the window: ``_in_window_workshops``); the unique constraint
+    on (attendee, workshop) decides
     between concurrent scans, so two overlapping plans create each row once.
     Reminders whose deadline has already passed are created as ``missed``
     with ``late_reason``, never as sendable. Return how many rows were created.
     """
     clock = clock or default_clock()
     policy = policy or ReminderPolicy.from_settings()
-    source = _plan_source(
-        now=clock.now(),
-        policy=policy,
-        enrollments=Enrollment.objects.all() if enrollments is None else enrollments,
-        late_reason=late_reason,
-    )
+    now = clock.now()
+    if enrollments is None:
+        enrollments = _in_window_workshops(now=now, policy=policy)
+        if enrollments is None:
+            return 0
+    source = _plan_source(now=now, policy=policy, enrollments=enrollments, late_reason=late_reason)
     select_sql, params = source.query.sql_with_params()
     table = connection.ops.quote_name(Reminder._meta.db_table)
     columns = ", ".join(connection.ops.quote_name(column) for column in _PLAN_COLUMNS)

@@ -16,16 +16,28 @@ pytestmark = pytest.mark.django_db
 def test_plan_creates_one_reminder_per_active_enrollment_in_one_statement(
     clock, make_workshop, enrol
 ):
+    """After one read of the window's workshop ids, handed to the INSERT as an array, so
+    its plan starts from those workshops' enrollments whatever ANALYZE sampled."""
     for _ in range(5):
         enrol(make_workshop(starts_in=timedelta(hours=30)), count=3)  # outside the lead
+    enrol(make_workshop(starts_in=timedelta(hours=60)), count=2)  # still outside
     Reminder.objects.all().delete()
     clock.advance(timedelta(hours=8).total_seconds())  # now inside the 24 h lead
     with CaptureQueriesContext(connection) as queries:
         created = reminders_plan(clock=clock)
     assert created == 15
-    assert len(queries) == 1
-    assert queries[0]["sql"].startswith("INSERT INTO")
+    assert len(queries) == 2
+    assert queries[0]["sql"].startswith("SELECT") and "workshops_workshop" in queries[0]["sql"]
+    insert = queries[1]["sql"]
+    assert insert.startswith("INSERT INTO") and "= ANY(" in insert
     assert Reminder.objects.filter(status="pending").count() == 15
+
+
+def test_a_scan_plan_with_no_workshop_in_the_window_sends_only_the_read(clock, make_workshop):
+    make_workshop(starts_in=timedelta(hours=60))
+    with CaptureQueriesContext(connection) as queries:
+        assert reminders_plan(clock=clock) == 0
+    assert len(queries) == 1 and queries[0]["sql"].startswith("SELECT")
 
 
 def test_second_plan_creates_nothing(clock, make_workshop, enrol):
