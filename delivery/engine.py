@@ -61,6 +61,8 @@ logger = logging.getLogger("delivery")
 STOP_POLL_INTERVAL = 0.05
 # The FakeClock's helper task may outlive a batch by a few loop turns.
 _CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
+# The names of the tasks a batch itself starts (delivery.hedge names its own).
+_ENGINE_TASK_PREFIXES = ("delivery.", "hedge:")
 
 
 def _call_outcome(failure: _Failure) -> str:
@@ -668,13 +670,14 @@ def deliver_sync(
     Raise ``RuntimeError`` when called from inside a running event loop:
     await ``deliver`` there instead.
     """
-    with Session(
+    session = Session(
         channel_factory,
         clock=clock,
         limiter_factory=limiter_factory,
         close_timeout=policy.close_timeout,
-    ) as session:
-        return session.deliver(
+    )
+    with session:
+        results = session.deliver(
             envelopes,
             policy=policy,
             stop=stop,
@@ -684,6 +687,13 @@ def deliver_sync(
             tick_interval=tick_interval,
             observer=observer,
         )
+        # Closed here, not by the with: an interruption while the channel closes
+        # still hands back the batch's results.
+        try:
+            session.close()
+        except BaseException as exc:
+            raise Interrupted(results, exc) from None
+    return results
 
 
 class Session:
@@ -718,6 +728,7 @@ class Session:
         self._close_timeout = close_timeout
         self._jobs: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
+        self._stopped = threading.Event()
         # Built inside the loop at the first chunk (their connections belong to it).
         self._channel: _KeptOpen | None = None
         self._limiter: RateLimiter | None = None
@@ -727,28 +738,50 @@ class Session:
     def __enter__(self) -> Session:
         _refuse_inside_a_loop("Session")
         self._jobs = queue.SimpleQueue()
+        self._stopped = threading.Event()
         # The loop has a thread of its own: the calling thread stays free to tick.
         self._thread = threading.Thread(target=self._serve, name="delivery-loop", daemon=True)
         self._thread.start()
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        self.close()
+        if exc_type is None:
+            self.close()
+            return
+        # Leaving on an exception: that one goes on; a failure to close is logged.
+        try:
+            self.close()
+        except BaseException:
+            logger.warning("Delivery session did not close cleanly", exc_info=True)
 
     def close(self) -> None:
-        """Close the channel and the limiter inside the loop, then end the loop (idempotent)."""
+        """Close the channel and the limiter inside the loop, then end the loop (idempotent).
+
+        An exception raised into the calling thread meanwhile (a soft time
+        limit) is raised once everything is closed and the loop's thread
+        has ended.
+        """
         if self._thread is None:
             return
+        cause: BaseException | None = None
         try:
             self._run(self._close_resources, stop=None, tick=None, tick_interval=0.25)
-        except Interrupted as exc:
-            # Interrupted while closing: the close ran to its end all the same.
-            raise exc.cause from None
-        finally:
-            assert self._jobs is not None
-            self._jobs.put(None)
-            self._thread.join()
-            self._thread = None
+        except BaseException as exc:
+            cause = exc  # raised into the wait: the close ran to its end all the same
+        assert self._jobs is not None
+        self._jobs.put(None)
+        while True:
+            # As in _run: an Event, which an exception raised into the wait
+            # cannot leave half-updated, as it can a Thread.join.
+            try:
+                self._stopped.wait()
+                break
+            except BaseException as exc:
+                cause = cause or exc
+        self._thread.join()
+        self._thread = None
+        if cause is not None:
+            raise cause
 
     def deliver(
         self,
@@ -802,9 +835,11 @@ class Session:
 
     def _resources(self) -> tuple[_KeptOpen, RateLimiter | None]:
         if self._channel is None:
-            self._channel = _KeptOpen(self._channel_factory())
-            if self._limiter_factory is not None:
-                self._limiter = self._limiter_factory()
+            # Both or neither: a limiter that failed to build must never leave
+            # later batches running with the channel and no limit.
+            limiter = self._limiter_factory() if self._limiter_factory is not None else None
+            channel = _KeptOpen(self._channel_factory())
+            self._channel, self._limiter = channel, limiter
         return self._channel, self._limiter
 
     async def _close_resources(self) -> None:
@@ -819,7 +854,7 @@ class Session:
                     await limiter.aclose()
                 except Exception:
                     logger.warning("Rate limiter did not close cleanly", exc_info=True)
-            await _reap_leftovers()
+            await _reap_leftovers(engine_only=False)
 
     def _run(self, job, *, stop, tick, tick_interval: float):
         """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking."""
@@ -828,17 +863,22 @@ class Session:
         # Waiting on an Event, not on a queue or a join: an exception raised into
         # the wait by a signal handler leaves the Event's state true.
         finished = threading.Event()
-        self._jobs.put((job, contextvars.copy_context(), outcome, finished))
+        queued = False
         cause: BaseException | None = None
         while True:
-            # Every statement of the wait sits inside the try: an exception raised
-            # by a signal handler can land on any of them.
+            # Every statement from the hand-over to the end of the wait sits inside
+            # the try: an exception raised by a signal handler can land on any of them.
             try:
+                if not queued:
+                    self._jobs.put((job, contextvars.copy_context(), outcome, finished))
+                    queued = True
                 while not finished.wait(tick_interval):
                     if tick is not None:
                         tick()
                 break
             except BaseException as exc:
+                if not queued:
+                    raise  # nothing was handed over
                 # Stop the batch, let it finish (drain and all), then report.
                 if stop is not None:
                     stop.set()
@@ -847,20 +887,25 @@ class Session:
             raise outcome["error"]  # type: ignore[misc]
         result = outcome["result"]
         if cause is not None:
+            if result is None:  # the close: no results to hand back
+                raise cause
             raise Interrupted(result, cause)  # type: ignore[arg-type]
         return result
 
     def _serve(self) -> None:
         assert self._jobs is not None
-        with asyncio.Runner() as runner:
-            while (job := self._jobs.get()) is not None:
-                coroutine_function, context, outcome, finished = job
-                try:
-                    outcome["result"] = runner.run(coroutine_function(), context=context)
-                except BaseException as exc:  # handed to the calling thread
-                    outcome["error"] = exc
-                finally:
-                    finished.set()
+        try:
+            with asyncio.Runner() as runner:
+                while (job := self._jobs.get()) is not None:
+                    coroutine_function, context, outcome, finished = job
+                    try:
+                        outcome["result"] = runner.run(coroutine_function(), context=context)
+                    except BaseException as exc:  # handed to the calling thread
+                        outcome["error"] = exc
+                    finally:
+                        finished.set()
+        finally:
+            self._stopped.set()
 
 
 class _KeptOpen:
@@ -958,17 +1003,31 @@ async def _deliver_with_stops(
     return results
 
 
-async def _reap_leftovers() -> None:
-    """Cancel and await any task still running; the engine should have left none."""
+async def _reap_leftovers(*, engine_only: bool = True) -> None:
+    """Cancel and await any task still running that should not be; the engine leaves none.
+
+    After each batch of a session only the engine's own tasks count (named
+    ``delivery.*`` and ``hedge:*``): the channel stays open and may own tasks of its own,
+    such as a DNS lookup aiohttp shields from a cancelled request. When the
+    session closes, every task does.
+    """
     current = asyncio.current_task()
     leftovers = [
         task
         for task in asyncio.all_tasks()
-        if task is not current and task.get_name() not in _CLOCK_TASK_NAMES
+        if task is not current
+        and task.get_name() not in _CLOCK_TASK_NAMES
+        and (not engine_only or task.get_name().startswith(_ENGINE_TASK_PREFIXES))
     ]
     if not leftovers:
         return
-    logger.error("Delivery left %d tasks running; cancelling them", len(leftovers))
+    if engine_only:
+        logger.error("Delivery left %d tasks running; cancelling them", len(leftovers))
+    else:
+        # The channel's own, still running after it closed: its cleanup, not ours.
+        logger.warning(
+            "%d tasks still ran when the session closed; cancelling them", len(leftovers)
+        )
     for task in leftovers:
         task.cancel()
     await asyncio.gather(*leftovers, return_exceptions=True)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
+import signal
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, Session
+from delivery import DeliveryPolicy, Outcome, Session, deliver_sync
 from delivery.channels import MemoryChannel
 from delivery.engine import Interrupted
 from delivery.limiter import LocalRateLimiter
@@ -172,3 +174,91 @@ def test_deliver_needs_the_session_open(system_clock, make_real_envelope):
     session = Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock)
     with pytest.raises(RuntimeError, match="use 'with Session"):
         session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+
+
+def test_an_interruption_while_the_channel_closes_still_hands_back_the_results(
+    system_clock, make_real_envelope
+):
+    """deliver_sync closes its session after the batch: a soft time limit landing in the
+    QUIT must not lose outcomes that are already known."""
+
+    class SlowToClose(MemoryChannel):
+        async def __aexit__(self, *exc_info):
+            await asyncio.sleep(0.6)
+            return await super().__aexit__(*exc_info)
+
+    class Alarm(Exception):
+        pass
+
+    def raise_alarm(signum, frame):
+        raise Alarm
+
+    channel = SlowToClose(clock=system_clock)
+    previous = signal.signal(signal.SIGALRM, raise_alarm)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.3)  # the send takes milliseconds
+        with pytest.raises(Interrupted) as caught:
+            deliver_sync(
+                [make_real_envelope()],
+                lambda: channel,
+                policy=DeliveryPolicy(),
+                clock=system_clock,
+            )
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert isinstance(caught.value.cause, Alarm)
+    assert [r.outcome for r in caught.value.results] == [Outcome.SENT]
+    assert channel.closed == 1  # the close ran to its end all the same
+
+
+def test_a_limiter_that_fails_to_build_never_leaves_a_batch_without_its_limit(
+    system_clock, make_real_envelope
+):
+    built: list[LocalRateLimiter] = []
+    starts: list[int] = []
+
+    class Counting(LocalRateLimiter):
+        async def acquire(self, *, deadline_at=None):
+            starts.append(1)
+            return await super().acquire(deadline_at=deadline_at)
+
+    def limiter_factory():
+        if not built:
+            built.append(None)
+            raise ConnectionError("Redis is restarting")
+        built.append(Counting(1000, clock=system_clock))
+        return built[-1]
+
+    channel = MemoryChannel(clock=system_clock)
+    with Session(lambda: channel, clock=system_clock, limiter_factory=limiter_factory) as session:
+        with pytest.raises(ConnectionError):
+            session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        results = session.deliver([make_real_envelope() for _ in range(3)], policy=DeliveryPolicy())
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 3
+    assert len(built) == 2 and len(starts) == 3  # the second batch was limited
+    assert len(channel.calls) == 3  # nothing went out unlimited
+
+
+def test_a_task_the_open_channel_owns_survives_the_batches_and_ends_with_the_session(
+    system_clock, make_real_envelope, caplog
+):
+    """aiohttp, for one, shields a DNS lookup from a cancelled request; between chunks
+    such a task is the channel's, not a leftover of the batch."""
+    owned: list[asyncio.Task] = []
+
+    class Owning(MemoryChannel):
+        async def __aenter__(self):
+            owned.append(asyncio.get_running_loop().create_task(asyncio.sleep(30), name="owned"))
+            return await super().__aenter__()
+
+    with caplog.at_level(logging.ERROR, logger="delivery"):
+        with Session(lambda: Owning(clock=system_clock), clock=system_clock) as session:
+            for _ in range(2):
+                session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+                assert not owned[0].done()
+
+    assert caplog.records == []  # not reported as left over by either batch
+    assert owned[0].cancelled()  # the session's close ends it
