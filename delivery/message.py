@@ -51,8 +51,8 @@ LINE = 78
 _WORD_BYTES = 42
 # Characters a display name may carry bare (RFC 5322 atext and spaces).
 _BARE_PHRASE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~ -]*$")
-# A body line longer than this cannot be sent 7bit (RFC 5322 2.1.1: 998 and CRLF).
-_LONGEST_7BIT_LINE = 998
+# RFC 2045 6.7: quoted-printable lines are at most 76 characters.
+_QP_LINE = 76
 
 
 def key_digest(key: str) -> str:
@@ -156,7 +156,7 @@ def write_message(
     if reply_to is not None:
         headers.append(_header("Reply-To", reply_to))
     if envelope.list_id:
-        headers.append(_header("List-Id", _unstructured(clean_header_text(envelope.list_id))))
+        headers.append(_header("List-Id", _list_id(clean_header_text(envelope.list_id))))
     headers.append("MIME-Version: 1.0")
     body = _text_part("plain", envelope.text_body, boundary)
     if envelope.html_body is not None:
@@ -249,6 +249,14 @@ def _unstructured(text: str) -> str:
     return " ".join(out)
 
 
+def _list_id(text: str) -> str:
+    """Return a List-Id (RFC 2919: ``phrase <id>``) with only the phrase ever encoded."""
+    phrase, bracket, rest = text.rpartition(" <")
+    if not bracket or not rest.endswith(">"):
+        return _unstructured(text)
+    return f"{_unstructured(phrase)} <{rest}"
+
+
 def _mailbox(name: str, address: str) -> str:
     """Return ``name <address>``: the name bare, quoted, or as encoded words."""
     if not name:
@@ -280,16 +288,37 @@ def _text_part(subtype: str, text: str, boundary: str) -> str:
         and boundary.encode("ascii") not in data
     ):
         encoding, written = "7bit", body.decode("ascii")
-    elif (len(data) - len(text)) * 2 > len(data):
-        # Mostly multi-byte text (Greek, Chinese...): base64 is the shorter.
+    elif len(body.translate(None, _ASCII_BYTES)) * 6 > len(body):
+        # Quoted-printable writes each byte above 127 as three characters, base64
+        # every 3 bytes as 4: past one such byte in six (Greek, Cyrillic,
+        # Chinese...), base64 is the shorter.
         encoding = "base64"
         written = base64.encodebytes(body).decode("ascii").replace("\n", CRLF)
     else:
         encoding = "quoted-printable"
-        written = binascii.b2a_qp(body, istext=True).decode("ascii")
+        written = _quoted_printable(body)
     return (
         f'Content-Type: text/{subtype}; charset="utf-8"{CRLF}'
         f"Content-Transfer-Encoding: {encoding}{CRLF}{CRLF}{written}"
+    )
+
+
+_ASCII_BYTES = bytes(range(128))
+
+
+def _quoted_printable(body: bytes) -> str:
+    """Return ``body`` (CRLF lines) quoted-printable, every line at most 76 characters.
+
+    ``binascii.b2a_qp`` breaks lines at 76, but a line that ends in a space
+    or tab it writes as ``=20``/``=09`` after the break point, one character
+    over; such a line gets one more soft break before that last escape.
+    """
+    written = binascii.b2a_qp(body, istext=True).decode("ascii")
+    lines = written.split(CRLF)
+    if max(map(len, lines)) <= _QP_LINE:
+        return written
+    return CRLF.join(
+        f"{line[:-3]}={CRLF}{line[-3:]}" if len(line) > _QP_LINE else line for line in lines
     )
 
 

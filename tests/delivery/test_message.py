@@ -272,3 +272,52 @@ def test_a_body_that_holds_the_boundary_is_encoded_so_the_parts_stay_whole():
         == shown(reference(envelope, sender=SENDERS[0], domain="example.org"))["parts"]
     )
     assert len(shown(written.data)["parts"]) == 3  # the alternative, its text and its HTML
+
+
+@pytest.mark.parametrize("length", range(70, 80))
+@pytest.mark.parametrize("last", [" ", "\t", "=", "é"])
+def test_quoted_printable_lines_stay_within_76_and_read_back_whole(length, last):
+    """RFC 2045 6.7; binascii alone writes 77 when a 75-character line ends in a space."""
+    envelope = envelope_factory(SystemClock())(text_body=f"Grüße\n{'a' * length}{last}\nnext")
+
+    data = write_message(
+        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
+    ).data
+
+    body = data.split(b"\r\n\r\n", 1)[1]
+    assert b"quoted-printable" in data.split(b"\r\n\r\n", 1)[0]
+    assert max(map(len, body.split(b"\r\n"))) <= 76
+    [(*_, content, _)] = shown(data)["parts"]
+    assert content == f"Grüße\n{'a' * length}{last}\nnext\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "encoding"),
+    [
+        ("Ελληνικά κείμενα και άλλα πράγματα", b"base64"),
+        ("Привет, увидимся на мастер-классе", b"base64"),
+        ("陶艺工作坊将在一小时后开始", b"base64"),
+        (
+            "Bis gleich, wir sehen uns am Montag um zehn Uhr in der Bibliothek. Grüße",
+            b"quoted-printable",
+        ),
+        ("Grüße aus München", b"base64"),  # 6 of its 22 bytes above 127: base64 is shorter
+    ],
+)
+def test_the_shorter_transfer_encoding_is_chosen(body, encoding):
+    envelope = envelope_factory(SystemClock())(text_body=body)
+    data = write_message(
+        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
+    ).data
+    assert f"Content-Transfer-Encoding: {encoding.decode()}".encode() in data
+    assert shown(data)["parts"][0][3] == body + "\n"
+
+
+def test_a_list_id_keeps_its_identifier_unencoded_however_long():
+    long_id = "reminders." + "sub." * 20 + "example.org"
+    envelope = envelope_factory(SystemClock())(list_id=f"Rappels d’ateliers <{long_id}>")
+    data = write_message(
+        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
+    ).data
+    assert f"<{long_id}>".encode() in data
+    assert shown(data)["headers"]["List-Id"] == [f"Rappels d’ateliers <{long_id}>"]
