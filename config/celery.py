@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init, worker_ready, worker_shutting_down
+from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutting_down
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -73,3 +73,11 @@ def _announce_shutdown(sender, **kwargs) -> None:
 
     shutdown.announce()
     scanlane.stop()
+
+
+@worker_process_shutdown.connect
+def _close_kept_connections(**kwargs) -> None:
+    """Close the pool process's kept provider connections as it exits (reminders/bridge.py)."""
+    from reminders import bridge
+
+    bridge.close_kept_session()

@@ -486,6 +486,13 @@ REMINDERS_REPLAY_INLINE_LIMIT = env_int(
 # Provider calls per reminder inside one batch (with backoff and jitter)
 # before the batch gives the reminder back for a later claim.
 REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, maximum=20)
-# SMTP connections one worker process keeps open to EMAIL_HOST during a batch;
+# SMTP connections one worker process keeps open to EMAIL_HOST during a batch
+# (and between batches: REMINDERS_KEEP_CONNECTIONS);
 # each carries one message at a time, so this caps the smtp channel's concurrency.
 REMINDERS_SMTP_CONNECTIONS = env_int("REMINDERS_SMTP_CONNECTIONS", 4, minimum=1, maximum=100)
+# A pool process keeps its provider connections, event loop and limiter client
+# from one batch to the next while batches come within this many seconds of
+# each other; 0 opens and closes them with every batch (reminders.bridge).
+REMINDERS_KEEP_CONNECTIONS = env_float(
+    "REMINDERS_KEEP_CONNECTIONS", 10, minimum=0, maximum=600, unit="seconds (0 = per batch)"
+)

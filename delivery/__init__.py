@@ -13,7 +13,7 @@ asynchronous code is this one, in a Celery task:
 3. record the ``DeliveryResult`` values with the ORM afterwards.
 
 No ORM call happens inside the loop (a session's loop runs only inside
-``deliver``), and no event loop outlives the call or the session.
+``deliver``), and no event loop outlives its call or its session.
 
 Public API
 ----------

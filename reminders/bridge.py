@@ -18,7 +18,11 @@ This module also turns Django settings into the engine's plain values
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+import os
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
@@ -116,11 +120,23 @@ def _mailbox(name: str, address: str) -> str:
 
 def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
     """Return a factory building the named channel inside the batch's event loop."""
+    values = _channel_values(name)
     if name == "smtp":
-        values = smtp_settings()
         return lambda: SmtpChannel(values, clock=clock)
     if name == "http":
-        values = HttpSettings(
+        return lambda: HttpChannel(values, clock=clock)
+    if name == "file":
+        directory, sender = values
+        return lambda: FileChannel(directory, from_email=sender, clock=clock)
+    return lambda: ThreadedChannel("django", send_with_django)
+
+
+def _channel_values(name: str):
+    """Return the named channel's plain settings (a change of any of them is a new channel)."""
+    if name == "smtp":
+        return smtp_settings()
+    if name == "http":
+        return HttpSettings(
             url=settings.REMINDERS_HTTP_URL,
             secret=settings.REMINDERS_HTTP_SECRET,
             timeout=settings.REMINDERS_CALL_TIMEOUT,
@@ -128,13 +144,11 @@ def channel_factory(name: str, *, clock: Clock) -> Callable[[], Channel]:
             hedge_stagger=settings.REMINDERS_HTTP_HEDGE_STAGGER,
             allow_insecure_http=settings.REMINDERS_HTTP_ALLOW_INSECURE,
         )
-        return lambda: HttpChannel(values, clock=clock)
     if name == "file":
-        directory = settings.REMINDERS_FILE_DIR
-        sender = settings.DEFAULT_FROM_EMAIL
-        return lambda: FileChannel(directory, from_email=sender, clock=clock)
+        return (settings.REMINDERS_FILE_DIR, settings.DEFAULT_FROM_EMAIL)
     if name == "django":
-        return lambda: ThreadedChannel("django", send_with_django)
+        # Django's EMAIL_* settings are read by its backend at each send.
+        return ()
     raise ValueError(
         f"Unknown channel {name!r}; REMINDERS_CHANNEL accepts {settings.REMINDERS_CHANNELS}."
     )
@@ -315,20 +329,89 @@ def _rendered(workshop) -> tuple:
     )
 
 
-def delivery_session(*, channel: str, clock: Clock) -> Session:
-    """Return an engine session for one Celery batch: its chunks share a loop and connections.
+@contextmanager
+def delivery_session(*, channel: str, clock: Clock) -> Iterator[Session]:
+    """Yield the engine session a Celery batch delivers its chunks on.
 
-    Use it as a context manager around the chunks of a batch and pass it to
-    ``deliver_envelopes``; leaving it closes the channel's connections and
-    the limiter's Redis client. The loop runs only inside
-    ``deliver_envelopes``, so the ORM work between chunks never overlaps it.
+    With ``REMINDERS_KEEP_CONNECTIONS`` seconds (the default), the pool
+    process keeps one session from batch to batch: its event loop, its
+    provider connections (SMTP sessions, the HTTP connection pool: on
+    ``https`` a TLS handshake each) and the limiter's Redis client. A
+    session idle for longer than that, or built for other settings, or
+    inherited from another process, is replaced; one left by a batch that
+    raised is closed. With 0, or in any thread but the process's main
+    thread, each batch opens and closes its own. Either
+    way the loop runs only inside ``deliver_envelopes``, so the ORM work
+    between chunks and between batches never overlaps it.
     """
+    keep = float(settings.REMINDERS_KEEP_CONNECTIONS)
+    # Kept by the process's main thread only (a prefork pool process runs its
+    # tasks there); a session serves one thread at a time.
+    if not keep or threading.current_thread() is not threading.main_thread():
+        with _new_session(channel=channel, clock=clock) as session:
+            yield session
+        return
+    session = _kept_session(channel=channel, clock=clock, keep=keep)
+    try:
+        yield session
+    except BaseException:
+        # Interrupted, or the database went away: the next batch starts clean.
+        close_kept_session()
+        raise
+    finally:
+        if _kept is not None and _kept.session is session:
+            _kept.last_used = clock.monotonic()
+
+
+def close_kept_session() -> None:
+    """Close this process's kept session, if it has one (worker process shutdown)."""
+    global _kept
+    kept, _kept = _kept, None
+    if kept is None or kept.pid != os.getpid():
+        return  # another process's (inherited across a fork): not ours to close
+    try:
+        kept.session.close()
+    except Exception:
+        logger.warning("The kept delivery session did not close cleanly", exc_info=True)
+
+
+@dataclass
+class _Kept:
+    pid: int
+    key: str
+    session: Session
+    last_used: float
+
+
+_kept: _Kept | None = None
+
+
+def _kept_session(*, channel: str, clock: Clock, keep: float) -> Session:
+    global _kept
+    key = repr((channel, _channel_values(channel), _limiter_values(), id(clock)))
+    if _kept is not None:
+        if _kept.pid != os.getpid():
+            _kept = None  # inherited across a fork: its loop thread is not in this process
+        elif _kept.key != key or clock.monotonic() - _kept.last_used > keep:
+            close_kept_session()
+    if _kept is None:
+        session = _new_session(channel=channel, clock=clock)
+        session.__enter__()
+        _kept = _Kept(pid=os.getpid(), key=key, session=session, last_used=clock.monotonic())
+    return _kept.session
+
+
+def _new_session(*, channel: str, clock: Clock) -> Session:
     return Session(
         channel_factory(channel, clock=clock),
         clock=clock,
         limiter_factory=limiter_factory(clock=clock),
         close_timeout=settings.REMINDERS_TIME_BOUNDS.close,
     )
+
+
+def _limiter_values() -> tuple:
+    return (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL, LIMITER_MARGIN)
 
 
 def deliver_envelopes(

@@ -4,6 +4,7 @@ and guards that keep the suite on real PostgreSQL and Redis."""
 from __future__ import annotations
 
 import os
+import sys
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -26,6 +27,15 @@ def pytest_configure(config):
             "reminders (make test does this).",
             returncode=2,
         )
+
+
+@pytest.fixture(autouse=True)
+def _close_kept_delivery_session():
+    """What a pool process's shutdown does: a test's kept provider connections end with it."""
+    yield
+    bridge = sys.modules.get("reminders.bridge")
+    if bridge is not None:
+        bridge.close_kept_session()
 
 
 @pytest.fixture
