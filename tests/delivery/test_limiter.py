@@ -157,7 +157,10 @@ def test_redis_limiter_shares_one_window_between_event_loops_in_two_threads(
                 account=redis_account,
                 per_second=10,
                 window=0.25,
-                margin=0.01,
+                # What the margin is for: starts are counted here when acquire
+                # returns, and on two cores shared with two other test runs a
+                # wake-up can come 10 ms late (it did once in CI, 11 in a window).
+                margin=0.05,
                 clock=clock,
             )
             try:
