@@ -12,9 +12,11 @@ __all__ = ["Channel"]
 
 @runtime_checkable
 class Channel(Protocol):
-    """A provider connection for one batch.
+    """A provider connection for a batch, or for the batches of one engine session.
 
-    ``__aenter__``/``__aexit__`` open and close connections once per batch;
+    ``__aenter__``/``__aexit__`` open and close connections once per batch
+    (``deliver``) or once per ``Session``, which keeps the channel open
+    between its batches;
     ``send`` hands over one envelope and returns the provider's message id.
     ``send`` raises ``TransientError``/``PermanentError`` (see
     ``delivery.errors``); it may be cancelled at any ``await`` (timeout, stop

@@ -232,7 +232,7 @@ def _unstructured(text: str) -> str:
     Adjacent encoded words are read back without the space between them
     (RFC 2047 6.2), so a run of words is encoded together, spaces included.
     """
-    if text.isascii() and "=?" not in text and len(text) <= LINE - 12:
+    if not _needs_encoding(text):
         return text
     out: list[str] = []
     run: list[str] = []
@@ -261,16 +261,12 @@ def _mailbox(name: str, address: str) -> str:
     """Return ``name <address>``: the name bare, quoted, or as encoded words."""
     if not name:
         return address
-    if _BARE_PHRASE.match(name) and not _needs_encoding_phrase(name):
+    if _BARE_PHRASE.match(name) and not any(map(_needs_encoding, name.split(" "))):
         return f"{name} <{address}>"
     if name.isascii() and "=?" not in name:
         quoted = name.replace("\\", "\\\\").replace('"', '\\"')
         return f'"{quoted}" <{address}>'
     return f"{' '.join(_encoded_words(name))} <{address}>"
-
-
-def _needs_encoding_phrase(name: str) -> bool:
-    return "=?" in name or any(len(word) > LINE - 12 for word in name.split(" "))
 
 
 def _text_part(subtype: str, text: str, boundary: str) -> str:

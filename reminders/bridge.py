@@ -426,8 +426,9 @@ def deliver_envelopes(
 ) -> list[DeliveryResult]:
     """Deliver a chunk on the event loop and return one result per envelope (blocking).
 
-    With ``session`` (``delivery_session``), on that session's loop, channel
-    and limiter; without, on a fresh loop closed before returning.
+    With ``session``, on that session's loop, channel and limiter; without
+    (a staff test send), on one from ``delivery_session`` for this call alone:
+    the process's kept session where it keeps one.
     ``stop`` is anything with ``is_set()`` (reminders.worker's shutdown flag
     in a worker). With ``watch``, the claim's rows are read once before the
     first call and every ``WATCH_INTERVAL`` seconds after, and the engine
@@ -440,8 +441,8 @@ def deliver_envelopes(
     if watch is not None and not watch.gate.is_fresh():
         watch.refresh()
     if session is None:
-        with delivery_session(channel=channel, clock=clock) as one_off:
-            return _deliver_on(one_off, envelopes, budget=budget, stop=stop, watch=watch)
+        with delivery_session(channel=channel, clock=clock) as own:
+            return _deliver_on(own, envelopes, budget=budget, stop=stop, watch=watch)
     return _deliver_on(session, envelopes, budget=budget, stop=stop, watch=watch)
 
 
