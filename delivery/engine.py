@@ -728,7 +728,6 @@ class Session:
         self._close_timeout = close_timeout
         self._jobs: queue.SimpleQueue | None = None
         self._thread: threading.Thread | None = None
-        self._stopped = threading.Event()
         # Built inside the loop at the first chunk (their connections belong to it).
         self._channel: _KeptOpen | None = None
         self._limiter: RateLimiter | None = None
@@ -738,7 +737,7 @@ class Session:
     def __enter__(self) -> Session:
         _refuse_inside_a_loop("Session")
         self._jobs = queue.SimpleQueue()
-        self._stopped = threading.Event()
+        self._stopped = threading.Event()  # set when the loop's thread ends
         # The loop has a thread of its own: the calling thread stays free to tick.
         self._thread = threading.Thread(target=self._serve, name="delivery-loop", daemon=True)
         self._thread.start()
