@@ -49,13 +49,27 @@ class ReminderPolicy:
 
     @staticmethod
     def late_q(now: datetime) -> Q:
-        """Return the ``is_late`` rule as a filter, for the claim and the expiry sweep."""
+        """Return the ``is_late`` rule as a filter, for the expiry sweep and the dispatch."""
         return Q(deadline_at__lte=now)
 
     @staticmethod
     def on_time_q(now: datetime) -> Q:
         """Return the negation of ``late_q``: the deadline is still ahead."""
         return Q(deadline_at__gt=now)
+
+    @staticmethod
+    def late_sql(column: str) -> str:
+        """Return ``late_q`` as SQL on ``column`` (a stored deadline), with ``now`` its one parameter.
+
+        For statements written by hand (the claim); the boundary test holds
+        it to the other forms.
+        """
+        return f"{column} <= %s"
+
+    @staticmethod
+    def on_time_sql(column: str) -> str:
+        """Return ``on_time_q`` as SQL on ``column``, with ``now`` its one parameter."""
+        return f"{column} > %s"
 
     def late_start_q(self, now: datetime, *, through: str = "") -> Q:
         """Return ``is_late`` as a filter on the workshop's start rather than a stored deadline.

@@ -7,26 +7,22 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db import connection, models, transaction
-from django.db.models import Case, F, Q, QuerySet, Value, When
+from django.db import connection, transaction
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, reminder_language
 from reminders.models import DeliveryAttempt, MessageText, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import claim_token_param
+from reminders.services._sql import RowsWithRelated, claim_token_param, values_rows
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
 
 
-def _scheduled_workshops() -> QuerySet:
-    return Workshop.objects.filter(status=Workshop.Status.SCHEDULED).values("id")
-
-
-def _active_enrollments() -> QuerySet:
-    return Enrollment.objects.filter(status=Enrollment.Status.ACTIVE).values("id")
+# What the claim reads of each reminder it takes, with its attendee, workshop
+# and frozen text (none before its first claim).
+_CLAIMED = RowsWithRelated(Reminder, ("attendee", "workshop", "text"))
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,47 +64,90 @@ def reminder_claim_batch(
     now = clock.now()
     lease = now + timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
     token = uuid.uuid4()
-    with transaction.atomic():
-        Reminder.objects.filter(
-            ReminderPolicy.on_time_q(now),
-            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
-            id__in=ids,
-            status__in=Reminder.OPEN_STATUSES,
-            window_opens_at__lte=now,
-            workshop_id__in=_scheduled_workshops(),
-            enrollment_id__in=_active_enrollments(),
-        ).update(
-            status=Status.SENDING,
-            claim_token=token,
-            lease_expires_at=lease,
-            attempts=F("attempts") + 1,
-            channel=channel,
-            queued_until=None,
-            next_attempt_at=None,
-            updated_at=now,
-        )
-        Reminder.objects.filter(
-            ReminderPolicy.late_q(now), id__in=ids, status__in=Reminder.OPEN_STATUSES
-        ).update(
-            status=Status.MISSED,
-            status_reason=reasons.LATE_AT_CLAIM,
-            queued_until=None,
-            next_attempt_at=None,
-            updated_at=now,
-        )
-        claimed = list(
-            Reminder.objects.filter(claim_token=token, status=Status.SENDING)
-            .select_related("attendee", "workshop", "text")
-            .order_by("deadline_at", "id")
-        )
-        _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
-        numbers = _record_attempts(token=token, worker=worker)
+    claimed: list[Reminder] = []
+    numbers: dict[int, int] = {}
+    with transaction.atomic(), connection.cursor() as cursor:
+        taken = _claim_rows(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
+        # Only an id the claim did not take can be late: a taken one's deadline is ahead.
+        if late := [pk for pk in ids if pk not in taken]:
+            _miss_late(cursor, ids=late, now=now)
+        if taken:
+            claimed = _CLAIMED.read(
+                cursor,
+                where="r.claim_token = %s AND r.status = %s",
+                order="r.deadline_at, r.id",
+                params=[claim_token_param(token), Status.SENDING.value],
+            )
+            _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
+            numbers = _record_attempts(token=token, worker=worker)
     return Claim(
         token=token,
         lease_expires_at=lease,
         channel=channel,
         reminders=claimed,
         attempt_numbers=numbers,
+    )
+
+
+def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
+    """Take those of ``ids`` that may be sent now; return the ids taken.
+
+    One guarded UPDATE, written by hand (the ORM compiled it again for every
+    chunk): open, on time, in its window, past any retry time, its workshop
+    scheduled and its enrollment active, all judged in the statement itself.
+    """
+    if not ids:
+        return set()
+    ops = cursor.db.ops
+    quote = ops.quote_name
+    stamp = ops.adapt_datetimefield_value(now)
+    opened = ", ".join(["%s"] * len(Reminder.OPEN_STATUSES))
+    cursor.execute(
+        f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
+        "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
+        f"next_attempt_at = NULL, updated_at = %s WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        f"AND {ReminderPolicy.on_time_sql('deadline_at')} "
+        f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) AND status IN ({opened}) "
+        "AND window_opens_at <= %s "
+        f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} WHERE status = %s) "
+        f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
+        "WHERE status = %s) RETURNING id",
+        [
+            Status.SENDING.value,
+            claim_token_param(token),
+            ops.adapt_datetimefield_value(lease),
+            channel,
+            stamp,
+            *ids,
+            stamp,
+            stamp,
+            *(status.value for status in Reminder.OPEN_STATUSES),
+            stamp,
+            Workshop.Status.SCHEDULED.value,
+            Enrollment.Status.ACTIVE.value,
+        ],
+    )
+    return {row[0] for row in cursor.fetchall()}
+
+
+def _miss_late(cursor, *, ids, now) -> None:
+    """Turn those of ``ids`` still open past their deadline into ``missed``: the claim's refusal."""
+    ops = cursor.db.ops
+    stamp = ops.adapt_datetimefield_value(now)
+    cursor.execute(
+        f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET status = %s, status_reason = %s, "
+        "queued_until = NULL, next_attempt_at = NULL, updated_at = %s "
+        f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        f"AND {ReminderPolicy.late_sql('deadline_at')} "
+        f"AND status IN ({', '.join(['%s'] * len(Reminder.OPEN_STATUSES))})",
+        [
+            Status.MISSED.value,
+            reasons.LATE_AT_CLAIM,
+            stamp,
+            *ids,
+            stamp,
+            *(status.value for status in Reminder.OPEN_STATUSES),
+        ],
     )
 
 
@@ -148,28 +187,38 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         for reminder in reminders
     }
     rows = {row.digest: row for row in chosen.values()}
-    ids = dict(MessageText.objects.filter(digest__in=rows).values_list("digest", "pk"))
+    ids = _text_ids(list(rows))
     missing = [rows[digest] for digest in sorted(rows) if digest not in ids]
     if missing:
         # Only the first batch of a new text writes. A claimer inserting the
         # same text at the same moment: one insert wins, the other does nothing
         # and reads the winner's row; no existing row is ever locked or rewritten.
         MessageText.objects.bulk_create(missing, ignore_conflicts=True)
-        found = MessageText.objects.filter(digest__in=[row.digest for row in missing])
-        ids.update(found.values_list("digest", "pk"))
-    by_text: dict[int, list[int]] = {}
-    for pk, row in chosen.items():
-        by_text.setdefault(ids[row.digest], []).append(pk)
-    Reminder.objects.filter(pk__in=chosen, text__isnull=True).update(
-        text_id=Case(
-            *(When(pk__in=pks, then=Value(text_id)) for text_id, pks in by_text.items()),
-            output_field=models.BigIntegerField(),
+        ids.update(_text_ids([row.digest for row in missing]))
+    pairs = [(pk, ids[row.digest]) for pk, row in chosen.items()]
+    reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH v (id, text_id) AS (VALUES {values_rows(pairs)}) "
+            f"UPDATE {reminder_table} SET text_id = v.text_id FROM v "
+            f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL",
+            [value for pair in pairs for value in pair],
         )
-    )
     for reminder in reminders:
         row = rows[chosen[reminder.pk].digest]
         row.pk, row._state.adding = ids[row.digest], False
         reminder.text = row
+
+
+def _text_ids(digests: list[str]) -> dict[str, int]:
+    """Return the id of each stored MessageText among ``digests``."""
+    table = connection.ops.quote_name(MessageText._meta.db_table)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT digest, id FROM {table} WHERE digest IN ({', '.join(['%s'] * len(digests))})",
+            digests,
+        )
+        return dict(cursor.fetchall())
 
 
 def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:

@@ -17,7 +17,7 @@ and treats it like any open reminder. Lock order everywhere: attendee (the
 record, when an outcome's text may quote an erased attendee), workshop,
 enrollment, reminder, delivery attempt. Writers that may meet on the same
 ``sending`` rows (the record, a release, the reaper) first lock those rows in
-id order with ``reminders_locked``: an UPDATE locks rows in whatever order its
+id order with ``reminders_locked`` (``claimed_locked`` for a claim's own rows): an UPDATE locks rows in whatever order its
 plan reads them, and two such orders over the same rows deadlock.
 """
 
@@ -138,6 +138,22 @@ def reminders_locked(ids: Iterable[int], guard: Q) -> None:
             .order_by("pk")
             .values_list("pk", flat=True)
         )
+
+
+def claimed_locked(ids: Iterable[int], token) -> None:
+    """``reminders_locked`` for the rows still ``sending`` under the claim ``token``.
+
+    The same lock in the same order, in SQL written once: the record and the
+    release take it for every chunk, and the ORM compiled it again each time.
+    """
+    ids = sorted(set(ids))
+    if ids and connection.vendor == "postgresql":
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {connection.ops.quote_name(Reminder._meta.db_table)} "
+                "WHERE id = ANY(%s) AND claim_token = %s AND status = %s ORDER BY id FOR UPDATE",
+                [ids, token, Reminder.Status.SENDING.value],
+            )
 
 
 def reminders_return(

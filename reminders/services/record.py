@@ -26,8 +26,8 @@ from reminders.services import reasons
 from reminders.services._sql import claim_token_param, values_rows
 from reminders.services.claim import Claim
 from reminders.services.fate import (
+    claimed_locked,
     reminder_fate,
-    reminders_locked,
     reminders_return,
     sources_locked,
 )
@@ -173,7 +173,7 @@ def reminder_record_batch(
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
         sources = sources_locked(returns)
-        reminders_locked(verdicts, _fence(claim))
+        claimed_locked(verdicts, claim.token)
         changed = _record_finals(claim=claim, finals=finals, now=now)
         if returns:
             policy = ReminderPolicy.from_settings()
@@ -316,7 +316,7 @@ def reminder_release(
             )
             for pk, source in sources_locked(ids).items()
         }
-        reminders_locked(fates, _fence(claim))
+        claimed_locked(fates, claim.token)
         changed = reminders_return(fates=fates, guard=_fence(claim), now=now, refund=fates)
         if changed:
             DeliveryAttempt.objects.filter(

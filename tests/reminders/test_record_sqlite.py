@@ -34,6 +34,13 @@ for i in range(3):
 reminders_plan(clock=clock)
 claim = reminder_claim_batch(ids=list(Reminder.objects.values_list("id", flat=True)),
                              channel="smtp", clock=clock)
+def values(obj):
+    return obj and [getattr(obj, f.attname) for f in obj._meta.concrete_fields]
+def part(obj, name):
+    return obj if name == "self" else getattr(obj, name)
+orm = {r.pk: r for r in Reminder.objects.select_related("attendee", "workshop", "text")}
+loaded = [[values(part(r, name)) == values(part(orm[r.pk], name))
+           for name in ("self", "attendee", "workshop", "text")] for r in claim.reminders]
 from reminders.bridge import ClaimWatch
 from workshops.services import workshop_update
 watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
@@ -57,7 +64,7 @@ attempts = [[a.outcome, a.error, a.finished_at == clock.now(), a.provider_calls]
             for a in DeliveryAttempt.objects.order_by("id")]
 frozen = sorted(set(Reminder.objects.values_list("text_id", flat=True)))
 print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts,
-                  "watch": [as_rendered, after_move], "frozen": [frozen, [r.text_id for r in
+                  "watch": [as_rendered, after_move], "loaded": loaded, "frozen": [frozen, [r.text_id for r in
                   claim.reminders]]}))
 """
 
@@ -76,6 +83,9 @@ def test_the_claim_watch_and_the_record_work_on_sqlite(tmp_path):
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout.strip().splitlines()[-1])
+    # The claim's rows, read by hand-written SQL, are what select_related reads (own
+    # fields, attendee, workshop, frozen text), SQLite's converters applied.
+    assert report["loaded"] == [[True] * 4] * 3
     changed = "workshop changed after the message was rendered"
     assert report["watch"] == [[None, None, None], [changed, changed, changed]]
     # The claim froze one shared text on SQLite too (its insert-or-read path).
