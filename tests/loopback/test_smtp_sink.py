@@ -86,3 +86,24 @@ def test_the_sink_runs_as_a_separate_process_writing_json_lines(tmp_path):
     assert record["subject"] == "Töpferkurs"
     assert record["rcpt_tos"] == ["ada@example.com"]
     assert code == 0
+
+
+def test_headers_read_back_decoded_as_the_email_package_parses_them(smtp_sink):
+    """The sink keeps the fields as sent and decodes one when asked: the same text as
+    parsing the whole message with the modern policy, encoded words and folding included."""
+    from email import message_from_bytes
+    from email import policy as email_policy
+
+    subject = "Töpfern für Anfänger um 10:00" + " lang" * 20
+    sent = message("<d@example.org>", subject)
+    del sent["To"]
+    sent["To"] = "Zoë Ångström <zoe@example.com>"
+    with smtplib.SMTP("127.0.0.1", smtp_sink.port, timeout=5) as client:
+        client.send_message(sent)
+
+    (received,) = smtp_sink.received()
+    assert b"=?utf-8?" in received.raw and b"\r\n " in received.raw  # encoded and folded
+    parsed = message_from_bytes(received.raw, policy=email_policy.default)
+    assert received.headers == tuple((name, str(value)) for name, value in parsed.items())
+    assert received.subject == subject
+    assert received.header("To") == "Zoë Ångström <zoe@example.com>"
