@@ -321,3 +321,24 @@ def test_a_list_id_keeps_its_identifier_unencoded_however_long():
     ).data
     assert f"<{long_id}>".encode() in data
     assert shown(data)["headers"]["List-Id"] == [f"Rappels d’ateliers <{long_id}>"]
+
+
+def test_the_date_header_follows_the_clock_second_by_second():
+    """The Date text is kept for the second it was made in, never longer."""
+    from datetime import timedelta
+    from email.utils import format_datetime
+    from zoneinfo import ZoneInfo
+
+    envelope = CASES[0]
+    moments = [
+        DATE,
+        DATE + timedelta(microseconds=999_999),
+        DATE + timedelta(seconds=1),
+        (DATE + timedelta(seconds=1)).astimezone(ZoneInfo("Europe/Berlin")),
+        DATE,
+    ]
+    for moment in moments:
+        written = write_message(
+            envelope, sender=SENDERS[0], message_id_domain="example.org", date=moment
+        )
+        assert f"\r\nDate: {format_datetime(moment)}\r\n".encode() in written.data, moment
