@@ -13,8 +13,10 @@ one implementation against itself.
   secret: 401 when it is missing, malformed or wrong, never a 500.
 - Misbehaves at runtime: ``delay`` (slow answers), ``fail_status`` for the
   next ``fail_next`` requests (or all), ``retry_after`` on 429/503 answers,
-  per-key scripted statuses, and a server-side ``rate_limit`` of N requests
-  per second answered with 429 beyond it.
+  per-key scripted statuses (``CLOSE``: the connection closed without an
+  answer), a server-side ``rate_limit`` of N requests per second answered
+  with 429 beyond it, and ``drop_connections`` (idle keep-alive connections
+  closed by the provider).
 - Reports ``max_in_window``: the most requests that arrived in any one second.
 
 In-process: ``with HttpSink() as sink: ... sink.url ...`` (serves from a
@@ -50,12 +52,14 @@ from clock import Clock, SystemClock
 from loopback._loop_thread import LoopThread
 from loopback.windows import max_in_window
 
-__all__ = ["HttpSink", "SinkRequest", "SinkSettings"]
+__all__ = ["CLOSE", "HttpSink", "SinkRequest", "SinkSettings"]
 
 MAX_HEADER_BYTES = 64 * 1024
 MAX_BODY_BYTES = 16 * 1024 * 1024
 # How far a signed timestamp may be from the sink's clock.
 SIGNATURE_TOLERANCE = 300
+#: A scripted answer (``HttpSink.script``) that closes the connection instead of answering.
+CLOSE = 0
 _SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
 _REASONS = {
     200: "OK",
@@ -224,7 +228,12 @@ class HttpSink:
             return SinkSettings(**asdict(self._settings))
 
     def script(self, key: str, *statuses: int) -> None:
-        """Answer the next requests carrying ``key`` with ``statuses``, in order."""
+        """Answer the next requests carrying ``key`` with ``statuses``, in order.
+
+        ``CLOSE`` (0) closes the connection without an answer and without
+        acting on the request: a provider that closed an idle keep-alive
+        connection just as the client sent on it.
+        """
         with self._lock:
             self._scripts.setdefault(key, deque()).extend(statuses)
 
@@ -232,6 +241,19 @@ class HttpSink:
         """Delay the answers to the next requests carrying ``key`` by ``seconds``, in order."""
         with self._lock:
             self._slow.setdefault(key, deque()).extend(seconds)
+
+    def drop_connections(self) -> int:
+        """Close every client connection now (as a provider closing idle ones); return how many."""
+
+        def drop() -> int:
+            writers = list(self._writers)
+            for writer in writers:
+                writer.close()
+            return len(writers)
+
+        if self._thread.running:
+            return self._thread.call(drop)
+        return drop()
 
     def reset(self) -> None:
         """Forget recorded requests, keys, scripts and counters (settings stay)."""
@@ -291,6 +313,8 @@ class HttpSink:
                 if parsed is None:
                     break
                 status, document, extra = await self._dispatch(parsed)
+                if status == CLOSE:
+                    break
                 writer.write(self._response(status, document, parsed.keep_alive, extra))
                 await writer.drain()
                 if not parsed.keep_alive:
@@ -419,6 +443,8 @@ class HttpSink:
         scripted = self._scripts.get(key)
         if scripted:
             status = scripted.popleft()
+            if status == CLOSE:
+                return CLOSE, None, {}
             return status, {"error": f"scripted {status}"}, self._configured_retry(settings)
         if settings.fail_status is not None and (
             settings.fail_next is None or settings.fail_next > 0

@@ -111,3 +111,60 @@ def test_the_pool_process_shutdown_hook_closes_the_kept_connections(
     while smtp_sink.open_connections and real.monotonic() < until:
         real.sleep_blocking(0.01)
     assert smtp_sink.open_connections == 0
+
+
+@pytest.fixture
+def http_batches(live_clock, due_reminders, published, settings):
+    """Two batches of 8 for the http channel, delivered on the real clock: the engine's
+    retry after a lost connection waits for real."""
+    from clock import SystemClock
+    from loopback.http_sink import HttpSink
+
+    with HttpSink() as sink:  # no signature check: the rows were planned on the fake clock
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = "s3cret"
+        settings.REMINDERS_CONCURRENCY = 4
+        settings.REMINDERS_BATCH_SIZE = 8
+        settings.REMINDERS_KEEP_CONNECTIONS = 10
+        due_reminders(16)
+        pipeline.scan(clock=live_clock)
+        batches = [batch for batch, _ in published]
+        assert [len(batch) for batch in batches] == [8, 8]
+        yield sink, batches, SystemClock()
+
+
+def test_kept_http_connections_the_provider_closed_while_idle_are_replaced(http_batches):
+    """B7 on http: between two batches the provider closes every kept keep-alive
+    connection; the next batch opens new ones and sends each reminder with one call."""
+    from reminders.models import DeliveryAttempt
+
+    sink, batches, clock = http_batches
+    assert pipeline.deliver(batches[0], clock=clock)["sent"] == 8
+    opened = sink.stats()["connections_opened"]
+    assert sink.drop_connections() == opened  # all of them were still open, idle
+    assert pipeline.deliver(batches[1], clock=clock)["sent"] == 8
+    stats = sink.stats()
+    assert stats["connections_opened"] > opened
+    assert (stats["requests"], stats["accepted"], stats["duplicates"]) == (16, 16, 0)
+    assert set(DeliveryAttempt.objects.values_list("provider_calls", flat=True)) == {1}
+
+
+def test_a_kept_http_connection_closed_under_a_request_is_retried_under_its_key(http_batches):
+    """B7 on http, the race: the provider closes a kept connection just as a request
+    goes out on it, without acting on it. The engine retries under the same key
+    and the reminder is sent once."""
+    from loopback.http_sink import CLOSE
+    from reminders.models import DeliveryAttempt
+
+    sink, batches, clock = http_batches
+    assert pipeline.deliver(batches[0], clock=clock)["sent"] == 8
+    opened = sink.stats()["connections_opened"]
+    victim = Reminder.objects.get(pk=batches[1][0])
+    sink.script(victim.key, CLOSE)
+    assert pipeline.deliver(batches[1], clock=clock)["sent"] == 8
+    assert [r.status for r in sink.requests_for(victim.key)] == [CLOSE, 200]
+    assert sink.stats()["duplicates"] == 0
+    assert sink.stats()["connections_opened"] == opened + 1  # only the closed one replaced
+    assert DeliveryAttempt.objects.get(reminder=victim).provider_calls == 2
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 16}
