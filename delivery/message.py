@@ -128,17 +128,18 @@ def _reply_to(envelope: Envelope) -> str | None:
     return _mailbox(clean_header_text(envelope.reply_to_name), f"{local}@{ascii_domain}")
 
 
-_last_date: tuple[tuple[int, object], str] | None = None
+_last_date: tuple[tuple[datetime, object], str] | None = None
 
 
 def _date(date: datetime) -> str:
     """Return ``format_datetime(date)``, computed once per second and offset.
 
-    The text has no finer part than a second, and a busy channel writes many
-    messages in the same one (it was a tenth of the writer's CPU).
+    The text is the wall time to the second and the offset, exactly what the
+    key holds, and a busy channel writes many messages in the same second
+    (it was a tenth of the writer's CPU).
     """
     global _last_date
-    key = (int(date.timestamp()), date.utcoffset())
+    key = (date.replace(microsecond=0, tzinfo=None), date.utcoffset())
     last = _last_date  # one read: another thread may replace it meanwhile
     if last is None or last[0] != key:
         last = _last_date = (key, format_datetime(date))

@@ -54,7 +54,7 @@ class RowsWithRelated:
 
     What ``QuerySet.select_related`` returns, without compiling the query
     again for every call (the ORM's compiler was most of the claim's CPU):
-    the column list and joins are built once per database vendor, and each
+    the column list and joins are built once per database alias, and each
     row becomes model instances through ``Model.from_db`` with the backend's
     and fields' converters applied, as the ORM does. ``related`` names
     foreign keys of ``model``; a nullable one is a LEFT JOIN and caches
@@ -65,7 +65,7 @@ class RowsWithRelated:
     def __init__(self, model, related: tuple[str, ...]) -> None:
         self.model = model
         self.related = tuple(model._meta.get_field(name) for name in related)
-        self._built: dict[str, tuple[str, list]] = {}
+        self._built: dict[tuple, tuple[str, list]] = {}
 
     def read(self, cursor, *, where: str, order: str, params: list) -> list:
         connection = cursor.db
@@ -90,9 +90,12 @@ class RowsWithRelated:
         return found
 
     def _plan(self, connection) -> tuple[str, list]:
-        plan = self._built.get(connection.vendor)
+        # Per database alias and backend: the converters are the backend's, and
+        # some read the alias's settings (SQLite's, its TIME_ZONE).
+        key = (connection.alias, type(connection.ops))
+        plan = self._built.get(key)
         if plan is None:
-            plan = self._built[connection.vendor] = self._build(connection)
+            plan = self._built[key] = self._build(connection)
         return plan
 
     def _build(self, connection) -> tuple[str, list]:

@@ -39,6 +39,7 @@ from django.db.models import (
     Subquery,
     Value,
 )
+from django.db.transaction import TransactionManagementError
 
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
@@ -148,6 +149,9 @@ def claimed_locked(ids: Iterable[int], token) -> None:
     """
     ids = sorted(set(ids))
     if ids and connection.vendor == "postgresql":
+        if not connection.in_atomic_block:
+            # As select_for_update says: outside a transaction the lock would end at once.
+            raise TransactionManagementError("claimed_locked() must run inside atomic()")
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT id FROM {connection.ops.quote_name(Reminder._meta.db_table)} "

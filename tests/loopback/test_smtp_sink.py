@@ -107,3 +107,19 @@ def test_headers_read_back_decoded_as_the_email_package_parses_them(smtp_sink):
     assert received.headers == tuple((name, str(value)) for name, value in parsed.items())
     assert received.subject == subject
     assert received.header("To") == "Zoë Ångström <zoe@example.com>"
+
+
+def test_a_header_with_8_bit_bytes_is_accepted_and_written_to_the_jsonl_file(tmp_path):
+    """A client that sends UTF-8 in a header unencoded: accepted once, one JSON line."""
+    from loopback.smtp_sink import SmtpSink
+
+    jsonl = tmp_path / "smtp.jsonl"
+    raw = "Subject: Töpferkurs\r\nMessage-ID: <e@example.org>\r\n\r\nbody\r\n".encode()
+    with SmtpSink(jsonl=jsonl) as sink:
+        with smtplib.SMTP("127.0.0.1", sink.port, timeout=5) as client:
+            client.sendmail("reminders@example.org", ["ada@example.com"], raw)
+        assert [m.subject for m in sink.received()] == ["Töpferkurs"]
+    (line,) = jsonl.read_text(encoding="utf-8").splitlines()
+    record = json.loads(line)
+    assert record["subject"] == "Töpferkurs"
+    assert ["Subject", "Töpferkurs"] in record["raw_headers"]

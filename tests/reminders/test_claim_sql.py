@@ -1,5 +1,6 @@
-"""The claim reads its rows with hand-written SQL (reminders.services._sql.RowsWithRelated):
-the instances it builds must be what the ORM's select_related builds, value for value."""
+"""The claim's hand-written SQL: its read of the claimed rows (reminders.services._sql.
+RowsWithRelated) builds what the ORM's select_related builds, value for value, and the
+lock of a claim's rows (reminders.services.fate.claimed_locked) refuses to run unlocked."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ def test_rows_with_related_equal_the_orms_select_related(
             assert (mine and _values(mine)) == (expected and _values(expected)), name
         assert ours._state.adding is False and ours._state.db == theirs._state.db
         assert ours.deadline_at.tzinfo is not None
+
+
+@pytest.mark.django_db(transaction=True)  # no test-wide transaction around it
+def test_the_lock_of_a_claims_rows_refuses_to_run_outside_a_transaction():
+    import uuid
+
+    from django.db import transaction
+    from django.db.transaction import TransactionManagementError
+
+    from reminders.services.fate import claimed_locked
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite serialises writers: the lock sends nothing there")
+    with pytest.raises(TransactionManagementError, match="inside atomic"):
+        claimed_locked([1], uuid.uuid4())
+    with transaction.atomic():
+        claimed_locked([1], uuid.uuid4())  # no such row: locks nothing, and that is fine
