@@ -291,6 +291,27 @@ def main(argv: list[str] | None = None) -> int:
     return run_parent(args, setting)
 
 
+def lock_report(log: Path) -> dict:
+    """What PostgreSQL logged about locks: deadlocks, and waits over 1 s, with the first lines.
+
+    The cluster runs with ``log_lock_waits`` (bench.harness), so a staff
+    change or a worker that waited long on a lock leaves the holder's pid
+    and the statement in the log. A deadlock means two writers took locks in
+    different orders: docs/runtime_packet.md names the one order they share.
+    """
+    try:
+        lines = log.read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    deadlocks = [line for line in lines if "deadlock detected" in line]
+    waits = [line for line in lines if "still waiting for" in line]
+    return {
+        "deadlocks": len(deadlocks),
+        "waits_over_1s": len(waits),
+        "first": [line.strip()[:300] for line in (deadlocks + waits)[:5]],
+    }
+
+
 def run_parent(args, setting: Setting) -> int:
     channels = CHANNELS if args.channel == "both" else (args.channel,)
     rng = random.Random(args.seed)
@@ -371,7 +392,10 @@ def run_parent(args, setting: Setting) -> int:
     for channel in channels:
         path = workdir / channel / "result.json"
         results[channel] = json.loads(path.read_text()) if path.exists() else None
-    ok = print_table(results, shared_done, setting, args.seed, CLOCK.monotonic() - began)
+    ok = print_table(
+        results, shared_done, setting, args.seed, CLOCK.monotonic() - began,
+        locks=lock_report(postgres.log),
+    )  # fmt: skip
     if args.keep or not ok:
         say(f"logs kept in {workdir}")
     else:
@@ -427,7 +451,12 @@ def verdict(result: dict) -> list[str]:
 
 
 def print_table(
-    results: dict, shared: list[dict], setting: Setting, seed: int, elapsed: float
+    results: dict,
+    shared: list[dict],
+    setting: Setting,
+    seed: int,
+    elapsed: float,
+    locks: dict | None = None,
 ) -> bool:
     channels = list(results)
     print()
@@ -495,13 +524,23 @@ def print_table(
             print(f"  t+{fault['at']:>6.1f}  {channel:<4}  {fault['detail']}")
         for note in (result or {}).get("notes", []):
             print(f"  note   {channel:<4}  {note}")
+    if locks is not None:
+        print(
+            f"  note   both  PostgreSQL logged {locks['deadlocks']} deadlocks and "
+            f"{locks['waits_over_1s']} lock waits over 1 s"
+        )
+        for line in locks["first"]:
+            print(f"  note   both    {line}")
     for channel, broken in verdicts.items():
         if broken:
             print(f"FAILED {channel}: " + "; ".join(broken))
     summary = {
         c: {"passed": not verdicts[c], **((results[c] or {}).get("counts", {}))} for c in channels
     }
-    print(json.dumps({"chaos": summary, "passed": not any(verdicts.values())}))
+    locked = (
+        {"postgres_locks": {k: locks[k] for k in ("deadlocks", "waits_over_1s")}} if locks else {}
+    )
+    print(json.dumps({"chaos": summary, **locked, "passed": not any(verdicts.values())}))
     return not any(verdicts.values())
 
 
@@ -548,14 +587,20 @@ class ChannelRun:
         self.faults.append({"at": round(at, 1), "detail": detail})
         self.log(detail)
 
-    def db(self, job, *, attempts: int = 60):
-        """Run ``job`` against the database, riding out a PostgreSQL restart."""
+    def db(self, job, *, attempts: int = 60, errors: list[str] | None = None):
+        """Run ``job`` against the database, riding out a PostgreSQL restart.
+
+        Each error ridden out is appended to ``errors`` (its type and first line).
+        """
         from django.db import InterfaceError, OperationalError, connection
 
         for attempt in range(attempts):
             try:
                 return job()
-            except (OperationalError, InterfaceError):
+            except (OperationalError, InterfaceError) as exc:
+                if errors is not None:
+                    first = (str(exc).strip().splitlines() or [""])[0]
+                    errors.append(f"{type(exc).__name__}: {first}")
                 connection.close()
                 if attempt == attempts - 1:
                     raise
@@ -744,7 +789,8 @@ class ChannelRun:
         on the host); the wall time is for the table.
         """
         began = CLOCK.monotonic()
-        self.db(service)
+        retried: list[str] = []
+        self.db(service, errors=retried)
         committed = CLOCK.monotonic()
         wall = CLOCK.now()
         change = {
@@ -755,6 +801,7 @@ class ChannelRun:
             "began": began,
             "committed": committed,
             "committed_wall": wall,
+            "retried": retried,
             "at": committed - self.t0 if self.t0 else 0.0,
             **facts,
         }
@@ -910,6 +957,11 @@ class ChannelRun:
                         :-3
                     ]
                     + f" UTC, the service took {(change['committed'] - change['began']) * 1000:.0f} ms"
+                    + (
+                        f" (retried after {'; '.join(change['retried'])})"
+                        if change["retried"]
+                        else ""
+                    )
                 )
                 self.faults.append({"at": round(change["at"], 1), "detail": detail})
                 self.log(detail)

@@ -141,6 +141,9 @@ class PrivatePostgres:
             f"-k {self.directory}",
             "-c listen_addresses=127.0.0.1",
             "-c max_connections=200",
+            # A lock waited on for longer than deadlock_timeout (1 s) is logged, with
+            # who held it: a slow staff change in a chaos run can then be explained.
+            "-c log_lock_waits=on",
         ]
         if not self._durable:
             # A throwaway chaos cluster: a crash of the *machine* is not a fault we model.
