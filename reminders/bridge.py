@@ -45,7 +45,7 @@ from delivery.results import DeliveryResult
 from reminders import telemetry
 from reminders.content import sender_domain
 from reminders.models import Reminder
-from reminders.services._sql import claim_token_param, values_rows
+from reminders.services._sql import claim_token_param, placeholders, values_rows
 from workshops.models import Enrollment, Workshop
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
@@ -267,7 +267,7 @@ class ClaimWatch:
             f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
             "JOIN shown ON shown.id = w.id "
-            f"WHERE r.id IN ({', '.join(['%s'] * len(ids))}) AND r.status = %s "
+            f"WHERE r.id IN ({placeholders(len(ids))}) AND r.status = %s "
             "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
             "AND w.title = shown.title AND w.starts_at = shown.starts_at "
             "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone "

@@ -35,9 +35,14 @@ def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
+def placeholders(count: int) -> str:
+    """Return ``%s, %s, ...`` with ``count`` placeholders: the body of an ``IN (...)`` list."""
+    return ", ".join(["%s"] * count)
+
+
 def values_rows(rows: list[tuple]) -> str:
     """Return ``(%s, ...), ...`` for ``rows`` of equal length: the body of a VALUES list."""
-    row = "(" + ", ".join(["%s"] * len(rows[0])) + ")"
+    row = f"({placeholders(len(rows[0]))})"
     return ", ".join([row] * len(rows))
 
 

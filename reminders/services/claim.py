@@ -14,7 +14,7 @@ from reminders.content import choose_text, reminder_language
 from reminders.models import DeliveryAttempt, MessageText, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import RowsWithRelated, claim_token_param, values_rows
+from reminders.services._sql import RowsWithRelated, claim_token_param, placeholders, values_rows
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -101,11 +101,11 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
     ops = cursor.db.ops
     quote = ops.quote_name
     stamp = ops.adapt_datetimefield_value(now)
-    opened = ", ".join(["%s"] * len(Reminder.OPEN_STATUSES))
+    opened = placeholders(len(Reminder.OPEN_STATUSES))
     cursor.execute(
         f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
         "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
-        f"next_attempt_at = NULL, updated_at = %s WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        f"next_attempt_at = NULL, updated_at = %s WHERE id IN ({placeholders(len(ids))}) "
         f"AND {ReminderPolicy.on_time_sql('deadline_at')} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) AND status IN ({opened}) "
         "AND window_opens_at <= %s "
@@ -137,9 +137,9 @@ def _miss_late(cursor, *, ids, now) -> None:
     cursor.execute(
         f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET status = %s, status_reason = %s, "
         "queued_until = NULL, next_attempt_at = NULL, updated_at = %s "
-        f"WHERE id IN ({', '.join(['%s'] * len(ids))}) "
+        f"WHERE id IN ({placeholders(len(ids))}) "
         f"AND {ReminderPolicy.late_sql('deadline_at')} "
-        f"AND status IN ({', '.join(['%s'] * len(Reminder.OPEN_STATUSES))})",
+        f"AND status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
         [
             Status.MISSED.value,
             reasons.LATE_AT_CLAIM,
@@ -215,7 +215,7 @@ def _text_ids(digests: list[str]) -> dict[str, int]:
     table = connection.ops.quote_name(MessageText._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT digest, id FROM {table} WHERE digest IN ({', '.join(['%s'] * len(digests))})",
+            f"SELECT digest, id FROM {table} WHERE digest IN ({placeholders(len(digests))})",
             digests,
         )
         return dict(cursor.fetchall())

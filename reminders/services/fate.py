@@ -17,8 +17,9 @@ and treats it like any open reminder. Lock order everywhere: attendee (the
 record, when an outcome's text may quote an erased attendee), workshop,
 enrollment, reminder, delivery attempt. Writers that may meet on the same
 ``sending`` rows (the record, a release, the reaper) first lock those rows in
-id order with ``reminders_locked`` (``claimed_locked`` for a claim's own rows): an UPDATE locks rows in whatever order its
-plan reads them, and two such orders over the same rows deadlock.
+id order with ``reminders_locked`` (``claimed_locked`` for a claim's own rows):
+an UPDATE locks rows in whatever order its plan reads them, and two such
+orders over the same rows deadlock.
 """
 
 from __future__ import annotations
