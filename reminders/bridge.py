@@ -45,7 +45,7 @@ from delivery.results import DeliveryResult
 from reminders import telemetry
 from reminders.content import sender_domain
 from reminders.models import Reminder
-from reminders.services._sql import claim_token_param, placeholders, values_rows
+from reminders.services._sql import claim_token_param, one_of, rows_cte
 from workshops.models import Enrollment, Workshop
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
@@ -255,19 +255,19 @@ class ClaimWatch:
         enrollment live and the workshop as it was rendered (one statement, ids only)."""
         quote = connection.ops.quote_name
         stamp = connection.ops.adapt_datetimefield_value
-        shown = [
+        shown_rows = [
             (workshop_id, title, stamp(starts), stamp(ends), zone, *details)
             for workshop_id, (title, starts, ends, zone, *details) in self._shown.items()
         ]
-        ids = list(self._workshop_of)
+        shown, params = rows_cte(connection, "shown", _SHOWN_COLUMNS, shown_rows)
+        among, among_params = one_of(connection, "r.id", list(self._workshop_of))
         sql = (
-            "WITH shown (id, title, starts_at, ends_at, timezone, location, join_url, "
-            f"contact_name, contact_email) AS (VALUES {values_rows(shown)}) "
+            f"WITH {shown} "
             f"SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
             f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
             "JOIN shown ON shown.id = w.id "
-            f"WHERE r.id IN ({placeholders(len(ids))}) AND r.status = %s "
+            f"WHERE {among} AND r.status = %s "
             "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
             "AND w.title = shown.title AND w.starts_at = shown.starts_at "
             "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone "
@@ -275,7 +275,7 @@ class ClaimWatch:
             "AND w.contact_name = shown.contact_name AND w.contact_email = shown.contact_email"
         )
         token = claim_token_param(self._token)
-        params = [value for row in shown for value in row] + ids
+        params += among_params
         params += [Reminder.Status.SENDING.value, token, Workshop.Status.SCHEDULED.value]
         params += [Enrollment.Status.ACTIVE.value]
         with connection.cursor() as cursor:
@@ -313,6 +313,20 @@ class ClaimWatch:
                 # Changed and changed back between the two reads: as rendered again.
                 del withdrawn[pk]
         return withdrawn
+
+
+# The columns of ``_rendered`` with the workshop's id first, and their PostgreSQL types.
+_SHOWN_COLUMNS = {
+    "id": "bigint",
+    "title": "text",
+    "starts_at": "timestamptz",
+    "ends_at": "timestamptz",
+    "timezone": "text",
+    "location": "text",
+    "join_url": "text",
+    "contact_name": "text",
+    "contact_email": "text",
+}
 
 
 def _rendered(workshop) -> tuple:

@@ -14,7 +14,13 @@ from reminders.content import choose_text, reminder_language
 from reminders.models import DeliveryAttempt, MessageText, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import RowsWithRelated, claim_token_param, placeholders, values_rows
+from reminders.services._sql import (
+    RowsWithRelated,
+    claim_token_param,
+    one_of,
+    placeholders,
+    rows_cte,
+)
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -102,10 +108,11 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
     quote = ops.quote_name
     stamp = ops.adapt_datetimefield_value(now)
     opened = placeholders(len(Reminder.OPEN_STATUSES))
+    among, among_params = one_of(cursor.db, "id", ids)
     cursor.execute(
         f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
         "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
-        f"next_attempt_at = NULL, updated_at = %s WHERE id IN ({placeholders(len(ids))}) "
+        f"next_attempt_at = NULL, updated_at = %s WHERE {among} "
         f"AND {ReminderPolicy.on_time_sql('deadline_at')} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) AND status IN ({opened}) "
         "AND window_opens_at <= %s "
@@ -118,7 +125,7 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
             ops.adapt_datetimefield_value(lease),
             channel,
             stamp,
-            *ids,
+            *among_params,
             stamp,
             stamp,
             *(status.value for status in Reminder.OPEN_STATUSES),
@@ -134,17 +141,17 @@ def _miss_late(cursor, *, ids, now) -> None:
     """Turn those of ``ids`` still open past their deadline into ``missed``: the claim's refusal."""
     ops = cursor.db.ops
     stamp = ops.adapt_datetimefield_value(now)
+    among, among_params = one_of(cursor.db, "id", ids)
     cursor.execute(
         f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET status = %s, status_reason = %s, "
-        "queued_until = NULL, next_attempt_at = NULL, updated_at = %s "
-        f"WHERE id IN ({placeholders(len(ids))}) "
+        f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s WHERE {among} "
         f"AND {ReminderPolicy.late_sql('deadline_at')} "
         f"AND status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
         [
             Status.MISSED.value,
             reasons.LATE_AT_CLAIM,
             stamp,
-            *ids,
+            *among_params,
             stamp,
             *(status.value for status in Reminder.OPEN_STATUSES),
         ],
@@ -197,12 +204,12 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         ids.update(_text_ids([row.digest for row in missing]))
     pairs = [(pk, ids[row.digest]) for pk, row in chosen.items()]
     reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
+    pointed, params = rows_cte(connection, "v", {"id": "bigint", "text_id": "bigint"}, pairs)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"WITH v (id, text_id) AS (VALUES {values_rows(pairs)}) "
-            f"UPDATE {reminder_table} SET text_id = v.text_id FROM v "
+            f"WITH {pointed} UPDATE {reminder_table} SET text_id = v.text_id FROM v "
             f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL",
-            [value for pair in pairs for value in pair],
+            params,
         )
     for reminder in reminders:
         row = rows[chosen[reminder.pk].digest]
@@ -213,11 +220,9 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
 def _text_ids(digests: list[str]) -> dict[str, int]:
     """Return the id of each stored MessageText among ``digests``."""
     table = connection.ops.quote_name(MessageText._meta.db_table)
+    among, params = one_of(connection, "digest", digests)
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT digest, id FROM {table} WHERE digest IN ({placeholders(len(digests))})",
-            digests,
-        )
+        cursor.execute(f"SELECT digest, id FROM {table} WHERE {among}", params)
         return dict(cursor.fetchall())
 
 

@@ -23,7 +23,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import claim_token_param, values_rows
+from reminders.services._sql import claim_token_param, rows_cte
 from reminders.services.claim import Claim
 from reminders.services.fate import (
     claimed_locked,
@@ -226,19 +226,38 @@ def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
     return scrubbed
 
 
-def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -> dict[int, str]:
-    """Write the final verdicts in one fenced ``UPDATE ... FROM (VALUES ...)``.
+# The columns of the rows the record writes from, with their PostgreSQL types.
+_FINAL_COLUMNS = {
+    "id": "bigint",
+    "status": "text",
+    "reason": "text",
+    "error": "text",
+    "message_id": "text",
+}
+_ATTEMPT_COLUMNS = {
+    "reminder_id": "bigint",
+    "outcome": "text",
+    "error": "text",
+    "message_id": "text",
+    "calls": "integer",
+}
 
-    One row of values per reminder, so the statement's cost grows with the
-    chunk, not with chunk x columns as a CASE per column would (the ORM's
-    CASE expressions took most of the record's CPU).
+
+def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -> dict[int, str]:
+    """Write the final verdicts in one fenced ``UPDATE ... FROM`` a table of rows.
+
+    One row of values per reminder (``_sql.rows_cte``: arrays on PostgreSQL),
+    so the statement's cost grows with the chunk, not with chunk x columns as
+    a CASE per column would (the ORM's CASE expressions took most of the
+    record's CPU).
     """
     if not finals:
         return {}
     rows = [(pk, v.status, v.reason[:200], v.error, v.message_id[:255]) for pk, v in finals.items()]
+    values, params = rows_cte(connection, "v", _FINAL_COLUMNS, rows)
     reminder = _table(Reminder)
     sql = (
-        f"WITH v (id, status, reason, error, message_id) AS (VALUES {values_rows(rows)}) "
+        f"WITH {values} "
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "
         "sent_at = CASE WHEN v.status = %s THEN %s ELSE NULL END, next_attempt_at = NULL, "
@@ -247,7 +266,6 @@ def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -
         f"AND {reminder}.status = %s RETURNING {reminder}.id, {reminder}.status"
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
-    params = [value for row in rows for value in row]
     params += [
         Status.SENT.value,
         stamp,
@@ -273,15 +291,15 @@ def _finish_attempts(
             (pk, verdict.attempt_outcome, verdict.error, (verdict.message_id or "")[:255],
              result.attempts)
         )  # fmt: skip
+    values, params = rows_cte(connection, "v", _ATTEMPT_COLUMNS, rows)
     attempt = _table(DeliveryAttempt)
     sql = (
-        f"WITH v (reminder_id, outcome, error, message_id, calls) AS (VALUES {values_rows(rows)}) "
+        f"WITH {values} "
         f"UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
         "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
         f"FROM v WHERE {attempt}.reminder_id = v.reminder_id AND {attempt}.claim_token = %s "
         f"AND {attempt}.outcome = %s"
     )
-    params = [value for row in rows for value in row]
     params += [
         connection.ops.adapt_datetimefield_value(now),
         claim_token_param(claim.token),

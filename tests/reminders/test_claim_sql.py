@@ -1,17 +1,22 @@
 """The claim's hand-written SQL: its read of the claimed rows (reminders.services._sql.
-RowsWithRelated) builds what the ORM's select_related builds, value for value, and the
-lock of a claim's rows (reminders.services.fate.claimed_locked) refuses to run unlocked."""
+RowsWithRelated) builds what the ORM's select_related builds, value for value; the lock
+of a claim's rows (reminders.services.fate.claimed_locked) refuses to run unlocked; and on
+PostgreSQL a chunk's lists and rows of values go as arrays, so its statements read the
+same whatever its size, and every value arrives as given."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+import re
+from datetime import datetime, timedelta, timezone
 
 import pytest
 from django.db import connection
 
+from delivery.results import DeliveryResult, Outcome
+from reminders.bridge import ClaimWatch
 from reminders.models import Reminder
-from reminders.services import reminder_claim_batch, reminder_release
-from reminders.services._sql import RowsWithRelated
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminder_release
+from reminders.services._sql import RowsWithRelated, one_of, rows_cte
 
 pytestmark = pytest.mark.django_db
 
@@ -62,6 +67,24 @@ def test_rows_with_related_equal_the_orms_select_related(
             assert (mine and _values(mine)) == (expected and _values(expected)), name
         assert ours._state.adding is False and ours._state.db == theirs._state.db
         assert ours.deadline_at.tzinfo is not None
+        # The same zone object too, not only the same instant (psycopg's loader, not Django's).
+        for field in ours._meta.fields:
+            if isinstance(getattr(theirs, field.attname), datetime):
+                assert getattr(ours, field.attname).tzinfo is getattr(theirs, field.attname).tzinfo
+
+
+def test_the_claimed_rows_timestamps_are_read_by_psycopgs_compiled_loader():
+    if connection.vendor != "postgresql":
+        pytest.skip("the loader is psycopg's")
+    from psycopg.pq import Format
+
+    reader = RowsWithRelated(Reminder, RELATED)
+    with connection.cursor() as cursor:
+        reader.read(cursor, where="r.id = %s", order="r.id", params=[0])
+        raw = cursor.cursor
+        loader = raw.adapters.get_loader(raw.adapters.types["timestamptz"].oid, Format.TEXT)
+    # Django's own loader is a Python class in django.db; psycopg's compiled one is not.
+    assert not loader.__module__.startswith("django"), loader
 
 
 @pytest.mark.django_db(transaction=True)  # no test-wide transaction around it
@@ -79,3 +102,95 @@ def test_the_lock_of_a_claims_rows_refuses_to_run_outside_a_transaction():
         claimed_locked([1], uuid.uuid4())
     with transaction.atomic():
         claimed_locked([1], uuid.uuid4())  # no such row: locks nothing, and that is fine
+
+
+def _statements(run) -> list[str]:
+    """Return the text of every statement ``run()`` sends (parameters and savepoint names
+    left out)."""
+    sent = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append(re.sub(r'"s\d+_x\d+"', '"savepoint"', sql))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        run()
+    return sent
+
+
+def test_a_chunks_statements_read_the_same_whatever_its_size(clock, make_workshop, enrol):
+    """Claim (with a late refusal and a text freeze), claim watch and record of 2 or of 7."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no arrays: its lists are IN (...) and VALUES")
+    small, big, other = (make_workshop(starts_in=timedelta(hours=h)) for h in (2, 3, 4))
+    enrol(small, count=2)
+    enrol(big, count=7)
+    enrol(other)
+    # Another claim holds this one: each chunk below has an id it cannot take, and the
+    # reminders' text is stored already, so both chunks find it.
+    held = reminder_claim_batch(ids=[Reminder.objects.get(workshop=other).pk], channel="http")
+
+    def deliver(ids):
+        claim = reminder_claim_batch(ids=[*ids, held.ids[0]], channel="http", clock=clock)
+        assert sorted(claim.ids) == sorted(ids)
+        ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock).refresh()
+        results = [
+            DeliveryResult(
+                reminder_id=pk,
+                key=reminder.key,
+                outcome=Outcome.SENT if index % 2 else Outcome.PERMANENT,
+                message_id=f"m-{pk}" if index % 2 else None,
+                error="" if index % 2 else "550 it's {not, here}",
+                attempts=1,
+                provider_reached=True,
+                maybe_delivered=bool(index % 2),
+            )
+            for index, (pk, reminder) in enumerate((r.pk, r) for r in claim.reminders)
+        ]
+        reminder_record_batch(claim=claim, results=results, clock=clock)
+
+    chunks = [list(w.reminders.values_list("id", flat=True)) for w in (small, big)]
+    two, seven = (_statements(lambda ids=ids: deliver(ids)) for ids in chunks)
+    assert len(two) >= 7, two
+    assert two == seven
+    assert set(Reminder.objects.exclude(workshop=other).values_list("status", flat=True)) == {
+        "sent",
+        "failed",
+    }
+
+
+AWKWARD = [
+    'it\'s "quoted"',
+    "{braces}, commas, (parens)",
+    "back\\slash",
+    "",
+    "NULL",
+    "Café — ✓ 日本",
+    " padded ",
+]
+
+
+def test_rows_of_values_arrive_as_given():
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's VALUES lists are run by test_record_sqlite.py")
+    zone = timezone(timedelta(hours=5, minutes=30))
+    rows = [
+        (index + 1, text, datetime(2026, 12, 1, 9, index, tzinfo=zone), index - 3)
+        for index, text in enumerate(AWKWARD)
+    ]
+    columns = {"id": "bigint", "word": "text", "at": "timestamptz", "n": "integer"}
+    cte, params = rows_cte(connection, "v", columns, rows)
+    among, among_params = one_of(connection, "word", AWKWARD[:3] + AWKWARD[4:])
+    with connection.cursor() as cursor:
+        cursor.execute(f"WITH {cte} SELECT id, word, at, n FROM v ORDER BY id", params)
+        back = cursor.fetchall()
+        cursor.execute(
+            f"WITH {cte} SELECT id FROM v WHERE {among} ORDER BY id", params + among_params
+        )
+        chosen = [row[0] for row in cursor.fetchall()]
+        ids, ids_params = one_of(connection, "id", [2, 5, 99])
+        cursor.execute(f"WITH {cte} SELECT id FROM v WHERE {ids} ORDER BY id", params + ids_params)
+        by_id = [row[0] for row in cursor.fetchall()]
+    assert [tuple(row) for row in back] == rows
+    assert chosen == [1, 2, 3, 5, 6, 7]
+    assert by_id == [2, 5]
