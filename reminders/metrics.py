@@ -35,8 +35,11 @@ from reminders.services.dispatch import SCAN_NAME
 # transport gives a queue's lists (a message waits in one of them).
 QUEUES = ("reminders", "scan")
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
-# The statuses whose oldest row's age is reported: how long work has waited.
-AGED = (Reminder.Status.QUEUED, Reminder.Status.SENDING)
+# The statuses whose oldest row's age is reported, each from the moment a row got
+# there: how long work has waited. A queued row's ``updated_at`` moves with every
+# workshop move or edit and every new message, so the queue's age is ``queued_at``;
+# nothing but its worker writes a ``sending`` row, so its ``updated_at`` is its claim.
+AGED = {Reminder.Status.QUEUED: "queued_at", Reminder.Status.SENDING: "updated_at"}
 # Reminders not yet with a worker whose deadline is this close (or past) are
 # counted: the alert ReminderNearDeadlineNotSent (deploy/prometheus/alerts.yml).
 NEAR_DEADLINE = timedelta(minutes=10)
@@ -59,7 +62,7 @@ class ReminderCollector(Collector):
         # One statement for the ages and the near-deadline counts.
         horizon = now + NEAR_DEADLINE
         oldest = Reminder.objects.aggregate(
-            **{status.value: Min("updated_at", filter=Q(status=status)) for status in AGED},
+            **{status.value: Min(since, filter=Q(status=status)) for status, since in AGED.items()},
             **{
                 f"near_{status.value}": Count(
                     "id", filter=Q(status=status, deadline_at__lt=horizon)

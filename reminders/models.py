@@ -61,6 +61,15 @@ class Reminder(models.Model):
         editable=False,
         help_text="When the broker message carrying this reminder expires.",
     )
+    queued_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text=(
+            "When this reminder last entered the queue: a new message for a row still "
+            "queued (its old one expired), a move or an edit keep this time."
+        ),
+    )
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     channel = models.CharField(max_length=16, blank=True, editable=False)

@@ -220,6 +220,13 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
                 *[When(id__in=pks, then=Value(expiry)) for expiry, pks in by_expiry.items()],
                 output_field=DateTimeField(),
             ),
+            # A row queued again because its message expired has waited since it
+            # first entered the queue (reminders_oldest_seconds): keep that time.
+            queued_at=Case(
+                When(status=Status.QUEUED, queued_at__isnull=False, then=F("queued_at")),
+                default=Value(now),
+                output_field=DateTimeField(),
+            ),
             updated_at=now,
         )
     }

@@ -75,7 +75,7 @@ def test_the_series_say_what_the_database_and_the_broker_hold(
     assert series['reminders_by_status{status="queued"}'] == 4
     assert series['reminders_by_status{status="sent"}'] == 0
     oldest_queued = min(
-        Reminder.objects.filter(status="queued").values_list("updated_at", flat=True)
+        Reminder.objects.filter(status="queued").values_list("queued_at", flat=True)
     )
     assert series['reminders_oldest_seconds{status="queued"}'] == pytest.approx(
         (clock.now() - oldest_queued).total_seconds(), abs=1
@@ -95,6 +95,29 @@ def test_the_series_say_what_the_database_and_the_broker_hold(
     assert series['reminders_queue_depth{queue="scan"}'] == 1
     assert series['reminders_staff_actions_total{action="replay"}'] == 0
     broker.flushdb()
+
+
+def test_the_queues_age_runs_from_when_a_reminder_entered_it(
+    client, settings, make_reminders, make_workshop, clock
+):
+    """A move, an edit and a new message for rows whose old one expired keep their wait's
+    start: the age keeps growing while no worker takes them (workers down)."""
+    from reminders.services import reminders_dispatch
+    from workshops.services import workshop_update
+
+    settings.METRICS_TOKEN = TOKEN
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    ids = make_reminders(2, "queued", workshop=workshop)
+    clock.advance(400)  # past REMINDERS_REQUEUE_AFTER (300 s): their message expired
+    later = workshop.starts_at + timedelta(hours=1)
+    workshop_update(
+        workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1), title="Moved"
+    )
+    clock.advance(100)
+    assert reminders_dispatch(ids=ids, clock=clock, publish=lambda ids, expires_at: True) == 2
+    clock.advance(100)
+    series = _series(_scrape(client).content.decode())
+    assert series['reminders_oldest_seconds{status="queued"}'] == pytest.approx(600, abs=1)
 
 
 def test_a_scrape_costs_the_same_queries_for_10_or_1000_reminders(
