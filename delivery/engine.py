@@ -731,8 +731,6 @@ class Session:
         # Built inside the loop at the first chunk (their connections belong to it).
         self._channel: _KeptOpen | None = None
         self._limiter: RateLimiter | None = None
-        #: Batches run in this session (observability, tests).
-        self.batches = 0
 
     def __enter__(self) -> Session:
         _refuse_inside_a_loop("Session")
@@ -817,7 +815,6 @@ class Session:
 
         async def batch() -> list[DeliveryResult]:
             channel, limiter = self._resources()
-            self.batches += 1
             return await _deliver_with_stops(
                 envelopes,
                 channel,

@@ -67,7 +67,6 @@ def test_a_sessions_batches_share_one_loop_channel_and_limiter_each_opened_and_c
     assert len(built) == 1 and (built[0].opened, built[0].closed) == (1, 1)
     assert len(set(map(id, built[0].loops))) == 1 and len(built[0].loops) == 12
     assert len(limiters) == 1 and closed == limiters
-    assert session.batches == 3
 
 
 def test_the_loop_does_not_run_between_a_sessions_batches(system_clock, make_real_envelope):
