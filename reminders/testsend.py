@@ -12,6 +12,8 @@ the outcome on the decision.
 
 It never reads or writes a reminder row, a delivery attempt or a sent
 marker: the attendee's real reminder is sent exactly as if no test had been.
+Like a reminder, a test goes out only while the workshop is scheduled and
+the attendee enrolled, as they are when the worker runs it.
 A redelivered task message sends nothing more: the decision is claimed by
 one conditional UPDATE before the send.
 """
@@ -127,6 +129,15 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         attendee = Attendee.objects.get(pk=decision.selection_ids[0])
     except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
         return False, "not sent: the workshop or the attendee no longer exists"
+    # Judged as they are now, not as they were when the test was asked for: a
+    # preview of a reminder that will never go out would mislead the tester.
+    if workshop.status != Workshop.Status.SCHEDULED:
+        return False, "not sent: the workshop was cancelled after the test was asked for"
+    enrolled = Enrollment.objects.filter(
+        workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
+    ).exists()
+    if not enrolled:
+        return False, "not sent: the attendee is no longer enrolled in this workshop"
     address = decision.actor.email.strip() if decision.actor else ""
     if not address:
         return False, "not sent: the staff member's user is gone or has no email address"

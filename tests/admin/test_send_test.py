@@ -65,6 +65,30 @@ def test_a_test_goes_to_the_staff_member_over_smtp_and_touches_no_reminder(
     assert len(smtp_sink.received()) == 1
 
 
+@pytest.mark.parametrize("change", ["workshop cancelled", "enrollment cancelled"])
+def test_a_test_asked_for_before_a_cancel_is_not_sent_after_it(
+    change, enrolled, make_staff, settings, smtp_sink, live_clock
+):
+    from workshops.models import Enrollment
+    from workshops.services import enrollment_cancel, workshop_cancel
+
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    workshop, attendee = enrolled
+    decision = reminder_send_test_request(
+        workshop=workshop, attendee=attendee, actor=_tester(make_staff), publish_task=[].append
+    )
+    if change == "workshop cancelled":
+        workshop_cancel(workshop=workshop)
+    else:
+        enrollment_cancel(enrollment=Enrollment.objects.get(workshop=workshop, attendee=attendee))
+    done = reminder_send_test_run(decision_id=decision.pk)
+    assert done.state == "done" and done.changed == 0
+    expected = "the workshop was cancelled" if change == "workshop cancelled" else "no longer"
+    assert done.outcome.startswith("not sent: ") and expected in done.outcome
+    assert smtp_sink.received() == []
+
+
 def test_a_test_goes_through_the_http_channel_under_a_key_of_its_own(
     enrolled, make_staff, settings, live_clock
 ):
