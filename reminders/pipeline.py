@@ -8,10 +8,13 @@ at any line without sending anything twice.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
+from typing import NoReturn
 
+import psycopg
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, connection
+from django.db import DatabaseError, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
 from delivery.engine import Interrupted
@@ -21,6 +24,7 @@ from reminders import publish as publishing
 from reminders.content import reminder_envelope
 from reminders.logcontext import claim_context
 from reminders.services import (
+    Claim,
     dispatches_prune,
     reminder_claim_batch,
     reminder_record_batch,
@@ -123,12 +127,19 @@ def deliver(
                 logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
                 break
             chunk = ids[offset : offset + chunk_size]
+            token = uuid.uuid4()
             try:
-                claim = reminder_claim_batch(ids=chunk, channel=channel, worker=worker, clock=clock)
-            except (OperationalError, InterfaceError) as exc:
-                # Nothing of this chunk or after it is claimed: hand them back whole.
-                connection.close()
-                raise DatabaseUnavailable(ids[offset:]) from exc
+                claim = reminder_claim_batch(
+                    ids=chunk, channel=channel, worker=worker, clock=clock, token=token
+                )
+            except BaseException as exc:
+                if isinstance(_interruption(exc), OperationalError | InterfaceError):
+                    # Nothing of this chunk or after it is claimed: hand them back whole.
+                    connection.close()
+                    raise DatabaseUnavailable(ids[offset:]) from exc
+                # Interrupted (a soft time limit), perhaps after the claim committed.
+                _claim_interrupted(token, channel=channel, ids=ids[offset:], clock=clock)
+                _raise_interruption(exc)
             counts["skipped"] += len(chunk) - len(claim.reminders)
             if not claim.reminders:
                 continue
@@ -185,15 +196,17 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
             delay = min(delay * 2, 5.0)
         except BaseException as exc:
             # Interrupted inside the record (a soft time limit): the transaction
-            # rolled back. Record once more on a fresh connection, then go on
-            # with the interruption.
+            # rolled back, or it committed and the interruption came before its
+            # answer. Record once more on a fresh connection (fenced: a record
+            # that committed changes nothing the second time), then go on with
+            # the interruption.
             if interrupted is not None:
                 raise
             interrupted = exc
             _fresh_connection()
         else:
             if interrupted is not None:
-                raise interrupted
+                _raise_interruption(interrupted)
             return counts
 
 
@@ -211,12 +224,12 @@ def _send(
                 results.append(_unbuildable(reminder.pk, reminder.key, exc))
         watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
         watch.refresh()  # the first snapshot, before any call
-    except BaseException:
+    except BaseException as exc:
         # No provider was called: hand the chunk back. An interruption may have
         # landed inside a query, so the release starts on a fresh connection.
         _fresh_connection()
         reminder_release(claim=claim, clock=clock)
-        raise
+        _raise_interruption(exc)
     # From here on a provider may be called: never release, the lease decides.
     try:
         results.extend(
@@ -244,6 +257,55 @@ def _fresh_connection() -> None:
     """Drop the connection (outside a transaction) so the next query opens a clean one."""
     if not connection.in_atomic_block:
         connection.close()
+
+
+def _interruption(exc: BaseException) -> BaseException:
+    """Return what interrupted a database call: the first exception in ``exc``'s chain that
+    is not a database error, or ``exc`` itself when there is none.
+
+    A soft time limit that lands while COMMIT is on its way out leaves the
+    connection busy; Django's clean-up then fails with a ProgrammingError
+    raised while handling it, and that error, not the interruption, would
+    reach Celery.
+    """
+    seen = exc
+    while isinstance(seen, DatabaseError | psycopg.Error):
+        seen = seen.__cause__ or seen.__context__
+        if seen is None:
+            return exc
+    return seen
+
+
+def _raise_interruption(exc: BaseException) -> NoReturn:
+    """Raise what interrupted the database call that raised ``exc`` (``_interruption``)."""
+    interruption = _interruption(exc)
+    if interruption is exc:
+        raise exc
+    raise interruption from None
+
+
+def _claim_interrupted(token: uuid.UUID, *, channel: str, ids: list[int], clock: Clock) -> None:
+    """Clean up after an interruption inside the claim of ``ids[:chunk]``.
+
+    The claim may have committed before the interruption reached this thread:
+    release whatever it holds (by its token) on a fresh connection, and make
+    the rest of the batch due at the next scan. If the database cannot be
+    reached, the lease and the next scan decide.
+    """
+    _fresh_connection()
+    try:
+        claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
+        released = reminder_release(claim=claim, ids=ids, clock=clock)
+        reminders_unpublished(ids=ids, clock=clock)
+    except DatabaseError as exc:
+        connection.close()
+        logger.warning("Interrupted in a claim; could not release it (%s): the lease decides", exc)
+        return
+    logger.warning(
+        "Interrupted in a claim: %s reminders it had taken handed back, %s due at the next scan",
+        released,
+        len(ids),
+    )
 
 
 def _unbuildable(reminder_id: int, key: str, exc: Exception) -> DeliveryResult:

@@ -54,6 +54,7 @@ def reminder_claim_batch(
     worker: str = "",
     lease_seconds: int | None = None,
     clock: Clock | None = None,
+    token: uuid.UUID | None = None,
 ) -> Claim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
@@ -65,11 +66,14 @@ def reminder_claim_batch(
     ids refused for lateness become ``missed`` here. The claim, its lease,
     each first-claimed reminder's frozen text and a DeliveryAttempt per
     reminder commit before any provider is called.
+
+    ``token`` is the claim's fence, new by default; a caller passes its own to
+    release a claim interrupted before it returned (it may have committed).
     """
     clock = clock or default_clock()
     now = clock.now()
     lease = now + timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
     with transaction.atomic(), connection.cursor() as cursor:

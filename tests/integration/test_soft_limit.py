@@ -87,3 +87,45 @@ def test_a_soft_time_limit_mid_batch_records_what_is_known(
     assert statuses["sent"] == received >= 6
     assert statuses["sent"] + statuses["pending"] == 20
     assert not DeliveryAttempt.objects.filter(outcome="in_flight").exists()
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
+def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
+    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, committed
+):
+    """The signal lands in the first chunk's COMMIT: sent and answered by the server (the
+    claim committed, the connection still busy with what came next) or not sent yet. Either
+    way the batch ends with the interruption itself, nothing stays claimed, no provider was
+    called, and the next query works."""
+    import psycopg
+
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_SMTP_CONNECTIONS = 4
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
+    ids = list(Reminder.objects.order_by("id").values_list("id", flat=True))
+    real_commit = psycopg.Connection.commit
+    landed = []
+
+    def interrupted_commit(self) -> None:
+        if landed:
+            return real_commit(self)
+        landed.append(True)
+        if committed:
+            real_commit(self)
+            # The answer is in; the thread was interrupted before it returned, with the
+            # connection busy again, as when the signal lands inside psycopg's wait.
+            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(psycopg.Connection, "commit", interrupted_commit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        pipeline.deliver(ids, clock=_real, channel="smtp")
+    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+
+    assert landed
+    rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
+    assert rows == [("pending", 0, None)] * 8
+    attempts = Counter(DeliveryAttempt.objects.values_list("outcome", flat=True))
+    assert attempts == (Counter({"not_started": 4}) if committed else Counter())
+    assert smtp_sink.received() == []
