@@ -129,3 +129,40 @@ def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
     attempts = Counter(DeliveryAttempt.objects.values_list("outcome", flat=True))
     assert attempts == (Counter({"not_started": 4}) if committed else Counter())
     assert smtp_sink.received() == []
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
+def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
+    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, committed
+):
+    """The signal lands in the first chunk's record, in its COMMIT: the outcomes are known,
+    so they are written on a fresh connection (fenced: a record that committed changes
+    nothing the second time), and then the interruption ends the batch."""
+    import psycopg
+
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_SMTP_CONNECTIONS = 4
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
+    ids = list(Reminder.objects.order_by("id").values_list("id", flat=True))
+    real_commit = psycopg.Connection.commit
+    commits = []
+
+    def interrupted_commit(self) -> None:
+        commits.append(True)
+        if len(commits) != 2:  # the first is the claim's, the second the record's
+            return real_commit(self)
+        if committed:
+            real_commit(self)
+            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(psycopg.Connection, "commit", interrupted_commit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        pipeline.deliver(ids, clock=_real, channel="smtp")
+    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+
+    statuses = list(Reminder.objects.order_by("id").values_list("status", flat=True))
+    assert statuses == ["sent"] * 4 + ["pending"] * 4
+    assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"sent": 4}
+    assert len(smtp_sink.received()) == 4
