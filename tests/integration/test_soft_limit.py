@@ -89,41 +89,49 @@ def test_a_soft_time_limit_mid_batch_records_what_is_known(
     assert not DeliveryAttempt.objects.filter(outcome="in_flight").exists()
 
 
+def _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol) -> list[int]:
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_SMTP_CONNECTIONS = 4  # chunks of 4
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
+    return list(Reminder.objects.order_by("id").values_list("id", flat=True))
+
+
+def _interrupt_commit(monkeypatch, *, number: int, committed: bool) -> list:
+    """Make the test's ``number``-th COMMIT raise ``SoftTimeLimitExceeded``: after the server
+    committed, with the connection busy again, as when the signal lands inside psycopg's
+    wait for the answer; or before it was sent. Return the list of COMMITs seen so far."""
+    import psycopg
+
+    real_commit = psycopg.Connection.commit
+    seen = []
+
+    def commit(self) -> None:
+        seen.append(True)
+        if len(seen) != number:
+            return real_commit(self)
+        if committed:
+            real_commit(self)
+            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit)
+    return seen
+
+
 @pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
 def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
     live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, committed
 ):
-    """The signal lands in the first chunk's COMMIT: sent and answered by the server (the
-    claim committed, the connection still busy with what came next) or not sent yet. Either
-    way the batch ends with the interruption itself, nothing stays claimed, no provider was
-    called, and the next query works."""
-    import psycopg
-
-    settings.REMINDERS_CHANNEL = "smtp"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
-    settings.REMINDERS_SMTP_CONNECTIONS = 4
-    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
-    ids = list(Reminder.objects.order_by("id").values_list("id", flat=True))
-    real_commit = psycopg.Connection.commit
-    landed = []
-
-    def interrupted_commit(self) -> None:
-        if landed:
-            return real_commit(self)
-        landed.append(True)
-        if committed:
-            real_commit(self)
-            # The answer is in; the thread was interrupted before it returned, with the
-            # connection busy again, as when the signal lands inside psycopg's wait.
-            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
-        raise SoftTimeLimitExceeded()
-
-    monkeypatch.setattr(psycopg.Connection, "commit", interrupted_commit)
+    """The signal lands in the first chunk's claim, in its COMMIT. Either way the batch ends
+    with the interruption itself, nothing stays claimed, no provider was called, and the
+    next query works."""
+    ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
+    seen = _interrupt_commit(monkeypatch, number=1, committed=committed)
     with pytest.raises(SoftTimeLimitExceeded):
         pipeline.deliver(ids, clock=_real, channel="smtp")
-    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
 
-    assert landed
+    assert seen
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
     assert rows == [("pending", 0, None)] * 8
     attempts = Counter(DeliveryAttempt.objects.values_list("outcome", flat=True))
@@ -138,29 +146,11 @@ def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
     """The signal lands in the first chunk's record, in its COMMIT: the outcomes are known,
     so they are written on a fresh connection (fenced: a record that committed changes
     nothing the second time), and then the interruption ends the batch."""
-    import psycopg
-
-    settings.REMINDERS_CHANNEL = "smtp"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
-    settings.REMINDERS_SMTP_CONNECTIONS = 4
-    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
-    ids = list(Reminder.objects.order_by("id").values_list("id", flat=True))
-    real_commit = psycopg.Connection.commit
-    commits = []
-
-    def interrupted_commit(self) -> None:
-        commits.append(True)
-        if len(commits) != 2:  # the first is the claim's, the second the record's
-            return real_commit(self)
-        if committed:
-            real_commit(self)
-            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
-        raise SoftTimeLimitExceeded()
-
-    monkeypatch.setattr(psycopg.Connection, "commit", interrupted_commit)
+    ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
+    # The first COMMIT is the claim's, the second the record's.
+    _interrupt_commit(monkeypatch, number=2, committed=committed)
     with pytest.raises(SoftTimeLimitExceeded):
         pipeline.deliver(ids, clock=_real, channel="smtp")
-    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
 
     statuses = list(Reminder.objects.order_by("id").values_list("status", flat=True))
     assert statuses == ["sent"] * 4 + ["pending"] * 4
