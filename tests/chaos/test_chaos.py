@@ -24,7 +24,7 @@ def test_short_chaos_run_sends_each_due_reminder_once_in_time_or_says_why():
 
     On both channels: no duplicate email, no lost reminder, no message after its
     deadline or for a cancelled reminder; ``unknown`` on smtp only as many as its
-    SIGKILLs could interrupt, and none on http. When the run fails its work
+    SIGKILLs could interrupt, and none on http; no deadlock in PostgreSQL's log. When the run fails its work
     directory (server and worker logs) is kept and its path printed.
     """
     run = subprocess.run(
@@ -47,5 +47,9 @@ def test_short_chaos_run_sends_each_due_reminder_once_in_time_or_says_why():
         assert (counts["duplicates"], counts["lost"], counts["late"]) == (0, 0, 0), output
         assert counts["sent_after_cancel"] == 0, output
     assert summary["chaos"]["http"]["unknown"] == 0, output
+    # Every writer locks the rows it shares in one order (attendee, workshop,
+    # enrollment, reminder by id, attempt): PostgreSQL's own log must show no
+    # deadlock it had to break, whatever the kills and restarts did.
+    assert summary["postgres_locks"]["deadlocks"] == 0, output
     assert summary["passed"] is True, output
     assert run.returncode == 0, output
