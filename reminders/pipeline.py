@@ -14,7 +14,7 @@ from typing import NoReturn
 
 import psycopg
 from django.conf import settings
-from django.db import DatabaseError, InterfaceError, OperationalError, connection
+from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
 from delivery.engine import Interrupted
@@ -24,11 +24,11 @@ from reminders import publish as publishing
 from reminders.content import reminder_envelope
 from reminders.logcontext import claim_context
 from reminders.services import (
-    Claim,
     dispatches_prune,
     reminder_claim_batch,
     reminder_record_batch,
     reminder_release,
+    reminder_release_interrupted,
     reminders_dispatch,
     reminders_expire,
     reminders_plan,
@@ -138,7 +138,9 @@ def deliver(
                     connection.close()
                     raise DatabaseUnavailable(ids[offset:]) from exc
                 # Interrupted (a soft time limit), perhaps after the claim committed.
-                _claim_interrupted(token, channel=channel, ids=ids[offset:], clock=clock)
+                _claim_interrupted(
+                    exc, token=token, channel=channel, chunk=chunk, rest=ids[offset:], clock=clock
+                )
                 _raise_interruption(exc)
             counts["skipped"] += len(chunk) - len(claim.reminders)
             if not claim.reminders:
@@ -186,7 +188,18 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
     while True:
         try:
             counts = reminder_record_batch(claim=claim, results=results, clock=clock)
-        except (OperationalError, InterfaceError) as exc:
+        except BaseException as exc:
+            if not isinstance(_interruption(exc), OperationalError | InterfaceError):
+                # Interrupted inside the record (a soft time limit): the transaction
+                # rolled back, or it committed and the interruption came before its
+                # answer. Record once more on a fresh connection (fenced: a record
+                # that committed changes nothing the second time), then go on with
+                # the interruption.
+                if interrupted is not None:
+                    raise
+                interrupted = exc
+                _fresh_connection()
+                continue
             connection.close()
             if clock.monotonic() + delay > give_up_at:
                 logger.error("Could not record %s outcomes; the lease decides", len(results))
@@ -194,16 +207,6 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
             logger.warning("Recording outcomes failed (%s); retrying in %.1f s", exc, delay)
             clock.sleep_blocking(delay)
             delay = min(delay * 2, 5.0)
-        except BaseException as exc:
-            # Interrupted inside the record (a soft time limit): the transaction
-            # rolled back, or it committed and the interruption came before its
-            # answer. Record once more on a fresh connection (fenced: a record
-            # that committed changes nothing the second time), then go on with
-            # the interruption.
-            if interrupted is not None:
-                raise
-            interrupted = exc
-            _fresh_connection()
         else:
             if interrupted is not None:
                 _raise_interruption(interrupted)
@@ -269,7 +272,7 @@ def _interruption(exc: BaseException) -> BaseException:
     reach Celery.
     """
     seen = exc
-    while isinstance(seen, DatabaseError | psycopg.Error):
+    while isinstance(seen, Error | psycopg.Error):
         seen = seen.__cause__ or seen.__context__
         if seen is None:
             return exc
@@ -284,27 +287,35 @@ def _raise_interruption(exc: BaseException) -> NoReturn:
     raise interruption from None
 
 
-def _claim_interrupted(token: uuid.UUID, *, channel: str, ids: list[int], clock: Clock) -> None:
-    """Clean up after an interruption inside the claim of ``ids[:chunk]``.
+def _claim_interrupted(
+    exc: BaseException, *, token: uuid.UUID, channel: str, chunk, rest, clock: Clock
+) -> None:
+    """Clean up after the claim of ``chunk`` ended with ``exc`` instead of a claim.
 
-    The claim may have committed before the interruption reached this thread:
-    release whatever it holds (by its token) on a fresh connection, and make
-    the rest of the batch due at the next scan. If the database cannot be
-    reached, the lease and the next scan decide.
+    An interruption may have come after its COMMIT went out: release what it
+    holds under ``token`` on a fresh connection (waiting for that COMMIT if it
+    is still under way), and make the rest of the batch, ``rest``, due at the
+    next scan. If the database cannot be reached, the lease and the next scan
+    decide.
     """
     _fresh_connection()
+    cause = type(_interruption(exc)).__name__
     try:
-        claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
-        released = reminder_release(claim=claim, ids=ids, clock=clock)
-        reminders_unpublished(ids=ids, clock=clock)
-    except DatabaseError as exc:
+        released = reminder_release_interrupted(
+            token=token, channel=channel, ids=chunk, clock=clock
+        )
+        reminders_unpublished(ids=rest, clock=clock)
+    except Error as error:
         connection.close()
-        logger.warning("Interrupted in a claim; could not release it (%s): the lease decides", exc)
+        logger.warning(
+            "A claim ended by %s could not be released (%s): the lease decides", cause, error
+        )
         return
     logger.warning(
-        "Interrupted in a claim: %s reminders it had taken handed back, %s due at the next scan",
+        "A claim ended by %s: %s reminders it had taken handed back, %s due at the next scan",
+        cause,
         released,
-        len(ids),
+        len(rest),
     )
 
 

@@ -132,7 +132,7 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
     # Judged as they are now, not as they were when the test was asked for: a
     # preview of a reminder that will never go out would mislead the tester.
     if workshop.status != Workshop.Status.SCHEDULED:
-        return False, "not sent: the workshop was cancelled after the test was asked for"
+        return False, "not sent: the workshop is cancelled, so its reminders will not go out"
     enrolled = Enrollment.objects.filter(
         workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
     ).exists()

@@ -43,6 +43,7 @@ from reminders.services.record import (
     channel_honours_keys,
     reminder_record_batch,
     reminder_release,
+    reminder_release_interrupted,
     reminder_verdict,
     retry_delay,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "reminder_fate",
     "reminder_record_batch",
     "reminder_release",
+    "reminder_release_interrupted",
     "reminder_verdict",
     "reminders_dispatch",
     "reminders_expire",

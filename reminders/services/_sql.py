@@ -55,15 +55,14 @@ def values_rows(rows: list[tuple]) -> str:
 # one array literal instead of hundreds of parameters. SQLite has no arrays.
 
 
-def one_of(connection, column: str, values: list) -> tuple[str, list]:
+def one_of(connection, column: str, values: list, kind: str = "bigint") -> tuple[str, list]:
     """Return ``(sql, params)`` for "``column`` is one of ``values``" (``values`` not empty).
 
-    ``column = ANY(%s::<type>[])`` with one array on PostgreSQL, where
-    ``column`` holds ``bigint`` (the default) or ``text``; ``column IN (...)``
-    elsewhere.
+    ``column = ANY(%s::<kind>[])`` with one array on PostgreSQL, ``kind`` the
+    PostgreSQL type of the values (``bigint`` for ids, ``text``);
+    ``column IN (...)`` elsewhere.
     """
     if connection.vendor == "postgresql":
-        kind = "text" if values and isinstance(values[0], str) else "bigint"
         return f"{column} = ANY(%s::{kind}[])", [list(values)]
     return f"{column} IN ({placeholders(len(values))})", list(values)
 

@@ -224,7 +224,7 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
 def _text_ids(digests: list[str]) -> dict[str, int]:
     """Return the id of each stored MessageText among ``digests``."""
     table = connection.ops.quote_name(MessageText._meta.db_table)
-    among, params = one_of(connection, "digest", digests)
+    among, params = one_of(connection, "digest", digests, kind="text")
     with connection.cursor() as cursor:
         cursor.execute(f"SELECT digest, id FROM {table} WHERE {among}", params)
         return dict(cursor.fetchall())

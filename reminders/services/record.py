@@ -28,6 +28,7 @@ from reminders.services.claim import Claim
 from reminders.services.fate import (
     claimed_locked,
     reminder_fate,
+    reminders_locked,
     reminders_return,
     sources_locked,
 )
@@ -341,3 +342,23 @@ def reminder_release(
                 claim_token=claim.token, reminder_id__in=list(changed), outcome=Attempt.IN_FLIGHT
             ).update(outcome=Attempt.NOT_STARTED, finished_at=now)
     return len(changed)
+
+
+def reminder_release_interrupted(
+    *, token, channel: str, ids: list[int], clock: Clock | None = None
+) -> int:
+    """Release what a claim of ``ids`` interrupted before it returned holds under ``token``.
+
+    Its COMMIT may have gone out before the interruption: the server then
+    commits it, perhaps only after the caller dropped that connection and
+    opened another. So the rows are first locked whoever holds them, after
+    their workshops and enrollments (the order every writer uses), which
+    waits for that transaction to end; the release then reads them as it
+    left them. Return how many rows were handed back.
+    """
+    clock = clock or default_clock()
+    claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
+    with transaction.atomic():
+        sources_locked(ids)
+        reminders_locked(ids, Q())
+        return reminder_release(claim=claim, ids=ids, clock=clock)

@@ -84,7 +84,7 @@ def test_a_test_asked_for_before_a_cancel_is_not_sent_after_it(
         enrollment_cancel(enrollment=Enrollment.objects.get(workshop=workshop, attendee=attendee))
     done = reminder_send_test_run(decision_id=decision.pk)
     assert done.state == "done" and done.changed == 0
-    expected = "the workshop was cancelled" if change == "workshop cancelled" else "no longer"
+    expected = "the workshop is cancelled" if change == "workshop cancelled" else "no longer"
     assert done.outcome.startswith("not sent: ") and expected in done.outcome
     assert smtp_sink.received() == []
 

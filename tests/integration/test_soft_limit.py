@@ -156,3 +156,46 @@ def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
     assert statuses == ["sent"] * 4 + ["pending"] * 4
     assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"sent": 4}
     assert len(smtp_sink.received()) == 4
+
+
+def test_a_claim_committed_after_the_interruption_is_still_released(
+    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch
+):
+    """The signal lands as the first claim's COMMIT goes out, and the server commits it only
+    after the worker dropped that connection and opened another: the release waits for that
+    transaction, then hands its rows back, instead of finding nothing and leaving them
+    ``sending`` for the lease."""
+    import psycopg
+    from django.db import connection as django_connection
+
+    ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
+    real_commit = psycopg.Connection.commit
+    late: list[threading.Thread] = []
+
+    def commit(self) -> None:
+        if late:
+            return real_commit(self)
+        # Django gets another connection to drop; the claim's stays open in its transaction
+        # and commits 0.3 s later from another thread.
+        django_connection.connection = django_connection.get_new_connection(
+            django_connection.get_connection_params()
+        )
+
+        def commit_later() -> None:
+            _real.sleep_blocking(0.3)
+            real_commit(self)
+            self.close()
+
+        late.append(threading.Thread(target=commit_later))
+        late[0].start()
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit)
+    with pytest.raises(SoftTimeLimitExceeded):
+        pipeline.deliver(ids, clock=_real, channel="smtp")
+    late[0].join(10)
+
+    rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
+    assert rows == [("pending", 0, None)] * 8
+    assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"not_started": 4}
+    assert smtp_sink.received() == []

@@ -83,8 +83,8 @@ def test_the_claimed_rows_timestamps_are_read_by_psycopgs_compiled_loader():
         reader.read(cursor, where="r.id = %s", order="r.id", params=[0])
         raw = cursor.cursor
         loader = raw.adapters.get_loader(raw.adapters.types["timestamptz"].oid, Format.TEXT)
-    # Django's own loader is a Python class in django.db; psycopg's compiled one is not.
-    assert not loader.__module__.startswith("django"), loader
+    # Not Django's loader (a Python class in django.db), nor psycopg's own in Python.
+    assert loader.__module__.startswith(("psycopg_binary", "psycopg_c")), loader
 
 
 @pytest.mark.django_db(transaction=True)  # no test-wide transaction around it
@@ -119,41 +119,64 @@ def _statements(run) -> list[str]:
 
 
 def test_a_chunks_statements_read_the_same_whatever_its_size(clock, make_workshop, enrol):
-    """Claim (with a late refusal and a text freeze), claim watch and record of 2 or of 7."""
+    """Claim (refusing ids another claim holds, freezing texts), claim watch and record of a
+    chunk of 2 reminders of one workshop, and of 7 of two workshops in two languages: every
+    list in them differs in size between the two (ids, held ids, texts, workshops, rows)."""
     if connection.vendor != "postgresql":
         pytest.skip("SQLite has no arrays: its lists are IN (...) and VALUES")
-    small, big, other = (make_workshop(starts_in=timedelta(hours=h)) for h in (2, 3, 4))
-    enrol(small, count=2)
-    enrol(big, count=7)
-    enrol(other)
-    # Another claim holds this one: each chunk below has an id it cannot take, and the
-    # reminders' text is stored already, so both chunks find it.
-    held = reminder_claim_batch(ids=[Reminder.objects.get(workshop=other).pk], channel="http")
+    one = make_workshop(starts_in=timedelta(hours=2))
+    two = [make_workshop(starts_in=timedelta(hours=3)),
+           make_workshop(starts_in=timedelta(hours=4), language="de")]  # fmt: skip
+    held_in = [make_workshop(starts_in=timedelta(hours=5)),
+               make_workshop(starts_in=timedelta(hours=6), language="de")]  # fmt: skip
+    enrol(one, count=2)
+    enrol(two[0], count=3)
+    enrol(two[1], count=4)
+    for workshop in held_in:
+        enrol(workshop)
+    # Another claim holds one reminder in each language: both texts are stored already,
+    # so both chunks find theirs, and each chunk has ids it cannot take (1, then 2).
+    held = reminder_claim_batch(
+        ids=list(Reminder.objects.filter(workshop__in=held_in).values_list("id", flat=True)),
+        channel="http",
+    )
+    assert len(held.ids) == 2
 
-    def deliver(ids):
-        claim = reminder_claim_batch(ids=[*ids, held.ids[0]], channel="http", clock=clock)
+    def deliver(ids, refused):
+        claim = reminder_claim_batch(ids=[*ids, *refused], channel="http", clock=clock)
         assert sorted(claim.ids) == sorted(ids)
         ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock).refresh()
         results = [
             DeliveryResult(
-                reminder_id=pk,
+                reminder_id=reminder.pk,
                 key=reminder.key,
                 outcome=Outcome.SENT if index % 2 else Outcome.PERMANENT,
-                message_id=f"m-{pk}" if index % 2 else None,
+                message_id=f"m-{reminder.pk}" if index % 2 else None,
                 error="" if index % 2 else "550 it's {not, here}",
                 attempts=1,
                 provider_reached=True,
                 maybe_delivered=bool(index % 2),
             )
-            for index, (pk, reminder) in enumerate((r.pk, r) for r in claim.reminders)
+            for index, reminder in enumerate(claim.reminders)
         ]
         reminder_record_batch(claim=claim, results=results, clock=clock)
+        return claim
 
-    chunks = [list(w.reminders.values_list("id", flat=True)) for w in (small, big)]
-    two, seven = (_statements(lambda ids=ids: deliver(ids)) for ids in chunks)
-    assert len(two) >= 7, two
-    assert two == seven
-    assert set(Reminder.objects.exclude(workshop=other).values_list("status", flat=True)) == {
+    chunks = [
+        (list(one.reminders.values_list("id", flat=True)), held.ids[:1]),
+        (list(Reminder.objects.filter(workshop__in=two).values_list("id", flat=True)), held.ids),
+    ]
+    sent, claims = [], []
+    for ids, refused in chunks:
+        sent.append(
+            _statements(lambda ids=ids, refused=refused: claims.append(deliver(ids, refused)))
+        )
+    two_sent, seven_sent = sent
+    assert len(two_sent) >= 7, two_sent
+    assert two_sent == seven_sent
+    assert [len({r.text_id for r in c.reminders}) for c in claims] == [1, 2]
+    assert [len({r.workshop_id for r in c.reminders}) for c in claims] == [1, 2]
+    assert set(Reminder.objects.exclude(workshop__in=held_in).values_list("status", flat=True)) == {
         "sent",
         "failed",
     }
@@ -180,7 +203,7 @@ def test_rows_of_values_arrive_as_given():
     ]
     columns = {"id": "bigint", "word": "text", "at": "timestamptz", "n": "integer"}
     cte, params = rows_cte(connection, "v", columns, rows)
-    among, among_params = one_of(connection, "word", AWKWARD[:3] + AWKWARD[4:])
+    among, among_params = one_of(connection, "word", AWKWARD[:3] + AWKWARD[4:], kind="text")
     with connection.cursor() as cursor:
         cursor.execute(f"WITH {cte} SELECT id, word, at, n FROM v ORDER BY id", params)
         back = cursor.fetchall()

@@ -233,3 +233,29 @@ def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, publi
     assert set(run.phase_seconds) == {"expire", "reap", "plan", "dispatch", "prune"}
     assert all(seconds >= 0 for seconds in run.phase_seconds.values())
     assert sum(run.phase_seconds.values()) <= run.duration_seconds + 0.005
+
+
+def _chain(*errors: BaseException) -> BaseException:
+    """Return ``errors[0]`` raised from ``errors[1]``, raised while handling ``errors[2]``,
+    as Django's wrapper raises its error from psycopg's, raised during an interruption."""
+    outer, *inner = errors
+    if inner:
+        outer.__cause__ = _chain(*inner)
+    return outer
+
+
+@pytest.mark.parametrize("django_error", ["OperationalError", "InterfaceError", "ProgrammingError"])
+def test_what_interrupted_a_database_call_is_found_behind_the_errors_it_caused(django_error):
+    import django.db
+    import psycopg
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    interruption = SoftTimeLimitExceeded()
+    driver = getattr(psycopg, django_error)("another command is already in progress")
+    driver.__context__ = interruption
+    caused = _chain(getattr(django.db, django_error)("from the driver"), driver)
+    assert pipeline._interruption(caused) is interruption
+    # A database error with nothing behind it is the database's, not an interruption.
+    alone = _chain(getattr(django.db, django_error)("lost"), getattr(psycopg, django_error)("x"))
+    assert pipeline._interruption(alone) is alone
+    assert pipeline._interruption(interruption) is interruption
