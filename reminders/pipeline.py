@@ -41,11 +41,18 @@ logger = logging.getLogger(__name__)
 
 
 class DatabaseUnavailable(Exception):
-    """The database could not be reached before ``ids`` were claimed; nothing was sent."""
+    """The database could not be reached before ``ids`` were claimed; nothing was sent.
 
-    def __init__(self, ids: list[int]) -> None:
+    ``held`` is ``(token, chunk)`` when the connection was lost inside the claim
+    of ``chunk``: its COMMIT may have reached the server, so the retry first
+    releases whatever that token holds (``deliver(..., held=...)``), instead of
+    leaving those rows ``sending`` until their lease expires.
+    """
+
+    def __init__(self, ids: list[int], held: tuple[uuid.UUID, list[int]] | None = None) -> None:
         super().__init__(f"database unavailable before claiming {len(ids)} reminders")
         self.ids = ids
+        self.held = held
 
 
 def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[str, int]:
@@ -93,6 +100,7 @@ def deliver(
     channel: str | None = None,
     worker: str = "",
     stop=None,
+    held: tuple[uuid.UUID, list[int]] | None = None,
 ) -> dict[str, int]:
     """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
 
@@ -105,10 +113,24 @@ def deliver(
     ids not yet claimed are due again at the next scan. The chunks share one
     event loop, the provider connections and the rate limiter's client
     (``bridge.delivery_session``); each chunk is still claimed, sent and
-    recorded before the next is claimed.
+    recorded before the next is claimed. ``held`` is a ``DatabaseUnavailable``'s:
+    that claim is released first.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
+    if held is not None:
+        token, chunk = held
+        try:
+            released = reminder_release_interrupted(
+                token=token, channel=channel, ids=chunk, clock=clock
+            )
+        except (OperationalError, InterfaceError) as exc:
+            connection.close()
+            raise DatabaseUnavailable(ids, held=held) from exc
+        if released:
+            logger.warning(
+                "Handed back %s reminders a claim cut off from the database held", released
+            )
     # A chunk is what can really be in flight at once, so a killed worker
     # leaves no more than that to the reaper.
     chunk_size = bridge.check_channel(channel, clock=clock)
@@ -134,9 +156,11 @@ def deliver(
                 )
             except BaseException as exc:
                 if isinstance(_interruption(exc), OperationalError | InterfaceError):
-                    # Nothing of this chunk or after it is claimed: hand them back whole.
+                    # Nothing after this chunk is claimed, and this chunk's claim
+                    # may have committed as the connection went: the retry
+                    # releases it first, then delivers them all.
                     connection.close()
-                    raise DatabaseUnavailable(ids[offset:]) from exc
+                    raise DatabaseUnavailable(ids[offset:], held=(token, chunk)) from exc
                 # Interrupted (a soft time limit), perhaps after the claim committed.
                 _claim_interrupted(
                     exc, token=token, channel=channel, chunk=chunk, rest=ids[offset:], clock=clock

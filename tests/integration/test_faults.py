@@ -138,4 +138,37 @@ def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
     assert caught.value.ids == ids
     connection.close()
     assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
-    assert pipeline.deliver(ids, clock=live_clock)["sent"] == 3
+    assert pipeline.deliver(ids, clock=live_clock, held=caught.value.held)["sent"] == 3
+
+
+def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
+    live_clock, due_reminders, outbox, monkeypatch
+):
+    """The server commits the claim, then the session dies before its answer arrives: the
+    batch is handed back for a retry, which first releases that claim by its token, so
+    its rows are sent now instead of waiting ``sending`` for their lease."""
+    import psycopg
+
+    ids = due_reminders(3)
+    real_commit = psycopg.Connection.commit
+
+    def commit_then_die(self) -> None:
+        real_commit(self)
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+
+    monkeypatch.setattr(psycopg.Connection, "commit", commit_then_die)
+    with pytest.raises(pipeline.DatabaseUnavailable) as caught:
+        pipeline.deliver(ids, clock=live_clock)
+    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+    token, chunk = caught.value.held
+    assert caught.value.ids == ids and chunk == ids
+    rows = set(Reminder.objects.values_list("status", "claim_token"))
+    assert rows == {("sending", token)}  # what a retry without the token could not take
+
+    assert pipeline.deliver(ids, clock=live_clock, held=caught.value.held)["sent"] == 3
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+    assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {
+        "not_started": 3,
+        "sent": 3,
+    }
+    assert len(list(outbox.glob("*.eml"))) == 3

@@ -26,6 +26,42 @@ def test_the_largest_id_the_database_holds_is_accepted_and_one_more_is_rejected(
     assert deliver_batch.run([2**63]) == {"rejected": 1}
 
 
+def test_a_database_outage_inside_a_claim_retries_with_that_claims_token(monkeypatch):
+    """The retry's message names the claim the outage cut off, so the retry releases it."""
+    import uuid
+
+    from reminders import pipeline, tasks
+
+    token = uuid.uuid4()
+    calls = []
+
+    def unavailable(ids, **kwargs):
+        calls.append(kwargs["held"])
+        raise pipeline.DatabaseUnavailable(ids, held=(token, ids[:2]))
+
+    retried = {}
+
+    def retry(**kwargs):
+        retried.update(kwargs)
+        return RuntimeError("retry")
+
+    monkeypatch.setattr(tasks.pipeline, "deliver", unavailable)
+    monkeypatch.setattr(deliver_batch, "retry", retry)
+    with pytest.raises(RuntimeError, match="retry"):
+        deliver_batch.run([5, 6, 7])
+    assert calls == [None]
+    assert retried["args"] == [[5, 6, 7]]
+    assert retried["kwargs"] == {"held_by": [token.hex, [5, 6]]}
+    # The retry hands that claim to the pipeline; a malformed one is logged and left out.
+    with pytest.raises(RuntimeError, match="retry"):
+        deliver_batch.run([5, 6, 7], held_by=[token.hex, [5, 6]])
+    assert calls[-1] == (token, [5, 6])
+    for malformed in (["nope", [5]], [token.hex, [9]], [token.hex], "x"):
+        with pytest.raises(RuntimeError, match="retry"):
+            deliver_batch.run([5, 6, 7], held_by=malformed)
+        assert calls[-1] is None
+
+
 def test_ids_are_deduplicated_in_order():
     assert parse_ids([3, 1, 3, 2, 1]) == [3, 1, 2]
 
