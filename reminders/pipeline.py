@@ -312,7 +312,13 @@ def _raise_interruption(exc: BaseException) -> NoReturn:
 
 
 def _claim_interrupted(
-    exc: BaseException, *, token: uuid.UUID, channel: str, chunk, rest, clock: Clock
+    exc: BaseException,
+    *,
+    token: uuid.UUID,
+    channel: str,
+    chunk: list[int],
+    rest: list[int],
+    clock: Clock,
 ) -> None:
     """Clean up after the claim of ``chunk`` ended with ``exc`` instead of a claim.
 

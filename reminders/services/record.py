@@ -315,14 +315,20 @@ def _table(model) -> str:
 
 
 def reminder_release(
-    *, claim: Claim, ids: list[int] | None = None, clock: Clock | None = None
+    *,
+    claim: Claim,
+    ids: list[int] | None = None,
+    clock: Clock | None = None,
+    whoever_holds: bool = False,
 ) -> int:
     """Hand claimed reminders whose provider call never started back, re-deriving their fate.
 
     Used when a batch stops before the engine ran (a crash while building
     envelopes, a stop signal between chunks). The attempt is refunded: no
     provider was called, so it must not count towards the attempt cap.
-    Fenced like the record; return how many rows changed.
+    Fenced like the record; return how many rows changed. With
+    ``whoever_holds`` the rows are locked whatever their claim, which waits
+    for a transaction still holding them (``reminder_release_interrupted``).
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -335,7 +341,10 @@ def reminder_release(
             )
             for pk, source in sources_locked(ids).items()
         }
-        claimed_locked(fates, claim.token)
+        if whoever_holds:
+            reminders_locked(fates, Q())
+        else:
+            claimed_locked(fates, claim.token)
         changed = reminders_return(fates=fates, guard=_fence(claim), now=now, refund=fates)
         if changed:
             DeliveryAttempt.objects.filter(
@@ -351,14 +360,11 @@ def reminder_release_interrupted(
 
     Its COMMIT may have gone out before the interruption: the server then
     commits it, perhaps only after the caller dropped that connection and
-    opened another. So the rows are first locked whoever holds them, after
-    their workshops and enrollments (the order every writer uses), which
-    waits for that transaction to end; the release then reads them as it
-    left them. Return how many rows were handed back.
+    opened another. So the rows are locked whoever holds them, after their
+    workshops and enrollments (the order every writer uses), which waits for
+    that transaction to end; the release then reads them as it left them.
+    Return how many rows were handed back.
     """
     clock = clock or default_clock()
     claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
-    with transaction.atomic():
-        sources_locked(ids)
-        reminders_locked(ids, Q())
-        return reminder_release(claim=claim, ids=ids, clock=clock)
+    return reminder_release(claim=claim, ids=ids, clock=clock, whoever_holds=True)
