@@ -16,7 +16,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.bridge import ClaimWatch
 from reminders.models import Reminder
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminder_release
-from reminders.services._sql import RowsWithRelated, one_of, rows_cte
+from reminders.services._sql import RowsWithRelated, array_literal, one_of, rows_cte
 
 pytestmark = pytest.mark.django_db
 
@@ -201,6 +201,8 @@ def test_rows_of_values_arrive_as_given():
         (index + 1, text, datetime(2026, 12, 1, 9, index, tzinfo=zone), index - 3)
         for index, text in enumerate(AWKWARD)
     ]
+    # NULL in every kind of column, and a bigint past 32 bits.
+    rows.append((2**40, None, None, None))
     columns = {"id": "bigint", "word": "text", "at": "timestamptz", "n": "integer"}
     cte, params = rows_cte(connection, "v", columns, rows)
     among, among_params = one_of(connection, "word", AWKWARD[:3] + AWKWARD[4:], kind="text")
@@ -217,3 +219,19 @@ def test_rows_of_values_arrive_as_given():
     assert [tuple(row) for row in back] == rows
     assert chosen == [1, 2, 3, 5, 6, 7]
     assert by_id == [2, 5]
+
+
+def test_an_array_literal_reads_back_as_the_values_it_was_written_from():
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite has no arrays")
+    at = datetime(2026, 12, 1, 9, 30, 15, 123456, tzinfo=timezone(timedelta(hours=-3)))
+    cases = {
+        "text": [*AWKWARD, None, "tab\there", "\\", '"', 'x"y\\z'],
+        "bigint": [0, -1, 2**62, None],
+        "integer": [7, None, -(2**31)],
+        "timestamptz": [at, None],
+    }
+    with connection.cursor() as cursor:
+        for kind, values in cases.items():
+            cursor.execute(f"SELECT %s::{kind}[]", [array_literal(values, kind)])
+            assert cursor.fetchone()[0] == values, kind
