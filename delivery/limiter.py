@@ -20,7 +20,10 @@ Pass ``spread=False`` for the bare window.
 ``margin`` lengthens the window the limiter enforces a little beyond the
 provider's, for the same reason: the provider counts *arrivals*, which trail
 our starts by network and scheduling jitter. The default costs 2% of
-throughput.
+throughput. A reserved start its process wakes for more than one interval
+late (a stall: the GIL, the host's scheduler) is not made: the caller
+reserves again, once, instead of bunching with the on-time starts reserved
+after it, so the margin need not cover such stalls.
 
 - ``LocalRateLimiter``: one event loop, driven by the injected clock.
 - ``RedisRateLimiter``: every worker process on every host shares one window
@@ -321,6 +324,8 @@ class RedisRateLimiter:
         # it is dropped, not made, so starts left unused never fire in a burst.
         self._stale_after = self._span_us / per_second / 1_000_000
         self._pauses = 0  # bumped by pause(): a reservation answered across one is dropped
+        #: Starts not made because this process woke for them more than an interval late.
+        self.skipped = 0
         # Starts reserved for this process and not taken yet: (member, monotonic start).
         self._ready: deque[tuple[str, float]] = deque()
         self._queued = 0  # callers waiting for the lock
@@ -350,11 +355,14 @@ class RedisRateLimiter:
                 async with self._lock:
                     self._queued -= 1
                     queued = False
+                    may_skip = True
                     while True:
                         self._drop_stale()
                         if self._ready:
-                            await self._take_reserved(deadline_at)
-                            return
+                            if await self._take_reserved(deadline_at, may_skip=may_skip):
+                                return
+                            may_skip = False  # once: a host late at every wake still sends
+                            continue
                         granted, *waits = await self._reserve(acquire_script, deadline_at)
                         if granted:
                             continue
@@ -406,13 +414,16 @@ class RedisRateLimiter:
             self._ready.append((f"{member}:{index}", answered + int(wait_us) / 1_000_000))
         return [True]
 
-    async def _take_reserved(self, deadline_at: datetime | None) -> None:
-        """Take the oldest start reserved for this process and sleep until it.
+    async def _take_reserved(self, deadline_at: datetime | None, *, may_skip: bool) -> bool:
+        """Take the oldest start reserved for this process, sleep until it; False if not made.
 
         A caller whose deadline comes first leaves it to the next caller. A
         start left unused (cancelled, or no caller left) only lowers the rate.
-        A start the host's scheduler made late is moved to when it really
-        happened with the next reservation.
+        A start the host's scheduler made late by up to one interval is moved
+        to when it really happened with the next reservation; later than that
+        (and ``may_skip``) it is not made at all and the caller reserves again:
+        the starts reserved after it, by other processes, are on time, and
+        firing it late would bunch it with them at the provider.
         """
         member, start_at = self._ready[0]
         wait = start_at - self._clock.monotonic()
@@ -425,9 +436,13 @@ class RedisRateLimiter:
         if wait > 0:
             await self._clock.sleep(wait)
         late = self._clock.monotonic() - start_at
+        if may_skip and late > self._stale_after:
+            self.skipped += 1
+            return False
         if late > LATE_ENOUGH_TO_MOVE:
             self._late.append((member, round(late * 1_000_000)))
             del self._late[:-64]  # a bounded list: the oldest corrections matter least
+        return True
 
     def _drop_stale(self) -> None:
         """Forget reserved starts whose time passed more than one interval ago (left unused)."""
@@ -450,6 +465,15 @@ class RedisRateLimiter:
 
     async def aclose(self) -> None:
         client, self._client = self._client, None
+        if self.skipped:
+            logger.info(
+                "Rate limiter %s: %s reserved starts not made, this process woke for them "
+                "more than %.1f ms late (a busy host; each costs the rate one interval)",
+                self.account,
+                self.skipped,
+                self._stale_after * 1000,
+            )
+            self.skipped = 0
         if client is not None:
             await client.aclose()
 

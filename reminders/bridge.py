@@ -49,7 +49,7 @@ from reminders.services._sql import claim_token_param, one_of, rows_cte
 from workshops.models import Enrollment, Workshop
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
-LIMITER_MARGIN = 0.05
+LIMITER_MARGIN = 0.03
 # No provider call starts more than this many seconds after staff commit a
 # cancel or a move (plus the calls already in flight): the claim watch's
 # snapshot must be at most this old when a call starts.
@@ -178,8 +178,10 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 
         return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     url = settings.REMINDERS_REDIS_URL
-    # 50 ms of margin per window: a start granted at the edge of a window can
-    # reach a provider on a loaded host that much later (seen at 20 ms).
+    # 30 ms of margin per window: a start granted at the edge of a window can
+    # reach a provider on a loaded host that much later. A start its process
+    # wakes for more than one interval late is not made (RedisRateLimiter), so
+    # the margin covers the network and the provider, not long stalls.
     return lambda: RedisRateLimiter(
         url=url,
         account=RATE_LIMIT_ACCOUNT,

@@ -598,6 +598,98 @@ def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
     assert third - first >= 2 * interval_us - 1
 
 
+class _LateOnceClock(SystemClock):
+    """The system clock, but its first sleep of ``late_for`` or more ends ``late`` s late."""
+
+    def __init__(self, late: float, *, late_for: float) -> None:
+        super().__init__()
+        self.late, self.late_for = late, late_for
+
+    async def sleep(self, seconds: float) -> None:
+        if self.late and seconds >= self.late_for:
+            seconds, self.late = seconds + self.late, 0.0
+        await super().sleep(seconds)
+
+
+def test_a_start_woken_more_than_an_interval_late_is_not_made_and_reserved_again(
+    limiter_redis_url, redis_account
+):
+    """Two processes share a window of 10 per second (starts 102 ms apart). One wakes
+    150 ms late for its reserved start; by then the other's next start, reserved after it,
+    is due on time. Made late, the two would reach the provider 48 ms apart; not made, the
+    late caller reserves afresh and every start stays an interval from the next."""
+    late_clock, clock = _LateOnceClock(0.15, late_for=0.15), SystemClock()
+    starts: list[tuple[str, float]] = []
+
+    async def scenario():
+        late = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=late_clock
+        )
+        other = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+
+        async def start(limiter, name: str) -> None:
+            await limiter.acquire()
+            starts.append((name, clock.monotonic()))
+
+        try:
+            await start(late, "late")  # at once: the window is empty
+            first_other = asyncio.ensure_future(start(other, "other"))  # reserves +102 ms
+            await asyncio.sleep(0.02)
+            late_again = asyncio.ensure_future(start(late, "late"))  # reserves +204 ms
+            await first_other
+            await start(other, "other")  # reserved +306 ms, on time
+            await late_again
+            return late.skipped, other.skipped
+        finally:
+            await late.aclose()
+            await other.aclose()
+
+    skipped = run(scenario())
+    moments = sorted(moment for _, moment in starts)
+    gaps = [later - earlier for earlier, later in zip(moments, moments[1:], strict=False)]
+    assert len(moments) == 4
+    assert min(gaps) >= 0.102 * 0.9, (starts, gaps)
+    assert skipped == (1, 0)
+
+
+def test_a_host_late_at_every_wake_still_starts_after_one_skip(limiter_redis_url, redis_account):
+    """Every sleep of one process ends 150 ms late (more than the 102 ms interval) while
+    another keeps the window busy, so each fresh reservation is again in the future: the
+    late caller skips its first reserved start, then takes the next one late instead of
+    skipping until its deadline."""
+    late_clock, clock = _LateClock(0.15), SystemClock()
+
+    async def scenario():
+        late = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=late_clock
+        )
+        busy = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+
+        async def keep_busy() -> None:
+            while True:
+                await busy.acquire()
+
+        try:
+            await late.acquire()  # at once
+            competitor = asyncio.ensure_future(keep_busy())
+            await asyncio.sleep(0.01)
+            try:
+                await late.acquire(deadline_at=late_clock.now() + timedelta(seconds=2))
+            finally:
+                competitor.cancel()
+                await asyncio.gather(competitor, return_exceptions=True)
+            return late.skipped
+        finally:
+            await late.aclose()
+            await busy.aclose()
+
+    assert run(scenario()) == 1
+
+
 def _reservations(url: str, key: str) -> int:
     import redis
 
