@@ -8,6 +8,9 @@
 - Misbehaves on request: per-recipient scripted RCPT replies (``451 ...``,
   ``550 ...``), a reply for the next DATA commands, or a delay before DATA
   is answered (a slow server).
+- Offers PIPELINING (RFC 2920) unless ``pipelining=False``: aiosmtpd reads
+  and answers commands one line at a time, so a group written at once is
+  answered in order.
 - Optional AUTH (PLAIN/LOGIN, allowed without TLS: this is loopback only).
 - Optional TLS: STARTTLS (required before MAIL, or only offered with
   ``require_starttls=False``) or implicit TLS, given an ``ssl.SSLContext``
@@ -157,8 +160,10 @@ class SmtpSink:
         tls_context: ssl.SSLContext | None = None,
         implicit_tls: bool = False,
         require_starttls: bool = True,
+        pipelining: bool = True,
     ) -> None:
         self.host = host
+        self.pipelining = pipelining
         self.port = port
         self._clock = clock or SystemClock()
         self._jsonl = Path(jsonl) if jsonl else None
@@ -337,6 +342,12 @@ class SmtpSink:
             if ok:
                 self.logins.append(username)
         return AuthResult(success=ok, handled=False)
+
+    async def handle_EHLO(self, server, session, envelope, hostname, responses) -> list[str]:
+        session.host_name = hostname  # aiosmtpd leaves it to a handler with this hook
+        if self.pipelining:
+            responses.insert(len(responses) - 1, "250-PIPELINING")
+        return responses
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options) -> str:
         with self._lock:

@@ -95,9 +95,10 @@ def http_sink() -> Iterator[HttpSink]:
         yield sink
 
 
-@pytest.fixture
-def smtp_sink() -> Iterator[SmtpSink]:
-    with SmtpSink() as sink:
+@pytest.fixture(params=[True, False], ids=["pipelining", "no-pipelining"])
+def smtp_sink(request) -> Iterator[SmtpSink]:
+    """The loopback SMTP server, offering PIPELINING and not: the channel's two paths."""
+    with SmtpSink(pipelining=request.param) as sink:
         yield sink
 
 

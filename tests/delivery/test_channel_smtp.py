@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import re
 import socket
 
@@ -10,6 +11,7 @@ import pytest
 from delivery import Attachment, DeliveryPolicy, Outcome, deliver
 from delivery.channels import SmtpChannel, SmtpSettings
 from delivery.message import message_id_for
+from loopback._loop_thread import LoopThread
 from loopback.smtp_sink import SmtpSink
 from tests.delivery.conftest import run
 
@@ -376,3 +378,180 @@ def test_django_settings_map_to_starttls_when_offered_and_no_plaintext_login(set
     settings.EMAIL_USE_TLS = True
     settings.EMAIL_ALLOW_PLAINTEXT_AUTH = True
     assert (smtp_settings().starttls, smtp_settings().allow_plaintext_auth) == (True, True)
+
+
+class _ScriptedServer:
+    """A raw SMTP server on loopback offering PIPELINING: each command line gets the next
+    reply its script holds for that verb, sent in ``pieces`` (bytes written apart, a
+    moment between them); it records every line the client sent and each message body."""
+
+    def __init__(self, replies: dict[str, list[str]], *, pieces: int = 1) -> None:
+        self.replies = {verb: list(answers) for verb, answers in replies.items()}
+        self.pieces = pieces
+        self.lines: list[bytes] = []
+        self.bodies: list[bytes] = []
+        self._thread = LoopThread("scripted-smtp")
+        self.port = 0
+
+    def _reply(self, verb: str, default: str) -> bytes:
+        answers = self.replies.get(verb)
+        return ((answers.pop(0) if answers else default) + "\r\n").encode()
+
+    async def _serve(self, reader, writer) -> None:
+        async def send(data: bytes) -> None:
+            size = max(1, len(data) // self.pieces)
+            for start in range(0, len(data), size):
+                writer.write(data[start : start + size])
+                await writer.drain()
+                await asyncio.sleep(0.01)
+
+        await send(b"220 scripted ESMTP\r\n")
+        pending = b""
+        while line := await reader.readline():
+            self.lines.append(line.rstrip(b"\r\n"))
+            verb = line[:4].upper().decode("ascii", "replace").strip()
+            if verb == "EHLO":
+                pending += b"250-scripted\r\n250-PIPELINING\r\n250 HELP\r\n"
+            elif verb == "DATA":
+                reply = self._reply("DATA", "354 go ahead")
+                if not reply.startswith(b"354"):
+                    pending += reply
+                    continue
+                await send(pending + reply)
+                pending = b""
+                body = b""
+                while (part := await reader.readline()) not in (b".\r\n", b""):
+                    body += part
+                if not part:
+                    break  # the client went away mid-message: nothing was received
+                self.bodies.append(body)
+                pending += self._reply("END", "250 accepted")
+            elif verb == "QUIT":
+                await send(pending + b"221 bye\r\n")
+                break
+            else:
+                pending += self._reply(verb, "250 OK")
+            # Answer when the client has nothing more buffered: a pipelined group at once.
+            if not reader._buffer:
+                await send(pending)
+                pending = b""
+        writer.close()
+
+    def __enter__(self) -> _ScriptedServer:
+        self._thread.start()
+
+        async def listen():
+            server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+            return server
+
+        self._server = self._thread.run(listen)
+        self.port = self._server.sockets[0].getsockname()[1]
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        async def close():
+            self._server.close()
+
+        self._thread.run(close)
+        self._thread.stop()
+
+
+def _scripted_channel(server: _ScriptedServer, clock) -> SmtpChannel:
+    return SmtpChannel(
+        SmtpSettings(
+            host="127.0.0.1", port=server.port, from_email=FROM, timeout=5, starttls=False
+        ),
+        clock=clock,
+    )
+
+
+def test_with_pipelining_a_message_is_two_writes_and_without_it_four(
+    smtp_sink, system_clock, make_real_envelope, monkeypatch
+):
+    """The envelope (MAIL FROM, RCPT TO, DATA) goes as one group when the server offers
+    PIPELINING; otherwise each command waits for its reply."""
+    writes: list[bytes] = []
+    channel = channel_for(smtp_sink, system_clock)
+
+    async def scenario():
+        async with channel:
+            await channel.send(make_real_envelope())  # opens the connection
+            ours = channel._idle[0].transport
+            kind = type(ours)
+            real_write = kind.write
+
+            def counted(transport, data):
+                if transport is ours:  # not the sink's, in this process too
+                    writes.append(bytes(data))
+                return real_write(transport, data)
+
+            monkeypatch.setattr(kind, "write", counted)
+            await channel.send(make_real_envelope())
+            monkeypatch.undo()
+
+    run(scenario())
+
+    assert len(smtp_sink.received()) == 2
+    if smtp_sink.pipelining:
+        assert len(writes) == 2, writes
+        assert re.fullmatch(rb"MAIL FROM:<[^>]+>\r\nRCPT TO:<[^>]+>\r\nDATA\r\n", writes[0])
+    else:
+        assert len(writes) == 4, writes
+
+
+def test_pipelined_replies_split_and_merged_across_packets_are_paired_in_order(
+    system_clock, make_real_envelope
+):
+    """Each reply of the group is written in three pieces a moment apart, multi-line ones
+    included: every reply still goes with its own command."""
+    with _ScriptedServer(
+        {"MAIL": ["250-sender\r\n250 ok"], "RCPT": ["250-recipient\r\n250 ok"]}, pieces=3
+    ) as server:
+        [result] = run(
+            deliver(
+                [make_real_envelope()],
+                _scripted_channel(server, system_clock),
+                policy=QUICK,
+                clock=system_clock,
+            )
+        )
+    assert result.outcome is Outcome.SENT, result.error
+    assert len(server.bodies) == 1
+
+
+def test_a_pipelined_refusal_sends_no_message_even_when_data_is_accepted(
+    system_clock, make_real_envelope
+):
+    """RFC 2920 3.1: a server may answer 354 to DATA although it refused the recipient.
+    The client ends that DATA with an empty message, resets, and reports the refusal."""
+    with _ScriptedServer(
+        {"RCPT": ["550 5.1.1 no such user"], "END": ["554 no valid recipients"]}
+    ) as server:
+        [result] = run(
+            deliver(
+                [make_real_envelope()],
+                _scripted_channel(server, system_clock),
+                policy=QUICK,
+                clock=system_clock,
+            )
+        )
+    assert (result.outcome, result.attempts) == (Outcome.PERMANENT, 1)
+    assert result.error == "SMTP 550 on RCPT TO: 5.1.1 no such user"
+    assert server.bodies == [b""], server.lines
+    assert b"RSET" in server.lines
+
+
+def test_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
+    system_clock, make_real_envelope
+):
+    with _ScriptedServer({"MAIL": ["hello there"]}) as server:
+        [result] = run(
+            deliver(
+                [make_real_envelope()],
+                _scripted_channel(server, system_clock),
+                policy=QUICK,
+                clock=system_clock,
+            )
+        )
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert len(server.bodies) == 1
