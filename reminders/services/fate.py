@@ -45,7 +45,7 @@ from django.db.transaction import TransactionManagementError
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import update_returning
+from reminders.services._sql import array_literal, update_returning
 from workshops.models import Enrollment, Workshop
 
 Status = Reminder.Status
@@ -156,8 +156,9 @@ def claimed_locked(ids: Iterable[int], token) -> None:
         with connection.cursor() as cursor:
             cursor.execute(
                 f"SELECT id FROM {connection.ops.quote_name(Reminder._meta.db_table)} "
-                "WHERE id = ANY(%s) AND claim_token = %s AND status = %s ORDER BY id FOR UPDATE",
-                [ids, token, Reminder.Status.SENDING.value],
+                "WHERE id = ANY(%s::bigint[]) AND claim_token = %s AND status = %s "
+                "ORDER BY id FOR UPDATE",
+                [array_literal(ids, "bigint"), token, Reminder.Status.SENDING.value],
             )
 
 

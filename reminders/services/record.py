@@ -175,7 +175,7 @@ def reminder_record_batch(
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
         sources = sources_locked(returns)
         claimed_locked(verdicts, claim.token)
-        changed = _record_finals(claim=claim, finals=finals, now=now)
+        changed, closed = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
         if returns:
             policy = ReminderPolicy.from_settings()
             fates = {
@@ -198,7 +198,12 @@ def reminder_record_batch(
                     refund=[pk for pk, verdict in returns.items() if verdict.refund_attempt],
                 )
             )
-        _finish_attempts(claim=claim, verdicts=verdicts, changed=changed, now=now)
+        _finish_attempts(
+            claim=claim,
+            verdicts=verdicts,
+            changed={pk: status for pk, status in changed.items() if pk not in closed},
+            now=now,
+        )
     return dict(Counter(str(status) for status in changed.values()))
 
 
@@ -235,6 +240,11 @@ _FINAL_COLUMNS = {
     "error": "text",
     "message_id": "text",
 }
+# What the PostgreSQL record adds to each final row to close its attempt in the same statement.
+_FINAL_ATTEMPT_COLUMNS = {
+    "outcome": "text",
+    "calls": "integer",
+}
 _ATTEMPT_COLUMNS = {
     "reminder_id": "bigint",
     "outcome": "text",
@@ -244,21 +254,33 @@ _ATTEMPT_COLUMNS = {
 }
 
 
-def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -> dict[int, str]:
+def _record_finals(
+    *, claim: Claim, finals: dict[int, Verdict], verdicts: dict, now: datetime
+) -> tuple[dict[int, str], set[int]]:
     """Write the final verdicts in one fenced ``UPDATE ... FROM`` a table of rows.
 
     One row of values per reminder (``_sql.rows_cte``: arrays on PostgreSQL),
     so the statement's cost grows with the chunk, not with chunk x columns as
     a CASE per column would (the ORM's CASE expressions took most of the
-    record's CPU).
+    record's CPU). Return ``({id: new status}, ids whose attempt is closed
+    too)``: on PostgreSQL the same statement closes the attempts of the rows
+    it changed (a second UPDATE in the WITH, fed by the first one's
+    RETURNING), so a chunk whose outcomes are all final costs one statement.
+    SQLite cannot update in a WITH: ``_finish_attempts`` closes them.
     """
     if not finals:
-        return {}
-    rows = [(pk, v.status, v.reason[:200], v.error, v.message_id[:255]) for pk, v in finals.items()]
-    values, params = rows_cte(connection, "v", _FINAL_COLUMNS, rows)
+        return {}, set()
+    postgres = connection.vendor == "postgresql"
+    rows = []
+    for pk, v in finals.items():
+        row = (pk, v.status, v.reason[:200], v.error, v.message_id[:255])
+        if postgres:
+            row += (v.attempt_outcome, verdicts[pk][1].attempts)
+        rows.append(row)
+    columns = _FINAL_COLUMNS | (_FINAL_ATTEMPT_COLUMNS if postgres else {})
+    values, params = rows_cte(connection, "v", columns, rows)
     reminder = _table(Reminder)
-    sql = (
-        f"WITH {values} "
+    update = (
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "
         "sent_at = CASE WHEN v.status = %s THEN %s ELSE NULL END, next_attempt_at = NULL, "
@@ -267,16 +289,25 @@ def _record_finals(*, claim: Claim, finals: dict[int, Verdict], now: datetime) -
         f"AND {reminder}.status = %s RETURNING {reminder}.id, {reminder}.status"
     )
     stamp = connection.ops.adapt_datetimefield_value(now)
-    params += [
-        Status.SENT.value,
-        stamp,
-        stamp,
-        claim_token_param(claim.token),
-        Status.SENDING.value,
-    ]
+    token = claim_token_param(claim.token)
+    params += [Status.SENT.value, stamp, stamp, token, Status.SENDING.value]
+    if postgres:
+        attempt = _table(DeliveryAttempt)
+        sql = (
+            f"WITH {values}, done AS ({update}), "
+            f"closed AS (UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
+            "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
+            f"FROM v JOIN done ON done.id = v.id WHERE {attempt}.reminder_id = v.id "
+            f"AND {attempt}.claim_token = %s AND {attempt}.outcome = %s) "
+            "SELECT id, status FROM done"
+        )
+        params += [stamp, token, Attempt.IN_FLIGHT.value]
+    else:
+        sql = f"WITH {values} {update}"
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
-        return {pk: status for pk, status in cursor.fetchall()}
+        changed = {pk: status for pk, status in cursor.fetchall()}
+    return changed, set(changed) if postgres else set()
 
 
 def _finish_attempts(
