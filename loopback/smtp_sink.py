@@ -10,7 +10,7 @@
   is answered (a slow server).
 - Offers PIPELINING (RFC 2920) unless ``pipelining=False``: aiosmtpd reads
   and answers commands one line at a time, so a group written at once is
-  answered in order.
+  answered in order, and the replies to a group go out together.
 - Optional AUTH (PLAIN/LOGIN, allowed without TLS: this is loopback only).
 - Optional TLS: STARTTLS (required before MAIL, or only offered with
   ``require_starttls=False``) or implicit TLS, given an ``ssl.SSLContext``
@@ -129,6 +129,26 @@ class _TrackingSMTP(SMTP):
     def __init__(self, sink: SmtpSink, **kwargs: Any) -> None:
         super().__init__(sink, **kwargs)
         self._sink = sink
+        self._held: list[bytes] = []
+
+    async def push(self, status: str | bytes) -> None:
+        """Write a reply; with PIPELINING, hold it while more commands are already buffered.
+
+        RFC 2920 3.2: the replies to a group of commands go out as one unit, as
+        Postfix sends them, not one packet per command. A client that waits for
+        each reply has nothing buffered, so it gets each at once.
+        """
+        if isinstance(status, str):
+            status = status.encode("utf-8" if self.enable_SMTPUTF8 else "ascii")
+        self._held.append(status + b"\r\n")
+        reader = self._reader
+        # StreamReader keeps what it read ahead in _buffer; a complete line there is a
+        # command the client sent with this one.
+        if self._sink.pipelining and reader is not None and b"\n" in reader._buffer:
+            return
+        held, self._held = b"".join(self._held), []
+        self._writer.write(held)
+        await self._writer.drain()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         first = self.transport is None
