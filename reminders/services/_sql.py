@@ -161,12 +161,39 @@ class RowsWithRelated:
         self._built: dict[tuple, tuple[str, list]] = {}
 
     def read(self, cursor, *, where: str, order: str, params: list) -> list:
+        rows = self.read_with(cursor, where=where, order=order, params=params)
+        return [base for base, _ in rows]
+
+    def read_with(
+        self,
+        cursor,
+        *,
+        order: str,
+        params: list,
+        where: str = "",
+        prefix: str = "",
+        source: str = "",
+        extra: tuple[str, ...] = (),
+    ) -> list[tuple]:
+        """Return ``(instance, (extra values...))`` per row, in ``order``.
+
+        ``prefix`` goes before the SELECT (a ``WITH``), ``source`` replaces the
+        base table in its FROM (a name the WITH defines, with the table's
+        columns), ``extra`` adds columns after the rows' own; ``params`` are
+        the prefix's and the where's, in that order.
+        """
         connection = cursor.db
-        select, parts = self._plan(connection)
+        columns, joins, parts = self._plan(connection)
+        table = source or connection.ops.quote_name(self.model._meta.db_table)
+        selected = columns + "".join(f", {column}" for column in extra)
+        sql = f"{prefix}SELECT {selected} FROM {table} r {joins}"
+        if where:
+            sql += f" WHERE {where}"
         _compiled_timestamps(cursor)
-        cursor.execute(f"{select} WHERE {where} ORDER BY {order}", params)
+        cursor.execute(f"{sql} ORDER BY {order}", params)
         db = connection.alias
         found = []
+        extras_start = parts[-1][1]
         for row in cursor.fetchall():
             instances = []
             for start, stop, key, part_model, converters in parts:
@@ -180,10 +207,10 @@ class RowsWithRelated:
             base = instances[0]
             for field, instance in zip(self.related, instances[1:], strict=True):
                 field.set_cached_value(base, instance)
-            found.append(base)
+            found.append((base, row[extras_start:]))
         return found
 
-    def _plan(self, connection) -> tuple[str, list]:
+    def _plan(self, connection) -> tuple[str, str, list]:
         # Per database alias and backend: the converters are the backend's, and
         # some read the alias's settings (SQLite's, its TIME_ZONE).
         key = (connection.alias, type(connection.ops))
@@ -192,7 +219,7 @@ class RowsWithRelated:
             plan = self._built[key] = self._build(connection)
         return plan
 
-    def _build(self, connection) -> tuple[str, list]:
+    def _build(self, connection) -> tuple[str, str, list]:
         quote = connection.ops.quote_name
         aliases = [("r", self.model, None)] + [
             (f"j{number}", field.related_model, field) for number, field in enumerate(self.related)
@@ -218,8 +245,4 @@ class RowsWithRelated:
                     f"{kind} {quote(part_model._meta.db_table)} {alias} "
                     f"ON {alias}.{quote(field.target_field.column)} = r.{quote(field.column)}"
                 )
-        select = (
-            f"SELECT {', '.join(columns)} FROM {quote(self.model._meta.db_table)} r "
-            + " ".join(joins)
-        )
-        return select, parts
+        return ", ".join(columns), " ".join(joins), parts

@@ -77,19 +77,26 @@ def reminder_claim_batch(
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
     with transaction.atomic(), connection.cursor() as cursor:
-        taken = _claim_rows(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
+        if cursor.db.vendor == "postgresql" and ids:
+            claimed, numbers = _claim_read_postgres(
+                cursor, ids=ids, token=token, lease=lease, channel=channel, now=now, worker=worker
+            )
+            taken = set(numbers)
+        else:
+            taken = _claim_rows(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
         # Only an id the claim did not take can be late: a taken one's deadline is ahead.
         if late := [pk for pk in ids if pk not in taken]:
             _miss_late(cursor, ids=late, now=now)
-        if taken:
+        if taken and cursor.db.vendor != "postgresql":
             claimed = _CLAIMED.read(
                 cursor,
                 where="r.claim_token = %s AND r.status = %s",
                 order="r.deadline_at, r.id",
                 params=[claim_token_param(token), Status.SENDING.value],
             )
-            _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
             numbers = _record_attempts(token=token, worker=worker)
+        if taken:
+            _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
     return Claim(
         token=token,
         lease_expires_at=lease,
@@ -99,21 +106,19 @@ def reminder_claim_batch(
     )
 
 
-def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
-    """Take those of ``ids`` that may be sent now; return the ids taken.
+def _claim_update(cursor, *, ids, token, lease, channel: str, now) -> tuple[str, list]:
+    """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
-    One guarded UPDATE, written by hand (the ORM compiled it again for every
-    chunk): open, on time, in its window, past any retry time, its workshop
-    scheduled and its enrollment active, all judged in the statement itself.
+    Written by hand (the ORM compiled it again for every chunk): open, on
+    time, in its window, past any retry time, its workshop scheduled and its
+    enrollment active, all judged in the statement itself.
     """
-    if not ids:
-        return set()
     ops = cursor.db.ops
     quote = ops.quote_name
     stamp = ops.adapt_datetimefield_value(now)
     opened = placeholders(len(Reminder.OPEN_STATUSES))
     among, among_params = one_of(cursor.db, "id", ids)
-    cursor.execute(
+    sql = (
         f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
         "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
         f"next_attempt_at = NULL, updated_at = %s WHERE {among} "
@@ -122,23 +127,63 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
         "AND window_opens_at <= %s "
         f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} WHERE status = %s) "
         f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
-        "WHERE status = %s) RETURNING id",
-        [
-            Status.SENDING.value,
-            claim_token_param(token),
-            ops.adapt_datetimefield_value(lease),
-            channel,
-            stamp,
-            *among_params,
-            stamp,
-            stamp,
-            *(status.value for status in Reminder.OPEN_STATUSES),
-            stamp,
-            Workshop.Status.SCHEDULED.value,
-            Enrollment.Status.ACTIVE.value,
-        ],
+        "WHERE status = %s)"
     )
+    params = [
+        Status.SENDING.value,
+        claim_token_param(token),
+        ops.adapt_datetimefield_value(lease),
+        channel,
+        stamp,
+        *among_params,
+        stamp,
+        stamp,
+        *(status.value for status in Reminder.OPEN_STATUSES),
+        stamp,
+        Workshop.Status.SCHEDULED.value,
+        Enrollment.Status.ACTIVE.value,
+    ]
+    return sql, params
+
+
+def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
+    """Take those of ``ids`` that may be sent now; return the ids taken (SQLite)."""
+    if not ids:
+        return set()
+    sql, params = _claim_update(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
+    cursor.execute(f"{sql} RETURNING id", params)
     return {row[0] for row in cursor.fetchall()}
+
+
+def _claim_read_postgres(
+    cursor, *, ids, token, lease, channel: str, now, worker: str
+) -> tuple[list[Reminder], dict[int, int]]:
+    """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
+
+    The guarded UPDATE returns the rows it took; an INSERT in the same WITH
+    opens one in-flight DeliveryAttempt for each (``_attempt_insert``), and
+    the SELECT joins the taken rows to their attendee, workshop and text.
+    What the three statements did apart, in one round trip, and atomic by
+    itself. Return the claimed reminders in send order and their attempt
+    numbers.
+    """
+    update, params = _claim_update(
+        cursor, ids=ids, token=token, lease=lease, channel=channel, now=now
+    )
+    reminder = connection.ops.quote_name(Reminder._meta.db_table)
+    attempts, attempt_params = _attempt_insert(source="taken", worker=worker)
+    rows = _CLAIMED.read_with(
+        cursor,
+        prefix=(
+            f"WITH taken AS ({update} RETURNING {reminder}.*), "
+            f"opened AS ({attempts} RETURNING reminder_id, number) "
+        ),
+        source="taken",
+        extra=("(SELECT number FROM opened WHERE opened.reminder_id = r.id)",),
+        order="r.deadline_at, r.id",
+        params=[*params, *attempt_params],
+    )
+    return [base for base, _ in rows], {base.pk: number for base, (number,) in rows}
 
 
 def _miss_late(cursor, *, ids, now) -> None:
@@ -230,8 +275,8 @@ def _text_ids(digests: list[str]) -> dict[str, int]:
         return dict(cursor.fetchall())
 
 
-def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
-    """Insert one in-flight DeliveryAttempt per reminder of the claim, in one statement.
+def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:
+    """Return the INSERT of one in-flight DeliveryAttempt per row of ``source`` (alias ``r``).
 
     Each attempt is numbered after the reminder's highest earlier one, not by
     ``Reminder.attempts``: that counter goes down when a claim is refunded
@@ -239,23 +284,26 @@ def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
     history must stay append-only and uniquely numbered.
     """
     attempt = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
+    sql = (
+        f"INSERT INTO {attempt} (reminder_id, number, claim_token, channel, worker, "
+        "claimed_at, lease_expires_at, finished_at, outcome, provider_calls, error, "
+        "provider_message_id) "
+        f"SELECT r.id, COALESCE((SELECT MAX(a.number) FROM {attempt} a "
+        "WHERE a.reminder_id = r.id), 0) + 1, r.claim_token, r.channel, %s, "
+        "r.updated_at, r.lease_expires_at, NULL, %s, 0, '', '' "
+        f"FROM {source} r"
+    )
+    return sql, [worker[:200], DeliveryAttempt.Outcome.IN_FLIGHT.value]
+
+
+def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
+    """Insert one in-flight DeliveryAttempt per reminder of the claim (SQLite; on
+    PostgreSQL the claim's own statement does)."""
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
-    token_value = claim_token_param(token)
+    insert, params = _attempt_insert(source=reminder, worker=worker)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"INSERT INTO {attempt} (reminder_id, number, claim_token, channel, worker, "
-            "claimed_at, lease_expires_at, finished_at, outcome, provider_calls, error, "
-            "provider_message_id) "
-            f"SELECT r.id, COALESCE((SELECT MAX(a.number) FROM {attempt} a "
-            "WHERE a.reminder_id = r.id), 0) + 1, r.claim_token, r.channel, %s, "
-            "r.updated_at, r.lease_expires_at, NULL, %s, 0, '', '' "
-            f"FROM {reminder} r WHERE r.claim_token = %s AND r.status = %s "
-            "RETURNING reminder_id, number",
-            [
-                worker[:200],
-                DeliveryAttempt.Outcome.IN_FLIGHT.value,
-                token_value,
-                Status.SENDING.value,
-            ],
+            f"{insert} WHERE r.claim_token = %s AND r.status = %s RETURNING reminder_id, number",
+            [*params, claim_token_param(token), Status.SENDING.value],
         )
         return dict(cursor.fetchall())
