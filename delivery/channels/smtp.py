@@ -133,9 +133,10 @@ class _Pipeline(asyncio.Protocol):
     and the session is unusable from then on.
     """
 
-    def __init__(self, transport: asyncio.Transport, *, timeout: float) -> None:
+    def __init__(self, transport: asyncio.Transport, *, timeout: float, clock: Clock) -> None:
         self.transport = transport
         self._timeout = timeout
+        self._clock = clock
         self._buffer = bytearray()
         self._lines: list[str] = []
         self._replies: deque[tuple[int, str]] = deque()
@@ -146,12 +147,12 @@ class _Pipeline(asyncio.Protocol):
         transport.set_protocol(self)
 
     @classmethod
-    def take_over(cls, connection: aiosmtplib.SMTP, *, timeout: float) -> _Pipeline:
+    def take_over(cls, connection: aiosmtplib.SMTP, *, timeout: float, clock: Clock) -> _Pipeline:
         """Take the transport of ``connection``, whose set-up is done and whose replies were read."""
         transport = connection.transport
         if transport is None or transport.is_closing():
             raise _ReplyError("the connection closed during its set-up")
-        return cls(transport, timeout=timeout)
+        return cls(transport, timeout=timeout, clock=clock)
 
     # -- asyncio.Protocol ------------------------------------------------------
 
@@ -193,9 +194,17 @@ class _Pipeline(asyncio.Protocol):
 
     # -- the session -----------------------------------------------------------
 
-    @property
-    def usable(self) -> bool:
-        return self._ended is None and not self.transport.is_closing()
+    async def begin(self, group: bytes) -> None:
+        """Write the first commands of a transaction; a reply nobody asked for ends the session.
+
+        A server may speak first on an idle connection (``421`` before it
+        closes); paired with this group's first command, every reply after it
+        would go with the wrong one.
+        """
+        if self._replies:
+            code, text = self._replies[0]
+            self._end(f"the server said {code} {text!r} unasked")
+        await self.write(group)
 
     async def write(self, data: bytes) -> None:
         if self._ended is not None:
@@ -203,7 +212,7 @@ class _Pipeline(asyncio.Protocol):
         self.transport.write(data)
         if not self._writable.is_set():
             try:
-                async with asyncio.timeout(self._timeout):
+                async with self._clock.timeout(self._timeout):
                     await self._writable.wait()
             except TimeoutError:
                 self._end("the server stopped reading within the timeout")
@@ -216,7 +225,7 @@ class _Pipeline(asyncio.Protocol):
                 raise _ReplyError(self._ended)
             self._arrived.clear()
             try:
-                async with asyncio.timeout(self._timeout):
+                async with self._clock.timeout(self._timeout):
                     await self._arrived.wait()
             except TimeoutError:
                 self._end(f"no reply within {self._timeout:g}s")
@@ -290,7 +299,7 @@ class SmtpChannel:
         if not connection.supports_extension("pipelining"):
             return connection
         try:
-            return _Pipeline.take_over(connection, timeout=self.settings.timeout)
+            return _Pipeline.take_over(connection, timeout=self.settings.timeout, clock=self._clock)
         except _ReplyError as exc:
             connection.close()
             raise TransientError(
@@ -485,7 +494,7 @@ class SmtpChannel:
     async def _pipelined_envelope(
         self, connection: _Pipeline, recipient: str
     ) -> list[tuple[int, str]]:
-        await connection.write(
+        await connection.begin(
             f"MAIL FROM:<{self._sender.address}>\r\nRCPT TO:<{recipient}>\r\nDATA\r\n".encode(
                 "ascii"
             )

@@ -392,12 +392,15 @@ class _ScriptedServer:
         self.bodies: list[bytes] = []
         self._thread = LoopThread("scripted-smtp")
         self.port = 0
+        self.connections = 0
 
     def _reply(self, verb: str, default: str) -> bytes:
         answers = self.replies.get(verb)
         return ((answers.pop(0) if answers else default) + "\r\n").encode()
 
     async def _serve(self, reader, writer) -> None:
+        self.connections += 1
+
         async def send(data: bytes) -> None:
             size = max(1, len(data) // self.pieces)
             for start in range(0, len(data), size):
@@ -555,3 +558,23 @@ def test_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
         )
     assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
     assert len(server.bodies) == 1
+
+
+def test_a_reply_the_server_sent_unasked_on_an_idle_connection_is_not_paired_with_a_command(
+    system_clock, make_real_envelope
+):
+    """A 421 written after the first message's 250, the connection left open: the next
+    send must not take it for its MAIL FROM's reply (every reply after it would go with
+    the wrong command). The session ends and a new one carries the message, first try."""
+    with _ScriptedServer({"END": ["250 accepted\r\n421 4.3.2 going away soon"]}) as server:
+        results = run(
+            deliver(
+                [make_real_envelope(), make_real_envelope()],
+                _scripted_channel(server, system_clock),
+                policy=DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3),
+                clock=system_clock,
+            )
+        )
+    assert [(r.outcome, r.attempts) for r in results] == [(Outcome.SENT, 1)] * 2
+    assert len(server.bodies) == 2
+    assert server.connections == 2
