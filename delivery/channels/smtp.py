@@ -114,8 +114,8 @@ def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentEr
 
 # RFC 5321 4.5.2: a line of the message that begins with a period gets one more.
 _LEADING_PERIOD = re.compile(rb"(?m)^\.")
-# Longer than any reply a server sends (RFC 5321 4.5.3.1.5: 512 per line).
-_MAX_REPLY_BYTES = 64 * 1024
+# Longer than any reply a server sends (RFC 5321 4.5.3.1.5: 512 per line), lines together.
+_MAX_REPLY_BYTES = 32 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
@@ -126,11 +126,14 @@ class _ReplyError(Exception):
 class _Pipeline(asyncio.Protocol):
     """An SMTP session after its set-up, reading every reply the server sends, in order.
 
-    Commands are written in groups (``write``); each ``reply`` returns the
-    next complete reply, ``(code, text)``, whether it arrived alone or in one
-    packet with the others. A session that ended, a reply that does not
-    parse or one that is not there within ``timeout`` raise ``_ReplyError``,
-    and the session is unusable from then on.
+    Commands are written in groups (``write``, saying how many replies the
+    group asks for); each ``reply`` returns the next complete reply, ``(code,
+    text)``, whether it arrived alone or in one packet with the others. Every
+    reply must answer a command: one that arrives when none is owed (a ``421``
+    on an idle connection, a stray line after a ``354``) ends the session, as
+    do a session that closed, a line that is not an SMTP reply, a reply longer
+    than any server sends, and a reply not there within ``timeout``; after any
+    of them ``reply`` and ``write`` raise ``_ReplyError``.
     """
 
     def __init__(self, transport: asyncio.Transport, *, timeout: float, clock: Clock) -> None:
@@ -139,11 +142,14 @@ class _Pipeline(asyncio.Protocol):
         self._clock = clock
         self._buffer = bytearray()
         self._lines: list[str] = []
+        self._code = b""  # the code of the reply whose lines are in _lines
+        self._size = 0  # bytes of the reply being read
+        self._owed = 0  # replies the commands written so far still ask for
         self._replies: deque[tuple[int, str]] = deque()
         self._arrived: asyncio.Event = asyncio.Event()
         self._writable: asyncio.Event = asyncio.Event()
         self._writable.set()
-        self._ended: str | None = None
+        self.ended: str | None = None
         transport.set_protocol(self)
 
     @classmethod
@@ -157,20 +163,36 @@ class _Pipeline(asyncio.Protocol):
     # -- asyncio.Protocol ------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
+        if self.ended is not None:
+            return
         self._buffer += data
         while (end := self._buffer.find(b"\n")) != -1:
             line = bytes(self._buffer[: end + 1]).rstrip(b"\r\n")
             del self._buffer[: end + 1]
-            if len(line) < 3 or not line[:3].isdigit() or line[3:4] not in (b"", b" ", b"-"):
+            code = line[:3]
+            if not code.isdigit() or line[3:4] not in (b"", b" ", b"-"):
                 self._end(f"the server sent a line that is not an SMTP reply: {line[:80]!r}")
                 return
+            if self._lines and code != self._code:  # RFC 5321 4.2.1: one code per reply
+                self._end(f"the server changed the code within a reply: {line[:80]!r}")
+                return
+            self._code, self._size = code, self._size + len(line)
+            if self._size > _MAX_REPLY_BYTES:
+                self._end("the server sent a reply longer than any SMTP reply")
+                return
             self._lines.append(line[4:].decode("utf-8", "replace"))
-            if line[3:4] != b"-":
-                self._replies.append((int(line[:3]), "\n".join(self._lines)))
-                self._lines = []
-                self._arrived.set()
+            if line[3:4] == b"-":
+                continue
+            reply = (int(code), "\n".join(self._lines))
+            self._lines, self._size = [], 0
+            if self._owed == 0:
+                self._end(f"the server said {reply[0]} {reply[1]!r} unasked")
+                return
+            self._owed -= 1
+            self._replies.append(reply)
+            self._arrived.set()
         if len(self._buffer) > _MAX_REPLY_BYTES:
-            self._end("the server sent a reply line longer than any SMTP reply")
+            self._end("the server sent a reply longer than any SMTP reply")
 
     def eof_received(self) -> bool:
         self._end("the server closed the connection")
@@ -187,28 +209,29 @@ class _Pipeline(asyncio.Protocol):
         self._writable.set()
 
     def _end(self, why: str) -> None:
-        if self._ended is None:
-            self._ended = why
+        if self.ended is None:
+            self.ended = why
             self.transport.close()
         self._arrived.set()
 
     # -- the session -----------------------------------------------------------
 
-    async def begin(self, group: bytes) -> None:
-        """Write the first commands of a transaction; a reply nobody asked for ends the session.
+    @property
+    def idle(self) -> bool:
+        """Open, owed nothing and holding nothing unread: in a state to start a transaction."""
+        return (
+            self.ended is None
+            and self._owed == 0
+            and not self._replies
+            and not self._lines
+            and not self._buffer
+        )
 
-        A server may speak first on an idle connection (``421`` before it
-        closes); paired with this group's first command, every reply after it
-        would go with the wrong one.
-        """
-        if self._replies:
-            code, text = self._replies[0]
-            self._end(f"the server said {code} {text!r} unasked")
-        await self.write(group)
-
-    async def write(self, data: bytes) -> None:
-        if self._ended is not None:
-            raise _ReplyError(self._ended)
+    async def write(self, data: bytes, *, replies: int) -> None:
+        """Write ``data``, commands that ask for ``replies`` replies in all."""
+        if self.ended is not None:
+            raise _ReplyError(self.ended)
+        self._owed += replies
         self.transport.write(data)
         if not self._writable.is_set():
             try:
@@ -216,25 +239,25 @@ class _Pipeline(asyncio.Protocol):
                     await self._writable.wait()
             except TimeoutError:
                 self._end("the server stopped reading within the timeout")
-        if self._ended is not None:
-            raise _ReplyError(self._ended)
+        if self.ended is not None:
+            raise _ReplyError(self.ended)
 
     async def reply(self) -> tuple[int, str]:
         while not self._replies:
-            if self._ended is not None:
-                raise _ReplyError(self._ended)
+            if self.ended is not None:
+                raise _ReplyError(self.ended)
             self._arrived.clear()
             try:
                 async with self._clock.timeout(self._timeout):
                     await self._arrived.wait()
             except TimeoutError:
                 self._end(f"no reply within {self._timeout:g}s")
-                raise _ReplyError(self._ended) from None
+                raise _ReplyError(self.ended) from None
         return self._replies.popleft()
 
     async def quit(self) -> None:
         try:
-            await self.write(b"QUIT\r\n")
+            await self.write(b"QUIT\r\n", replies=1)
             await self.reply()
         except _ReplyError:
             pass
@@ -272,10 +295,14 @@ class SmtpChannel:
         tb: TracebackType | None,
     ) -> bool | None:
         idle, self._idle = self._idle, []
-        for connection in idle:
-            try:
-                await connection.quit()
-            except (aiosmtplib.SMTPException, OSError):
+        try:
+            for connection in idle:
+                try:
+                    await connection.quit()
+                except (aiosmtplib.SMTPException, OSError):
+                    connection.close()
+        finally:
+            for connection in idle:  # cancelled meanwhile: close the rest without QUIT
                 connection.close()
         return None
 
@@ -418,9 +445,14 @@ class SmtpChannel:
     async def _send_pipelined(
         self, connection: _Pipeline, reused: bool, recipient: str, data: bytes
     ) -> None:
-        """One transaction in two round trips; a connection left usable goes back to the pool."""
+        """One transaction in two round trips; a connection left idle goes back to the pool.
+
+        Until the message's first byte is written the server cannot have it:
+        any failure is a ``TransientError``. After that, only a reply says
+        what happened; without one the outcome is unknown.
+        """
         if _CONTROL.search(self._sender.address) or _CONTROL.search(recipient):
-            self._idle.append(connection)
+            self._release(connection)
             raise PermanentError(f"address {recipient!r} holds a control character", reached=False)
         try:
             try:
@@ -437,6 +469,20 @@ class SmtpChannel:
                     raise _ReplyError("the server no longer offers PIPELINING") from None
                 connection = replacement
                 replies = await self._pipelined_envelope(connection, recipient)
+            (mail, mail_text), (rcpt, rcpt_text), (start, start_text) = replies
+            if mail != 250:
+                refused = _from_reply(mail, mail_text, "MAIL FROM")
+            elif rcpt not in (250, 251):
+                refused = _from_reply(rcpt, rcpt_text, "RCPT TO")
+            elif start != 354:
+                refused = _from_reply(start, start_text, "DATA")
+            else:
+                refused = None
+            if refused is not None:
+                await self._abandon(connection, data_accepted=start == 354)
+            elif not connection.idle:
+                # It ended, or sent more than its three replies, before the message.
+                raise _ReplyError(connection.ended or "the server sent more than was asked")
         except _ReplyError as exc:
             # Nothing but the envelope was written: the server cannot have the message.
             connection.close()
@@ -446,36 +492,13 @@ class SmtpChannel:
         except BaseException:
             connection.close()
             raise
-        (mail, mail_text), (rcpt, rcpt_text), (start, start_text) = replies
-        if mail != 250:
-            refused = _from_reply(mail, mail_text, "MAIL FROM")
-        elif rcpt not in (250, 251):
-            refused = _from_reply(rcpt, rcpt_text, "RCPT TO")
-        elif start != 354:
-            refused = _from_reply(start, start_text, "DATA")
-        else:
-            refused = None
         if refused is not None:
-            reusable = False
-            try:
-                if start == 354:
-                    # RFC 2920 3.1: DATA accepted without a valid recipient; end it empty.
-                    await connection.write(b".\r\n")
-                    await connection.reply()
-                reusable = await self._reset_pipelined(connection)
-            except _ReplyError:
-                pass
-            finally:
-                if reusable:
-                    self._idle.append(connection)
-                else:
-                    connection.close()
-            raise refused
+            raise refused  # the connection is pooled or closed already
         try:
             body = _LEADING_PERIOD.sub(b"..", data)
             if not body.endswith(b"\r\n"):
                 body += b"\r\n"
-            await connection.write(body + b".\r\n")
+            await connection.write(body + b".\r\n", replies=1)
             code, text = await connection.reply()
         except _ReplyError as exc:
             connection.close()
@@ -486,29 +509,55 @@ class SmtpChannel:
         except BaseException:
             connection.close()
             raise
-        self._idle.append(connection)
-        if code != 250:
+        if 200 <= code < 300:
+            self._release(connection)
+            return
+        if 400 <= code < 600:
             # A definite refusal of the message; the transaction is over.
+            self._release(connection)
             raise _from_reply(code, text, "DATA")
+        connection.close()
+        raise OutcomeUnknownError(
+            f"SMTP {code} on DATA, not a reply to the end of a message: {text.strip()}; the "
+            "server may have accepted it"
+        )
+
+    def _release(self, connection: _Pipeline) -> None:
+        """Pool ``connection`` if it can start a transaction, else close it."""
+        if connection.idle:
+            self._idle.append(connection)
+        else:
+            connection.close()
 
     async def _pipelined_envelope(
         self, connection: _Pipeline, recipient: str
     ) -> list[tuple[int, str]]:
-        await connection.begin(
+        if not connection.idle:
+            raise _ReplyError(connection.ended or "the server sent a reply nobody asked for")
+        await connection.write(
             f"MAIL FROM:<{self._sender.address}>\r\nRCPT TO:<{recipient}>\r\nDATA\r\n".encode(
                 "ascii"
-            )
+            ),
+            replies=3,
         )
         return [await connection.reply() for _ in range(3)]
 
-    async def _reset_pipelined(self, connection: _Pipeline) -> bool:
-        """End a refused transaction so the connection can be reused; False if it cannot."""
+    async def _abandon(self, connection: _Pipeline, *, data_accepted: bool) -> None:
+        """End a refused transaction; pool the connection if the server reset it, else close it."""
         try:
-            await connection.write(b"RSET\r\n")
+            if data_accepted:
+                # RFC 2920 3.1: DATA accepted without a valid recipient; end it empty.
+                await connection.write(b".\r\n", replies=1)
+                await connection.reply()
+            await connection.write(b"RSET\r\n", replies=1)
             code, _ = await connection.reply()
         except _ReplyError:
-            return False
-        return code == 250
+            connection.close()
+            return
+        if code == 250:
+            self._release(connection)
+        else:
+            connection.close()
 
     async def _envelope_commands(self, connection: aiosmtplib.SMTP, recipient: str) -> None:
         await connection.mail(self._sender.address)

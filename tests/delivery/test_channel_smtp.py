@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from delivery import Attachment, DeliveryPolicy, Outcome, deliver
+from delivery import Attachment, DeliveryPolicy, DeliveryResult, Outcome, deliver
 from delivery.channels import SmtpChannel, SmtpSettings
 from delivery.message import message_id_for
 from loopback._loop_thread import LoopThread
@@ -385,9 +385,12 @@ class _ScriptedServer:
     reply its script holds for that verb, sent in ``pieces`` (bytes written apart, a
     moment between them); it records every line the client sent and each message body."""
 
-    def __init__(self, replies: dict[str, list[str]], *, pieces: int = 1) -> None:
+    def __init__(
+        self, replies: dict[str, list[str]], *, pieces: int = 1, later: bytes = b""
+    ) -> None:
         self.replies = {verb: list(answers) for verb, answers in replies.items()}
         self.pieces = pieces
+        self.later = later  # written 50 ms after the first message's reply, unasked
         self.lines: list[bytes] = []
         self.bodies: list[bytes] = []
         self._thread = LoopThread("scripted-smtp")
@@ -429,6 +432,12 @@ class _ScriptedServer:
                     break  # the client went away mid-message: nothing was received
                 self.bodies.append(body)
                 pending += self._reply("END", "250 accepted")
+                if self.later:
+                    await send(pending)
+                    pending = b""
+                    await asyncio.sleep(0.05)
+                    await send(self.later)
+                    self.later = b""
             elif verb == "QUIT":
                 await send(pending + b"221 bye\r\n")
                 break
@@ -578,3 +587,66 @@ def test_a_reply_the_server_sent_unasked_on_an_idle_connection_is_not_paired_wit
     assert [(r.outcome, r.attempts) for r in results] == [(Outcome.SENT, 1)] * 2
     assert len(server.bodies) == 2
     assert server.connections == 2
+
+
+def _one_through(server: _ScriptedServer, clock, envelope) -> DeliveryResult:
+    [result] = run(deliver([envelope], _scripted_channel(server, clock), policy=QUICK, clock=clock))
+    return result
+
+
+def test_a_session_that_ends_right_after_its_354_fails_before_the_message_and_is_retried(
+    system_clock, make_real_envelope
+):
+    """The 354 and a line that is not a reply come in one packet: the session ends before
+    the message's first byte is written, so the server cannot have it: a transient
+    failure, sent again (not an unknown outcome, which would never be retried)."""
+    with _ScriptedServer({"DATA": ["354 go ahead\r\nnonsense"]}) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert len(server.bodies) == 1
+
+
+def test_a_reply_after_the_354_that_nobody_asked_for_is_not_taken_as_the_messages(
+    system_clock, make_real_envelope
+):
+    """A stray 250 after the 354 would be read as the answer to the message, and the 451
+    the server then gives the message would be lost: the session ends instead, before the
+    message; the next try gets the 451 and the one after that is accepted."""
+    with _ScriptedServer(
+        {"DATA": ["354 go ahead\r\n250 bogus"], "END": ["451 4.3.0 try again later"]}
+    ) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 3), result.error
+    assert len(server.bodies) == 2  # the one refused with 451, then the one accepted
+
+
+def test_a_final_reply_that_is_neither_success_nor_refusal_leaves_the_outcome_unknown(
+    system_clock, make_real_envelope
+):
+    with _ScriptedServer({"END": ["354 what now"]}) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert result.maybe_delivered, result
+    assert result.outcome is not Outcome.SENT and result.outcome is not Outcome.PERMANENT
+    assert result.attempts == 1  # not sent again blind: smtp has no idempotency keys
+    assert len(server.bodies) == 1
+
+
+def test_a_pooled_session_ends_as_soon_as_the_server_speaks_unasked(
+    system_clock, make_real_envelope
+):
+    """An idle pooled connection reads nothing into memory for later: the first reply
+    nobody asked for closes it at once (a server talking to it cannot grow its buffer)."""
+
+    async def scenario(channel):
+        async with channel:
+            await channel.send(make_real_envelope())
+            [pooled] = channel._idle
+            deadline = system_clock.monotonic() + 2.0
+            while pooled.ended is None and system_clock.monotonic() < deadline:
+                await system_clock.sleep(0.01)
+            return pooled.ended, pooled.transport.is_closing()
+
+    with _ScriptedServer({}, later=b"421 4.3.2 going away soon\r\n") as server:
+        ended, closing = run(scenario(_scripted_channel(server, system_clock)))
+    assert ended is not None and "unasked" in ended, ended
+    assert closing
