@@ -477,6 +477,11 @@ def _scripted_channel(server: _ScriptedServer, clock) -> SmtpChannel:
     )
 
 
+def _one_through(server: _ScriptedServer, clock, envelope) -> DeliveryResult:
+    [result] = run(deliver([envelope], _scripted_channel(server, clock), policy=QUICK, clock=clock))
+    return result
+
+
 def test_with_pipelining_a_message_is_two_writes_and_without_it_four(
     smtp_sink, system_clock, make_real_envelope, monkeypatch
 ):
@@ -519,14 +524,7 @@ def test_pipelined_replies_split_and_merged_across_packets_are_paired_in_order(
     with _ScriptedServer(
         {"MAIL": ["250-sender\r\n250 ok"], "RCPT": ["250-recipient\r\n250 ok"]}, pieces=3
     ) as server:
-        [result] = run(
-            deliver(
-                [make_real_envelope()],
-                _scripted_channel(server, system_clock),
-                policy=QUICK,
-                clock=system_clock,
-            )
-        )
+        result = _one_through(server, system_clock, make_real_envelope())
     assert result.outcome is Outcome.SENT, result.error
     assert len(server.bodies) == 1
 
@@ -539,14 +537,7 @@ def test_a_pipelined_refusal_sends_no_message_even_when_data_is_accepted(
     with _ScriptedServer(
         {"RCPT": ["550 5.1.1 no such user"], "END": ["554 no valid recipients"]}
     ) as server:
-        [result] = run(
-            deliver(
-                [make_real_envelope()],
-                _scripted_channel(server, system_clock),
-                policy=QUICK,
-                clock=system_clock,
-            )
-        )
+        result = _one_through(server, system_clock, make_real_envelope())
     assert (result.outcome, result.attempts) == (Outcome.PERMANENT, 1)
     assert result.error == "SMTP 550 on RCPT TO: 5.1.1 no such user"
     assert server.bodies == [b""], server.lines
@@ -557,14 +548,7 @@ def test_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
     system_clock, make_real_envelope
 ):
     with _ScriptedServer({"MAIL": ["hello there"]}) as server:
-        [result] = run(
-            deliver(
-                [make_real_envelope()],
-                _scripted_channel(server, system_clock),
-                policy=QUICK,
-                clock=system_clock,
-            )
-        )
+        result = _one_through(server, system_clock, make_real_envelope())
     assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
     assert len(server.bodies) == 1
 
