@@ -355,6 +355,10 @@ class RedisRateLimiter:
                 async with self._lock:
                     self._queued -= 1
                     queued = False
+                    if not self._ready and not self._queued:
+                        # Callers started together (a chunk's) reach the lock a loop turn
+                        # apart: let them queue first, so one round trip reserves for all.
+                        await asyncio.sleep(0)
                     may_skip = True
                     while True:
                         self._drop_stale()
