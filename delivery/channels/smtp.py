@@ -24,6 +24,7 @@ reply with one command it wrote and drops replies it did not wait for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import re
@@ -309,20 +310,6 @@ class SmtpChannel:
     async def _open(self) -> aiosmtplib.SMTP | _Pipeline:
         """Connect; a server offering PIPELINING gets its transactions pipelined."""
         connection = await self._connect()
-        try:
-            if connection.is_ehlo_or_helo_needed:  # no STARTTLS check or login said EHLO yet
-                await connection.ehlo()
-        except aiosmtplib.SMTPHeloError:
-            return connection  # a server without EHLO: the plain path says HELO
-        except (aiosmtplib.SMTPException, OSError) as exc:
-            connection.close()
-            raise TransientError(
-                f"SMTP server {self.settings.host}:{self.settings.port} refused EHLO: {exc}",
-                reached=False,
-            ) from exc
-        except asyncio.CancelledError:
-            connection.close()
-            raise
         if not connection.supports_extension("pipelining"):
             return connection
         try:
@@ -352,6 +339,11 @@ class SmtpChannel:
             if settings.username:
                 self._refuse_plaintext_login(connection)
                 await connection.login(settings.username, settings.password)
+            if connection.is_ehlo_or_helo_needed:  # no STARTTLS check or login said EHLO yet
+                # Its extensions say whether to pipeline; a server without EHLO gets
+                # HELO from aiosmtplib before the first MAIL FROM.
+                with contextlib.suppress(aiosmtplib.SMTPHeloError):
+                    await connection.ehlo()
         except asyncio.CancelledError:
             connection.close()
             raise
