@@ -77,7 +77,9 @@ def reminder_claim_batch(
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
     with transaction.atomic(), connection.cursor() as cursor:
-        if cursor.db.vendor == "postgresql" and ids:
+        # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
+        together = cursor.db.vendor == "postgresql"
+        if together and ids:
             claimed, numbers = _claim_read_postgres(
                 cursor, ids=ids, token=token, lease=lease, channel=channel, now=now, worker=worker
             )
@@ -87,7 +89,7 @@ def reminder_claim_batch(
         # Only an id the claim did not take can be late: a taken one's deadline is ahead.
         if late := [pk for pk in ids if pk not in taken]:
             _miss_late(cursor, ids=late, now=now)
-        if taken and cursor.db.vendor != "postgresql":
+        if taken and not together:
             claimed = _CLAIMED.read(
                 cursor,
                 where="r.claim_token = %s AND r.status = %s",
