@@ -233,6 +233,19 @@ class ClaimWatch:
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
+    def seed(self, read_at: float) -> None:
+        """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot.
+
+        The claim took only rows ``sending`` under it with their workshop
+        scheduled and their enrollment active, and the messages are rendered
+        from the workshops it read: nothing is withdrawn as of ``read_at``.
+        The first ``refresh`` then comes ``WATCH_INTERVAL`` into the batch,
+        or before the first call if rendering took the snapshot past
+        ``REVOCATION_WINDOW``: a chunk sent within a quarter of a second reads
+        its rows once, in the claim.
+        """
+        self.gate.publish({}, taken_at=read_at)
+
     def refresh(self) -> None:
         """Read the rows once and publish the withdrawals; a database error leaves the gate stale.
 

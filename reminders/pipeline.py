@@ -250,7 +250,9 @@ def _send(
                 # recorded with the reason, not a crash of the batch.
                 results.append(_unbuildable(reminder.pk, reminder.key, exc))
         watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
-        watch.refresh()  # the first snapshot, before any call
+        # The claim's read is the first snapshot; deliver_envelopes reads again
+        # before any call if rendering outlasted REVOCATION_WINDOW.
+        watch.seed(claim.read_at)
     except BaseException as exc:
         # No provider was called: hand the chunk back. An interruption may have
         # landed inside a query, so the release starts on a fresh connection.

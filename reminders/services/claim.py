@@ -41,6 +41,10 @@ class Claim:
     reminders: list[Reminder]
     # The DeliveryAttempt number of this claim, per reminder id (logs carry it).
     attempt_numbers: dict[int, int] = field(default_factory=dict)
+    # When (clock.monotonic()) the claim's read began: the rows, workshops and
+    # enrollments it returned were as they are now at least that late. None
+    # for a claim that read nothing.
+    read_at: float | None = None
 
     @property
     def ids(self) -> list[int]:
@@ -76,6 +80,7 @@ def reminder_claim_batch(
     token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
+    read_at = clock.monotonic()
     with transaction.atomic(), connection.cursor() as cursor:
         # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
         together = cursor.db.vendor == "postgresql"
@@ -105,6 +110,7 @@ def reminder_claim_batch(
         channel=channel,
         reminders=claimed,
         attempt_numbers=numbers,
+        read_at=read_at,
     )
 
 

@@ -53,24 +53,23 @@ def test_a_soft_time_limit_mid_batch_records_what_is_known(
         os.kill(os.getpid(), signal.SIGUSR1)
 
     if lands != "while_waiting":
-        # The signal arrives while the calling thread reads the claimed rows: in
-        # a refresh during the batch, or in the first one, before any call of
-        # its chunk (the chunk is then handed back).
+        # The signal arrives while the calling thread reads the claimed rows in
+        # a refresh during the batch, or as it takes the claim's own read as the
+        # first snapshot, before any call of its chunk (the chunk is then
+        # handed back).
         from reminders.bridge import ClaimWatch
 
-        real_refresh = ClaimWatch.refresh
         fired = threading.Event()
-        first = lands == "before_the_first_call"
+        step = "refresh" if lands == "inside_the_claim_watch" else "seed"
+        real_step = getattr(ClaimWatch, step)
 
-        def refresh_then_signal(watch) -> None:
-            calls = watch.__dict__.setdefault("test_calls", 0) + 1
-            watch.__dict__["test_calls"] = calls
-            if len(smtp_sink.received()) >= 6 and not fired.is_set() and (calls == 1) == first:
+        def step_then_signal(watch, *args) -> None:
+            if len(smtp_sink.received()) >= 6 and not fired.is_set():
                 fired.set()  # once, as Celery does
                 os.kill(os.getpid(), signal.SIGUSR1)
-            real_refresh(watch)
+            real_step(watch, *args)
 
-        monkeypatch.setattr(ClaimWatch, "refresh", refresh_then_signal)
+        monkeypatch.setattr(ClaimWatch, step, step_then_signal)
     previous = signal.signal(signal.SIGUSR1, _raise_soft_limit)
     try:
         if lands == "while_waiting":
