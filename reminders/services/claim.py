@@ -218,9 +218,9 @@ def _miss_late(cursor, *, ids, now) -> None:
 def _freeze_texts(reminders: list[Reminder]) -> None:
     """Fix the language and text of reminders claimed for the first time.
 
-    Two statements when the texts are stored already (find them, point the
-    reminders at them); two more for the first batch of a new text (insert
-    it, read its id back); one more to read the workshops' texts in other
+    One statement when the texts are stored already (point the reminders at
+    them, joined by digest); three more for the first batch of a new text
+    (insert it, read its id back, point its reminders at it); one more to read the workshops' texts in other
     languages when an attendee's language differs from their workshop's.
 
     Each gets the text ``reminders.content.choose_text`` picks from its
@@ -251,7 +251,8 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         for reminder in reminders
     }
     rows = {row.digest: row for row in chosen.values()}
-    ids = _text_ids(list(rows))
+    # One statement points every reminder whose text is stored already at it.
+    ids = _point_at_texts([(pk, row.digest) for pk, row in chosen.items()], chosen)
     missing = [rows[digest] for digest in sorted(rows) if digest not in ids]
     if missing:
         # Only the first batch of a new text writes. A claimer inserting the
@@ -259,19 +260,41 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         # and reads the winner's row; no existing row is ever locked or rewritten.
         MessageText.objects.bulk_create(missing, ignore_conflicts=True)
         ids.update(_text_ids([row.digest for row in missing]))
-    pairs = [(pk, ids[row.digest]) for pk, row in chosen.items()]
-    reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
-    pointed, params = rows_cte(connection, "v", {"id": "bigint", "text_id": "bigint"}, pairs)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"WITH {pointed} UPDATE {reminder_table} SET text_id = v.text_id FROM v "
-            f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL",
-            params,
-        )
+        new = {row.digest for row in missing}
+        pairs = [(pk, ids[row.digest]) for pk, row in chosen.items() if row.digest in new]
+        reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
+        pointed, params = rows_cte(connection, "v", {"id": "bigint", "text_id": "bigint"}, pairs)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"WITH {pointed} UPDATE {reminder_table} SET text_id = v.text_id FROM v "
+                f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL",
+                params,
+            )
     for reminder in reminders:
         row = rows[chosen[reminder.pk].digest]
         row.pk, row._state.adding = ids[row.digest], False
         reminder.text = row
+
+
+def _point_at_texts(pairs: list[tuple[int, str]], chosen: dict) -> dict[str, int]:
+    """Point each ``(reminder id, digest)`` whose text is stored at it; return those texts' ids.
+
+    One UPDATE joined to the stored texts by digest: a reminder whose text is
+    not stored yet is left alone and its digest is missing from the result.
+    RETURNING names the reminder's own columns only, as SQLite requires.
+    """
+    reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
+    text_table = connection.ops.quote_name(MessageText._meta.db_table)
+    wanted, params = rows_cte(connection, "v", {"id": "bigint", "digest": "text"}, pairs)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"WITH {wanted} UPDATE {reminder_table} SET text_id = t.id "
+            f"FROM v JOIN {text_table} t ON t.digest = v.digest "
+            f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL "
+            f"RETURNING {reminder_table}.id, {reminder_table}.text_id",
+            params,
+        )
+        return {chosen[pk].digest: text_id for pk, text_id in cursor.fetchall()}
 
 
 def _text_ids(digests: list[str]) -> dict[str, int]:

@@ -116,12 +116,13 @@ def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(clock,
         # Savepoints exist only because the test runs inside a transaction.
         counts.append(len([q for q in queries if "SAVEPOINT" not in q["sql"]]))
     print(f"\nclaim + record of 100 reminders: {counts[1]} statements ({counts[0]} for a new text)")
-    # Claim: take, refuse the late, load, freeze the texts (find them, point the
-    # rows at them), insert attempts. Record: lock in id order
-    # (reminders.services.fate.reminders_locked), write the rows, close the
-    # attempts. The first batch of a text also stores it and reads its id back.
+    # Claim (PostgreSQL): take, load and insert attempts in one statement, then
+    # freeze the texts (point the rows at the stored ones, joined by digest).
+    # Record: lock in id order (reminders.services.fate.reminders_locked),
+    # write the rows and close the attempts. The first batch of a text also
+    # stores it, reads its id back and points its rows at it.
     assert counts[1] / 100 <= 0.09
-    assert counts[0] == counts[1] + 2
+    assert counts[0] == counts[1] + 3
     assert Reminder.objects.filter(status="sent").count() == 200
 
 
