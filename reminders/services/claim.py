@@ -42,8 +42,9 @@ class Claim:
     # The DeliveryAttempt number of this claim, per reminder id (logs carry it).
     attempt_numbers: dict[int, int] = field(default_factory=dict)
     # When (clock.monotonic()) the claim's read began: the rows, workshops and
-    # enrollments it returned were as they are now at least that late. None
-    # for a claim that read nothing.
+    # enrollments it returned were as they are now at least that late
+    # (ClaimWatch.seed). None only for the empty Claim a release builds
+    # (reminder_release_interrupted), which is never sent.
     read_at: float | None = None
 
     @property
@@ -219,9 +220,10 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
     """Fix the language and text of reminders claimed for the first time.
 
     One statement when the texts are stored already (point the reminders at
-    them, joined by digest); three more for the first batch of a new text
-    (insert it, read its id back, point its reminders at it); one more to read the workshops' texts in other
-    languages when an attendee's language differs from their workshop's.
+    them, joined by digest); two more for the first batch of a new text
+    (insert it, then point its reminders at it the same way); one more to
+    read the workshops' texts in other languages when an attendee's language
+    differs from their workshop's.
 
     Each gets the text ``reminders.content.choose_text`` picks from its
     workshop and attendee as they are now; the rows are shared by content,
@@ -251,40 +253,32 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         for reminder in reminders
     }
     rows = {row.digest: row for row in chosen.values()}
-    # One statement points every reminder whose text is stored already at it.
-    ids = _point_at_texts([(pk, row.digest) for pk, row in chosen.items()], chosen)
-    missing = [rows[digest] for digest in sorted(rows) if digest not in ids]
-    if missing:
+    ids = _point_at_texts(chosen)
+    if missing := [rows[digest] for digest in sorted(rows) if digest not in ids]:
         # Only the first batch of a new text writes. A claimer inserting the
         # same text at the same moment: one insert wins, the other does nothing
-        # and reads the winner's row; no existing row is ever locked or rewritten.
+        # and points its rows at the winner's; no existing row is ever locked
+        # or rewritten.
         MessageText.objects.bulk_create(missing, ignore_conflicts=True)
-        ids.update(_text_ids([row.digest for row in missing]))
         new = {row.digest for row in missing}
-        pairs = [(pk, ids[row.digest]) for pk, row in chosen.items() if row.digest in new]
-        reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
-        pointed, params = rows_cte(connection, "v", {"id": "bigint", "text_id": "bigint"}, pairs)
-        with connection.cursor() as cursor:
-            cursor.execute(
-                f"WITH {pointed} UPDATE {reminder_table} SET text_id = v.text_id FROM v "
-                f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL",
-                params,
-            )
+        ids.update(_point_at_texts({pk: row for pk, row in chosen.items() if row.digest in new}))
     for reminder in reminders:
         row = rows[chosen[reminder.pk].digest]
         row.pk, row._state.adding = ids[row.digest], False
         reminder.text = row
 
 
-def _point_at_texts(pairs: list[tuple[int, str]], chosen: dict) -> dict[str, int]:
-    """Point each ``(reminder id, digest)`` whose text is stored at it; return those texts' ids.
+def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
+    """Point each reminder id of ``chosen`` at its stored text; return those texts' ids by digest.
 
     One UPDATE joined to the stored texts by digest: a reminder whose text is
     not stored yet is left alone and its digest is missing from the result.
-    RETURNING names the reminder's own columns only, as SQLite requires.
+    The UPDATE keeps any text a row already has. RETURNING names the
+    reminder's own columns only, as SQLite requires.
     """
     reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
     text_table = connection.ops.quote_name(MessageText._meta.db_table)
+    pairs = [(pk, row.digest) for pk, row in chosen.items()]
     wanted, params = rows_cte(connection, "v", {"id": "bigint", "digest": "text"}, pairs)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -295,15 +289,6 @@ def _point_at_texts(pairs: list[tuple[int, str]], chosen: dict) -> dict[str, int
             params,
         )
         return {chosen[pk].digest: text_id for pk, text_id in cursor.fetchall()}
-
-
-def _text_ids(digests: list[str]) -> dict[str, int]:
-    """Return the id of each stored MessageText among ``digests``."""
-    table = connection.ops.quote_name(MessageText._meta.db_table)
-    among, params = one_of(connection, "digest", digests, kind="text")
-    with connection.cursor() as cursor:
-        cursor.execute(f"SELECT digest, id FROM {table} WHERE {among}", params)
-        return dict(cursor.fetchall())
 
 
 def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:
