@@ -23,7 +23,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import claim_token_param, rows_cte
+from reminders.services._sql import array_literal, claim_token_param, rows_cte
 from reminders.services.claim import Claim
 from reminders.services.fate import (
     claimed_locked,
@@ -169,6 +169,17 @@ def reminder_record_batch(
     }
     if not verdicts:
         return {}
+    if connection.vendor == "postgresql" and not any(
+        verdict.returns or verdict.error or verdict.reason for verdict, _ in verdicts.values()
+    ):
+        # The common chunk: every outcome final and quoting no one (all sent).
+        # Nothing to hand back, so no workshop or enrollment to lock, and no
+        # text to scrub, so no attendee: the one statement that locks the rows
+        # in id order, writes them and closes their attempts is the whole
+        # record, atomic by itself, without BEGIN and COMMIT around it.
+        finals = {pk: verdict for pk, (verdict, _) in verdicts.items()}
+        changed, _ = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
+        return dict(Counter(str(status) for status in changed.values()))
     with transaction.atomic():
         verdicts = _without_erased_data(verdicts, by_id)
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
@@ -263,9 +274,12 @@ def _record_finals(
     so the statement's cost grows with the chunk, not with chunk x columns as
     a CASE per column would (the ORM's CASE expressions took most of the
     record's CPU). Return ``({id: new status}, ids whose attempt is closed
-    too)``: on PostgreSQL the same statement closes the attempts of the rows
-    it changed (a second UPDATE in the WITH, fed by the first one's
-    RETURNING), so a chunk whose outcomes are all final costs one statement.
+    too)``: on PostgreSQL the same statement first locks the rows it may
+    change, ``FOR UPDATE`` in id order as ``fate.claimed_locked`` does (a
+    no-op where the caller holds them already; alone, it keeps every
+    writer's lock order), and closes the attempts of the rows it changed (a
+    second UPDATE in the WITH, fed by the first one's RETURNING, run after
+    it), so a chunk whose outcomes are all final costs one statement.
     SQLite cannot update in a WITH: ``_finish_attempts`` closes them.
     """
     if not finals:
@@ -280,18 +294,34 @@ def _record_finals(
     columns = _FINAL_COLUMNS | (_FINAL_ATTEMPT_COLUMNS if postgres else {})
     values, params = rows_cte(connection, "v", columns, rows)
     reminder = _table(Reminder)
+    stamp = connection.ops.adapt_datetimefield_value(now)
+    token = claim_token_param(claim.token)
+    fence = f"{reminder}.claim_token = %s AND {reminder}.status = %s"
+    fence_params = [token, Status.SENDING.value]
+    source = "v"
+    if postgres:
+        # Every row the UPDATE writes comes to it through ``locked``, which
+        # sorts the ids, then locks them one by one in that order: the
+        # reminders are locked in id order, and the UPDATE never waits for a
+        # row it does not hold already.
+        values += (
+            f", locked AS MATERIALIZED (SELECT id FROM {reminder} WHERE id = ANY(%s::bigint[]) "
+            f"AND {fence} ORDER BY id FOR UPDATE)"
+        )
+        params += [array_literal(sorted(finals), "bigint"), *fence_params]
+        source = "v JOIN locked ON locked.id = v.id"
     update = (
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "
         "sent_at = CASE WHEN v.status = %s THEN %s ELSE NULL END, next_attempt_at = NULL, "
         "claim_token = NULL, lease_expires_at = NULL, updated_at = %s "
-        f"FROM v WHERE {reminder}.id = v.id AND {reminder}.claim_token = %s "
-        f"AND {reminder}.status = %s RETURNING {reminder}.id, {reminder}.status"
+        f"FROM {source} WHERE {reminder}.id = v.id AND {fence} "
+        f"RETURNING {reminder}.id, {reminder}.status"
     )
-    stamp = connection.ops.adapt_datetimefield_value(now)
-    token = claim_token_param(claim.token)
-    params += [Status.SENT.value, stamp, stamp, token, Status.SENDING.value]
+    params += [Status.SENT.value, stamp, stamp, *fence_params]
     if postgres:
+        # A data-modifying WITH that the main query does not read runs after
+        # it: the attempts are locked after every reminder, as in every writer.
         attempt = _table(DeliveryAttempt)
         sql = (
             f"WITH {values}, done AS ({update}), "

@@ -316,6 +316,110 @@ def test_record_and_reaper_racing_on_the_same_rows_agree_and_never_deadlock(
     assert sum(winners.values()) == rounds * per_round
 
 
+def _sent(reminder):
+    return DeliveryResult(
+        reminder_id=reminder.pk, key=reminder.key, outcome=Outcome.SENT, message_id=f"m{reminder.pk}",
+        error="", attempts=1, provider_reached=True, maybe_delivered=True,
+    )  # fmt: skip
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_all_sent_record_is_one_statement_outside_any_transaction(clock, due_reminders):
+    """The common chunk (every outcome sent) is recorded by one statement in autocommit:
+    no BEGIN, no COMMIT, no lock taken apart, and the rows and their attempts end sent."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement record is PostgreSQL's; SQLite records in a transaction")
+    ids = due_reminders(5)
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
+    sent: list[tuple[bool, bool]] = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append((connection.get_autocommit(), connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        counts = reminder_record_batch(
+            claim=claim, results=[_sent(r) for r in claim.reminders], clock=clock
+        )
+    assert counts == {"sent": 5}
+    assert sent == [(True, False)]
+    outcomes = DeliveryAttempt.objects.filter(claim_token=claim.token).values_list(
+        "outcome", flat=True
+    )
+    assert sorted(outcomes) == ["sent"] * 5
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_all_sent_record_locks_its_rows_in_id_order(clock, due_reminders):
+    """Claimed in send order (the earlier deadline first), a chunk's lowest id comes last;
+    the record still locks in id order, as every writer does. With the lowest row held by
+    another transaction, the waiting record holds none of the others (locking in send
+    order it would hold every row of the earlier workshop: a deadlock with any writer
+    locking in id order)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("the one-statement record is PostgreSQL's; SQLite records in a transaction")
+    later = due_reminders(3, per_workshop=3, starts_in=timedelta(hours=3))
+    earlier = due_reminders(3, per_workshop=3, starts_in=timedelta(hours=2))
+    claim = reminder_claim_batch(ids=later + earlier, channel="smtp", clock=clock)
+    assert claim.ids[-1] != min(claim.ids), "the claim's order should put the lowest id late"
+    lowest = min(claim.ids)
+    held, go = threading.Event(), threading.Event()
+    errors: list[BaseException] = []
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(Reminder.objects.select_for_update().filter(pk=lowest).values_list("pk"))
+                held.set()
+                go.wait(10)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def record() -> None:
+        try:
+            results = [_sent(r) for r in claim.reminders]
+            reminder_record_batch(claim=claim, results=results, clock=clock)
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    holder = threading.Thread(target=hold)
+    holder.start()
+    assert held.wait(10)
+    recorder = threading.Thread(target=record)
+    recorder.start()
+    waiting = False
+    for _ in range(200):  # until the record's backend waits for a row lock
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                "AND query LIKE %s",
+                ["%locked AS MATERIALIZED%"],
+            )
+            waiting = cursor.fetchone()[0] == 1
+        if waiting:
+            break
+        go.wait(0.05)
+    with transaction.atomic():
+        free = set(
+            Reminder.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=claim.ids)
+            .values_list("pk", flat=True)
+        )
+    go.set()
+    holder.join(10)
+    recorder.join(10)
+    assert waiting, "the record never waited for the held row"
+    assert errors == []
+    assert free == set(claim.ids) - {lowest}
+    assert set(Reminder.objects.filter(pk__in=claim.ids).values_list("status", flat=True)) == {
+        "sent"
+    }
+
+
 @pytest.mark.django_db(transaction=True)
 def test_one_key_carries_byte_identical_bodies_across_a_reaped_retry(
     live_clock, due_reminders, settings
