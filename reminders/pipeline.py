@@ -44,7 +44,7 @@ class DatabaseUnavailable(Exception):
     """The database could not be reached before ``ids`` were claimed; nothing was sent.
 
     ``held`` is ``(token, chunk)`` when the connection was lost inside the claim
-    of ``chunk``: its COMMIT may have reached the server, so the retry first
+    of ``chunk``: its statement may have committed, so the retry first
     releases whatever that token holds (``deliver(..., held=...)``), instead of
     leaving those rows ``sending`` until their lease expires.
     """
@@ -324,9 +324,9 @@ def _claim_interrupted(
 ) -> None:
     """Clean up after the claim of ``chunk`` ended with ``exc`` instead of a claim.
 
-    An interruption may have come after its COMMIT went out: release what it
-    holds under ``token`` on a fresh connection (waiting for that COMMIT if it
-    is still under way), and make the rest of the batch, ``rest``, due at the
+    An interruption may have come after its statement went out: release what
+    it holds under ``token`` on a fresh connection (waiting for that statement
+    if it is still under way), and make the rest of the batch, ``rest``, due at the
     next scan. If the database cannot be reached, the lease and the next scan
     decide.
     """

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from contextlib import nullcontext
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -16,6 +17,7 @@ from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import (
     RowsWithRelated,
+    array_literal,
     claim_token_param,
     one_of,
     placeholders,
@@ -82,9 +84,15 @@ def reminder_claim_batch(
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
     read_at = clock.monotonic()
-    with transaction.atomic(), connection.cursor() as cursor:
-        # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
-        together = cursor.db.vendor == "postgresql"
+    # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
+    together = connection.vendor == "postgresql"
+    # On PostgreSQL every step below is one statement, atomic by itself, so
+    # none needs a transaction around it (BEGIN and COMMIT were 2 of a chunk's
+    # round trips): rows taken but not yet frozen when the worker dies or the
+    # database goes are released by the caller as a claim that may have
+    # committed (reminders.pipeline), or reaped; nothing was sent from them.
+    # SQLite's three steps commit together.
+    with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
         if together and ids:
             claimed, numbers = _claim_read_postgres(
                 cursor, ids=ids, token=token, lease=lease, channel=channel, now=now, worker=worker
@@ -280,10 +288,20 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
     text_table = connection.ops.quote_name(MessageText._meta.db_table)
     pairs = [(pk, row.digest) for pk, row in chosen.items()]
     wanted, params = rows_cte(connection, "v", {"id": "bigint", "digest": "text"}, pairs)
+    source = "v"
+    if connection.vendor == "postgresql":
+        # Run in autocommit after the claim: the rows it writes come to it
+        # through ``locked``, which locks them in id order, as every writer does.
+        wanted += (
+            f", locked AS MATERIALIZED (SELECT id FROM {reminder_table} "
+            "WHERE id = ANY(%s::bigint[]) AND text_id IS NULL ORDER BY id FOR NO KEY UPDATE)"
+        )
+        params.append(array_literal(sorted(chosen), "bigint"))
+        source = "v JOIN locked ON locked.id = v.id"
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH {wanted} UPDATE {reminder_table} SET text_id = t.id "
-            f"FROM v JOIN {text_table} t ON t.digest = v.digest "
+            f"FROM {source} JOIN {text_table} t ON t.digest = v.digest "
             f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL "
             f"RETURNING {reminder_table}.id, {reminder_table}.text_id",
             params,

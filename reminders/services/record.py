@@ -419,11 +419,12 @@ def reminder_release_interrupted(
 ) -> int:
     """Release what a claim of ``ids`` interrupted before it returned holds under ``token``.
 
-    Its COMMIT may have gone out before the interruption: the server then
-    commits it, perhaps only after the caller dropped that connection and
-    opened another. So the rows are locked whoever holds them, after their
-    workshops and enrollments (the order every writer uses), which waits for
-    that transaction to end; the release then reads them as it left them.
+    Its statement (or, on SQLite, its COMMIT) may have gone out before the
+    interruption: the server then commits it, perhaps only after the caller
+    dropped that connection and opened another. So the rows are locked
+    whoever holds them, in id order after their workshops and enrollments
+    (the order every writer uses), which queues behind that statement and
+    waits for it to end; the release then reads them as it left them.
     Return how many rows were handed back.
     """
     clock = clock or default_clock()

@@ -142,24 +142,24 @@ def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
 
 
 def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
-    live_clock, due_reminders, outbox, monkeypatch
+    live_clock, due_reminders, outbox
 ):
-    """The server commits the claim, then the session dies before its answer arrives: the
-    batch is handed back for a retry, which first releases that claim by its token, so
-    its rows are sent now instead of waiting ``sending`` for their lease."""
-    import psycopg
-
+    """The server runs the claim's statement (in autocommit: it commits), then the session
+    dies before its answer arrives: the batch is handed back for a retry, which first
+    releases that claim by its token, so its rows are sent now instead of waiting
+    ``sending`` for their lease."""
     ids = due_reminders(3)
-    real_commit = psycopg.Connection.commit
 
-    def commit_then_die(self) -> None:
-        real_commit(self)
-        raise psycopg.OperationalError("server closed the connection unexpectedly")
+    def claim_then_die(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "WITH taken AS (" in sql:
+            # What Django raises for psycopg's error as the connection goes.
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
 
-    monkeypatch.setattr(psycopg.Connection, "commit", commit_then_die)
-    with pytest.raises(pipeline.DatabaseUnavailable) as caught:
-        pipeline.deliver(ids, clock=live_clock)
-    monkeypatch.setattr(psycopg.Connection, "commit", real_commit)
+    with connection.execute_wrapper(claim_then_die):
+        with pytest.raises(pipeline.DatabaseUnavailable) as caught:
+            pipeline.deliver(ids, clock=live_clock)
     token, chunk = caught.value.held
     assert caught.value.ids == ids and chunk == ids
     rows = set(Reminder.objects.values_list("status", "claim_token"))

@@ -12,10 +12,12 @@ import os
 import signal
 import threading
 from collections import Counter
+from contextlib import contextmanager
 from datetime import timedelta
 
 import pytest
 from billiard.exceptions import SoftTimeLimitExceeded
+from django.db import connection
 
 from clock import SystemClock
 from reminders import pipeline
@@ -96,39 +98,44 @@ def _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol) -> list[int
     return list(Reminder.objects.order_by("id").values_list("id", flat=True))
 
 
-def _interrupt_commit(monkeypatch, *, number: int, committed: bool) -> list:
-    """Make the test's ``number``-th COMMIT raise ``SoftTimeLimitExceeded``: after the server
-    committed, with the connection busy again, as when the signal lands inside psycopg's
-    wait for the answer; or before it was sent. Return the list of COMMITs seen so far."""
-    import psycopg
+# The statements that commit a chunk's claim and its record: on PostgreSQL
+# each is one statement in autocommit (reminders.services.claim, .record).
+CLAIM = "WITH taken AS ("
+RECORD = "done AS ("
 
-    real_commit = psycopg.Connection.commit
+
+@contextmanager
+def _interrupt_statement(marker: str, *, committed: bool):
+    """Make the test's first statement containing ``marker`` raise ``SoftTimeLimitExceeded``:
+    after the server ran it (and so committed it), with the connection busy again, as
+    when the signal lands inside psycopg's wait for the answer; or before it was sent.
+    Yield the list of statements interrupted."""
     seen = []
 
-    def commit(self) -> None:
-        seen.append(True)
-        if len(seen) != number:
-            return real_commit(self)
+    def interrupt(execute, sql, params, many, context):
+        if seen or marker not in sql:
+            return execute(sql, params, many, context)
+        seen.append(sql)
         if committed:
-            real_commit(self)
-            self.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+            execute(sql, params, many, context)
+            context["connection"].connection.pgconn.send_query(b"SELECT pg_sleep(0.2)")
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr(psycopg.Connection, "commit", commit)
-    return seen
+    with connection.execute_wrapper(interrupt):
+        yield seen
 
 
 @pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
 def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
-    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, committed
+    live_clock, smtp_sink, make_workshop, enrol, settings, committed
 ):
     """The signal lands in the first chunk's claim, in its COMMIT. Either way the batch ends
     with the interruption itself, nothing stays claimed, no provider was called, and the
     next query works."""
     ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
-    seen = _interrupt_commit(monkeypatch, number=1, committed=committed)
-    with pytest.raises(SoftTimeLimitExceeded):
-        pipeline.deliver(ids, clock=_real, channel="smtp")
+    with _interrupt_statement(CLAIM, committed=committed) as seen:
+        with pytest.raises(SoftTimeLimitExceeded):
+            pipeline.deliver(ids, clock=_real, channel="smtp")
 
     assert seen
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
@@ -140,16 +147,16 @@ def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
 
 @pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
 def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
-    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch, committed
+    live_clock, smtp_sink, make_workshop, enrol, settings, committed
 ):
     """The signal lands in the first chunk's record, in its COMMIT: the outcomes are known,
     so they are written on a fresh connection (fenced: a record that committed changes
     nothing the second time), and then the interruption ends the batch."""
     ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
-    # The first COMMIT is the claim's, the second the record's.
-    _interrupt_commit(monkeypatch, number=2, committed=committed)
-    with pytest.raises(SoftTimeLimitExceeded):
-        pipeline.deliver(ids, clock=_real, channel="smtp")
+    with _interrupt_statement(RECORD, committed=committed) as seen:
+        with pytest.raises(SoftTimeLimitExceeded):
+            pipeline.deliver(ids, clock=_real, channel="smtp")
+    assert seen
 
     statuses = list(Reminder.objects.order_by("id").values_list("status", flat=True))
     assert statuses == ["sent"] * 4 + ["pending"] * 4
@@ -158,41 +165,50 @@ def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
 
 
 def test_a_claim_committed_after_the_interruption_is_still_released(
-    live_clock, smtp_sink, make_workshop, enrol, settings, monkeypatch
+    live_clock, smtp_sink, make_workshop, enrol, settings
 ):
-    """The signal lands as the first claim's COMMIT goes out, and the server commits it only
-    after the worker dropped that connection and opened another: the release waits for that
-    transaction, then hands its rows back, instead of finding nothing and leaving them
+    """The signal lands while the first claim's statement waits for a row another
+    transaction holds, and the server runs it to its end (and so commits it) only after
+    the worker dropped that connection and opened another: the release queues behind it
+    for the same rows, then hands them back, instead of finding nothing and leaving them
     ``sending`` for the lease."""
     import psycopg
-    from django.db import connection as django_connection
 
     ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
-    real_commit = psycopg.Connection.commit
+    params = connection.get_connection_params()
+    holder = psycopg.connect(**params)
+    holder.execute("SELECT id FROM reminders_reminder WHERE id = %s FOR UPDATE", [ids[0]])
     late: list[threading.Thread] = []
 
-    def commit(self) -> None:
-        if late:
-            return real_commit(self)
-        # Django gets another connection to drop; the claim's stays open in its transaction
-        # and commits 0.3 s later from another thread.
-        django_connection.connection = django_connection.get_new_connection(
-            django_connection.get_connection_params()
-        )
+    def interrupt(execute, sql, sql_params, many, context):
+        if late or CLAIM not in sql:
+            return execute(sql, sql_params, many, context)
+        # Django gets another connection to drop; the claim's stays open, its statement
+        # waiting for the held row, and ends 0.3 s later when the holder commits.
+        claims = context["cursor"].cursor
+        connection.connection = connection.get_new_connection(params)
+        backend = claims.connection.info.backend_pid
 
-        def commit_later() -> None:
-            _real.sleep_blocking(0.3)
-            real_commit(self)
-            self.close()
+        def claim_later() -> None:
+            claims.execute(sql, sql_params)
+            claims.connection.close()
 
-        late.append(threading.Thread(target=commit_later))
+        late.append(threading.Thread(target=claim_later))
         late[0].start()
+        with psycopg.connect(**params, autocommit=True) as watcher:
+            while not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                [backend],
+            ).fetchone():
+                _real.sleep_blocking(0.01)
+        threading.Timer(0.3, holder.commit).start()
         raise SoftTimeLimitExceeded()
 
-    monkeypatch.setattr(psycopg.Connection, "commit", commit)
-    with pytest.raises(SoftTimeLimitExceeded):
-        pipeline.deliver(ids, clock=_real, channel="smtp")
+    with connection.execute_wrapper(interrupt):
+        with pytest.raises(SoftTimeLimitExceeded):
+            pipeline.deliver(ids, clock=_real, channel="smtp")
     late[0].join(10)
+    holder.close()
 
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
     assert rows == [("pending", 0, None)] * 8

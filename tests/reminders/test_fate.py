@@ -350,6 +350,28 @@ def test_an_all_sent_record_is_one_statement_outside_any_transaction(clock, due_
 
 
 @pytest.mark.django_db(transaction=True)
+def test_a_first_claim_is_two_statements_outside_any_transaction(clock, due_reminders):
+    """On PostgreSQL the claim (take, read, open the attempts) and its text freeze are one
+    statement each, in autocommit: no BEGIN, no COMMIT around them (the text already
+    stored, as for every batch but a text's first)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's claim is three statements in one transaction")
+    first, second = due_reminders(5, per_workshop=5), due_reminders(5, per_workshop=5)
+    reminder_claim_batch(ids=first, channel="smtp", clock=clock)  # stores the text
+    sent: list[tuple[bool, bool]] = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append((connection.get_autocommit(), connection.in_atomic_block))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        claim = reminder_claim_batch(ids=second, channel="smtp", clock=clock)
+    assert sorted(claim.ids) == sorted(second)
+    assert all(reminder.text_id for reminder in Reminder.objects.filter(pk__in=second))
+    assert sent == [(True, False), (True, False)]
+
+
+@pytest.mark.django_db(transaction=True)
 def test_an_all_sent_record_locks_its_rows_in_id_order(clock, due_reminders):
     """Claimed in send order (the earlier deadline first), a chunk's lowest id comes last;
     the record still locks in id order, as every writer does. With the lowest row held by
