@@ -243,23 +243,28 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
         return
     # A text in another language matters only to attendees whose language is
     # not their workshop's: most batches need no read of them at all.
-    texts: dict[int, dict[str, WorkshopText]] = {}
-    others = {
-        reminder.workshop_id
+    languages = {
+        reminder.pk: reminder_language(workshop=reminder.workshop, attendee=reminder.attendee)
         for reminder in reminders
-        if reminder_language(workshop=reminder.workshop, attendee=reminder.attendee)
-        != reminder.workshop.language
     }
+    texts: dict[int, dict[str, WorkshopText]] = {}
+    others = {r.workshop_id for r in reminders if languages[r.pk] != r.workshop.language}
     for text in WorkshopText.objects.filter(workshop_id__in=others) if others else ():
         texts.setdefault(text.workshop_id, {})[text.language] = text
-    chosen = {
-        reminder.pk: choose_text(
-            workshop=reminder.workshop,
-            attendee=reminder.attendee,
-            texts=texts.get(reminder.workshop_id, {}),
-        )
-        for reminder in reminders
-    }
+    # The text depends on the attendee only through the language: chosen once
+    # per workshop and language (the claim read every workshop row in one
+    # statement, so its copies agree).
+    by_language: dict[tuple[int, str], MessageText] = {}
+    chosen = {}
+    for reminder in reminders:
+        key = (reminder.workshop_id, languages[reminder.pk])
+        if key not in by_language:
+            by_language[key] = choose_text(
+                workshop=reminder.workshop,
+                attendee=reminder.attendee,
+                texts=texts.get(reminder.workshop_id, {}),
+            )
+        chosen[reminder.pk] = by_language[key]
     rows = {row.digest: row for row in chosen.values()}
     ids = _point_at_texts(chosen)
     if missing := [rows[digest] for digest in sorted(rows) if digest not in ids]:

@@ -87,6 +87,36 @@ def test_the_built_in_text_is_frozen_too_with_the_language(clock, make_workshop,
     assert _bytes(reminder_envelope(reminder=_loaded(reminder.pk))) == before
 
 
+def test_one_claim_freezes_each_attendee_of_a_workshop_in_their_own_language(
+    clock, make_workshop, make_attendee
+):
+    """Attendees of one workshop claimed together, in three languages (one with a text of
+    the workshop's in it, one built in): each is frozen with their language's text."""
+    workshop = make_workshop(starts_in=timedelta(hours=2))
+    WorkshopText.objects.create(workshop=workshop, language="fr", reminder_subject="Salut")
+    for language in ("de", "en", "fr", "de", "en"):
+        enrollment_create(attendee=make_attendee(language=language), workshop=workshop)
+    ids = list(
+        Reminder.objects.filter(workshop=workshop).order_by("pk").values_list("pk", flat=True)
+    )
+    reminder_claim_batch(ids=ids, channel="http", clock=clock)
+    frozen = [
+        (row.attendee.language, row.text.language, row.text.subject)
+        for row in Reminder.objects.filter(pk__in=ids)
+        .order_by("pk")
+        .select_related("attendee", "text")
+    ]
+    german = "Erinnerung: {workshop_title} am {start_local}"
+    english = "Reminder: {workshop_title} starts {start_local}"
+    assert frozen == [
+        ("de", "de", german),
+        ("en", "en", english),
+        ("fr", "fr", "Salut"),
+        ("de", "de", german),
+        ("en", "en", english),
+    ]
+
+
 def test_a_thousand_reminders_of_one_workshop_share_one_frozen_text(clock, due_reminders):
     ids = due_reminders(300, per_workshop=100)
     for offset in range(0, 300, 50):
