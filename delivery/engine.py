@@ -407,7 +407,7 @@ class _Batch:
         if timeout <= 0:
             self._finish_at_deadline(progress)
             return None
-        if not self._keys and left < self._policy.min_call_window:
+        if left < self._policy.min_call_window:
             # Too little time for a call that could not be repeated: not sent, and known.
             self._finish_at_deadline(progress, left=left)
             return None
@@ -537,8 +537,8 @@ class _Batch:
                 text = (
                     f"not started with {left:.3g}s left before the deadline "
                     f"{progress.envelope.deadline_at.isoformat()}: under min_call_window="
-                    f"{self._policy.min_call_window:g}s, and the channel cannot repeat a call "
-                    "whose answer is lost"
+                    f"{self._policy.min_call_window:g}s: a call cut off at the deadline "
+                    "could not be repeated"
                 )
             if last is not None:
                 text += f"; last error: {last.error}"

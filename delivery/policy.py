@@ -15,7 +15,7 @@ DEFAULT_BACKOFF_MAX = 30.0
 DEFAULT_JITTER = 0.2
 # Below a typical Celery soft time limit (300 s), so a batch stops itself first.
 DEFAULT_BUDGET = 240.0
-DEFAULT_MIN_CALL_WINDOW = 1.0
+DEFAULT_MIN_CALL_WINDOW = 2.0
 
 
 def _check_int(name: str, value: object, hint: str) -> None:
@@ -64,10 +64,11 @@ class DeliveryPolicy:
     #: Seconds the channel may take to close (SMTP QUIT, HTTP pool shutdown)
     #: once the batch has ended; the results are decided before it.
     close_timeout: float = DEFAULT_CALL_TIMEOUT
-    #: On a channel without idempotency keys, a call is not started with less
-    #: than this many seconds left before the reminder's deadline: it would be
-    #: cut off at the deadline with its outcome unknown, and could not be
-    #: repeated. The reminder ends not sent (missed) instead. 0 disables it.
+    #: A call is not started with less than this many seconds left before the
+    #: reminder's deadline: a provider slower than what is left cuts it off at
+    #: the deadline, when it may have reached the provider and cannot be
+    #: repeated (after the deadline not even under an idempotency key). The
+    #: reminder ends not sent (missed), and known, instead. 0 disables it.
     min_call_window: float = DEFAULT_MIN_CALL_WINDOW
 
     def __post_init__(self) -> None:

@@ -134,13 +134,15 @@ def test_a_call_never_runs_past_the_deadline(fake_clock, make_envelope):
     assert call.ended_at == pytest.approx(4.0)
 
 
-@pytest.mark.parametrize("left", [0.9, 0.5, 0.001])
+@pytest.mark.parametrize("keys", [False, True], ids=["without_keys", "with_keys"])
+@pytest.mark.parametrize("left", [1.9, 0.5, 0.001])
 def test_a_call_that_could_not_be_repeated_is_not_started_just_before_the_deadline(
-    fake_clock, make_envelope, left
+    fake_clock, make_envelope, left, keys
 ):
-    """A channel without idempotency keys, under min_call_window (1 s) before the deadline:
-    no call, and the reminder ends known-not-sent (expired), never unknown (timed out)."""
-    channel = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=False)
+    """Under min_call_window (2 s) before the deadline, with idempotency keys or without
+    (after the deadline no call is repeated, keyed or not): no call, and the reminder ends
+    known-not-sent (expired), never cut off at the deadline with its outcome open."""
+    channel = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=keys)
     envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=left))
 
     [result] = run(deliver([envelope], channel, policy=POLICY, clock=fake_clock))
@@ -150,24 +152,22 @@ def test_a_call_that_could_not_be_repeated_is_not_started_just_before_the_deadli
     )  # fmt: skip
     assert result.error == (
         f"not started with {left:.3g}s left before the deadline "
-        f"{envelope.deadline_at.isoformat()}: under min_call_window=1s, and the channel "
-        "cannot repeat a call whose answer is lost"
+        f"{envelope.deadline_at.isoformat()}: under min_call_window=2s: a call cut off at "
+        "the deadline could not be repeated"
     )
     assert channel.calls_for(envelope.key) == []
 
 
-def test_the_call_window_leaves_channels_with_keys_and_calls_with_time_alone(
-    fake_clock, make_envelope
-):
-    """With keys a lost answer can be repeated, so the last second is still used; without
-    keys a call starts at exactly min_call_window before the deadline."""
+def test_the_call_window_leaves_calls_with_time_alone(fake_clock, make_envelope):
+    """A call starts at exactly min_call_window before the deadline, with keys or without;
+    with the window at 0 the last half second is used."""
     keyed = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=True)
-    close = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=0.5))
+    close = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=2))
     [sent] = run(deliver([close], keyed, policy=POLICY, clock=fake_clock))
     assert sent.outcome is Outcome.SENT
 
     plain = MemoryChannel(clock=fake_clock, delay=0.2, honours_idempotency_keys=False)
-    edge = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=1))
+    edge = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=2))
     [result] = run(deliver([edge], plain, policy=POLICY, clock=fake_clock))
     assert result.outcome is Outcome.SENT
     unlimited = DeliveryPolicy(**{**_fields(POLICY), "min_call_window": 0})

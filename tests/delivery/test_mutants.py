@@ -347,7 +347,8 @@ def test_a_call_with_less_than_a_second_left_still_starts_clamped(fake_clock, ma
     slow = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=0.5))
     channel.slow(quick.key, 0.1)
     channel.slow(slow.key, 10.0)
-    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1)
+    # No call window, so the last second is used and the clamp is what stops the slow call.
+    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1, min_call_window=0)
     results = asyncio.run(deliver([quick, slow], channel, policy=policy, clock=fake_clock))
     assert results[0].outcome is Outcome.SENT
     assert results[1].outcome is Outcome.TIMED_OUT
