@@ -57,8 +57,6 @@ __all__ = ["Interrupted", "Session", "deliver", "deliver_sync"]
 
 logger = logging.getLogger("delivery")
 
-# How often deliver_sync looks at the caller's threading.Event.
-STOP_POLL_INTERVAL = 0.05
 # The FakeClock's helper task may outlive a batch by a few loop turns.
 _CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
 # The names of the tasks a batch itself starts (delivery.hedge names its own).
@@ -127,8 +125,13 @@ class _Batch:
         random: Callable[[], float],
         gate: Gate | None = None,
         observer: Observer | None = None,
+        flags: tuple[_Flag, ...] = (),
     ) -> None:
         self._progress = [_Progress(envelope) for envelope in envelopes]
+        # The caller's own stop flags (threading or multiprocessing events),
+        # looked at before every call start: none starts once one is set.
+        self._flags = flags
+        self._stop: asyncio.Event | None = None
         self._observer = observer
         self._observer_failed = False
         self._channel = channel
@@ -223,6 +226,7 @@ class _Batch:
 
     async def _fan_out(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
         stop = stop if stop is not None else asyncio.Event()
+        self._stop = stop
         slots = asyncio.Semaphore(self._concurrency)
         try:
             async with asyncio.TaskGroup() as group:
@@ -245,6 +249,18 @@ class _Batch:
             self._stop_reason = "stop signal"
             await self._drain(abort=None)
         raise _Stopped(self._stop_reason)
+
+    def _stopping(self) -> bool:
+        """Return whether no new call may start: draining, or a caller's flag now set.
+
+        A flag found set starts the stop here and now (``_watch`` then drains),
+        so no call starts after it, whenever the caller's thread passes it on.
+        """
+        if not self._draining and any(flag.is_set() for flag in self._flags):
+            self._draining = True
+            if self._stop is not None:
+                self._stop.set()
+        return self._draining
 
     async def _drain(self, abort: asyncio.Event | None) -> None:
         """Start no new call; give calls in flight up to ``policy.drain`` to end.
@@ -299,7 +315,7 @@ class _Batch:
                 if self._clock.now() >= envelope.deadline_at:
                     self._finish_at_deadline(progress)
                     return
-                if self._draining:
+                if self._stopping():
                     self._finish_cancelled(progress)
                     return
                 failure = await self._try_once(progress)
@@ -386,7 +402,7 @@ class _Batch:
             if self._clock.now() >= envelope.deadline_at:
                 self._finish_at_deadline(progress)
                 return None
-        if self._draining:  # the budget ran out while this one waited for the limiter
+        if self._stopping():  # the budget ran out, or a stop came, while this one waited
             self._finish_cancelled(progress)
             return None
         if self._gate is not None:
@@ -398,7 +414,7 @@ class _Batch:
                 return None
             if self._withdraw(progress, reason):
                 return None
-            if self._draining:
+            if self._stopping():
                 self._finish_cancelled(progress)
                 return None
         # No call runs past the deadline: its timeout is clamped to what is left.
@@ -605,6 +621,7 @@ async def deliver(
     random: Callable[[], float] = _random.random,
     gate: Gate | None = None,
     observer: Observer | None = None,
+    flags: Iterable[_Flag] = (),
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
@@ -620,6 +637,11 @@ async def deliver(
     partial results. Per-envelope failures are results; only a batch that
     cannot run at all (the same reminder id twice) raises.
 
+    ``flags`` are the caller's own stop flags (anything with ``is_set()``,
+    read from another thread or process): every call start looks at them,
+    and one found set stops the batch as ``stop`` does; a caller that wants
+    waiting calls woken sooner sets ``stop`` as well (``Session`` does).
+
     The caller owns ``limiter`` and ``gate``; ``random`` draws the backoff
     jitter; ``observer`` (delivery.observer) is told of each provider call,
     each send's slack before its deadline and each wait for the limiter.
@@ -633,6 +655,7 @@ async def deliver(
         random=random,
         gate=gate,
         observer=observer,
+        flags=tuple(flags),
     )
     return await batch.run(stop)
 
@@ -812,9 +835,15 @@ class Session:
         envelopes = list(envelopes)
         interrupt = threading.Event()
         stops = [flag for flag in (stop, interrupt) if flag is not None]
+        # The batch's loop and its stop event, once it runs: the calling thread
+        # sets that event when it finds a flag set, at each tick and when it is
+        # interrupted, so the loop needs no timer of its own to look.
+        running: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
         async def batch() -> list[DeliveryResult]:
             channel, limiter = self._resources()
+            async_stop = asyncio.Event()
+            running.append((asyncio.get_running_loop(), async_stop))
             return await _deliver_with_stops(
                 envelopes,
                 channel,
@@ -822,12 +851,18 @@ class Session:
                 clock=self._clock,
                 limiter=limiter,
                 stops=stops,
+                async_stop=async_stop,
                 random=random,
                 gate=gate,
                 observer=observer,
             )
 
-        return self._run(batch, stop=interrupt, tick=tick, tick_interval=tick_interval)
+        def wake() -> None:
+            if running and any(flag.is_set() for flag in stops):
+                loop, async_stop = running[0]
+                loop.call_soon_threadsafe(async_stop.set)
+
+        return self._run(batch, stop=interrupt, tick=tick, tick_interval=tick_interval, wake=wake)
 
     def _resources(self) -> tuple[_KeptOpen, RateLimiter | None]:
         if self._channel is None:
@@ -852,8 +887,12 @@ class Session:
                     logger.warning("Rate limiter did not close cleanly", exc_info=True)
             await _reap_leftovers(engine_only=False)
 
-    def _run(self, job, *, stop, tick, tick_interval: float):
-        """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking."""
+    def _run(self, job, *, stop, tick, tick_interval: float, wake=None):
+        """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking.
+
+        ``wake`` is called after each tick and after ``stop`` is set: the batch's
+        chance to learn of a stop flag set meanwhile.
+        """
         assert self._jobs is not None
         outcome: dict[str, object] = {}
         # Waiting on an Event, not on a queue or a join: an exception raised into
@@ -871,6 +910,8 @@ class Session:
                 while not finished.wait(tick_interval):
                     if tick is not None:
                         tick()
+                    if wake is not None:
+                        wake()
                 break
             except BaseException as exc:
                 if not queued:
@@ -878,6 +919,8 @@ class Session:
                 # Stop the batch, let it finish (drain and all), then report.
                 if stop is not None:
                     stop.set()
+                if wake is not None:
+                    wake()
                 cause = cause or exc
         if "error" in outcome:
             raise outcome["error"]  # type: ignore[misc]
@@ -953,12 +996,6 @@ class _Flag(Protocol):
     def is_set(self) -> bool: ...
 
 
-async def _bridge_stop(stops: list[_Flag], target: asyncio.Event, clock: Clock) -> None:
-    while not any(flag.is_set() for flag in stops):
-        await clock.sleep(STOP_POLL_INTERVAL)
-    target.set()
-
-
 async def _deliver_with_stops(
     envelopes: list[Envelope],
     channel: Channel,
@@ -967,34 +1004,25 @@ async def _deliver_with_stops(
     clock: Clock,
     limiter: RateLimiter | None,
     stops: list[_Flag],
+    async_stop: asyncio.Event,
     random: Callable[[], float],
     gate: Gate | None,
     observer: Observer | None,
 ) -> list[DeliveryResult]:
-    async_stop = asyncio.Event()
     if any(flag.is_set() for flag in stops):
         async_stop.set()
-    async with asyncio.TaskGroup() as group:
-        bridge = None
-        if stops:
-            bridge = group.create_task(
-                _bridge_stop(stops, async_stop, clock), name="delivery.stop-bridge"
-            )
-        try:
-            results = await deliver(
-                envelopes,
-                channel,
-                policy=policy,
-                clock=clock,
-                limiter=limiter,
-                stop=async_stop,
-                random=random,
-                gate=gate,
-                observer=observer,
-            )
-        finally:
-            if bridge is not None:
-                bridge.cancel()
+    results = await deliver(
+        envelopes,
+        channel,
+        policy=policy,
+        clock=clock,
+        limiter=limiter,
+        stop=async_stop,
+        random=random,
+        gate=gate,
+        observer=observer,
+        flags=stops,
+    )
     await _reap_leftovers()
     return results
 

@@ -8,6 +8,7 @@ deadline, a stop while calls are in flight.
 from __future__ import annotations
 
 import asyncio
+import threading
 from datetime import timedelta
 
 import pytest
@@ -178,6 +179,34 @@ def test_the_call_window_leaves_calls_with_time_alone(fake_clock, make_envelope)
 
 def _fields(policy: DeliveryPolicy) -> dict:
     return {name: getattr(policy, name) for name in policy.__slots__}
+
+
+def test_a_callers_flag_set_between_calls_starts_no_new_call_before_anyone_passes_it_on(
+    fake_clock, make_envelope
+):
+    """The caller's own flag (a worker's shutdown flag: another process sets it) is set at
+    1 s, and nothing tells the loop. The two calls in flight (3 s each) finish; when their
+    slots free, the next starts look at the flag themselves and none of the three left
+    is started: the batch ends at 3 s, not at its budget."""
+    channel = MemoryChannel(clock=fake_clock, delay=3.0)
+    envelopes = [make_envelope() for _ in range(5)]
+    flag = threading.Event()
+    policy = DeliveryPolicy(concurrency=2, call_timeout=10, drain=5)
+
+    async def scenario():
+        async def set_the_flag():
+            await fake_clock.sleep(1)
+            flag.set()
+
+        async with asyncio.TaskGroup() as group:
+            group.create_task(set_the_flag())
+            return await deliver(envelopes, channel, policy=policy, clock=fake_clock, flags=[flag])
+
+    results = run(scenario())
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 2 + [Outcome.CANCELLED] * 3
+    assert len(channel.calls) == 2
+    assert fake_clock.monotonic() == pytest.approx(3.0)
 
 
 def test_a_stop_lets_calls_in_flight_finish_within_the_drain_and_starts_nothing_new(

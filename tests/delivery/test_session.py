@@ -6,6 +6,7 @@ import asyncio
 import contextvars
 import logging
 import signal
+import threading
 
 import pytest
 
@@ -158,6 +159,33 @@ def test_an_interruption_in_one_batch_stops_it_and_the_session_still_closes(
     assert isinstance(caught.value.cause, KeyboardInterrupt)
     assert [r.outcome for r in caught.value.results] == [Outcome.SENT, Outcome.CANCELLED]
     assert (channel.opened, channel.closed) == (1, 1)
+
+
+def test_a_stop_flag_set_while_the_batch_waits_out_a_backoff_ends_it_at_the_next_tick(
+    system_clock, make_real_envelope
+):
+    """The only call failed and waits 20 s to try again; the caller's flag is set 0.2 s in
+    by another thread (as the worker's main process sets its shutdown flag). Nothing in the
+    loop looks at it: the waiting thread does, at its next tick, and wakes the batch, which
+    ends at once, with no second call."""
+    from delivery.errors import TransientError
+
+    channel = MemoryChannel(clock=system_clock)
+    envelope = make_real_envelope()
+    channel.fail(envelope.key, TransientError("busy"))
+    flag = threading.Event()
+    timer = threading.Timer(0.2, flag.set)
+    policy = DeliveryPolicy(call_timeout=5, max_attempts=3, backoff_base=20, jitter=0)
+    begun = system_clock.monotonic()
+    with Session(lambda: channel, clock=system_clock) as session:
+        timer.start()
+        [result] = session.deliver([envelope], policy=policy, stop=flag, tick_interval=0.05)
+    took = system_clock.monotonic() - begun
+    timer.join()
+
+    assert result.attempts == 1 and result.outcome is not Outcome.SENT
+    assert len(channel.calls) == 1
+    assert took < 5, f"the batch ended {took:.1f} s in, not at the tick after the flag"
 
 
 def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock):
