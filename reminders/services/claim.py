@@ -17,12 +17,12 @@ from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import (
     RowsWithRelated,
-    array_literal,
     claim_token_param,
     one_of,
     placeholders,
     rows_cte,
 )
+from reminders.services.fate import lock_in_id_order
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -297,11 +297,11 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
     if connection.vendor == "postgresql":
         # Run in autocommit after the claim: the rows it writes come to it
         # through ``locked``, which locks them in id order, as every writer does.
-        wanted += (
-            f", locked AS MATERIALIZED (SELECT id FROM {reminder_table} "
-            "WHERE id = ANY(%s::bigint[]) AND text_id IS NULL ORDER BY id FOR NO KEY UPDATE)"
+        lock, lock_params = lock_in_id_order(
+            chosen, where="text_id IS NULL", params=[], mode="NO KEY UPDATE"
         )
-        params.append(array_literal(sorted(chosen), "bigint"))
+        wanted += f", locked AS MATERIALIZED ({lock})"
+        params += lock_params
         source = "v JOIN locked ON locked.id = v.id"
     with connection.cursor() as cursor:
         cursor.execute(

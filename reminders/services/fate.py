@@ -142,6 +142,19 @@ def reminders_locked(ids: Iterable[int], guard: Q) -> None:
         )
 
 
+def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str = "UPDATE"):
+    """Return ``(sql, params)`` of the SELECT that locks the reminders of ``ids`` matching
+    ``where``, sorted by id, then ``FOR <mode>`` one by one in that order (PostgreSQL).
+
+    The one lock order every writer keeps. Run alone inside a transaction
+    (``claimed_locked``), or as a ``MATERIALIZED`` CTE that a one-statement
+    writer in autocommit joins, so that it writes only rows it holds already.
+    """
+    table = connection.ops.quote_name(Reminder._meta.db_table)
+    sql = f"SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) AND {where} ORDER BY id FOR {mode}"
+    return sql, [array_literal(sorted(set(ids)), "bigint"), *params]
+
+
 def claimed_locked(ids: Iterable[int], token) -> None:
     """``reminders_locked`` for the rows still ``sending`` under the claim ``token``.
 
@@ -155,10 +168,11 @@ def claimed_locked(ids: Iterable[int], token) -> None:
             raise TransactionManagementError("claimed_locked() must run inside atomic()")
         with connection.cursor() as cursor:
             cursor.execute(
-                f"SELECT id FROM {connection.ops.quote_name(Reminder._meta.db_table)} "
-                "WHERE id = ANY(%s::bigint[]) AND claim_token = %s AND status = %s "
-                "ORDER BY id FOR UPDATE",
-                [array_literal(ids, "bigint"), token, Reminder.Status.SENDING.value],
+                *lock_in_id_order(
+                    ids,
+                    where="claim_token = %s AND status = %s",
+                    params=[token, Reminder.Status.SENDING.value],
+                )
             )
 
 

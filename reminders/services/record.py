@@ -23,10 +23,11 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import array_literal, claim_token_param, rows_cte
+from reminders.services._sql import claim_token_param, rows_cte
 from reminders.services.claim import Claim
 from reminders.services.fate import (
     claimed_locked,
+    lock_in_id_order,
     reminder_fate,
     reminders_locked,
     reminders_return,
@@ -300,15 +301,12 @@ def _record_finals(
     fence_params = [token, Status.SENDING.value]
     source = "v"
     if postgres:
-        # Every row the UPDATE writes comes to it through ``locked``, which
-        # sorts the ids, then locks them one by one in that order: the
+        # Every row the UPDATE writes comes to it through ``locked``: the
         # reminders are locked in id order, and the UPDATE never waits for a
         # row it does not hold already.
-        values += (
-            f", locked AS MATERIALIZED (SELECT id FROM {reminder} WHERE id = ANY(%s::bigint[]) "
-            f"AND {fence} ORDER BY id FOR UPDATE)"
-        )
-        params += [array_literal(sorted(finals), "bigint"), *fence_params]
+        lock, lock_params = lock_in_id_order(finals, where=fence, params=fence_params)
+        values += f", locked AS MATERIALIZED ({lock})"
+        params += lock_params
         source = "v JOIN locked ON locked.id = v.id"
     update = (
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
