@@ -161,30 +161,52 @@ def test_an_interruption_in_one_batch_stops_it_and_the_session_still_closes(
     assert (channel.opened, channel.closed) == (1, 1)
 
 
-def test_a_stop_flag_set_while_the_batch_waits_out_a_backoff_ends_it_at_the_next_tick(
-    system_clock, make_real_envelope
+@pytest.mark.parametrize("waits_in", ["backoff", "limiter"])
+def test_a_stop_flag_set_while_a_call_waits_ends_the_batch_at_the_next_tick(
+    waits_in, system_clock, make_real_envelope, limiter_redis_url, redis_account
 ):
-    """The only call failed and waits 20 s to try again; the caller's flag is set 0.2 s in
-    by another thread (as the worker's main process sets its shutdown flag). Nothing in the
-    loop looks at it: the waiting thread does, at its next tick, and wakes the batch, which
-    ends at once, with no second call."""
+    """A call waits 20 s: to try again after a failure (``backoff``), or in the real Redis
+    limiter for its reserved start, one start per 20 s (``limiter``: the first envelope
+    took the window's only start). The caller's flag is set 0.2 s in by another thread (as
+    the worker's main process sets its shutdown flag). Nothing in the loop looks at it: the
+    waiting thread does, at its next tick, and wakes the batch, which ends at once, with
+    no further call."""
     from delivery.errors import TransientError
+    from delivery.limiter import RedisRateLimiter
 
     channel = MemoryChannel(clock=system_clock)
-    envelope = make_real_envelope()
-    channel.fail(envelope.key, TransientError("busy"))
+    limiter_factory = None
+    if waits_in == "backoff":
+        envelopes = [make_real_envelope()]
+        channel.fail(envelopes[0].key, TransientError("busy"))
+    else:
+        envelopes = [make_real_envelope(), make_real_envelope()]
+
+        def limiter_factory():
+            return RedisRateLimiter(
+                url=limiter_redis_url,
+                account=redis_account,
+                per_second=1,
+                window=20,
+                clock=system_clock,
+            )
+
     flag = threading.Event()
     timer = threading.Timer(0.2, flag.set)
     policy = DeliveryPolicy(call_timeout=5, max_attempts=3, backoff_base=20, jitter=0)
     begun = system_clock.monotonic()
-    with Session(lambda: channel, clock=system_clock) as session:
+    with Session(lambda: channel, clock=system_clock, limiter_factory=limiter_factory) as session:
         timer.start()
-        [result] = session.deliver([envelope], policy=policy, stop=flag, tick_interval=0.05)
+        results = session.deliver(envelopes, policy=policy, stop=flag, tick_interval=0.05)
     took = system_clock.monotonic() - begun
     timer.join()
 
-    assert result.attempts == 1 and result.outcome is not Outcome.SENT
-    assert len(channel.calls) == 1
+    assert len(channel.calls) == 1, channel.calls
+    assert results[-1].outcome is not Outcome.SENT
+    if waits_in == "backoff":
+        assert results[0].attempts == 1
+    else:
+        assert results[0].outcome is Outcome.SENT and results[1].attempts == 0, results
     assert took < 5, f"the batch ended {took:.1f} s in, not at the tick after the flag"
 
 
