@@ -43,8 +43,10 @@ arrived (lost); a message arrived after its deadline (late); a message
 arrived but its reminder was recorded ``missed`` or ``failed``; a message
 arrived for a not-yet-due workshop or one cancelled before planning; or
 ``unknown`` exceeds what the kills could have interrupted: SIGKILLs x (pool
-processes x the channel's chunk, the per-worker in-flight limit) for smtp,
-zero for http (its provider honours idempotency keys).
+processes x the channel's chunk, the per-worker in-flight limit); on http
+(its provider honours idempotency keys, so a lost call is tried again with
+its key) an ``unknown`` must also say why: the provider may hold it and it
+could not be tried again (its deadline passed, or the attempt cap).
 
 Every staff change the driver makes (the cancels at seeding and after
 queueing, and the staff-changes phase) is judged by *when it committed*,
@@ -419,6 +421,7 @@ def say(text: str) -> None:
 
 VERDICT_ROWS = (
     ("status_disagrees", "arrived, but recorded missed/failed"),
+    ("unknown_unexplained", "unknown on http, not as maybe sent and past retrying"),
     ("not_due_messages", "not yet due / cancelled before planning: messages"),
     ("duplicates", "duplicate emails (same attendee, same workshop)"),
     ("lost", "lost (due, no final status; or sent, never arrived)"),
@@ -681,9 +684,7 @@ class ChannelRun:
         result["notes"] = self.notes
         result["window"] = REVOCATION_WINDOW
         result["slack"] = ARRIVAL_SLACK
-        result["unknown_allowed"] = (
-            0 if self.channel == "http" else self.kills * per_worker_in_flight("smtp", self.setting)
-        )
+        result["unknown_allowed"] = self.kills * per_worker_in_flight(self.channel, self.setting)
         (self.dir / "result.json").write_text(json.dumps(result, indent=1, default=str))
         return 0
 
@@ -1288,6 +1289,9 @@ class ChannelRun:
                     continue
                 arrivals[record["key"]].append(seen)
                 pairs[((record["email"] or "").lower(), by_key[record["key"]]["workshop_id"])] += 1
+        from reminders.services import reasons as why
+
+        maybe_sent = why.MAYBE_SENT_NOT_RETRIED.split("{why}")[0]
         counts: Counter = Counter()
         staff_lines, moved = self.judge_changes(
             rows, arrivals, calls, counts, bound=REVOCATION_WINDOW + ARRIVAL_SLACK
@@ -1322,6 +1326,10 @@ class ChannelRun:
             counts[status] += 1
             if status in ("missed", "failed", "unknown"):
                 reasons[status][row["status_reason"][:90]] += 1
+            if status == "unknown" and self.channel == "http":
+                # A keyed reminder is unknown only once it cannot be tried again.
+                if not row["status_reason"].startswith(maybe_sent):
+                    counts["unknown_unexplained"] += 1
             if status not in Reminder.FINAL_STATUSES:
                 counts["lost"] += 1
             elif status == "sent" and not got:
@@ -1362,6 +1370,7 @@ class ChannelRun:
             self.notes.append(f"latest arrival {max(late_by) * 1000:.0f} ms after its deadline")
         for key in (
             "sent", "missed", "failed", "unknown", "cancelled", "lost", "late", "status_disagrees",
+            "unknown_unexplained",
             "late_after_change", "sent_after_cancel", "old_time_after_move", "not_due_messages",
             "staff_changes", "staff_in_flight",
         ):  # fmt: skip

@@ -7,6 +7,9 @@ status here, never from the row's own copies of the deadline and window:
 - ``cancelled`` when the workshop or the enrollment is cancelled now;
 - ``missed``, with the caller's reason, when the deadline computed from the
   workshop's current start has passed (or will have by the next retry);
+  ``unknown`` instead when the caller says the provider may hold it (a keyed
+  call that got no definite answer): past its deadline it is never tried
+  again, and "missed" would claim it was not delivered;
 - otherwise ``pending``, with the window and deadline of the current start.
 
 ``sources_locked`` reads the workshop and enrollment with ``FOR SHARE``: a
@@ -79,12 +82,17 @@ def reminder_fate(
     late_reason: str,
     retry_at: datetime | None = None,
     open_reason: str = "",
+    maybe_sent: bool = False,
 ) -> Fate:
     """Return the fate of a reminder going back towards delivery (pure).
 
     ``retry_at`` is the earliest moment it may be tried again; a reminder
     whose current deadline falls at or before it is missed now rather than
-    left to wait for a retry that could never be sent.
+    left to wait for a retry that could never be sent. ``maybe_sent``: the
+    provider may already hold it, so a reminder that cannot be tried again
+    before its deadline is ``unknown``, for staff to read, not ``missed``. A
+    cancel still ends it ``cancelled``: staff asked for no more sends, and its
+    attempts show the call that was in flight.
     """
     window = policy.window_opens_at(source.starts_at)
     deadline = policy.deadline_at(source.starts_at)
@@ -93,6 +101,9 @@ def reminder_fate(
     if source.enrollment_status != Enrollment.Status.ACTIVE:
         return Fate(Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline)
     if policy.is_late(deadline_at=deadline, now=max(now, retry_at or now)):
+        if maybe_sent:
+            reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)
+            return Fate(Status.UNKNOWN, reason, window, deadline)
         return Fate(Status.MISSED, late_reason, window, deadline)
     return Fate(Status.PENDING, open_reason, window, deadline, retry_at)
 

@@ -31,9 +31,9 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
 
     A channel that honours idempotency keys gets the reminder back with the
     same key (the provider drops a duplicate), its fate re-derived from the
-    workshop and enrollment as they are now; after the attempt cap it is
-    ``failed``. Any other channel gets ``unknown``, for staff to decide,
-    because the message may have reached the provider. Never silently
+    workshop and enrollment as they are now; after the attempt cap or past its
+    deadline it is ``unknown``, like a reminder of any other channel: the lost
+    worker may have reached the provider, so it is left for staff to decide. Never silently
     re-sent, never silently dropped. The lease is longer than Celery's hard
     time limit, so a live worker never loses a claim it still holds.
 
@@ -48,7 +48,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
     rows = list(
         Reminder.objects.filter(expired).values_list("id", "channel", "attempts", "claim_token")
     )
-    counts = {"requeued": 0, "unknown": 0, "failed": 0, "cancelled": 0, "missed": 0}
+    counts = {"requeued": 0, "unknown": 0, "cancelled": 0}
     if not rows:
         return counts
     cap = settings.REMINDERS_MAX_ATTEMPTS
@@ -67,6 +67,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
                 policy=policy,
                 now=now,
                 late_reason=reasons.LATE_IN_RETRY.format(error=reasons.LEASE_LOST),
+                maybe_sent=True,  # the lost worker may have called the provider
             )
             for pk, source in sources_locked(retry).items()
         }
@@ -78,8 +79,10 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
         changed.update(
             update_returning(
                 Reminder.objects.filter(expired, id__in=gave_up),
-                status=Status.FAILED,
-                status_reason=reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST),
+                status=Status.UNKNOWN,
+                status_reason=reasons.MAYBE_SENT_NOT_RETRIED.format(
+                    why=reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST)
+                ),
                 updated_at=now,
                 **closed,
             )

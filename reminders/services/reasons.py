@@ -20,3 +20,9 @@ LATE_IN_RETRY = "deadline passed while retrying: {error}"
 GAVE_UP = "gave up after {attempts} attempts: {error}"
 MAYBE_SENT = "{what}; the provider may have accepted it (channel {channel} has no idempotency key)"
 LEASE_LOST = "worker lost during the send (lease expired)"
+# A keyed channel's reminder that will not be tried again (its deadline passed, or the
+# attempt cap) after a call with no definite answer: it may have been delivered, so it is
+# not called missed or failed. First, so that a long error cannot cut it off (200 chars).
+MAYBE_SENT_NOT_RETRIED = (
+    "the provider may have accepted it (no definite answer); not tried again: {why}"
+)

@@ -70,6 +70,9 @@ class Verdict:
     retry_at: datetime | None = None
     refund_attempt: bool = False
     late_reason: str = ""
+    #: A call may have reached the provider (a keyed channel: retrying is safe, but a
+    #: reminder not tried again is ``unknown``, not ``missed``: reminder_fate).
+    maybe_sent: bool = False
 
     @property
     def returns(self) -> bool:
@@ -95,7 +98,9 @@ def reminder_verdict(
     A result that may have reached the provider on a channel without keys is
     ``unknown`` whatever else it says (a "permanent" error after an ambiguous
     call included): marking it ``failed`` would invite a replay that sends it
-    twice.
+    twice. On a channel with keys it goes back to be tried again with the same
+    key; if it cannot be (the attempt cap here, its deadline in the fate) it is
+    ``unknown`` too, since "failed" or "missed" would say it was not delivered.
     """
     outcome = result.outcome
     error = result.error
@@ -110,16 +115,17 @@ def reminder_verdict(
         return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
     if outcome == Outcome.PERMANENT:
         return Verdict(Status.FAILED, attempt_outcome, reason=error, error=error)
+    maybe_sent = result.maybe_delivered  # only a keyed channel's result gets this far
     if outcome == Outcome.EXPIRED:
         return Verdict(
             Status.PENDING, attempt_outcome, error=error,
             refund_attempt=not result.provider_reached,
-            late_reason=reasons.LATE_IN_RETRY.format(error=error),
+            late_reason=reasons.LATE_IN_RETRY.format(error=error), maybe_sent=maybe_sent,
         )  # fmt: skip
     if outcome == Outcome.WITHDRAWN:
         return Verdict(
             Status.PENDING, attempt_outcome, error=error, refund_attempt=result.attempts == 0,
-            late_reason=reasons.MOVED_INSIDE_CUTOFF,
+            late_reason=reasons.MOVED_INSIDE_CUTOFF, maybe_sent=maybe_sent,
         )  # fmt: skip
     if not result.provider_reached and result.attempts == 0:
         # Stopped before the provider was called: hand it back untouched.
@@ -129,11 +135,14 @@ def reminder_verdict(
         )  # fmt: skip
     if reminder.attempts >= settings.REMINDERS_MAX_ATTEMPTS:
         reason = reasons.GAVE_UP.format(attempts=reminder.attempts, error=error)
+        if maybe_sent:
+            reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=reason)
+            return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
         return Verdict(Status.FAILED, attempt_outcome, reason=reason, error=error)
     return Verdict(
         Status.PENDING, attempt_outcome, error=error,
         retry_at=now + retry_delay(reminder.attempts),
-        late_reason=reasons.LATE_IN_RETRY.format(error=error),
+        late_reason=reasons.LATE_IN_RETRY.format(error=error), maybe_sent=maybe_sent,
     )  # fmt: skip
 
 
@@ -197,6 +206,7 @@ def reminder_record_batch(
                     now=now,
                     late_reason=verdict.late_reason,
                     retry_at=verdict.retry_at,
+                    maybe_sent=verdict.maybe_sent,
                 )
                 for pk, verdict in returns.items()
                 if pk in sources

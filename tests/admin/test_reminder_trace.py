@@ -25,13 +25,13 @@ def _trace(identifier: str) -> list[str]:
     return out.getvalue().splitlines()
 
 
-def _transient(reminder) -> DeliveryResult:
+def _transient(reminder, *, outcome=Outcome.TRANSIENT, error="503 busy") -> DeliveryResult:
     return DeliveryResult(
         reminder_id=reminder.pk,
         key=reminder.key,
-        outcome=Outcome.TRANSIENT,
+        outcome=outcome,
         message_id=None,
-        error="503 busy",
+        error=error,
         attempts=1,
         provider_reached=True,
         maybe_delivered=False,
@@ -41,7 +41,6 @@ def _transient(reminder) -> DeliveryResult:
 def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
     clock, due_reminders, replayer, published, settings
 ):
-    settings.REMINDERS_MAX_ATTEMPTS = 2
     (pk,) = due_reminders(1)
     assert reminders_dispatch(publish=lambda ids, expires_at: None, clock=clock) == 1
     clock.advance(1)
@@ -51,7 +50,11 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
     second = reminder_claim_batch(ids=[pk], channel="http", worker="w2@host", clock=clock)
     assert second.reminders, "the retry was not claimable"
     clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)  # w2 vanished with its claim
-    assert reminders_reap(clock=clock)["failed"] == 1
+    assert reminders_reap(clock=clock)["requeued"] == 1  # under its key
+    clock.advance(timedelta(minutes=10).total_seconds())
+    third = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
+    refused = _transient(third.reminders[0], outcome=Outcome.PERMANENT, error="HTTP 422")
+    reminder_record_batch(claim=third, results=[refused], clock=clock)
     clock.advance(60)
     reminder_replay(
         reminders=Reminder.objects.filter(pk=pk), actor=replayer, clock=clock, reason="retry it"
@@ -68,6 +71,8 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
         "outcome of attempt 1: transient, 1 provider call(s), error: 503 busy",
         "claimed: attempt 2 by w2@host on http, token " + str(second.token),
         "reaper: attempt 2's lease expired, lease_expired",
+        "claimed: attempt 3 by w1@host on http, token " + str(third.token),
+        "outcome of attempt 3: permanent, 1 provider call(s), error: HTTP 422",
         "staff replay by replayer (done): retry it",
         "dispatched: queued in a batch of 1 ",
         "now: queued",

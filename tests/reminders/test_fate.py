@@ -116,6 +116,61 @@ def test_a_retry_due_after_the_moved_deadline_is_missed_now(clock, due_reminders
     assert Reminder.objects.get(pk=row.pk).status == "missed"
 
 
+_NO_ANSWER = {"outcome": Outcome.TIMED_OUT, "error": "timed out", "maybe_delivered": True}
+
+
+@pytest.mark.parametrize(
+    "answer, status, reason",
+    [
+        ("definite", "missed", reasons.LATE_IN_RETRY.format(error="HTTP 503")),
+        (
+            "none",
+            "unknown",
+            reasons.MAYBE_SENT_NOT_RETRIED.format(
+                why=reasons.LATE_IN_RETRY.format(error="timed out")
+            ),
+        ),
+    ],
+)
+def test_a_keyed_reminder_past_retrying_by_its_deadline_is_missed_only_after_a_definite_answer(
+    answer, status, reason, clock, due_reminders
+):
+    """http honours keys, so a call that got no answer goes back to be tried again; here the
+    next try would fall after the deadline (30 s left). After a 503 the provider does not
+    have it: ``missed``. After a timeout it may: ``unknown``, never ``missed``."""
+    claim, row = _claim_one(clock, due_reminders, starts_in=timedelta(minutes=30, seconds=20))
+    result = _transient(row, **(_NO_ANSWER if answer == "none" else {}))
+    assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {status: 1}
+    row.refresh_from_db()
+    assert (row.status, row.status_reason) == (status, reason)
+    assert row.claim_token is None and row.next_attempt_at is None
+
+
+@pytest.mark.parametrize("answer, status", [("definite", "failed"), ("none", "unknown")])
+def test_a_keyed_reminder_at_the_attempt_cap_fails_only_after_a_definite_answer(
+    answer, status, clock, due_reminders, settings
+):
+    settings.REMINDERS_MAX_ATTEMPTS = 1
+    claim, row = _claim_one(clock, due_reminders)
+    result = _transient(row, **(_NO_ANSWER if answer == "none" else {}))
+    assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {status: 1}
+    row.refresh_from_db()
+    gave_up = reasons.GAVE_UP.format(attempts=1, error=result.error)
+    assert row.status == status
+    assert row.status_reason == (
+        gave_up if answer == "definite" else reasons.MAYBE_SENT_NOT_RETRIED.format(why=gave_up)
+    )
+
+
+def test_a_cancel_wins_over_a_call_that_may_have_reached_the_provider(clock, due_reminders):
+    """Staff asked for no more sends: ``cancelled``, with the call's attempt in the history."""
+    claim, row = _claim_one(clock, due_reminders)
+    workshop_cancel(workshop=row.workshop)
+    result = _transient(row, **_NO_ANSWER)
+    assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {"cancelled": 1}
+    assert DeliveryAttempt.objects.get().outcome == "timed_out"
+
+
 def test_the_reaper_requeues_a_keyed_reminder_as_its_workshop_is_now(
     clock, due_reminders, settings
 ):

@@ -437,13 +437,15 @@ def test_the_reaper_resolves_each_expired_lease_by_channel_and_cap(clock, due_re
     reminder_claim_batch(ids=[live], channel="smtp", clock=clock)
     clock.advance(1)
     counts = reminders_reap(clock=clock)
-    assert counts == {"requeued": 1, "unknown": 1, "failed": 1, "cancelled": 0, "missed": 0}
+    assert counts == {"requeued": 1, "unknown": 2, "cancelled": 0}
     now = clock.now()
     rows = {r.pk: r for r in Reminder.objects.all()}
     assert (rows[blind].status, rows[blind].status_reason) == ("unknown", reasons.LEASE_LOST)
     assert (rows[capped].status, rows[capped].status_reason) == (
-        "failed",
-        reasons.GAVE_UP.format(attempts=2, error=reasons.LEASE_LOST),
+        "unknown",
+        reasons.MAYBE_SENT_NOT_RETRIED.format(
+            why=reasons.GAVE_UP.format(attempts=2, error=reasons.LEASE_LOST)
+        ),
     )
     assert rows[keyed].status == "pending"
     for pk in (blind, capped, keyed):
@@ -615,20 +617,24 @@ def test_a_returned_reminder_keeps_at_most_200_characters_of_reason(clock, due_r
 
 
 @pytest.mark.django_db
-def test_the_reaper_counts_every_row_and_misses_a_keyed_one_past_its_deadline(
+def test_the_reaper_counts_every_row_and_a_keyed_one_past_its_deadline_is_unknown(
     clock, due_reminders, settings
 ):
+    """The lost worker may have reached the provider, and past the deadline the key
+    cannot be tried again: ``unknown``, as on a channel without keys, not ``missed``."""
     late = due_reminders(1, starts_in=timedelta(hours=1))
     blind = due_reminders(2)
     reminder_claim_batch(ids=late, channel="http", clock=clock)
     reminder_claim_batch(ids=blind, channel="smtp", clock=clock)
     clock.advance(timedelta(minutes=31).total_seconds())
     counts = reminders_reap(clock=clock)
-    assert (counts["unknown"], counts["missed"]) == (2, 1)
+    assert counts == {"requeued": 0, "unknown": 3, "cancelled": 0}
     row = Reminder.objects.get(pk=late[0])
     assert (row.status, row.status_reason) == (
-        "missed",
-        reasons.LATE_IN_RETRY.format(error=reasons.LEASE_LOST),
+        "unknown",
+        reasons.MAYBE_SENT_NOT_RETRIED.format(
+            why=reasons.LATE_IN_RETRY.format(error=reasons.LEASE_LOST)
+        ),
     )
 
 
