@@ -1,5 +1,5 @@
 """A reminder's page shows its timeline in a real browser (issue 13, item 2): the same lines
-as ``manage.py reminder_trace``, for a reminder retried, reaped and replayed."""
+as ``manage.py reminder_trace``, for a reminder retried, reaped, refused and replayed."""
 
 from __future__ import annotations
 
@@ -29,25 +29,31 @@ def test_the_reminder_page_shows_its_timeline(
     settings,
     published,
 ):
-    settings.REMINDERS_MAX_ATTEMPTS = 2
     (pk,) = due_reminders(1)
     clock = live_clock
+
+    def answered(claim, outcome: Outcome, error: str) -> None:
+        reminder_record_batch(
+            claim=claim,
+            results=[
+                DeliveryResult(
+                    reminder_id=pk, key=claim.reminders[0].key, outcome=outcome,
+                    message_id=None, error=error, attempts=1,
+                    provider_reached=True, maybe_delivered=False,
+                )
+            ],
+            clock=clock,
+        )  # fmt: skip
+
     first = reminder_claim_batch(ids=[pk], channel="http", worker="worker1@host", clock=clock)
-    reminder_record_batch(
-        claim=first,
-        results=[
-            DeliveryResult(
-                reminder_id=pk, key=first.reminders[0].key, outcome=Outcome.TRANSIENT,
-                message_id=None, error="503 Service Unavailable", attempts=1,
-                provider_reached=True, maybe_delivered=False,
-            )
-        ],
-        clock=clock,
-    )  # fmt: skip
+    answered(first, Outcome.TRANSIENT, "503 Service Unavailable")
     clock.advance(timedelta(minutes=10).total_seconds())
     reminder_claim_batch(ids=[pk], channel="http", worker="worker2@host", clock=clock)
     clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
-    reminders_reap(clock=clock)
+    assert reminders_reap(clock=clock)["requeued"] == 1  # under its key
+    clock.advance(timedelta(minutes=10).total_seconds())
+    third = reminder_claim_batch(ids=[pk], channel="http", worker="worker1@host", clock=clock)
+    answered(third, Outcome.PERMANENT, "HTTP 422 Unprocessable Content")
     staff = django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
     staff.user_permissions.add(
         *Permission.objects.filter(codename__in=["view_reminder", "replay_reminder"])
@@ -62,8 +68,9 @@ def test_the_reminder_page_shows_its_timeline(
     items = page.locator("ol.reminder-timeline li")
     shown = [items.nth(i).inner_text() for i in range(items.count())]
     assert shown == trace_lines(reminder_lookup(str(pk)))
-    # planned, two claims and their outcomes, the replay and the dispatch it made, now.
-    assert len(shown) == 8, shown
+    # planned, three claims, two outcomes and the reaper's, the replay and the dispatch it
+    # made, now.
+    assert len(shown) == 10, shown
     assert "dispatched: queued in a batch of 1" in shown[-2]
     page.locator("ol.reminder-timeline").scroll_into_view_if_needed()
     page.screenshot(path=screenshot_dir / "reminder-timeline.png", full_page=True)
