@@ -83,6 +83,7 @@ def reminder_fate(
     retry_at: datetime | None = None,
     open_reason: str = "",
     maybe_sent: bool = False,
+    gave_up: str = "",
 ) -> Fate:
     """Return the fate of a reminder going back towards delivery (pure).
 
@@ -90,9 +91,11 @@ def reminder_fate(
     whose current deadline falls at or before it is missed now rather than
     left to wait for a retry that could never be sent. ``maybe_sent``: the
     provider may already hold it, so a reminder that cannot be tried again
-    before its deadline is ``unknown``, for staff to read, not ``missed``. A
-    cancel still ends it ``cancelled``: staff asked for no more sends, and its
-    attempts show the call that was in flight.
+    before its deadline is ``unknown``, for staff to read, not ``missed``.
+    ``gave_up``: the attempt cap was reached, and this says so; the reminder is
+    not tried again: ``failed`` with it (``unknown`` if ``maybe_sent``). A
+    cancel still ends it ``cancelled``, at the cap too: staff asked for no more
+    sends, and its attempts show the call that was in flight.
     """
     window = policy.window_opens_at(source.starts_at)
     deadline = policy.deadline_at(source.starts_at)
@@ -100,6 +103,11 @@ def reminder_fate(
         return Fate(Status.CANCELLED, reasons.WORKSHOP_CANCELLED, window, deadline)
     if source.enrollment_status != Enrollment.Status.ACTIVE:
         return Fate(Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline)
+    if gave_up:
+        if maybe_sent:
+            reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=gave_up)
+            return Fate(Status.UNKNOWN, reason, window, deadline)
+        return Fate(Status.FAILED, gave_up, window, deadline)
     if policy.is_late(deadline_at=deadline, now=max(now, retry_at or now)):
         if maybe_sent:
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)

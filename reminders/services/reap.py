@@ -31,9 +31,10 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
 
     A channel that honours idempotency keys gets the reminder back with the
     same key (the provider drops a duplicate), its fate re-derived from the
-    workshop and enrollment as they are now; after the attempt cap or past its
-    deadline it is ``unknown``, like a reminder of any other channel: the lost
-    worker may have reached the provider, so it is left for staff to decide. Never silently
+    workshop and enrollment as they are now: ``cancelled`` if either is; after
+    the attempt cap or past its deadline ``unknown``, like a reminder of any
+    other channel: the lost worker may have reached the provider, so it is left
+    for staff to decide. Never silently
     re-sent, never silently dropped. The lease is longer than Celery's hard
     time limit, so a live worker never loses a claim it still holds.
 
@@ -56,8 +57,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
     keyed = {
         pk: attempts for pk, channel, attempts, _ in rows if channel in CHANNELS_HONOURING_KEYS
     }
-    gave_up = [pk for pk, attempts in keyed.items() if attempts >= cap]
-    retry = [pk for pk, attempts in keyed.items() if attempts < cap]
+    gave_up = reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST)
     blind = [pk for pk in tokens if pk not in keyed]
     policy = ReminderPolicy.from_settings()
     with transaction.atomic():
@@ -68,25 +68,15 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
                 now=now,
                 late_reason=reasons.LATE_IN_RETRY.format(error=reasons.LEASE_LOST),
                 maybe_sent=True,  # the lost worker may have called the provider
+                gave_up=gave_up if keyed[pk] >= cap else "",
             )
-            for pk, source in sources_locked(retry).items()
+            for pk, source in sources_locked(keyed).items()
         }
         reminders_locked(tokens, expired)
         changed = reminders_return(
             fates=fates, guard=expired, now=now, errors=dict.fromkeys(fates, reasons.LEASE_LOST)
         )
         closed = {"last_error": reasons.LEASE_LOST, "claim_token": None, "lease_expires_at": None}
-        changed.update(
-            update_returning(
-                Reminder.objects.filter(expired, id__in=gave_up),
-                status=Status.UNKNOWN,
-                status_reason=reasons.MAYBE_SENT_NOT_RETRIED.format(
-                    why=reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST)
-                ),
-                updated_at=now,
-                **closed,
-            )
-        )
         changed.update(
             update_returning(
                 Reminder.objects.filter(expired, id__in=blind),

@@ -73,6 +73,9 @@ class Verdict:
     #: A call may have reached the provider (a keyed channel: retrying is safe, but a
     #: reminder not tried again is ``unknown``, not ``missed``: reminder_fate).
     maybe_sent: bool = False
+    #: The attempt cap was reached (why): ``failed``, or ``unknown`` if maybe sent, unless
+    #: the fate finds it cancelled.
+    gave_up: str = ""
 
     @property
     def returns(self) -> bool:
@@ -134,11 +137,11 @@ def reminder_verdict(
             late_reason=reasons.LATE_AT_CLAIM,
         )  # fmt: skip
     if reminder.attempts >= settings.REMINDERS_MAX_ATTEMPTS:
-        reason = reasons.GAVE_UP.format(attempts=reminder.attempts, error=error)
-        if maybe_sent:
-            reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=reason)
-            return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
-        return Verdict(Status.FAILED, attempt_outcome, reason=reason, error=error)
+        # Not tried again: the fate says failed (unknown if maybe sent), or cancelled.
+        return Verdict(
+            Status.PENDING, attempt_outcome, error=error, maybe_sent=maybe_sent,
+            gave_up=reasons.GAVE_UP.format(attempts=reminder.attempts, error=error),
+        )  # fmt: skip
     return Verdict(
         Status.PENDING, attempt_outcome, error=error,
         retry_at=now + retry_delay(reminder.attempts),
@@ -207,6 +210,7 @@ def reminder_record_batch(
                     late_reason=verdict.late_reason,
                     retry_at=verdict.retry_at,
                     maybe_sent=verdict.maybe_sent,
+                    gave_up=verdict.gave_up,
                 )
                 for pk, verdict in returns.items()
                 if pk in sources

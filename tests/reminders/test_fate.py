@@ -162,13 +162,23 @@ def test_a_keyed_reminder_at_the_attempt_cap_fails_only_after_a_definite_answer(
     )
 
 
-def test_a_cancel_wins_over_a_call_that_may_have_reached_the_provider(clock, due_reminders):
-    """Staff asked for no more sends: ``cancelled``, with the call's attempt in the history."""
+@pytest.mark.parametrize("answer", ["definite", "none"])
+@pytest.mark.parametrize("cap", [3, 1], ids=["retrying", "at-the-cap"])
+def test_a_cancel_wins_over_a_call_that_may_have_reached_the_provider(
+    cap, answer, clock, due_reminders, settings
+):
+    """Staff asked for no more sends: ``cancelled``, with the call's attempt in the history,
+    whether the call got an answer or not, and at the attempt cap too (not ``failed`` or
+    ``unknown``: the cancel is re-derived before the cap is looked at)."""
+    settings.REMINDERS_MAX_ATTEMPTS = cap
     claim, row = _claim_one(clock, due_reminders)
     workshop_cancel(workshop=row.workshop)
-    result = _transient(row, **_NO_ANSWER)
+    result = _transient(row, **(_NO_ANSWER if answer == "none" else {}))
     assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {"cancelled": 1}
-    assert DeliveryAttempt.objects.get().outcome == "timed_out"
+    row.refresh_from_db()
+    assert (row.status, row.status_reason) == ("cancelled", reasons.WORKSHOP_CANCELLED)
+    outcome = "timed_out" if answer == "none" else "transient"
+    assert DeliveryAttempt.objects.get().outcome == outcome
 
 
 def test_the_reaper_requeues_a_keyed_reminder_as_its_workshop_is_now(
@@ -188,9 +198,11 @@ def test_the_reaper_requeues_a_keyed_reminder_as_its_workshop_is_now(
     )
 
 
+@pytest.mark.parametrize("cap", [3, 1], ids=["retrying", "at-the-cap"])
 def test_the_reaper_cancels_a_keyed_reminder_whose_enrollment_was_cancelled(
-    clock, due_reminders, settings
+    cap, clock, due_reminders, settings
 ):
+    settings.REMINDERS_MAX_ATTEMPTS = cap
     claim, row = _claim_one(clock, due_reminders, channel="http")
     enrollment_cancel(enrollment=row.enrollment)
     clock.advance(settings.REMINDERS_LEASE_SECONDS)

@@ -288,7 +288,8 @@ VERDICTS = [
         _res(Outcome.TRANSIENT, attempts=1, reached=True),
         "smtp",
         5,
-        Verdict("failed", "transient", reason="gave up after 5 attempts: boom", error="boom"),
+        # Not tried again: the fate writes failed, or cancelled (reminder_fate's gave_up).
+        Verdict("pending", "transient", error="boom", gave_up="gave up after 5 attempts: boom"),
     ),
 ]
 
