@@ -10,6 +10,7 @@ status here, never from the row's own copies of the deadline and window:
   ``unknown`` instead when the caller says the provider may hold it (a keyed
   call that got no definite answer): past its deadline it is never tried
   again, and "missed" would claim it was not delivered;
+- ``failed`` at the attempt cap (``unknown`` there too when it may be held);
 - otherwise ``pending``, with the window and deadline of the current start.
 
 ``sources_locked`` reads the workshop and enrollment with ``FOR SHARE``: a

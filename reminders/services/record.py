@@ -59,7 +59,9 @@ class Verdict:
 
     ``status`` is final (``sent``, ``failed``, ``unknown``) or ``pending``,
     which means "hand it back": the fate then decides between ``pending``,
-    ``missed`` (with ``late_reason``) and ``cancelled``.
+    ``missed`` (with ``late_reason``; ``unknown`` if ``maybe_sent``),
+    ``failed`` at the attempt cap (``gave_up``; ``unknown`` if ``maybe_sent``)
+    and ``cancelled``, which wins over both.
     """
 
     status: str
@@ -102,8 +104,9 @@ def reminder_verdict(
     ``unknown`` whatever else it says (a "permanent" error after an ambiguous
     call included): marking it ``failed`` would invite a replay that sends it
     twice. On a channel with keys it goes back to be tried again with the same
-    key; if it cannot be (the attempt cap here, its deadline in the fate) it is
-    ``unknown`` too, since "failed" or "missed" would say it was not delivered.
+    key; the fate then finds whether it cannot be (its deadline, the attempt
+    cap): ``unknown`` too, since "failed" or "missed" would say it was not
+    delivered, unless it is ``cancelled``.
     """
     outcome = result.outcome
     error = result.error

@@ -91,16 +91,26 @@ def test_a_workshop_moved_later_while_sending_returns_with_the_new_deadline(cloc
     assert row.next_attempt_at > clock.now()
 
 
-def test_a_workshop_moved_inside_the_cutoff_while_sending_ends_missed(clock, due_reminders):
+@pytest.mark.parametrize("answer", ["definite", "none"])
+def test_a_workshop_moved_inside_the_cutoff_while_sending_ends_missed(answer, clock, due_reminders):
+    """Staff move the workshop inside the cutoff while its claimed (keyed) call is out.
+    After a 503: ``missed``. After a timeout the provider may have it: ``unknown``."""
     claim, row = _claim_one(clock, due_reminders)
     new_start = clock.now() + timedelta(minutes=20)
     workshop_update(
         workshop=row.workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1)
     )
-    reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    result = _transient(row, **(_NO_ANSWER if answer == "none" else {}))
+    reminder_record_batch(claim=claim, results=[result], clock=clock)
     row.refresh_from_db()
-    assert row.status == "missed"
-    assert row.status_reason == reasons.LATE_IN_RETRY.format(error="HTTP 503")
+    late = reasons.LATE_IN_RETRY.format(error=result.error)
+    if answer == "definite":
+        assert (row.status, row.status_reason) == ("missed", late)
+    else:
+        assert (row.status, row.status_reason) == (
+            "unknown",
+            reasons.MAYBE_SENT_NOT_RETRIED.format(why=late),
+        )
     assert row.deadline_at == ReminderPolicy.from_settings().deadline_at(new_start)
 
 
