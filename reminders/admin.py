@@ -460,6 +460,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "status_reason",
                     "attempts",
                     "last_error",
+                    "maybe_sent",
                     "channel",
                     "provider_message_id",
                     "sent_at_utc",

@@ -70,6 +70,17 @@ class Reminder(models.Model):
             "queued (its old one expired), a move or an edit keep this time."
         ),
     )
+    maybe_sent = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        verbose_name="may have reached the provider",
+        help_text=(
+            "Set once a call for this reminder ended without a definite answer (timed out, "
+            "stopped mid-call, worker lost) and never cleared: past its deadline or its "
+            "attempt cap such a reminder is marked unknown, never missed or failed."
+        ),
+    )
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
     lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
     channel = models.CharField(max_length=16, blank=True, editable=False)

@@ -22,7 +22,7 @@ from reminders.services._sql import (
     placeholders,
     rows_cte,
 )
-from reminders.services.fate import lock_in_id_order
+from reminders.services.fate import late_sql_values, lock_in_id_order
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -204,18 +204,19 @@ def _claim_read_postgres(
 
 
 def _miss_late(cursor, *, ids, now) -> None:
-    """Turn those of ``ids`` still open past their deadline into ``missed``: the claim's refusal."""
+    """Turn those of ``ids`` still open past their deadline into ``missed`` (``unknown`` if
+    ``maybe_sent``: fate.late_values): the claim's refusal."""
     ops = cursor.db.ops
     stamp = ops.adapt_datetimefield_value(now)
     among, among_params = one_of(cursor.db, "id", ids)
+    late_set, late_params = late_sql_values(reasons.LATE_AT_CLAIM)
     cursor.execute(
-        f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET status = %s, status_reason = %s, "
+        f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET {late_set}, "
         f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s WHERE {among} "
         f"AND {ReminderPolicy.late_sql('deadline_at')} "
         f"AND status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
         [
-            Status.MISSED.value,
-            reasons.LATE_AT_CLAIM,
+            *late_params,
             stamp,
             *among_params,
             stamp,

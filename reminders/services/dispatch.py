@@ -11,13 +11,14 @@ from functools import partial
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
-from django.db.models.functions import Concat, Left
+from django.db.models.functions import Concat
 
 from clock import Clock, default_clock
 from reminders.models import Dispatch, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import update_returning
+from reminders.services.fate import late_values
 
 logger = logging.getLogger(__name__)
 
@@ -37,7 +38,8 @@ STATEMENTS_PER_TRANSACTION = 3
 
 
 def reminders_expire(*, clock: Clock | None = None) -> int:
-    """Mark open reminders whose deadline has passed as ``missed``; return how many.
+    """Mark open reminders whose deadline has passed as ``missed`` (``unknown`` if an earlier
+    call may have reached the provider: fate.late_values); return how many.
 
     Work that sat in a queue past its deadline (workers down, messages
     expired in the broker) would otherwise stay ``queued`` forever. The rule
@@ -63,22 +65,20 @@ def reminders_expire(*, clock: Clock | None = None) -> int:
             changed = Reminder.objects.filter(
                 ReminderPolicy.late_q(now), id__in=chunk, status__in=Reminder.OPEN_STATUSES
             ).update(
-                status=Status.MISSED,
-                status_reason=Case(
-                    When(
-                        last_error__gt="",
-                        then=Left(
-                            Concat(
+                **late_values(
+                    Case(
+                        When(
+                            last_error__gt="",
+                            then=Concat(
                                 Value(reasons.LATE_IN_RETRY.format(error="")),
                                 "last_error",
                                 output_field=TextField(),
                             ),
-                            200,
                         ),
-                    ),
-                    When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
-                    default=Value(reasons.LATE_AT_CLAIM),
-                    output_field=TextField(),
+                        When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
+                        default=Value(reasons.LATE_AT_CLAIM),
+                        output_field=TextField(),
+                    )
                 ),
                 queued_until=None,
                 next_attempt_at=None,

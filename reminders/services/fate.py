@@ -9,7 +9,8 @@ status here, never from the row's own copies of the deadline and window:
   workshop's current start has passed (or will have by the next retry);
   ``unknown`` instead when the caller says the provider may hold it (a keyed
   call that got no definite answer): past its deadline it is never tried
-  again, and "missed" would claim it was not delivered;
+  again, and "missed" would claim it was not delivered. The row keeps that
+  fact in ``maybe_sent`` across claims, and the fate reads it from there too;
 - ``failed`` at the attempt cap (``unknown`` there too when it may be held);
 - otherwise ``pending``, with the window and deadline of the current start.
 
@@ -35,15 +36,20 @@ from datetime import datetime
 
 from django.db import connection
 from django.db.models import (
+    Case,
+    CharField,
     DateTimeField,
     DurationField,
+    Expression,
     ExpressionWrapper,
     F,
     OuterRef,
     Q,
     Subquery,
     Value,
+    When,
 )
+from django.db.models.functions import Concat, Left
 from django.db.transaction import TransactionManagementError
 
 from reminders.models import Reminder
@@ -62,6 +68,9 @@ class Source:
     workshop_status: str
     enrollment_status: str
     starts_at: datetime
+    #: The row's own durable mark: an earlier call, in this claim or any before it,
+    #: got no definite answer (Reminder.maybe_sent).
+    maybe_sent: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +82,8 @@ class Fate:
     window_opens_at: datetime
     deadline_at: datetime
     next_attempt_at: datetime | None = None
+    #: Written to Reminder.maybe_sent (set, never cleared) with the fate.
+    maybe_sent: bool = False
 
 
 def reminder_fate(
@@ -96,25 +107,70 @@ def reminder_fate(
     ``gave_up``: the attempt cap was reached, and this says so; the reminder is
     not tried again: ``failed`` with it (``unknown`` if ``maybe_sent``). A
     cancel still ends it ``cancelled``, at the cap too: staff asked for no more
-    sends, and its attempts show the call that was in flight.
+    sends, and its attempts show the call that was in flight. The row's own
+    mark (``source.maybe_sent``) counts as ``maybe_sent``: a call that timed
+    out in an earlier claim may have been accepted as much as one in this.
     """
     window = policy.window_opens_at(source.starts_at)
     deadline = policy.deadline_at(source.starts_at)
+    maybe_sent = maybe_sent or source.maybe_sent
     if source.workshop_status != Workshop.Status.SCHEDULED:
-        return Fate(Status.CANCELLED, reasons.WORKSHOP_CANCELLED, window, deadline)
+        return Fate(
+            Status.CANCELLED, reasons.WORKSHOP_CANCELLED, window, deadline, maybe_sent=maybe_sent
+        )
     if source.enrollment_status != Enrollment.Status.ACTIVE:
-        return Fate(Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline)
+        return Fate(
+            Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline, maybe_sent=maybe_sent
+        )
     if gave_up:
         if maybe_sent:
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=gave_up)
-            return Fate(Status.UNKNOWN, reason, window, deadline)
+            return Fate(Status.UNKNOWN, reason, window, deadline, maybe_sent=True)
         return Fate(Status.FAILED, gave_up, window, deadline)
     if policy.is_late(deadline_at=deadline, now=max(now, retry_at or now)):
         if maybe_sent:
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)
-            return Fate(Status.UNKNOWN, reason, window, deadline)
+            return Fate(Status.UNKNOWN, reason, window, deadline, maybe_sent=True)
         return Fate(Status.MISSED, late_reason, window, deadline)
-    return Fate(Status.PENDING, open_reason, window, deadline, retry_at)
+    return Fate(Status.PENDING, open_reason, window, deadline, retry_at, maybe_sent=maybe_sent)
+
+
+def late_values(reason: str | Expression) -> dict[str, Expression]:
+    """SET values for open rows whose deadline passed, in SQL: what ``reminder_fate`` says
+    for a late row whose workshop and enrollment are still on.
+
+    ``missed`` with ``reason``, or ``unknown`` with the maybe-sent reason for a
+    row whose ``maybe_sent`` is set (a call of an earlier claim got no definite
+    answer). For the writers that mark many rows in one UPDATE without handing
+    them back (the expiry sweep, a move inside the cutoff, a late re-enrolment);
+    the claim's own refusal writes the same in raw SQL (``late_sql_values``).
+    """
+    if isinstance(reason, str):
+        reason = Value(reason)
+    prefix = Value(reasons.MAYBE_SENT_NOT_RETRIED.format(why=""))
+    maybe = Q(maybe_sent=True)
+    return {
+        "status": Case(
+            When(maybe, then=Value(Status.UNKNOWN.value)),
+            default=Value(Status.MISSED.value),
+            output_field=CharField(),
+        ),
+        "status_reason": Case(
+            When(maybe, then=Left(Concat(prefix, reason, output_field=CharField()), 200)),
+            default=Left(reason, 200),
+            output_field=CharField(),
+        ),
+    }
+
+
+def late_sql_values(reason: str) -> tuple[str, list[str]]:
+    """``late_values`` as a raw SQL SET fragment and its parameters."""
+    sql = (
+        "status = CASE WHEN maybe_sent THEN %s ELSE %s END, "
+        "status_reason = CASE WHEN maybe_sent THEN %s ELSE %s END"
+    )
+    maybe_reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=reason)[:200]
+    return sql, [Status.UNKNOWN.value, Status.MISSED.value, maybe_reason, reason[:200]]
 
 
 def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
@@ -130,12 +186,12 @@ def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
         return {}
     if connection.vendor != "postgresql":
         rows = Reminder.objects.filter(pk__in=ids).values_list(
-            "pk", "workshop__status", "enrollment__status", "workshop__starts_at"
+            "pk", "workshop__status", "enrollment__status", "workshop__starts_at", "maybe_sent"
         )
-        return {pk: Source(w_status, e_status, starts) for pk, w_status, e_status, starts in rows}
+        return {pk: Source(*facts) for pk, *facts in rows}
     quote = connection.ops.quote_name
     sql = (
-        f"SELECT r.id, w.status, e.status, w.starts_at "
+        f"SELECT r.id, w.status, e.status, w.starts_at, r.maybe_sent "
         f"FROM {quote(Reminder._meta.db_table)} r "
         f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
         f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
@@ -143,7 +199,7 @@ def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
     )
     with connection.cursor() as cursor:
         cursor.execute(sql, [ids])
-        return {row[0]: Source(row[1], row[2], row[3]) for row in cursor.fetchall()}
+        return {pk: Source(*facts) for pk, *facts in cursor.fetchall()}
 
 
 def reminders_locked(ids: Iterable[int], guard: Q) -> None:
@@ -216,17 +272,21 @@ def reminders_return(
     statement from the workshop's start, the same start ``sources_locked``
     read and still holds locked, so they equal the fate's. ``errors``
     sets ``last_error``; ``refund`` gives back the attempt a claim counted;
-    ``extra`` adds the same values to every row (a replay resets ``attempts``).
+    a fate's ``maybe_sent`` sets the row's (never clears it); ``extra`` adds
+    the same values to every row (a replay resets ``attempts``).
     """
     errors = errors or {}
     refund = set(refund)
     groups: dict[tuple, list[int]] = defaultdict(list)
     for pk, fate in fates.items():
-        key = (fate.status, fate.reason, fate.next_attempt_at, errors.get(pk), pk in refund)
+        key = (
+            fate.status, fate.reason, fate.next_attempt_at, errors.get(pk), pk in refund,
+            fate.maybe_sent,
+        )  # fmt: skip
         groups[key].append(pk)
     schedule = _schedule_from_workshop(ReminderPolicy.from_settings())
     changed: dict[int, str] = {}
-    for (status, reason, next_attempt_at, error, refunded), ids in groups.items():
+    for (status, reason, next_attempt_at, error, refunded, maybe_sent), ids in groups.items():
         values = {
             "status": status,
             "status_reason": reason[:200],
@@ -241,6 +301,8 @@ def reminders_return(
             values["last_error"] = error
         if refunded:
             values["attempts"] = F("attempts") - 1
+        if maybe_sent:
+            values["maybe_sent"] = True  # set, never cleared
         values.update(extra or {})
         changed.update(update_returning(Reminder.objects.filter(guard, pk__in=ids), **values))
     return changed

@@ -36,7 +36,13 @@ from clock import Clock, default_clock
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services.fate import reminder_fate, reminders_return, sources_locked
+from reminders.services.fate import (
+    late_values,
+    reminder_fate,
+    reminders_return,
+    sources_locked,
+)
+from reminders.services.record import CHANNELS_HONOURING_KEYS
 from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
@@ -258,6 +264,22 @@ def _cancel_open(reminders: QuerySet[Reminder], *, reason: str, now: datetime) -
     )
 
 
+def _late_not_sent_q() -> Q:
+    """The rows a later start can plan again: ``missed``, or ``unknown`` through lateness on a
+    channel that honours keys (not after the attempt cap, nor a blind channel's unknown)."""
+    maybe_sent_late = reasons.MAYBE_SENT_NOT_RETRIED.format(why="")
+    gave_up = maybe_sent_late + reasons.GAVE_UP.split("{", 1)[0]
+    return Q(status=Status.MISSED) | (
+        Q(
+            status=Status.UNKNOWN,
+            maybe_sent=True,
+            channel__in=CHANNELS_HONOURING_KEYS,
+            status_reason__startswith=maybe_sent_late,
+        )
+        & ~Q(status_reason__startswith=gave_up)
+    )
+
+
 def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datetime) -> None:
     policy = ReminderPolicy.from_settings()
     schedule = {
@@ -268,8 +290,7 @@ def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datet
     open_rows = reminders.filter(status__in=Reminder.OPEN_STATUSES)
     if policy.is_late(deadline_at=schedule["deadline_at"], now=now):
         open_rows.update(
-            status=Status.MISSED,
-            status_reason=reasons.MOVED_INSIDE_CUTOFF,
+            **late_values(reasons.MOVED_INSIDE_CUTOFF),
             queued_until=None,
             next_attempt_at=None,
             **schedule,
@@ -279,7 +300,9 @@ def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datet
     open_rows.update(**schedule)
     # Missed under the old start (inside the cutoff, or an outage) but the
     # workshop now starts later: it can still be sent, so it is planned again.
-    reminders.filter(status=Status.MISSED, enrollment__status=Enrollment.Status.ACTIVE).update(
+    # So is a keyed reminder left unknown only because its deadline came after
+    # a call with no definite answer: its key makes a second send safe.
+    reminders.filter(_late_not_sent_q(), enrollment__status=Enrollment.Status.ACTIVE).update(
         status=Status.PENDING,
         status_reason=reasons.MOVED_LATER,
         queued_until=None,
@@ -317,7 +340,7 @@ def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None =
     if not policy.is_late(deadline_at=deadline, now=now):
         revived.update(status=Status.PENDING, status_reason="", **schedule)
     else:
-        revived.update(status=Status.MISSED, status_reason=reasons.ENROLLED_LATE, **schedule)
+        revived.update(**late_values(reasons.ENROLLED_LATE), **schedule)
     reminders_plan(
         clock=clock,
         enrollments=Enrollment.objects.filter(pk=enrollment.pk),

@@ -82,6 +82,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
                 Reminder.objects.filter(expired, id__in=blind),
                 status=Status.UNKNOWN,
                 status_reason=reasons.LEASE_LOST,
+                maybe_sent=True,
                 updated_at=now,
                 **closed,
             )

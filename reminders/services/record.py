@@ -329,11 +329,12 @@ def _record_finals(
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "
         "sent_at = CASE WHEN v.status = %s THEN %s ELSE NULL END, next_attempt_at = NULL, "
+        f"maybe_sent = ({reminder}.maybe_sent OR v.status = %s), "
         "claim_token = NULL, lease_expires_at = NULL, updated_at = %s "
         f"FROM {source} WHERE {reminder}.id = v.id AND {fence} "
         f"RETURNING {reminder}.id, {reminder}.status"
     )
-    params += [Status.SENT.value, stamp, stamp, *fence_params]
+    params += [Status.SENT.value, stamp, Status.UNKNOWN.value, stamp, *fence_params]
     if postgres:
         # A data-modifying WITH that the main query does not read runs after
         # it: the attempts are locked after every reminder, as in every writer.

@@ -543,3 +543,218 @@ def test_one_key_carries_byte_identical_bodies_across_a_reaped_retry(
         [request] = sink.requests
     assert request.key == first.reminders[0].key
     assert request.body == sent_before_dying
+
+
+# Across claims: a keyed call that got no definite answer is kept on the row
+# (Reminder.maybe_sent), so every later writer that finds the row past its
+# deadline says ``unknown``, not ``missed``, whichever claim it is in.
+
+
+def _returned_after_a_call(clock, due_reminders, answer, **kwargs):
+    """Claim a keyed reminder, record a timeout (``none``) or a 503 (``definite``): it goes
+    back to ``pending`` to be tried again under its key. Return it."""
+    claim, row = _claim_one(clock, due_reminders, **kwargs)
+    result = _transient(row, **(_NO_ANSWER if answer == "none" else {}))
+    assert reminder_record_batch(claim=claim, results=[result], clock=clock) == {"pending": 1}
+    row.refresh_from_db()
+    assert row.maybe_sent is (answer == "none")
+    return row
+
+
+def _late_by_expiry(clock, row):
+    clock.advance((row.deadline_at - clock.now()).total_seconds())
+    from reminders.services import reminders_expire
+
+    assert reminders_expire(clock=clock) == 1
+    return reasons.LATE_IN_RETRY.format(error=row.last_error)
+
+
+def _late_at_the_next_claim(clock, row):
+    clock.advance((row.deadline_at - clock.now()).total_seconds())
+    assert reminder_claim_batch(ids=[row.pk], channel="http", clock=clock).ids == []
+    return reasons.LATE_AT_CLAIM
+
+
+def _moved_inside_the_cutoff(clock, row):
+    inside = clock.now() + timedelta(minutes=20)
+    workshop_update(workshop=row.workshop, starts_at=inside, ends_at=inside + timedelta(hours=1))
+    return reasons.MOVED_INSIDE_CUTOFF
+
+
+def _a_503_at_the_next_claim_with_no_time_left(clock, row):
+    clock.advance((row.deadline_at - clock.now()).total_seconds() - 20)
+    claim = reminder_claim_batch(ids=[row.pk], channel="http", clock=clock)
+    assert claim.ids == [row.pk]
+    reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+    return reasons.LATE_IN_RETRY.format(error="HTTP 503")
+
+
+def _released_at_the_next_claim_past_its_deadline(clock, row):
+    clock.advance((row.deadline_at - clock.now()).total_seconds() - 1)
+    claim = reminder_claim_batch(ids=[row.pk], channel="http", clock=clock)
+    assert claim.ids == [row.pk]
+    clock.advance(2)  # a stop before the call, after the deadline
+    assert reminder_release(claim=claim, clock=clock) == 1
+    return reasons.LATE_AT_CLAIM
+
+
+def _re_enrolled_after_the_cutoff(clock, row):
+    from workshops.services import enrollment_create
+
+    enrollment_cancel(enrollment=row.enrollment, clock=clock)
+    assert Reminder.objects.get(pk=row.pk).status == "cancelled"
+    clock.advance((row.deadline_at - clock.now()).total_seconds())
+    enrollment_create(attendee=row.attendee, workshop=row.workshop)
+    return reasons.ENROLLED_LATE
+
+
+@pytest.mark.parametrize(
+    "late",
+    [
+        _late_by_expiry,
+        _late_at_the_next_claim,
+        _moved_inside_the_cutoff,
+        _a_503_at_the_next_claim_with_no_time_left,
+        _released_at_the_next_claim_past_its_deadline,
+        _re_enrolled_after_the_cutoff,
+    ],
+    ids=lambda late: late.__name__.strip("_").replace("_", "-"),
+)
+@pytest.mark.parametrize("answer", ["definite", "none"])
+def test_a_keyed_reminder_that_timed_out_in_an_earlier_claim_ends_unknown_when_late(
+    answer, late, clock, due_reminders
+):
+    """A keyed call timed out, so the reminder went back to ``pending`` with its key; later,
+    in another claim or none, it is found past its deadline. After a 503 instead of the
+    timeout it was never accepted: ``missed``. After the timeout the provider may hold it:
+    ``unknown``, whichever writer finds it late."""
+    row = _returned_after_a_call(clock, due_reminders, answer)
+    why = late(clock, row)
+    row.refresh_from_db()
+    if answer == "definite":
+        assert (row.status, row.status_reason) == ("missed", why)
+    else:
+        assert (row.status, row.status_reason) == (
+            "unknown",
+            reasons.MAYBE_SENT_NOT_RETRIED.format(why=why)[:200],
+        )
+        assert row.maybe_sent
+
+
+def test_the_mark_outlives_a_later_definite_answer_and_reaches_the_attempt_cap(
+    clock, due_reminders, settings
+):
+    """Timeout, then 503, then 503 at the cap: the first call may still have been accepted,
+    so the cap says ``unknown``, not ``failed``."""
+    settings.REMINDERS_MAX_ATTEMPTS = 3
+    row = _returned_after_a_call(clock, due_reminders, "none")
+    for _ in range(2):
+        clock.advance((row.next_attempt_at - clock.now()).total_seconds())
+        claim = reminder_claim_batch(ids=[row.pk], channel="http", clock=clock)
+        assert claim.ids == [row.pk]
+        reminder_record_batch(claim=claim, results=[_transient(row)], clock=clock)
+        row.refresh_from_db()
+        assert row.maybe_sent
+    assert (row.status, row.status_reason) == (
+        "unknown",
+        reasons.MAYBE_SENT_NOT_RETRIED.format(
+            why=reasons.GAVE_UP.format(attempts=3, error="HTTP 503")
+        ),
+    )
+
+
+def test_the_reaper_marks_the_row_it_hands_back(clock, due_reminders, settings):
+    """A lost worker may have called the provider: the requeued row carries the mark, and
+    the expiry that finds it late later says ``unknown``."""
+    from reminders.services import reminders_expire
+
+    claim, row = _claim_one(clock, due_reminders)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    assert reminders_reap(clock=clock)["requeued"] == 1
+    row.refresh_from_db()
+    assert (row.status, row.maybe_sent) == ("pending", True)
+    clock.advance((row.deadline_at - clock.now()).total_seconds())
+    assert reminders_expire(clock=clock) == 1
+    row.refresh_from_db()
+    assert row.status == "unknown"
+    assert row.status_reason.startswith(reasons.MAYBE_SENT_NOT_RETRIED.format(why=""))
+
+
+@pytest.mark.parametrize("how", ["record", "reaper"])
+def test_a_blind_channels_unknown_is_marked_too(how, clock, due_reminders, settings):
+    """smtp has no keys: a call with no answer ends ``unknown`` at once, and the row keeps
+    the mark, so a staff "send again" that then runs late is not called ``missed``."""
+    claim, row = _claim_one(clock, due_reminders, channel="smtp")
+    if how == "record":
+        reminder_record_batch(claim=claim, results=[_transient(row, **_NO_ANSWER)], clock=clock)
+    else:
+        clock.advance(settings.REMINDERS_LEASE_SECONDS)
+        reminders_reap(clock=clock)
+    row.refresh_from_db()
+    assert (row.status, row.maybe_sent) == ("unknown", True)
+
+
+def _sent_again_by_staff_then_late(clock, row, published):
+    """Staff choose "send again" for a blind channel's unknown reminder (accepting a second
+    copy); it is not claimed before its deadline, and the expiry finds it late."""
+    from django.contrib.auth.models import User
+
+    from reminders.replay import reminder_resolve_unknown
+    from reminders.services import reminders_expire
+
+    result = reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk=row.pk),
+        decision="send_again",
+        reason="attendee says nothing came",
+        actor=User.objects.create_user("staff"),
+        clock=clock,
+    )
+    assert (result.changed, result.queued) == (1, 1)
+    assert Reminder.objects.get(pk=row.pk).status == "queued"
+    clock.advance((row.deadline_at - clock.now()).total_seconds())
+    assert reminders_expire(clock=clock) == 1
+    row.refresh_from_db()
+    assert row.status == "unknown"  # not missed: the first call may have been accepted
+    assert row.status_reason == reasons.MAYBE_SENT_NOT_RETRIED.format(
+        why=reasons.LATE_IN_RETRY.format(error="timed out")  # its last error, kept on re-arm
+    )
+
+
+@pytest.mark.parametrize(
+    "case, comes_back",
+    [
+        ("keyed-late", True),
+        ("keyed-at-the-cap", False),
+        ("blind", False),
+        ("blind-sent-again-late", False),
+    ],
+)
+def test_a_later_start_plans_again_only_the_unknown_rows_a_key_makes_safe(
+    case, comes_back, clock, due_reminders, settings, published
+):
+    """Moved later, a keyed reminder left unknown only by its deadline can be sent again
+    under its key: planned again like a missed one. One that hit the attempt cap, or a
+    blind channel's unknown (even one staff sent again that then ran late), stays for
+    staff: a second send could reach the attendee twice."""
+    if case == "keyed-at-the-cap":
+        settings.REMINDERS_MAX_ATTEMPTS = 1
+    blind = case.startswith("blind")
+    starts_in = (
+        timedelta(hours=2) if case == "blind-sent-again-late" else timedelta(minutes=30, seconds=20)
+    )
+    claim, row = _claim_one(
+        clock, due_reminders, channel="smtp" if blind else "http", starts_in=starts_in
+    )
+    reminder_record_batch(claim=claim, results=[_transient(row, **_NO_ANSWER)], clock=clock)
+    assert Reminder.objects.get(pk=row.pk).status == "unknown"
+    if case == "blind-sent-again-late":
+        _sent_again_by_staff_then_late(clock, row, published)
+    later = clock.now() + timedelta(hours=6)
+    workshop_update(workshop=row.workshop, starts_at=later, ends_at=later + timedelta(hours=1))
+    row.refresh_from_db()
+    if comes_back:
+        assert (row.status, row.status_reason) == ("pending", reasons.MOVED_LATER)
+        assert row.deadline_at == ReminderPolicy.from_settings().deadline_at(later)
+        assert row.maybe_sent  # still: the provider may hold the first call
+    else:
+        assert row.status == "unknown"

@@ -1,5 +1,7 @@
 """The sent marker: the database refuses a second reminder for the same (attendee, workshop)."""
 
+import uuid
+
 import pytest
 from django.db import IntegrityError, connection, transaction
 
@@ -35,3 +37,30 @@ def test_sending_without_a_lease_is_refused_by_the_database(make_workshop, enrol
 def test_key_is_stable_and_derived_from_the_pair():
     assert reminder_key(attendee_id=7, workshop_id=3, prefix="rem") == "rem-w3-a7"
     assert reminder_key(attendee_id=7, workshop_id=3) == "rem-w3-a7"
+
+
+def test_the_maybe_sent_backfill_marks_unknown_rows_and_rows_with_an_unanswered_call(
+    clock, due_reminders
+):
+    """Migration 0015: rows already ``unknown``, and rows whose attempts include a call with
+    no definite answer (timed out, stopped mid-call, lease lost), get ``maybe_sent``; a row
+    whose calls all got an answer does not."""
+    import importlib
+
+    from django.apps import apps
+
+    from reminders.models import DeliveryAttempt
+
+    backfill = importlib.import_module("reminders.migrations.0015_reminder_maybe_sent").backfill
+    ids = due_reminders(6)
+    outcomes = ["timed_out", "cancelled", "lease_expired", "transient", "permanent"]
+    for pk, outcome in zip(ids, outcomes, strict=False):
+        DeliveryAttempt.objects.create(
+            reminder_id=pk, number=1, claim_token=uuid.uuid4(), channel="http",
+            claimed_at=clock.now(), lease_expires_at=clock.now(), outcome=outcome,
+        )  # fmt: skip
+    Reminder.objects.filter(pk=ids[5]).update(status="unknown")
+    Reminder.objects.update(maybe_sent=False)
+    backfill(apps, None)
+    marked = dict(Reminder.objects.values_list("pk", "maybe_sent"))
+    assert [marked[pk] for pk in ids] == [True, True, True, False, False, True]
