@@ -42,7 +42,6 @@ from reminders.services.fate import (
     reminders_return,
     sources_locked,
 )
-from reminders.services.record import CHANNELS_HONOURING_KEYS
 from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
@@ -264,22 +263,6 @@ def _cancel_open(reminders: QuerySet[Reminder], *, reason: str, now: datetime) -
     )
 
 
-def _late_not_sent_q() -> Q:
-    """The rows a later start can plan again: ``missed``, or ``unknown`` through lateness on a
-    channel that honours keys (not after the attempt cap, nor a blind channel's unknown)."""
-    maybe_sent_late = reasons.MAYBE_SENT_NOT_RETRIED.format(why="")
-    gave_up = maybe_sent_late + reasons.GAVE_UP.split("{", 1)[0]
-    return Q(status=Status.MISSED) | (
-        Q(
-            status=Status.UNKNOWN,
-            maybe_sent=True,
-            channel__in=CHANNELS_HONOURING_KEYS,
-            status_reason__startswith=maybe_sent_late,
-        )
-        & ~Q(status_reason__startswith=gave_up)
-    )
-
-
 def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datetime) -> None:
     policy = ReminderPolicy.from_settings()
     schedule = {
@@ -300,9 +283,12 @@ def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datet
     open_rows.update(**schedule)
     # Missed under the old start (inside the cutoff, or an outage) but the
     # workshop now starts later: it can still be sent, so it is planned again.
-    # So is a keyed reminder left unknown only because its deadline came after
-    # a call with no definite answer: its key makes a second send safe.
-    reminders.filter(_late_not_sent_q(), enrollment__status=Enrollment.Status.ACTIVE).update(
+    # Not a row that may have reached the provider (``unknown``, or ``missed``
+    # marked by migration 0015): a second send could carry the old start under
+    # the same key, or reach the attendee twice; staff decide those.
+    reminders.filter(
+        status=Status.MISSED, maybe_sent=False, enrollment__status=Enrollment.Status.ACTIVE
+    ).update(
         status=Status.PENDING,
         status_reason=reasons.MOVED_LATER,
         queued_until=None,

@@ -119,9 +119,14 @@ def reminder_verdict(
         )
         reason = reasons.MAYBE_SENT.format(what=what, channel=channel)
         return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
+    maybe_sent = result.maybe_delivered or reminder.maybe_sent
     if outcome == Outcome.PERMANENT:
+        if maybe_sent:
+            # An earlier call (in this envelope or an earlier claim) got no answer: a
+            # refusal now does not say the provider lacks the first one.
+            reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=error)
+            return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
         return Verdict(Status.FAILED, attempt_outcome, reason=error, error=error)
-    maybe_sent = result.maybe_delivered  # only a keyed channel's result gets this far
     if outcome == Outcome.EXPIRED:
         return Verdict(
             Status.PENDING, attempt_outcome, error=error,

@@ -256,13 +256,14 @@ def test_a_missed_reminder_of_a_cancelled_enrollment_stays_missed_when_moved(
 
 
 @pytest.mark.parametrize(
-    ("channel", "status"), [("smtp", "unknown"), ("django", "unknown"), ("http", "failed")]
+    ("channel", "status"), [("smtp", "unknown"), ("django", "unknown"), ("http", "unknown")]
 )
 def test_maybe_delivered_wins_over_a_permanent_error_where_keys_are_not_honoured(
     clock, due_reminders, channel, status
 ):
-    """Item 8: an unexpected error after the request may have left is not 'failed' on
-    channels without keys (a replay of a 'failed' one would send it twice)."""
+    """Item 8: an unexpected error after the request may have left is not 'failed' (a
+    replay of a 'failed' one would send it twice without keys; with keys, a refusal after
+    a call with no answer does not say the provider lacks the first)."""
     claim, row = _claim_one(clock, due_reminders, channel=channel)
     result = _transient(
         row, outcome=Outcome.PERMANENT, error="unexpected KeyError", maybe_delivered=True
@@ -723,19 +724,20 @@ def _sent_again_by_staff_then_late(clock, row, published):
 @pytest.mark.parametrize(
     "case, comes_back",
     [
-        ("keyed-late", True),
+        ("keyed-late", False),
         ("keyed-at-the-cap", False),
         ("blind", False),
         ("blind-sent-again-late", False),
+        ("missed-after-a-definite-answer", True),
     ],
 )
-def test_a_later_start_plans_again_only_the_unknown_rows_a_key_makes_safe(
+def test_a_later_start_plans_again_only_rows_the_provider_cannot_hold(
     case, comes_back, clock, due_reminders, settings, published
 ):
-    """Moved later, a keyed reminder left unknown only by its deadline can be sent again
-    under its key: planned again like a missed one. One that hit the attempt cap, or a
-    blind channel's unknown (even one staff sent again that then ran late), stays for
-    staff: a second send could reach the attendee twice."""
+    """Moved later, a ``missed`` reminder whose calls all got an answer is planned again.
+    One that may have reached the provider stays ``unknown`` for staff: keyed, a second
+    send would carry the new start under the key of one that may hold the old start;
+    blind (even one staff sent again that then ran late), it could arrive twice."""
     if case == "keyed-at-the-cap":
         settings.REMINDERS_MAX_ATTEMPTS = 1
     blind = case.startswith("blind")
@@ -745,8 +747,9 @@ def test_a_later_start_plans_again_only_the_unknown_rows_a_key_makes_safe(
     claim, row = _claim_one(
         clock, due_reminders, channel="smtp" if blind else "http", starts_in=starts_in
     )
-    reminder_record_batch(claim=claim, results=[_transient(row, **_NO_ANSWER)], clock=clock)
-    assert Reminder.objects.get(pk=row.pk).status == "unknown"
+    no_answer = {} if case.startswith("missed") else _NO_ANSWER
+    reminder_record_batch(claim=claim, results=[_transient(row, **no_answer)], clock=clock)
+    assert Reminder.objects.get(pk=row.pk).status == ("missed" if no_answer == {} else "unknown")
     if case == "blind-sent-again-late":
         _sent_again_by_staff_then_late(clock, row, published)
     later = clock.now() + timedelta(hours=6)
@@ -755,6 +758,55 @@ def test_a_later_start_plans_again_only_the_unknown_rows_a_key_makes_safe(
     if comes_back:
         assert (row.status, row.status_reason) == ("pending", reasons.MOVED_LATER)
         assert row.deadline_at == ReminderPolicy.from_settings().deadline_at(later)
-        assert row.maybe_sent  # still: the provider may hold the first call
     else:
         assert row.status == "unknown"
+
+
+@pytest.mark.parametrize("channel", ["http", "smtp"])
+def test_a_refusal_after_a_call_that_got_no_answer_in_an_earlier_claim_is_unknown(
+    channel, clock, due_reminders, settings, published
+):
+    """http: a timeout, then a 4xx at the next claim. smtp: a timeout (unknown), staff send
+    it again, then a 5xx. Either way the first call may have been accepted: ``unknown``,
+    not ``failed`` (which a replay would send again)."""
+    if channel == "http":
+        row = _returned_after_a_call(clock, due_reminders, "none")
+        clock.advance((row.next_attempt_at - clock.now()).total_seconds())
+    else:
+        claim, row = _claim_one(clock, due_reminders, channel="smtp")
+        reminder_record_batch(claim=claim, results=[_transient(row, **_NO_ANSWER)], clock=clock)
+        from django.contrib.auth.models import User
+
+        from reminders.replay import reminder_resolve_unknown
+
+        reminder_resolve_unknown(
+            reminders=Reminder.objects.filter(pk=row.pk), decision="send_again",
+            reason="attendee says nothing came", actor=User.objects.create_user("staff"),
+            clock=clock,
+        )  # fmt: skip
+    claim = reminder_claim_batch(ids=[row.pk], channel=channel, clock=clock)
+    assert claim.ids == [row.pk]
+    refusal = _transient(row, outcome=Outcome.PERMANENT, error="HTTP 422", provider_reached=True)
+    assert reminder_record_batch(claim=claim, results=[refusal], clock=clock) == {"unknown": 1}
+    row.refresh_from_db()
+    assert row.status_reason == reasons.MAYBE_SENT_NOT_RETRIED.format(why="HTTP 422")
+
+
+def test_a_missed_row_the_migration_marked_is_not_planned_again_when_moved_later(
+    clock, make_workshop, enrol
+):
+    """Migration 0015 marks ``missed`` rows with a timed-out attempt but leaves their
+    status: a later start must not plan such a row again (it may have been delivered)."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    inside = clock.now() + timedelta(minutes=10)
+    workshop = workshop_update(
+        workshop=workshop, starts_at=inside, ends_at=inside + timedelta(hours=1)
+    )
+    marked = Reminder.objects.order_by("pk").first()
+    Reminder.objects.filter(pk=marked.pk).update(maybe_sent=True)  # as the backfill leaves it
+    later = clock.now() + timedelta(hours=6)
+    workshop_update(workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1))
+    statuses = dict(Reminder.objects.values_list("pk", "status"))
+    assert statuses.pop(marked.pk) == "missed"
+    assert set(statuses.values()) == {"pending"}
