@@ -7,8 +7,8 @@ import pytest
 from django.core.management import CommandError, call_command
 
 from delivery.results import DeliveryResult, Outcome
-from reminders.models import Reminder
-from reminders.replay import reminder_replay
+from reminders.models import Reminder, StaffDecision
+from reminders.replay import reminder_resolve_unknown
 from reminders.services import (
     reminder_claim_batch,
     reminder_record_batch,
@@ -38,8 +38,8 @@ def _transient(reminder, *, outcome=Outcome.TRANSIENT, error="503 busy") -> Deli
     )
 
 
-def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
-    clock, due_reminders, replayer, published, settings
+def test_the_trace_of_a_reminder_retried_reaped_refused_and_sent_again(
+    clock, due_reminders, resolver, published, settings
 ):
     (pk,) = due_reminders(1)
     assert reminders_dispatch(publish=lambda ids, expires_at: None, clock=clock) == 1
@@ -55,9 +55,15 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
     third = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
     refused = _transient(third.reminders[0], outcome=Outcome.PERMANENT, error="HTTP 422")
     reminder_record_batch(claim=third, results=[refused], clock=clock)
+    # The reaped attempt may have reached the provider, so the refusal leaves it unknown.
+    assert Reminder.objects.get(pk=pk).status == Reminder.Status.UNKNOWN
     clock.advance(60)
-    reminder_replay(
-        reminders=Reminder.objects.filter(pk=pk), actor=replayer, clock=clock, reason="retry it"
+    reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk=pk),
+        decision=StaffDecision.Action.SEND_AGAIN,
+        actor=resolver,
+        clock=clock,
+        reason="retry it",
     )
     reminder = Reminder.objects.get(pk=pk)
 
@@ -73,7 +79,7 @@ def test_the_trace_of_a_reminder_retried_reaped_and_replayed(
         "reaper: attempt 2's lease expired, lease_expired",
         "claimed: attempt 3 by w1@host on http, token " + str(third.token),
         "outcome of attempt 3: permanent, 1 provider call(s), error: HTTP 422",
-        "staff replay by replayer (done): retry it",
+        "staff send_again by resolver (done): retry it",
         "dispatched: queued in a batch of 1 ",
         "now: queued",
     ]

@@ -1,5 +1,6 @@
 """A reminder's page shows its timeline in a real browser (issue 13, item 2): the same lines
-as ``manage.py reminder_trace``, for a reminder retried, reaped, refused and replayed."""
+as ``manage.py reminder_trace``, for a reminder retried, reaped, refused (so left unknown: the
+reaped attempt may have reached the provider) and sent again by staff."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import pytest
 from django.contrib.auth.models import Permission
 
 from delivery.results import DeliveryResult, Outcome
-from reminders.models import Reminder
-from reminders.replay import reminder_replay
+from reminders.models import Reminder, StaffDecision
+from reminders.replay import reminder_resolve_unknown
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
 from reminders.trace import reminder_lookup, trace_lines
 from tests.browser.conftest import PASSWORD, log_in
@@ -54,13 +55,18 @@ def test_the_reminder_page_shows_its_timeline(
     clock.advance(timedelta(minutes=10).total_seconds())
     third = reminder_claim_batch(ids=[pk], channel="http", worker="worker1@host", clock=clock)
     answered(third, Outcome.PERMANENT, "HTTP 422 Unprocessable Content")
+    assert Reminder.objects.get(pk=pk).status == Reminder.Status.UNKNOWN
     staff = django_user_model.objects.create_user(username="ops", password=PASSWORD, is_staff=True)
     staff.user_permissions.add(
-        *Permission.objects.filter(codename__in=["view_reminder", "replay_reminder"])
+        *Permission.objects.filter(codename__in=["view_reminder", "resolve_unknown_reminder"])
     )
     clock.advance(60)
-    reminder_replay(
-        reminders=Reminder.objects.filter(pk=pk), actor=staff, clock=clock, reason="provider back"
+    reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk=pk),
+        decision=StaffDecision.Action.SEND_AGAIN,
+        actor=staff,
+        clock=clock,
+        reason="provider back",
     )
 
     page = new_page()
@@ -68,8 +74,8 @@ def test_the_reminder_page_shows_its_timeline(
     items = page.locator("ol.reminder-timeline li")
     shown = [items.nth(i).inner_text() for i in range(items.count())]
     assert shown == trace_lines(reminder_lookup(str(pk)))
-    # planned, three claims, two outcomes and the reaper's, the replay and the dispatch it
-    # made, now.
+    # planned, three claims, two outcomes and the reaper's, the decision to send it again
+    # and the dispatch it made, now.
     assert len(shown) == 10, shown
     assert "dispatched: queued in a batch of 1" in shown[-2]
     page.locator("ol.reminder-timeline").scroll_into_view_if_needed()

@@ -299,7 +299,7 @@ def test_each_result_gets_exactly_its_verdict(settings, result, channel, claims,
     settings.REMINDERS_MAX_ATTEMPTS = 5
     settings.REMINDERS_RETRY_BASE = 30
     settings.REMINDERS_RETRY_MAX = 600
-    reminder = SimpleNamespace(attempts=claims)
+    reminder = SimpleNamespace(attempts=claims, maybe_sent=False)
     got = reminder_verdict(result=result, reminder=reminder, channel=channel, now=NOW)
     assert got == expected
 
