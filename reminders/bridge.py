@@ -103,7 +103,8 @@ def send_with_django(envelope: Envelope) -> str:
             sent = connection.send_messages([message])
     except Exception as exc:
         # smtplib errors become the engine's transient or permanent errors, so
-        # a refused recipient is "failed", not an unknown outcome.
+        # a refused recipient is "failed", not an unknown outcome (unless an
+        # earlier call of it got no answer: reminder_verdict).
         raise translate_smtplib_error(exc) from exc
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")

@@ -17,7 +17,8 @@ reminders.bridge.REVOCATION_WINDOW and its record re-derives the fate (the
 attendee may still receive a call that was already under way). Reinstating
 brings back each cancelled reminder whose enrollment is active: ``pending``
 with the current window and deadline and a fresh attempt count, or ``missed``
-once the cutoff has passed.
+once the cutoff has passed (``unknown`` if a call of it may have reached the
+provider).
 """
 
 from __future__ import annotations

@@ -70,7 +70,8 @@ def reminder_claim_batch(
     blocks on the row lock, then re-evaluates the WHERE against the committed
     row, sees ``status = 'sending'`` and changes nothing. Exactly one claimer
     wins each row. This is also the one place the deadline is *enforced*:
-    ids refused for lateness become ``missed`` here. The claim, its lease,
+    ids refused for lateness become ``missed`` here (``unknown`` when a call
+    of an earlier claim may have reached the provider). The claim, its lease,
     each first-claimed reminder's frozen text and a DeliveryAttempt per
     reminder commit before any provider is called.
 

@@ -211,7 +211,9 @@ def reminders_follow_workshop(
     has already written the workshop row and holds its lock until commit.
     Guarantee: every ``pending`` or ``queued`` row of the workshop leaves this
     function with the status, window and deadline of the workshop as it is
-    now; a ``missed`` row whose new deadline is still ahead is planned again.
+    now; a ``missed`` row whose new deadline is still ahead is planned again,
+    unless its enrollment is cancelled or it may have reached the provider
+    (``maybe_sent``).
     ``sending`` rows are their worker's (see the module docstring).
     """
     clock = clock or default_clock()
@@ -232,7 +234,8 @@ def _reinstate(reminders: QuerySet[Reminder], *, now: datetime) -> None:
     """Re-derive the fate of the cancelled rows of a workshop that is scheduled again.
 
     Each goes back to ``pending`` with the current window and deadline, or to
-    ``missed`` when the cutoff has passed; a row whose enrollment is cancelled
+    ``missed`` when the cutoff has passed (``unknown`` if it may have reached
+    the provider); a row whose enrollment is cancelled
     stays cancelled. Sent, failed and unknown rows are left as they are.
     """
     cancelled = Q(status=Status.CANCELLED)
