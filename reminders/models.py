@@ -77,8 +77,10 @@ class Reminder(models.Model):
         verbose_name="may have reached the provider",
         help_text=(
             "Set once a call for this reminder ended without a definite answer (timed out, "
-            "stopped mid-call, worker lost) and never cleared: past its deadline or its "
-            "attempt cap such a reminder is marked unknown, never missed or failed."
+            "stopped mid-call, worker lost) and never cleared: from then on, past its "
+            "deadline, at its attempt cap or refused by the provider, it is marked unknown, "
+            "not missed or failed. A row already missed or failed when the upgrade set it "
+            "keeps that status."
         ),
     )
     claim_token = models.UUIDField(null=True, blank=True, editable=False)
