@@ -101,6 +101,7 @@ from bench.harness import (
     make_workdir,
     manage,
     python_env,
+    run_program,
     wait_until,
 )
 from config.timing import TimeBounds
@@ -1479,4 +1480,4 @@ class ChannelRun:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_program(main)

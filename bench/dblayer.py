@@ -31,11 +31,10 @@ import json
 import math
 import multiprocessing
 import os
-import sys
 import uuid
 from datetime import timedelta
 
-from bench.harness import CLOCK, django_on_private_postgres, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, stamp
 
 DATABASE = "bench_dblayer"
 TARGET_RATE = 5000
@@ -343,4 +342,4 @@ def _report(rows) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)

@@ -72,6 +72,7 @@ from bench.harness import (
     make_workdir,
     manage,
     postmaster_pid,
+    run_program,
     save_results,
     stamp,
     wait_until,
@@ -702,4 +703,4 @@ def save(args, product: dict, baseline: dict, quiet: dict | None = None, loud=No
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    run_program(main)

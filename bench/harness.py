@@ -16,6 +16,9 @@ the run may stop, kill and restart it freely:
 - ``SinkProcess``: ``bench.sinks`` (the loopback SMTP or HTTP sink) as a
   process, controlled over its stdin, logging every request to JSONL.
 - ``MemorySampler``: peak RSS and PSS of process trees, from /proc.
+- ``run_program``: a program's entry point, so that SIGTERM or SIGHUP (``kill``,
+  ``timeout``, a closed terminal) unwinds it as Ctrl-C does and its
+  ``finally`` blocks stop what it started, which lives in sessions of its own.
 """
 
 from __future__ import annotations
@@ -30,9 +33,10 @@ import subprocess
 import sys
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NoReturn
 
 from clock import SystemClock
 
@@ -40,6 +44,26 @@ ROOT = Path(__file__).resolve().parents[1]
 PYTHON = sys.executable
 CELERY = str(Path(sys.executable).with_name("celery"))
 CLOCK = SystemClock()
+
+
+def run_program(main: Callable[[], int]) -> NoReturn:
+    """Exit with ``main()``'s status; SIGTERM and SIGHUP raise ``SystemExit`` in it first.
+
+    The servers and workers a run starts are in sessions of their own (a kill
+    step signals a worker's group without reaching the driver), so a signal
+    to the driver alone would leave them running. Raised in the main thread,
+    the exit runs the ``finally`` blocks that stop them; a second signal
+    during that cleanup is ignored. ``kill -9`` still leaves them.
+    """
+
+    def unwind(signum, frame):
+        for each in (signal.SIGTERM, signal.SIGHUP):
+            signal.signal(each, signal.SIG_IGN)
+        raise SystemExit(128 + signum)
+
+    for each in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(each, unwind)
+    raise SystemExit(main())
 
 
 def free_port() -> int:

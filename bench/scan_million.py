@@ -32,13 +32,12 @@ import argparse
 import json
 import math
 import re
-import sys
 import threading
 import time
 from collections import Counter
 from datetime import timedelta
 
-from bench.harness import CLOCK, django_on_private_postgres, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, stamp
 
 DATABASE = "bench_scan_million"
 LOCK_BUDGET_MS = 100
@@ -437,4 +436,4 @@ def _explained_scan(pipeline, connection) -> list[dict]:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_program(main)
