@@ -8,11 +8,14 @@ import pytest
 from django.db import OperationalError, connection
 
 from clock import SystemClock
+from delivery.results import Outcome
 from loopback.http_sink import HttpSink
 from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
 from tests.reminders.test_claim import _result
+from tests.support.races import race
+from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -125,6 +128,66 @@ def test_record_retries_through_a_lost_connection_and_keeps_known_outcomes(
     )
     assert counts == {"sent": 3}
     assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def _cancel_the_workshop(workshop, reminders, clock):
+    workshop_cancel(workshop=workshop, clock=clock)
+
+
+def _cancel_two_enrollments(workshop, reminders, clock):
+    # One whose call was answered "sent", one whose call failed and would be retried.
+    for reminder in (reminders[0], reminders[2]):
+        enrollment_cancel(enrollment=reminder.enrollment, clock=clock)
+
+
+def _move_inside_the_cutoff(workshop, reminders, clock):
+    starts = clock.now() + timedelta(minutes=20)
+    workshop_update(workshop=workshop, starts_at=starts, ends_at=starts + timedelta(hours=1))
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (_cancel_the_workshop, {"sent": 2, "cancelled": 2}),
+        (_cancel_two_enrollments, {"sent": 2, "cancelled": 1, "pending": 1}),
+        (_move_inside_the_cutoff, {"sent": 2, "missed": 2}),
+    ],
+    ids=["workshop-cancelled", "enrollments-cancelled", "moved-inside-the-cutoff"],
+)
+def test_a_staff_change_between_the_records_tries_decides_the_unsent(
+    live_clock, due_reminders, monkeypatch, change, expected
+):
+    """In flight between two tries of the record (the database went away after the
+    calls; record_with_retry waits before trying again): a change staff commit in that
+    wait decides the reminders whose call was not answered "sent", as the fate reads
+    the workshop and enrollment when the record runs, not when the calls ended."""
+    ids = due_reminders(4)
+    claim = reminder_claim_batch(ids=ids, channel="http", clock=live_clock)
+    reminders = sorted(claim.reminders, key=lambda reminder: reminder.pk)
+    workshop = Reminder.objects.get(pk=ids[0]).workshop
+    results = [
+        _result(reminders[0]),
+        _result(reminders[1]),
+        _result(reminders[2], outcome=Outcome.TRANSIENT, error="503 busy"),
+        _result(reminders[3], outcome=Outcome.TRANSIENT, error="503 busy"),
+    ]
+    waits = []
+    sleep = live_clock.sleep_blocking
+
+    def staff_change_in_the_wait(seconds):
+        if not waits:
+            race(lambda: change(workshop, reminders, live_clock))  # its own connection
+        waits.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(live_clock, "sleep_blocking", staff_change_in_the_wait)
+    _terminate_my_connection()
+    pipeline.record_with_retry(claim=claim, results=results, clock=live_clock)
+    assert len(waits) == 1, "the first try of the record should have failed"
+    statuses = dict(Reminder.objects.values_list("pk", "status"))
+    assert Counter(statuses.values()) == expected
+    assert statuses[reminders[0].pk] == statuses[reminders[1].pk] == "sent"
+    assert not DeliveryAttempt.objects.filter(outcome="in_flight").exists()
 
 
 def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
