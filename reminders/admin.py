@@ -1032,7 +1032,7 @@ class WorkshopAdmin(StaffActionsMixin, BaseWorkshopAdmin):
 
 def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dict) -> str:
     done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
-    what = {"cancel": "cancelled", "reinstate": "planned again or marked missed"}[verb]
+    what = {"cancel": "cancelled", "reinstate": "planned again or marked missed or unknown"}[verb]
     text = (
         f"{done} {_plural(result.changed, 'workshop')}; "
         f"{_plural(result.reminders, 'reminder')} {what}. The decision is recorded."

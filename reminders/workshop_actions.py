@@ -71,6 +71,10 @@ WORKSHOP_EFFECT_LABELS = {
     "sent": "Reminders already sent (they stay sent)",
     "to_plan": "Cancelled reminders that will be planned again",
     "to_miss": "Cancelled reminders past the cutoff (they become missed)",
+    "to_unknown": (
+        "Cancelled reminders past the cutoff that may have reached the provider "
+        "(they become unknown)"
+    ),
     "stay_cancelled": "Reminders whose enrollment is cancelled (they stay cancelled)",
 }
 WORKSHOP_SKIP_LABELS = {
@@ -111,7 +115,8 @@ def workshop_reinstate_preview(
         workshop__in=cancelled.values("pk"), status=Status.CANCELLED
     ).aggregate(
         to_plan=Count("pk", filter=active & ~late),
-        to_miss=Count("pk", filter=active & late),
+        to_miss=Count("pk", filter=active & late & Q(maybe_sent=False)),
+        to_unknown=Count("pk", filter=active & late & Q(maybe_sent=True)),
         stay_cancelled=Count("pk", filter=~active),
     )
     total, eligible = _sizes(selection, Workshop.Status.CANCELLED)

@@ -9,9 +9,11 @@ from datetime import timedelta
 import pytest
 from django.urls import reverse
 
+from delivery.results import Outcome
 from reminders.models import Reminder, StaffDecision
-from reminders.services import reasons
+from reminders.services import reasons, reminder_claim_batch, reminder_record_batch
 from reminders.workshop_actions import workshops_cancel, workshops_reinstate
+from tests.reminders.test_claim import _result
 from workshops.models import Enrollment, Workshop
 from workshops.services import enrollment_cancel, workshop_cancel
 
@@ -121,6 +123,43 @@ def test_confirmed_cancel_cancels_unsent_reminders_keeps_sent_ones_and_is_audite
     assert audit.reminder_ids == sorted(unsent)
 
 
+def test_reinstating_past_the_cutoff_counts_and_marks_unknown_the_reminder_that_may_have_gone(
+    login, canceller, make_reminders, clock
+):
+    """A reminder whose keyed call timed out before the cancel may be at the provider:
+    past the cutoff, reinstating makes it ``unknown``, not ``missed``, and the confirmation
+    page says so before staff confirm."""
+    workshop = _workshop_with(make_reminders, pending=2)
+    timed_out, answered = Reminder.objects.filter(workshop=workshop).order_by("pk")
+    claim = reminder_claim_batch(ids=[timed_out.pk, answered.pk], channel="http", clock=clock)
+    first, second = sorted(claim.reminders, key=lambda reminder: reminder.pk)
+    reminder_record_batch(
+        claim=claim,
+        results=[
+            _result(first, Outcome.TIMED_OUT, maybe_delivered=True),
+            _result(second, Outcome.TRANSIENT),
+        ],
+        clock=clock,
+    )
+    assert statuses(workshop) == {"pending": 2}
+    workshops_cancel(workshops=Workshop.objects.filter(pk=workshop.pk), reason="r", actor=canceller)
+    clock.advance_to(workshop.starts_at - timedelta(minutes=10))  # past the 30-minute cutoff
+    client = login(canceller)
+    rows = dict(post(client, "reinstate_selected", [workshop.pk]).context["effect_rows"])
+    assert rows["Cancelled reminders past the cutoff (they become missed)"] == 1
+    assert (
+        rows[
+            "Cancelled reminders past the cutoff that may have reached the provider "
+            "(they become unknown)"
+        ]
+        == 1
+    )
+    assert rows["Cancelled reminders that will be planned again"] == 0
+    post(client, "reinstate_selected", [workshop.pk], confirm=True, reason="back on")
+    assert Reminder.objects.get(pk=timed_out.pk).status == "unknown"
+    assert Reminder.objects.get(pk=answered.pk).status == "missed"
+
+
 def test_without_the_cancel_permission_the_action_is_not_offered_and_a_forged_post_is_refused(
     login, make_staff, make_reminders
 ):
@@ -151,7 +190,7 @@ def test_reinstate_plans_cancelled_reminders_again_and_keeps_sent_and_unenrolled
     assert rows["Reminders whose enrollment is cancelled (they stay cancelled)"] == 1
     done = post(client, "reinstate_selected", [workshop.pk], confirm=True, reason="new venue")
     assert [str(m) for m in done.context["messages"]] == [
-        "Reinstated 1 workshop; 2 reminders planned again or marked missed. "
+        "Reinstated 1 workshop; 2 reminders planned again or marked missed or unknown. "
         "The decision is recorded."
     ]
     assert Workshop.objects.get(pk=workshop.pk).status == "scheduled"
