@@ -108,6 +108,7 @@ from config.timing import TimeBounds
 
 CHANNELS = ("smtp", "http")
 HTTP_SECRET = "chaos-secret"
+CHILD_STOP_SECONDS = 300  # a channel's run stopping its workers and beats, at the end
 POOL = 2  # prefork processes per worker (the Celery default on this 2-core machine)
 SMTP_CONNECTIONS = 4
 CALL_TIMEOUT = 15  # REMINDERS_CALL_TIMEOUT's default: the runs leave it alone
@@ -384,12 +385,21 @@ def run_parent(args, setting: Setting) -> int:
                 child.terminate()
                 child.wait(60)
     finally:
-        for child in children.values():
-            if child.poll() is None:
-                child.terminate()
-                child.wait(60)
-        redis.close()
-        postgres.close()
+        try:
+            # A child stops its workers one after the other, each within the budget
+            # plus 20 s, so it gets that long for all of them before it is killed.
+            for child in children.values():
+                if child.poll() is None:
+                    child.terminate()
+            for child in children.values():
+                try:
+                    child.wait(CHILD_STOP_SECONDS)
+                except subprocess.TimeoutExpired:
+                    child.kill()
+                    child.wait(10)
+        finally:
+            redis.close()
+            postgres.close()
 
     results = {}
     for channel in channels:

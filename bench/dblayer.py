@@ -38,6 +38,7 @@ from bench.harness import CLOCK, django_on_private_postgres, run_program, save_r
 
 DATABASE = "bench_dblayer"
 TARGET_RATE = 5000
+START_TIMEOUT = 300  # seconds a forked process waits for the others, and the driver, to start
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -157,13 +158,17 @@ def _run(ids: list[int], processes: int, worker) -> dict:
     context = multiprocessing.get_context("fork")
     start = context.Barrier(processes + 1)
     results = context.Queue()
+    # Daemonic, so a driver stopped before the start (SIGTERM) does not wait for them
+    # at exit; the barrier's timeout ends a child whose driver is gone.
     children = [
-        context.Process(target=_child, args=(worker, batches[index::processes], start, results))
+        context.Process(
+            target=_child, args=(worker, batches[index::processes], start, results), daemon=True
+        )
         for index in range(processes)
     ]
     for child in children:
         child.start()
-    start.wait()
+    start.wait(START_TIMEOUT)
     began = CLOCK.monotonic()
     reports = [results.get(timeout=900) for _ in children]
     elapsed = max(report["finished"] for report in reports) - began
@@ -187,7 +192,7 @@ def _child(worker, batches, start, results) -> None:
         cursor.execute("SELECT pg_backend_pid()")
         backend = cursor.fetchone()[0]
     before, backend_before = _own_cpu(), _cpu_of(backend)
-    start.wait()
+    start.wait(START_TIMEOUT)
     sent = 0
     for batch in batches:
         sent += worker(batch)

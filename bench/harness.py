@@ -46,24 +46,62 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 CLOCK = SystemClock()
 
 
+# Everything a run starts that outlives it unless stopped, and how to stop it: a
+# class adds itself when it starts a process and removes itself when stopped.
+_STARTED: dict[int, Callable[[], object]] = {}
+_STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+def _started(owner: object, stop: Callable[[], object]) -> None:
+    _STARTED[id(owner)] = stop
+
+
+def _stopped(owner: object) -> None:
+    _STARTED.pop(id(owner), None)
+
+
+def stop_leftovers() -> int:
+    """Stop whatever a run started and did not stop, newest first; return how many."""
+    count = 0
+    while _STARTED:
+        _, stop = _STARTED.popitem()
+        with contextlib.suppress(Exception):
+            stop()
+        count += 1
+    return count
+
+
 def run_program(main: Callable[[], int]) -> NoReturn:
-    """Exit with ``main()``'s status; SIGTERM and SIGHUP raise ``SystemExit`` in it first.
+    """Exit with ``main()``'s status, stopping every server and worker it left running.
 
     The servers and workers a run starts are in sessions of their own (a kill
     step signals a worker's group without reaching the driver), so a signal
-    to the driver alone would leave them running. Raised in the main thread,
-    the exit runs the ``finally`` blocks that stop them; a second signal
-    during that cleanup is ignored. ``kill -9`` still leaves them.
+    to the driver alone would leave them running. The first SIGINT, SIGTERM
+    or SIGHUP raises ``SystemExit`` in the main thread, so the ``finally``
+    blocks that stop them run, and makes the driver deaf to the next ones (a
+    signal that lands inside a cleanup cannot cut it short twice); a signal
+    the driver was started deaf to (``nohup``) stays so. Whatever a cleanup
+    missed is stopped at the end (``stop_leftovers``). ``kill -9`` still
+    leaves them.
     """
+    watched = [each for each in _STOP_SIGNALS if signal.getsignal(each) is not signal.SIG_IGN]
 
     def unwind(signum, frame):
-        for each in (signal.SIGTERM, signal.SIGHUP):
+        for each in watched:
             signal.signal(each, signal.SIG_IGN)
         raise SystemExit(128 + signum)
 
-    for each in (signal.SIGTERM, signal.SIGHUP):
+    for each in watched:
         signal.signal(each, unwind)
-    raise SystemExit(main())
+    try:
+        status = main()
+    finally:
+        for each in watched:
+            signal.signal(each, signal.SIG_IGN)
+        left = stop_leftovers()
+        if left:
+            print(f"stopped {left} server(s) or worker(s) the run left running", file=sys.stderr)
+    raise SystemExit(status)
 
 
 def free_port() -> int:
@@ -172,6 +210,7 @@ class PrivatePostgres:
         if not self._durable:
             # A throwaway chaos cluster: a crash of the *machine* is not a fault we model.
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
+        _started(self, self.close)
         if self._stat_statements:
             options += [
                 "-c shared_preload_libraries=pg_stat_statements",
@@ -201,6 +240,7 @@ class PrivatePostgres:
             return cursor.fetchall() if cursor.description else []
 
     def close(self) -> None:
+        _stopped(self)
         with contextlib.suppress(Exception):
             self.stop("immediate")
 
@@ -258,6 +298,7 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
+        _started(self, self.close)
         self.process = subprocess.Popen(
             [
                 "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
@@ -303,6 +344,7 @@ class PrivateRedis:
         self.start()
 
     def close(self) -> None:
+        _stopped(self)
         self.stop()
 
 
@@ -328,6 +370,7 @@ class Proc:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
+        _started(self, lambda: self.stop(timeout=10))
 
     @property
     def pid(self) -> int:
@@ -389,6 +432,7 @@ class Proc:
 
     def stop(self, timeout: float = 30) -> int:
         """Warm-stop the main process; kill the whole group if it is not gone in ``timeout``."""
+        _stopped(self)
         if self.alive:
             self.signal_main(signal.SIGTERM)
             if self.wait(timeout) is None:
@@ -500,6 +544,7 @@ class SinkProcess:
             env=python_env(),
             start_new_session=True,
         )
+        _started(self, self.close)
         line = self.process.stdout.readline().strip()
         if "listening on" not in line:
             self.process.kill()
@@ -530,6 +575,7 @@ class SinkProcess:
         return records
 
     def close(self) -> None:
+        _stopped(self)
         if self.process.poll() is None:
             self.process.terminate()
             try:

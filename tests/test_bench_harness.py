@@ -1,26 +1,33 @@
 """A benchmark stopped by a signal stops what it started (bench.harness.run_program).
 
 Its servers run in sessions of their own, so only the driver's own unwinding can
-reach them: this starts a real redis-server through the harness, sends SIGTERM to the
-driver alone, and looks for the server afterwards.
+reach them: these start a real redis-server through the harness, signal the driver
+alone, and look for the server afterwards.
 """
 
 from __future__ import annotations
 
+import ast
 import os
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
+
+import pytest
 
 from bench.harness import CLOCK, ROOT
 
 DRIVER = textwrap.dedent(
     """
+    import signal
     import sys
     from pathlib import Path
 
     from bench.harness import CLOCK, PrivateRedis, run_program
+
+    CLEANUP, DEAF_TO_HUP = sys.argv[2] == "cleanup", sys.argv[3] == "nohup"
 
 
     def main():
@@ -28,12 +35,15 @@ DRIVER = textwrap.dedent(
         redis.start()
         try:
             print(redis.process.pid, flush=True)
-            CLOCK.sleep_blocking(60)
+            CLOCK.sleep_blocking(float(sys.argv[4]))
         finally:
-            redis.close()
+            if CLEANUP:
+                redis.close()
         return 0
 
 
+    if DEAF_TO_HUP:
+        signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
     run_program(main)
     """
 )
@@ -48,28 +58,74 @@ def _alive(pid: int) -> bool:
         return False
 
 
-def test_a_terminated_benchmark_stops_the_server_it_started(tmp_path):
-    driver = tmp_path / "driver.py"
-    driver.write_text(DRIVER)
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    process = subprocess.Popen(
-        [sys.executable, str(driver), str(tmp_path / "redis")],
-        stdout=subprocess.PIPE,
-        text=True,
-        cwd=ROOT,
-        env=env,
-    )
-    server = int(process.stdout.readline())
-    try:
+def _gone_within(pid: int, seconds: float) -> bool:
+    deadline = CLOCK.monotonic() + seconds
+    while _alive(pid) and CLOCK.monotonic() < deadline:
+        CLOCK.sleep_blocking(0.05)
+    return not _alive(pid)
+
+
+@pytest.fixture
+def driver(tmp_path):
+    """Start the driver; yield (its process, its redis-server's pid); kill both after."""
+    script = tmp_path / "driver.py"
+    script.write_text(DRIVER)
+    started = []
+
+    def start(*, cleanup: bool, nohup: bool = False, runs_for: float = 60):
+        process = subprocess.Popen(
+            [
+                sys.executable, str(script), str(tmp_path / "redis"),
+                "cleanup" if cleanup else "none", "nohup" if nohup else "-", str(runs_for),
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+        )  # fmt: skip
+        server = int(process.stdout.readline())
+        started.append((process, server))
         assert _alive(server)
-        process.send_signal(signal.SIGTERM)
-        assert process.wait(30) == 128 + signal.SIGTERM
-        deadline = CLOCK.monotonic() + 10
-        while _alive(server) and CLOCK.monotonic() < deadline:
-            CLOCK.sleep_blocking(0.05)
-        assert not _alive(server), "the driver's redis-server outlived it"
-    finally:
-        if _alive(server):
-            os.kill(server, signal.SIGKILL)
+        return process, server
+
+    yield start
+    for process, server in started:
         process.kill()
         process.wait(10)
+        if _alive(server):
+            os.kill(server, signal.SIGKILL)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
+def test_a_signalled_benchmark_stops_the_server_it_started(driver, sig):
+    process, server = driver(cleanup=True)
+    process.send_signal(sig)
+    assert process.wait(30) == 128 + sig
+    assert _gone_within(server, 10), "the driver's redis-server outlived it"
+
+
+@pytest.mark.parametrize("runs_for", [60, 0], ids=["signalled", "returned"])
+def test_a_server_no_cleanup_stopped_is_stopped_at_the_end(driver, runs_for):
+    process, server = driver(cleanup=False, runs_for=runs_for)
+    if runs_for:
+        process.send_signal(signal.SIGTERM)
+    process.wait(30)
+    assert _gone_within(server, 10), "a server left by the run outlived the driver"
+
+
+def test_a_driver_started_deaf_to_sighup_stays_so(driver):
+    process, server = driver(cleanup=True, nohup=True)
+    process.send_signal(signal.SIGHUP)
+    CLOCK.sleep_blocking(0.5)
+    assert process.poll() is None and _alive(server), "nohup's SIGHUP stopped the run"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 128 + signal.SIGTERM
+    assert _gone_within(server, 10)
+
+
+@pytest.mark.parametrize("program", ["chaos", "e2e", "dblayer", "scan_million"])
+def test_each_benchmark_that_starts_servers_runs_through_run_program(program):
+    tree = ast.parse(Path(ROOT, "bench", f"{program}.py").read_text())
+    guard = tree.body[-1]
+    assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "__name__ == '__main__'"
+    assert [ast.unparse(line) for line in guard.body] == ["run_program(main)"]
