@@ -138,6 +138,37 @@ def test_move_while_sending_sends_no_message_with_the_old_time(
     } == {new_start.isoformat()}
 
 
+def test_a_move_inside_the_cutoff_while_sending_starts_no_call_after_the_window(
+    live_clock, provider, make_workshop, enrol
+):
+    """Moved so that its new deadline has already passed at the commit: the calls still
+    waiting in the limiter are withdrawn within the window and end ``missed`` under the
+    new deadline; a call that starts inside the window starts after that deadline (the
+    window's known cost, counted here)."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=40)
+    ids = list(Reminder.objects.values_list("id", flat=True))
+    thread, outcome = _run_batch(ids)
+    _wait_for_requests(provider, 10)
+    new_start = _real.now() + timedelta(minutes=20)  # the 30-minute cutoff is behind it
+    workshop_update(workshop=workshop, starts_at=new_start, ends_at=new_start + timedelta(hours=1))
+    committed = _real.monotonic()
+    thread.join(60)
+    assert "error" not in outcome, outcome.get("error")
+    arrivals = provider.arrivals()
+    late = [t - committed for t in arrivals if t > committed + REVOCATION_WINDOW]
+    assert late == [], f"calls started after the window: {late}"
+    inside = [round(t - committed, 3) for t in arrivals if t > committed]
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(f"\nmoved inside the cutoff: {dict(statuses)}, {len(inside)} calls inside the window")
+    assert set(statuses) == {"sent", "missed"}
+    assert statuses["sent"] == len(provider.requests) < 40
+    deadline = ReminderPolicy.from_settings().deadline_at(new_start)
+    missed = Reminder.objects.filter(status="missed")
+    assert {r.deadline_at for r in missed} == {deadline}
+    assert DeliveryAttempt.objects.filter(outcome="withdrawn").count() == statuses["missed"]
+
+
 def test_a_workshop_cancelled_then_reinstated_mid_batch_sends_each_reminder_once(
     live_clock, provider, make_workshop, enrol
 ):
