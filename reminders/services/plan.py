@@ -235,8 +235,8 @@ def _reinstate(reminders: QuerySet[Reminder], *, now: datetime) -> None:
 
     Each goes back to ``pending`` with the current window and deadline, or to
     ``missed`` when the cutoff has passed (``unknown`` if it may have reached
-    the provider); a row whose enrollment is cancelled
-    stays cancelled. Sent, failed and unknown rows are left as they are.
+    the provider); a row whose enrollment is cancelled stays cancelled. Sent,
+    failed and unknown rows are left as they are.
     """
     cancelled = Q(status=Status.CANCELLED)
     policy = ReminderPolicy.from_settings()

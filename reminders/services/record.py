@@ -105,11 +105,12 @@ def reminder_verdict(
     call included): marking it ``failed`` would invite a replay that sends it
     twice. On a channel with keys it goes back to be tried again with the same
     key, unless the provider refused it (``unknown`` then: a refusal does not
-    say the call with no answer never arrived); the fate then finds whether it cannot be (its deadline, the attempt
-    cap): ``unknown`` too, since "failed" or "missed" would say it was not
-    delivered, unless it is ``cancelled``. The row's own ``maybe_sent`` (a call
-    of an earlier claim got no answer) counts the same, and makes a refusal
-    (any channel) ``unknown`` rather than ``failed``.
+    say the call with no answer never arrived); the fate then finds whether it
+    cannot be (its deadline, the attempt cap): ``unknown`` too, since "failed"
+    or "missed" would say it was not delivered, unless it is ``cancelled``. The
+    row's own ``maybe_sent`` (a call of an earlier claim got no answer) counts
+    the same, and makes a refusal (any channel) ``unknown`` rather than
+    ``failed``.
     """
     outcome = result.outcome
     error = result.error
