@@ -46,14 +46,15 @@ CELERY = str(Path(sys.executable).with_name("celery"))
 CLOCK = SystemClock()
 
 
-# Everything a run starts that outlives it unless stopped, and how to stop it: a
-# class adds itself when it starts a process and removes itself when stopped.
-_STARTED: dict[int, Callable[[], object]] = {}
+# Everything a run starts that outlives it unless stopped: whether it still runs, and
+# how to stop it. A class adds itself when it starts a process and removes itself when
+# stopped; a worker a chaos step killed stays listed, and is found dead at the end.
+_STARTED: dict[int, tuple[Callable[[], bool], Callable[[], object]]] = {}
 _STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
 
 
-def _started(owner: object, stop: Callable[[], object]) -> None:
-    _STARTED[id(owner)] = stop
+def _started(owner: object, *, alive: Callable[[], bool], stop: Callable[[], object]) -> None:
+    _STARTED[id(owner)] = (alive, stop)
 
 
 def _stopped(owner: object) -> None:
@@ -61,13 +62,14 @@ def _stopped(owner: object) -> None:
 
 
 def stop_leftovers() -> int:
-    """Stop whatever a run started and did not stop, newest first; return how many."""
+    """Stop whatever a run started and left running, newest first; return how many."""
     count = 0
     while _STARTED:
-        _, stop = _STARTED.popitem()
+        _, (alive, stop) = _STARTED.popitem()
         with contextlib.suppress(Exception):
-            stop()
-        count += 1
+            if alive():
+                stop()
+                count += 1
     return count
 
 
@@ -210,7 +212,7 @@ class PrivatePostgres:
         if not self._durable:
             # A throwaway chaos cluster: a crash of the *machine* is not a fault we model.
             options += ["-c fsync=off", "-c synchronous_commit=off", "-c full_page_writes=off"]
-        _started(self, self.close)
+        _started(self, alive=(self.data / "postmaster.pid").exists, stop=self.close)
         if self._stat_statements:
             options += [
                 "-c shared_preload_libraries=pg_stat_statements",
@@ -298,7 +300,11 @@ class PrivateRedis:
 
     def start(self) -> None:
         self.directory.mkdir(parents=True, exist_ok=True)
-        _started(self, self.close)
+        _started(
+            self,
+            alive=lambda: self.process is not None and self.process.poll() is None,
+            stop=self.close,
+        )
         self.process = subprocess.Popen(
             [
                 "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
@@ -370,7 +376,7 @@ class Proc:
             stdin=subprocess.DEVNULL,
             start_new_session=True,
         )
-        _started(self, lambda: self.stop(timeout=10))
+        _started(self, alive=lambda: bool(self.group_pids()), stop=lambda: self.stop(timeout=10))
 
     @property
     def pid(self) -> int:
@@ -544,7 +550,7 @@ class SinkProcess:
             env=python_env(),
             start_new_session=True,
         )
-        _started(self, self.close)
+        _started(self, alive=lambda: self.process.poll() is None, stop=self.close)
         line = self.process.stdout.readline().strip()
         if "listening on" not in line:
             self.process.kill()

@@ -27,7 +27,8 @@ DRIVER = textwrap.dedent(
 
     from bench.harness import CLOCK, PrivateRedis, run_program
 
-    CLEANUP, DEAF_TO_HUP = sys.argv[2] == "cleanup", sys.argv[3] == "nohup"
+    CLEANUP, KILLED = sys.argv[2] == "cleanup", sys.argv[2] == "killed"
+    DEAF_TO_HUP = sys.argv[3] == "nohup"
 
 
     def main():
@@ -35,6 +36,9 @@ DRIVER = textwrap.dedent(
         redis.start()
         try:
             print(redis.process.pid, flush=True)
+            if KILLED:  # as a chaos step kills a worker, leaving it listed
+                redis.process.kill()
+                redis.process.wait()
             CLOCK.sleep_blocking(float(sys.argv[4]))
         finally:
             if CLEANUP:
@@ -67,26 +71,28 @@ def _gone_within(pid: int, seconds: float) -> bool:
 
 @pytest.fixture
 def driver(tmp_path):
-    """Start the driver; yield (its process, its redis-server's pid); kill both after."""
+    """Start the driver; return (its process, its redis-server's pid, what it said on
+    stderr so far); kill both after."""
     script = tmp_path / "driver.py"
     script.write_text(DRIVER)
     started = []
+    stderr = tmp_path / "driver.err"
 
-    def start(*, cleanup: bool, nohup: bool = False, runs_for: float = 60):
+    def start(*, cleanup: str, nohup: bool = False, runs_for: float = 60):
         process = subprocess.Popen(
             [
                 sys.executable, str(script), str(tmp_path / "redis"),
-                "cleanup" if cleanup else "none", "nohup" if nohup else "-", str(runs_for),
+                cleanup, "nohup" if nohup else "-", str(runs_for),
             ],
             stdout=subprocess.PIPE,
+            stderr=stderr.open("w"),
             text=True,
             cwd=ROOT,
             env={**os.environ, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
         server = int(process.stdout.readline())
         started.append((process, server))
-        assert _alive(server)
-        return process, server
+        return process, server, stderr.read_text
 
     yield start
     for process, server in started:
@@ -98,23 +104,27 @@ def driver(tmp_path):
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP, signal.SIGINT])
 def test_a_signalled_benchmark_stops_the_server_it_started(driver, sig):
-    process, server = driver(cleanup=True)
+    process, server, said = driver(cleanup="cleanup")
+    assert _alive(server)
     process.send_signal(sig)
     assert process.wait(30) == 128 + sig
     assert _gone_within(server, 10), "the driver's redis-server outlived it"
+    assert "left running" not in said()  # its own cleanup stopped it: nothing left over
 
 
 @pytest.mark.parametrize("runs_for", [60, 0], ids=["signalled", "returned"])
 def test_a_server_no_cleanup_stopped_is_stopped_at_the_end(driver, runs_for):
-    process, server = driver(cleanup=False, runs_for=runs_for)
+    process, server, said = driver(cleanup="none", runs_for=runs_for)
     if runs_for:
+        assert _alive(server)
         process.send_signal(signal.SIGTERM)
     process.wait(30)
     assert _gone_within(server, 10), "a server left by the run outlived the driver"
+    assert "stopped 1 server(s) or worker(s) the run left running" in said()
 
 
 def test_a_driver_started_deaf_to_sighup_stays_so(driver):
-    process, server = driver(cleanup=True, nohup=True)
+    process, server, _ = driver(cleanup="cleanup", nohup=True)
     process.send_signal(signal.SIGHUP)
     CLOCK.sleep_blocking(0.5)
     assert process.poll() is None and _alive(server), "nohup's SIGHUP stopped the run"
@@ -129,3 +139,11 @@ def test_each_benchmark_that_starts_servers_runs_through_run_program(program):
     guard = tree.body[-1]
     assert isinstance(guard, ast.If) and ast.unparse(guard.test) == "__name__ == '__main__'"
     assert [ast.unparse(line) for line in guard.body] == ["run_program(main)"]
+
+
+def test_a_server_that_died_during_the_run_is_not_counted_as_left_running(driver):
+    process, server, said = driver(cleanup="killed")
+    assert _gone_within(server, 10)
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(30) == 128 + signal.SIGTERM
+    assert "left running" not in said()
