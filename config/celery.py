@@ -8,7 +8,13 @@ from __future__ import annotations
 import os
 
 from celery import Celery
-from celery.signals import worker_init, worker_process_shutdown, worker_ready, worker_shutting_down
+from celery.signals import (
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 
@@ -68,11 +74,22 @@ def _start_scan_lane(sender, **kwargs) -> None:
 
 @worker_shutting_down.connect
 def _announce_shutdown(sender, **kwargs) -> None:
-    """Stop running batches from starting new calls; they drain and record, then exit."""
+    """Stop running batches from starting new calls; they drain and record, then exit.
+
+    Runs inside the main process's signal handler: it only sets flags.
+    """
     from reminders import scanlane, shutdown
 
     shutdown.announce()
     scanlane.stop()
+
+
+@worker_shutdown.connect
+def _finish_scan(sender, **kwargs) -> None:
+    """Let a scan that is running finish before the main process exits (up to 30 s)."""
+    from reminders import scanlane
+
+    scanlane.join()
 
 
 @worker_process_shutdown.connect

@@ -49,9 +49,18 @@ class ScanLane:
         self._thread.start()
         logger.info("Scan lane consuming queue %r", SCAN_QUEUE)
 
-    def stop(self, timeout: float = 30.0) -> None:
-        """Stop taking scans; a scan already running finishes first (up to ``timeout``)."""
+    def stop(self) -> None:
+        """Stop taking scans, and return at once: a scan already running goes on.
+
+        Called from Celery's ``worker_shutting_down``, which runs inside the
+        main process's signal handler: waiting there would hold up the acks
+        and heartbeats of that process. ``join`` waits, from the worker's
+        own shutdown.
+        """
         self._stopping.set()
+
+    def join(self, timeout: float) -> None:
+        """Wait up to ``timeout`` seconds for a running scan to finish."""
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -125,5 +134,12 @@ def start(app, *, hostname: str = "") -> None:
 
 
 def stop() -> None:
+    """Tell this process's lane to take no more scans (returns at once)."""
     if _lane is not None:
         _lane.stop()
+
+
+def join(timeout: float = 30.0) -> None:
+    """Wait for this process's lane to finish a running scan (up to ``timeout``)."""
+    if _lane is not None:
+        _lane.join(timeout)
