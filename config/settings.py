@@ -389,8 +389,10 @@ CELERY_TASK_ROUTES = {
 # staff selection (REMINDERS_REPLAY_INLINE_LIMIT) and the staff's test sends.
 CELERY_IMPORTS = ("reminders.staff_tasks",)
 
-# Acknowledge after the task body ran: a worker that dies mid-batch leaves its
-# message to be redelivered, and the claim (not the broker) deduplicates.
+# Acknowledge after the task body ran: a message whose whole worker dies (power
+# loss, SIGKILL of the main process) before it is acknowledged is redelivered
+# after the visibility timeout, and the claim (not the broker) deduplicates.
+# A pool child that dies alone is another case: see the next setting.
 CELERY_TASK_ACKS_LATE = True
 # A pool child killed by OOM or the hard time limit is NOT requeued: that would
 # loop a poison message forever. The claim lease and the reaper decide instead.
