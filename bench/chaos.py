@@ -1248,12 +1248,14 @@ class ChannelRun:
         from reminders.bridge import REVOCATION_WINDOW
         from reminders.content import sender_domain
         from reminders.models import Reminder
+        from reminders.policy import ReminderPolicy
         from workshops.models import Workshop
 
+        policy = ReminderPolicy.from_settings()
         rows = self.db(
             lambda: list(
                 Reminder.objects.values(
-                    "key", "status", "status_reason", "deadline_at", "workshop_id",
+                    "key", "status", "status_reason", "workshop__starts_at", "workshop_id",
                     "enrollment_id", "attendee__email", "workshop__title",
                 )
             )
@@ -1319,7 +1321,8 @@ class ChannelRun:
         for row in rows:
             key, status = row["key"], row["status"]
             got = arrivals.get(key, [])
-            deadline = row["deadline_at"].timestamp()
+            # The workshop's current cutoff: a row stores no copy of it.
+            deadline = policy.deadline_at(row["workshop__starts_at"]).timestamp()
             for arrived, _ in got:
                 # A moved workshop's calls up to the bound were made under its old deadline.
                 limit = deadline

@@ -124,7 +124,10 @@ def _seed(args) -> list[int]:
     Enrollment.objects.bulk_create(enrollments, batch_size=5000)
     reminders_plan(clock=FakeClock(now, autojump=False))
     with connection.cursor() as cursor:
-        cursor.execute("SELECT id FROM reminders_reminder ORDER BY deadline_at, id")
+        cursor.execute(
+            "SELECT r.id FROM reminders_reminder r JOIN workshops_workshop w "
+            "ON w.id = r.workshop_id ORDER BY w.starts_at, r.id"
+        )
         ids = [row[0] for row in cursor.fetchall()]
     connection.close()
     return ids
@@ -267,7 +270,7 @@ def _baseline_worker(batch: list[int]) -> int:
                 .select_related("attendee", "workshop")
                 .get(pk=reminder_id)
             )
-            if reminder.status != "pending" or reminder.deadline_at <= now:
+            if reminder.status != "pending" or reminder.deadline_at <= now:  # from the workshop
                 continue
             Reminder.objects.filter(pk=reminder_id).update(
                 status="sending",

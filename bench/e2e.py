@@ -473,7 +473,8 @@ def run_baseline(args, env, logs, sink: SinkProcess, observer: Observer) -> dict
     ids = [
         row[0]
         for row in observer.conn.execute(
-            "SELECT id FROM reminders_reminder ORDER BY deadline_at, id LIMIT %s",
+            "SELECT r.id FROM reminders_reminder r JOIN workshops_workshop w "
+            "ON w.id = r.workshop_id ORDER BY w.starts_at, r.id LIMIT %s",
             (args.baseline_count,),
         ).fetchall()
     ]

@@ -144,13 +144,11 @@ def _run(args) -> int:
                     defaults={
                         "enrollment": enrollment,
                         "key": f"naive-w{workshop.pk}-a{enrollment.attendee_id}",
-                        "window_opens_at": policy.window_opens_at(workshop.starts_at),
-                        "deadline_at": policy.deadline_at(workshop.starts_at),
                     },
                 )
                 if reminder.status == "pending":
                     reminder.status = "queued"
-                    reminder.queued_until = reminder.deadline_at
+                    reminder.queued_until = policy.deadline_at(workshop.starts_at)
                     reminder.save(update_fields=["status", "queued_until"])
                     published += 1  # one broker message per reminder
         return published

@@ -254,11 +254,10 @@ class Probe(threading.Thread):
                 now = CLOCK.now()
                 due = list(
                     Reminder.objects.filter(
-                        ReminderPolicy.on_time_q(now),
+                        ReminderPolicy.from_settings().open_start_q(now, through="workshop__"),
                         status__in=Reminder.OPEN_STATUSES,
-                        window_opens_at__lte=now,
                     )
-                    .order_by("deadline_at", "id")
+                    .order_by("workshop__starts_at", "id")
                     .values_list("id", flat=True)[:50]
                 )
                 queued = list(

@@ -417,11 +417,16 @@ class DeadlineFilter(admin.SimpleListFilter):
 
     def queryset(self, request, queryset):
         now = default_clock().now()
+        policy = ReminderPolicy.from_settings()
+
+        def by(moment):  # the deadline is at or before ``moment``: judged on the start
+            return policy.late_start_q(moment, through="workshop__")
+
         bounds = {
-            "passed": ReminderPolicy.late_q(now),
-            "hour": ReminderPolicy.on_time_q(now) & Q(deadline_at__lte=now + timedelta(hours=1)),
-            "day": ReminderPolicy.on_time_q(now) & Q(deadline_at__lte=now + timedelta(days=1)),
-            "later": Q(deadline_at__gt=now + timedelta(days=1)),
+            "passed": by(now),
+            "hour": ~by(now) & by(now + timedelta(hours=1)),
+            "day": ~by(now) & by(now + timedelta(days=1)),
+            "later": ~by(now + timedelta(days=1)),
         }
         value = self.value()
         return queryset.filter(bounds[value]) if value in bounds else queryset
@@ -664,15 +669,15 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     def workshop_title(self, obj: Reminder) -> str:
         return obj.workshop.title
 
-    @admin.display(description="Window opens (workshop's zone)", ordering="window_opens_at")
+    @admin.display(description="Window opens (workshop's zone)", ordering="workshop__starts_at")
     def window_opens_local(self, obj: Reminder) -> str:
         return format_local(obj.window_opens_at, obj.workshop.zone)
 
-    @admin.display(description="Deadline (workshop's zone)", ordering="deadline_at")
+    @admin.display(description="Deadline (workshop's zone)", ordering="workshop__starts_at")
     def deadline_local(self, obj: Reminder) -> str:
         return format_local(obj.deadline_at, obj.workshop.zone)
 
-    @admin.display(description="Deadline (UTC)", ordering="deadline_at")
+    @admin.display(description="Deadline (UTC)", ordering="workshop__starts_at")
     def deadline_utc(self, obj: Reminder) -> str:
         return format_utc(obj.deadline_at)
 

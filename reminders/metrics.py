@@ -28,6 +28,7 @@ from prometheus_client.registry import Collector
 
 from clock import default_clock
 from reminders.models import Reminder, ScanRun, StaffDecision
+from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_TASK_NAME
 from reminders.services.dispatch import SCAN_NAME
 
@@ -60,12 +61,13 @@ class ReminderCollector(Collector):
         yield by_status
 
         # One statement for the ages and the near-deadline counts.
-        horizon = now + NEAR_DEADLINE
+        # Deadline before the horizon: the workshop starts before it plus the cutoff.
+        horizon = now + NEAR_DEADLINE + ReminderPolicy.from_settings().cutoff
         oldest = Reminder.objects.aggregate(
             **{status.value: Min(since, filter=Q(status=status)) for status, since in AGED.items()},
             **{
                 f"near_{status.value}": Count(
-                    "id", filter=Q(status=status, deadline_at__lt=horizon)
+                    "id", filter=Q(status=status, workshop__starts_at__lt=horizon)
                 )
                 for status in WAITING
             },

@@ -12,6 +12,7 @@ from __future__ import annotations
 from django.conf import settings
 from django.db import models
 
+from reminders.policy import ReminderPolicy
 from workshops.models import Attendee, Enrollment, Workshop
 
 
@@ -50,8 +51,6 @@ class Reminder(models.Model):
         max_length=16, choices=Status.choices, default=Status.PENDING, editable=False
     )
     status_reason = models.CharField(max_length=200, blank=True, editable=False)
-    window_opens_at = models.DateTimeField(editable=False)
-    deadline_at = models.DateTimeField(editable=False)
     next_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
     attempts = models.PositiveIntegerField(default=0, editable=False)
     last_error = models.TextField(blank=True, editable=False)
@@ -101,7 +100,7 @@ class Reminder(models.Model):
     updated_at = models.DateTimeField(auto_now=True)
 
     class Meta:
-        ordering = ["deadline_at", "id"]
+        ordering = ["id"]
         constraints = [
             models.UniqueConstraint(
                 fields=["attendee", "workshop"], name="reminder_unique_attendee_workshop"
@@ -122,27 +121,32 @@ class Reminder(models.Model):
                 name="reminder_status_valid",
             ),
             models.CheckConstraint(
-                condition=models.Q(deadline_at__gt=models.F("window_opens_at")),
-                name="reminder_window_before_deadline",
-            ),
-            models.CheckConstraint(
                 condition=~models.Q(status="sending")
                 | models.Q(claim_token__isnull=False, lease_expires_at__isnull=False),
                 name="reminder_sending_has_lease",
             ),
         ]
         indexes = [
+            # The open rows by workshop: the dispatch and the settle judge them
+            # by their workshop's start, read from the workshop row.
             models.Index(
-                fields=["window_opens_at", "deadline_at"],
-                name="reminder_due_open",
+                fields=["workshop", "id"],
+                name="reminder_open_by_workshop",
                 condition=models.Q(status__in=["pending", "queued"]),
             ),
+            # The rows the settle may reopen when their workshop changes back.
+            models.Index(
+                fields=["workshop"],
+                name="reminder_reopenable",
+                condition=models.Q(status__in=["missed", "cancelled"]),
+            ),
+            # The health view's and the metrics' counts by status.
+            models.Index(fields=["status"], name="reminder_status"),
             models.Index(
                 fields=["lease_expires_at"],
                 name="reminder_sending_lease",
                 condition=models.Q(status="sending"),
             ),
-            models.Index(fields=["status", "deadline_at"], name="reminder_status_deadline"),
         ]
         permissions = [
             ("replay_reminder", "Can replay reminders"),
@@ -152,6 +156,16 @@ class Reminder(models.Model):
 
     def __str__(self) -> str:
         return f"Reminder {self.key} ({self.status})"
+
+    # No row stores when its window opens or closes: both follow the workshop's
+    # start as it is now (ReminderPolicy), so no copy can outrank it.
+    @property
+    def window_opens_at(self):
+        return ReminderPolicy.from_settings().window_opens_at(self.workshop.starts_at)
+
+    @property
+    def deadline_at(self):
+        return ReminderPolicy.from_settings().deadline_at(self.workshop.starts_at)
 
 
 class MessageText(models.Model):

@@ -30,9 +30,9 @@ from reminders.services import (
     reminder_release,
     reminder_release_interrupted,
     reminders_dispatch,
-    reminders_expire,
     reminders_plan,
     reminders_reap,
+    reminders_settle,
     reminders_unpublished,
     scan_completed,
 )
@@ -56,7 +56,7 @@ class DatabaseUnavailable(Exception):
 
 
 def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[str, int]:
-    """Expire stale work, reap lost claims, plan new reminders and dispatch due ones.
+    """Settle unsent rows, reap lost claims, plan new reminders and dispatch due ones.
 
     Ends by recording its own completion (reminders.models.ScanRun), which the
     health view compares with beat's last publish. ``publish`` replaces the
@@ -73,7 +73,7 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
         finally:
             phases[phase] = round(clock.monotonic() - begun, 3)
 
-    counts: dict[str, int] = {"missed": timed("expire", lambda: reminders_expire(clock=clock))}
+    counts: dict[str, int] = timed("settle", lambda: reminders_settle(clock=clock))
     reaped = timed("reap", lambda: reminders_reap(clock=clock))
     counts.update({f"reaped_{key}": value for key, value in reaped.items()})
     counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock))

@@ -5,9 +5,11 @@ nowhere else. Computing from the aware UTC start, never from local wall time,
 keeps the rule right across daylight-saving transitions: "30 minutes before a
 09:00 start in Berlin" is the same UTC instant whatever the clocks did overnight.
 
-The rule is *enforced* in one place only: the claim (reminders.services.
-reminder_claim_batch), which refuses to hand a reminder to a worker once
-``deadline_at`` has passed.
+No reminder row stores either instant: every decision computes them from the
+workshop's start as it is now, so a move by any path (the admin, a bulk
+``update()``, a race) is what the next decision sees. The rule is *enforced*
+at the claim (reminders.services.reminder_claim_batch), which refuses to hand
+a reminder to a worker once its workshop starts within the cutoff.
 """
 
 from __future__ import annotations
@@ -47,39 +49,37 @@ class ReminderPolicy:
         """Return True once nothing may be sent: the deadline is the first late instant."""
         return deadline_at <= now
 
-    @staticmethod
-    def late_q(now: datetime) -> Q:
-        """Return the ``is_late`` rule as a filter, for the expiry sweep and the dispatch."""
-        return Q(deadline_at__lte=now)
-
-    @staticmethod
-    def on_time_q(now: datetime) -> Q:
-        """Return the negation of ``late_q``: the deadline is still ahead."""
-        return Q(deadline_at__gt=now)
-
-    @staticmethod
-    def late_sql(column: str) -> str:
-        """Return ``late_q`` as SQL on ``column`` (a stored deadline), with ``now`` its one parameter.
-
-        For statements written by hand (the claim); the boundary test holds
-        it to the other forms.
-        """
-        return f"{column} <= %s"
-
-    @staticmethod
-    def on_time_sql(column: str) -> str:
-        """Return ``on_time_q`` as SQL on ``column``, with ``now`` its one parameter."""
-        return f"{column} > %s"
+    # The rule as filters and SQL, on the workshop's start (``deadline <= now``
+    # with ``deadline = start - cutoff`` is ``start <= now + cutoff``): every
+    # set-based decision reads the workshop row as it is when the statement
+    # runs, never a copy. ``through`` is the path to the workshop
+    # (``"workshop__"`` from a reminder or an enrollment).
 
     def late_start_q(self, now: datetime, *, through: str = "") -> Q:
-        """Return ``is_late`` as a filter on the workshop's start rather than a stored deadline.
-
-        ``deadline <= now`` with ``deadline = start - cutoff`` is
-        ``start <= now + cutoff``; ``through`` is the path to the workshop
-        (``"workshop__"`` from a reminder or an enrollment). The plan and the
-        staff previews use it, so they judge by where the workshop is now.
-        """
+        """Return ``is_late`` as a filter on the workshop's start."""
         return Q(**{f"{through}starts_at__lte": now + self.cutoff})
+
+    def on_time_start_q(self, now: datetime, *, through: str = "") -> Q:
+        """Return the negation of ``late_start_q``: the deadline is still ahead."""
+        return Q(**{f"{through}starts_at__gt": now + self.cutoff})
+
+    def open_start_q(self, now: datetime, *, through: str = "") -> Q:
+        """Return "the window is open and the deadline ahead" as a filter on the start."""
+        return self.on_time_start_q(now, through=through) & Q(
+            **{f"{through}starts_at__lte": now + self.lead}
+        )
+
+    def late_sql(self, column: str, now: datetime) -> tuple[str, list]:
+        """Return ``late_start_q`` as ``(sql, params)`` on ``column``, a workshop's start.
+
+        For statements written by hand (the claim); the boundary test holds it
+        to the filter form.
+        """
+        return f"{column} <= %s", [now + self.cutoff]
+
+    def open_sql(self, column: str, now: datetime) -> tuple[str, list]:
+        """Return ``open_start_q`` as ``(sql, params)`` on ``column``, a workshop's start."""
+        return f"{column} > %s AND {column} <= %s", [now + self.cutoff, now + self.lead]
 
     def deadline_at(self, starts_at: datetime) -> datetime:
         """Return the instant after which a reminder must not be sent (start minus cutoff)."""

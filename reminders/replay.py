@@ -284,8 +284,9 @@ def _left_for_scan(ids: list[int], *, now: datetime) -> int:
     """Count the re-armed reminders whose window is open but that were not queued."""
     if not ids:
         return 0
+    policy = ReminderPolicy.from_settings()
     return Reminder.objects.filter(
-        pk__in=ids, status=Status.PENDING, window_opens_at__lte=now
+        policy.open_start_q(now, through="workshop__"), pk__in=ids, status=Status.PENDING
     ).count()
 
 

@@ -274,9 +274,8 @@ def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
     ).aggregate(
         due_now=Count(
             "pk",
-            filter=ReminderPolicy.on_time_q(now)
+            filter=ReminderPolicy.from_settings().open_start_q(now, through="workshop__")
             & retry_reached
-            & Q(window_opens_at__lte=now)
             & (Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)),
         ),
         queued=Count("pk", filter=Q(status=Status.QUEUED)),

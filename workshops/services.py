@@ -75,7 +75,11 @@ def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
             f"workshop_update() cannot change {sorted(unknown)}; use workshop_cancel() for status."
         )
     with transaction.atomic():
-        locked = Workshop.objects.select_for_update().get(pk=workshop.pk)
+        # FOR NO KEY UPDATE, not FOR UPDATE: a transaction inserting a reminder or
+        # an enrollment of this workshop takes FOR KEY SHARE on it at commit (its
+        # deferred foreign-key check) and must not wait for this one, which may be
+        # waiting for that insert's row (the plan's ON CONFLICT): a deadlock.
+        locked = Workshop.objects.select_for_update(no_key=True).get(pk=workshop.pk)
         changed = frozenset(
             name for name, value in changes.items() if getattr(locked, name) != value
         )

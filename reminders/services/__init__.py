@@ -2,8 +2,9 @@
 
 - ``plan``: create rows; follow workshop and enrollment changes (cancel, move,
   re-enrol) inside their transactions.
-- ``dispatch``: sweep stale open rows to ``missed``; queue due rows and
-  publish them in batches after commit.
+- ``settle``: put unsent rows where their workshop and enrollment, as they are
+  now, say (cancelled, missed, or pending again).
+- ``dispatch``: queue due rows and publish them in batches after commit.
 - ``claim``: one guarded UPDATE makes one worker the owner of a chunk.
 - ``record``: write each outcome, or release what was never sent, fenced by
   the claim.
@@ -26,7 +27,6 @@ from reminders.services.dispatch import (
     dispatches_prune,
     message_expiry,
     reminders_dispatch,
-    reminders_expire,
     reminders_unpublished,
     scan_completed,
 )
@@ -47,6 +47,7 @@ from reminders.services.record import (
     reminder_verdict,
     retry_delay,
 )
+from reminders.services.settle import reminders_settle
 
 __all__ = [
     "CHANNELS_HONOURING_KEYS",
@@ -65,11 +66,11 @@ __all__ = [
     "reminder_release_interrupted",
     "reminder_verdict",
     "reminders_dispatch",
-    "reminders_expire",
     "reminders_follow_enrollment",
     "reminders_follow_workshop",
     "reminders_plan",
     "reminders_reap",
+    "reminders_settle",
     "reminders_return",
     "reminders_unpublished",
     "retry_delay",

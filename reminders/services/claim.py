@@ -22,7 +22,7 @@ from reminders.services._sql import (
     placeholders,
     rows_cte,
 )
-from reminders.services.fate import late_sql_values, lock_in_id_order
+from reminders.services.fate import lock_in_id_order, refusal_sql
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -65,13 +65,15 @@ def reminder_claim_batch(
 ) -> Claim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
-    One guarded UPDATE (status, deadline, window and retry time in its WHERE)
-    takes the rows: under PostgreSQL's READ COMMITTED, a concurrent claimer
-    blocks on the row lock, then re-evaluates the WHERE against the committed
-    row, sees ``status = 'sending'`` and changes nothing. Exactly one claimer
-    wins each row. This is also the one place the deadline is *enforced*:
-    ids refused for lateness become ``missed`` here (``unknown`` when a call
-    of an earlier claim may have reached the provider). The claim, its lease,
+    One guarded UPDATE (status and retry time, and the workshop's status and
+    current start, in its WHERE) takes the rows: under PostgreSQL's READ
+    COMMITTED, a concurrent claimer blocks on the row lock, then re-evaluates
+    the WHERE against the committed row, sees ``status = 'sending'`` and
+    changes nothing. Exactly one claimer wins each row. This is also the one
+    place the deadline is *enforced*, from the workshop's start as the
+    statement reads it: ids refused for lateness become ``missed`` here
+    (``unknown`` when a call of an earlier claim may have reached the
+    provider), ids of a cancelled workshop or enrollment ``cancelled``. The claim, its lease,
     each first-claimed reminder's frozen text and a DeliveryAttempt per
     reminder commit before any provider is called.
 
@@ -101,14 +103,14 @@ def reminder_claim_batch(
             taken = set(numbers)
         else:
             taken = _claim_rows(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
-        # Only an id the claim did not take can be late: a taken one's deadline is ahead.
-        if late := [pk for pk in ids if pk not in taken]:
-            _miss_late(cursor, ids=late, now=now)
+        # Only an id the claim did not take can be refused for good.
+        if refused := [pk for pk in ids if pk not in taken]:
+            _refuse(cursor, ids=refused, now=now)
         if taken and not together:
             claimed = _CLAIMED.read(
                 cursor,
                 where="r.claim_token = %s AND r.status = %s",
-                order="r.deadline_at, r.id",
+                order="j1.starts_at, r.id",
                 params=[claim_token_param(token), Status.SENDING.value],
             )
             numbers = _record_attempts(token=token, worker=worker)
@@ -127,38 +129,38 @@ def reminder_claim_batch(
 def _claim_update(cursor, *, ids, token, lease, channel: str, now) -> tuple[str, list]:
     """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
-    Written by hand (the ORM compiled it again for every chunk): open, on
-    time, in its window, past any retry time, its workshop scheduled and its
-    enrollment active, all judged in the statement itself.
+    Written by hand (the ORM compiled it again for every chunk): open, past
+    any retry time, its enrollment active and its workshop scheduled with a
+    start that puts the row inside its window and before its deadline, all
+    judged in the statement itself from the workshop and enrollment rows.
     """
     ops = cursor.db.ops
     quote = ops.quote_name
-    stamp = ops.adapt_datetimefield_value(now)
+    stamp = ops.adapt_datetimefield_value
     opened = placeholders(len(Reminder.OPEN_STATUSES))
     among, among_params = one_of(cursor.db, "id", ids)
+    window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now)
     sql = (
         f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
         "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
         f"next_attempt_at = NULL, updated_at = %s WHERE {among} "
-        f"AND {ReminderPolicy.on_time_sql('deadline_at')} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) AND status IN ({opened}) "
-        "AND window_opens_at <= %s "
-        f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} WHERE status = %s) "
+        f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} "
+        f"WHERE status = %s AND {window}) "
         f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
         "WHERE status = %s)"
     )
     params = [
         Status.SENDING.value,
         claim_token_param(token),
-        ops.adapt_datetimefield_value(lease),
+        stamp(lease),
         channel,
-        stamp,
+        stamp(now),
         *among_params,
-        stamp,
-        stamp,
+        stamp(now),
         *(status.value for status in Reminder.OPEN_STATUSES),
-        stamp,
         Workshop.Status.SCHEDULED.value,
+        *(stamp(moment) for moment in window_params),
         Enrollment.Status.ACTIVE.value,
     ]
     return sql, params
@@ -198,29 +200,27 @@ def _claim_read_postgres(
         ),
         source="taken",
         extra=("(SELECT number FROM opened WHERE opened.reminder_id = r.id)",),
-        order="r.deadline_at, r.id",
+        order="j1.starts_at, r.id",
         params=[*params, *attempt_params],
     )
     return [base for base, _ in rows], {base.pk: number for base, (number,) in rows}
 
 
-def _miss_late(cursor, *, ids, now) -> None:
-    """Turn those of ``ids`` still open past their deadline into ``missed`` (``unknown`` if
-    ``maybe_sent``: fate.late_values): the claim's refusal."""
-    ops = cursor.db.ops
-    stamp = ops.adapt_datetimefield_value(now)
-    among, among_params = one_of(cursor.db, "id", ids)
-    late_set, late_params = late_sql_values(reasons.LATE_AT_CLAIM)
+def _refuse(cursor, *, ids, now) -> None:
+    """Decide, at the claim's refusal, the fate of those of ``ids`` that can never be sent.
+
+    An open row of a cancelled workshop or enrollment becomes ``cancelled``;
+    one whose workshop now starts within the cutoff ``missed`` (``unknown``
+    if ``maybe_sent``: fate.refusal_sql). Rows refused for anything else
+    (window not open yet, retry time ahead, held by another claim) are left.
+    """
+    among, among_params = one_of(cursor.db, "r.id", ids)
+    settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
     cursor.execute(
-        f"UPDATE {ops.quote_name(Reminder._meta.db_table)} SET {late_set}, "
-        f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s WHERE {among} "
-        f"AND {ReminderPolicy.late_sql('deadline_at')} "
-        f"AND status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
+        f"{settle} AND {among} AND r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
         [
-            *late_params,
-            stamp,
+            *settle_params,
             *among_params,
-            stamp,
             *(status.value for status in Reminder.OPEN_STATUSES),
         ],
     )

@@ -10,15 +10,14 @@ from functools import partial
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Case, DateTimeField, F, Q, TextField, Value, When
-from django.db.models.functions import Concat
+from django.db.models import Case, DateTimeField, F, Q, Value, When
 
 from clock import Clock, default_clock
 from reminders.models import Dispatch, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
-from reminders.services import reasons
 from reminders.services._sql import update_returning
-from reminders.services.fate import late_values
+from reminders.services.settle import ROWS_PER_TRANSACTION
+from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
 
@@ -26,67 +25,9 @@ Status = Reminder.Status
 Publish = Callable[[list[int], datetime], object]
 
 
-# The most rows one transaction of the scan locks. A claim that meets a row the
-# scan holds waits for that transaction, so this bounds the wait: with 1,000,000
-# enrollments, queueing 500 rows took 70-107 ms on the reference machine (each
-# UPDATE rewrites the row's ten index entries), too close to the 100 ms a claim
-# may wait; bench/scan_million.py measures it.
-ROWS_PER_TRANSACTION = 250
 # The statements each transaction of the dispatch runs: the locking SELECT, the
 # queueing UPDATE and the INSERT of its Dispatch records (bench/scan*.py count them).
 STATEMENTS_PER_TRANSACTION = 3
-
-
-def reminders_expire(*, clock: Clock | None = None) -> int:
-    """Mark open reminders whose deadline has passed as ``missed`` (``unknown`` if an earlier
-    call may have reached the provider: fate.late_values); return how many.
-
-    Work that sat in a queue past its deadline (workers down, messages
-    expired in the broker) would otherwise stay ``queued`` forever. The rule
-    is the policy's ``late_q``, the same one the claim enforces; the stored
-    deadline is current because every move and every return rewrites it.
-    After an outage there may be many: they are marked ``ROWS_PER_TRANSACTION``
-    at a time, skipping rows a claim holds (that claim marks them itself), so
-    no claim waits long behind the sweep.
-    """
-    clock = clock or default_clock()
-    now = clock.now()
-    late = Reminder.objects.filter(ReminderPolicy.late_q(now), status__in=Reminder.OPEN_STATUSES)
-    total = 0
-    while True:
-        with transaction.atomic():
-            # The ids first, then the UPDATE: as a subquery of the UPDATE, PostgreSQL
-            # may run a LIMIT ... SKIP LOCKED once per row and take every late row.
-            chunk = list(
-                late.select_for_update(skip_locked=True).values_list("id", flat=True)[
-                    :ROWS_PER_TRANSACTION
-                ]
-            )
-            changed = Reminder.objects.filter(
-                ReminderPolicy.late_q(now), id__in=chunk, status__in=Reminder.OPEN_STATUSES
-            ).update(
-                **late_values(
-                    Case(
-                        When(
-                            last_error__gt="",
-                            then=Concat(
-                                Value(reasons.LATE_IN_RETRY.format(error="")),
-                                "last_error",
-                                output_field=TextField(),
-                            ),
-                        ),
-                        When(status=Status.QUEUED, then=Value(reasons.LATE_IN_QUEUE)),
-                        default=Value(reasons.LATE_AT_CLAIM),
-                        output_field=TextField(),
-                    )
-                ),
-                queued_until=None,
-                next_attempt_at=None,
-                updated_at=now,
-            )
-        total += changed
-        if changed < ROWS_PER_TRANSACTION:
-            return total
 
 
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
@@ -112,8 +53,9 @@ def reminders_dispatch(
 ) -> int:
     """Queue due reminders and publish them by id in batches, after commit.
 
-    Due: window open, deadline not passed, retry time reached, and either
-    never queued or queued under a message that has since expired (lost in a
+    Due: its workshop scheduled with a start that opens the window and
+    leaves the deadline ahead (read from the workshop row, never a copy), its
+    enrollment active, retry time reached, and either never queued or queued under a message that has since expired (lost in a
     broker restart, dropped unpublished): this is the reconciler. A reminder
     whose message is still live is left alone, so a slow queue is not flooded.
     Batches follow the deadline order; see ``message_expiry`` for when each
@@ -134,13 +76,15 @@ def reminders_dispatch(
     batch_size = batch_size or settings.REMINDERS_BATCH_SIZE
     limit = limit or settings.REMINDERS_DISPATCH_LIMIT
     requeue_after = timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
+    policy = ReminderPolicy.from_settings()
     due_now = Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)
     due = Reminder.objects.filter(
-        ReminderPolicy.on_time_q(now),
+        policy.open_start_q(now, through="workshop__"),
         Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
         due_now,
-        window_opens_at__lte=now,
-    ).order_by("deadline_at", "id")
+        workshop__status=Workshop.Status.SCHEDULED,
+        enrollment__status=Enrollment.Status.ACTIVE,
+    ).order_by("workshop__starts_at", "id")
     if ids is not None:
         due = due.filter(id__in=ids)
     if connection.in_atomic_block:
@@ -168,13 +112,19 @@ def reminders_dispatch(
     for chunk in chunks:
         with transaction.atomic():
             rows = sorted(
-                chunk.select_for_update(skip_locked=True).values_list("id", "deadline_at"),
+                chunk.select_for_update(skip_locked=True, of=("self",)).values_list(
+                    "id", "workshop__starts_at"
+                ),
                 key=lambda row: (row[1], row[0]),
             )
             if not rows:
                 continue
             batches = _queue(
-                rows, due_now=due_now, now=now, batch_size=batch_size, requeue_after=requeue_after
+                [(pk, policy.deadline_at(starts)) for pk, starts in rows],
+                due_now=due_now,
+                now=now,
+                batch_size=batch_size,
+                requeue_after=requeue_after,
             )
             # The history the trace reads, committed with the rows it names.
             Dispatch.objects.bulk_create(

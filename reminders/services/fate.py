@@ -38,14 +38,9 @@ from django.db import connection
 from django.db.models import (
     Case,
     CharField,
-    DateTimeField,
-    DurationField,
     Expression,
-    ExpressionWrapper,
     F,
-    OuterRef,
     Q,
-    Subquery,
     Value,
     When,
 )
@@ -75,12 +70,10 @@ class Source:
 
 @dataclass(frozen=True, slots=True)
 class Fate:
-    """Where a returning reminder goes, and the schedule it carries there."""
+    """Where a returning reminder goes, and when it may be tried again."""
 
     status: str
     reason: str
-    window_opens_at: datetime
-    deadline_at: datetime
     next_attempt_at: datetime | None = None
     #: Written to Reminder.maybe_sent (set, never cleared) with the fate.
     maybe_sent: bool = False
@@ -111,28 +104,23 @@ def reminder_fate(
     mark (``source.maybe_sent``) counts as ``maybe_sent``: a call that timed
     out in an earlier claim may have been accepted as much as one in this.
     """
-    window = policy.window_opens_at(source.starts_at)
     deadline = policy.deadline_at(source.starts_at)
     maybe_sent = maybe_sent or source.maybe_sent
     if source.workshop_status != Workshop.Status.SCHEDULED:
-        return Fate(
-            Status.CANCELLED, reasons.WORKSHOP_CANCELLED, window, deadline, maybe_sent=maybe_sent
-        )
+        return Fate(Status.CANCELLED, reasons.WORKSHOP_CANCELLED, maybe_sent=maybe_sent)
     if source.enrollment_status != Enrollment.Status.ACTIVE:
-        return Fate(
-            Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, window, deadline, maybe_sent=maybe_sent
-        )
+        return Fate(Status.CANCELLED, reasons.ENROLLMENT_CANCELLED, maybe_sent=maybe_sent)
     if gave_up:
         if maybe_sent:
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=gave_up)
-            return Fate(Status.UNKNOWN, reason, window, deadline, maybe_sent=True)
-        return Fate(Status.FAILED, gave_up, window, deadline)
+            return Fate(Status.UNKNOWN, reason, maybe_sent=True)
+        return Fate(Status.FAILED, gave_up)
     if policy.is_late(deadline_at=deadline, now=max(now, retry_at or now)):
         if maybe_sent:
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)
-            return Fate(Status.UNKNOWN, reason, window, deadline, maybe_sent=True)
-        return Fate(Status.MISSED, late_reason, window, deadline)
-    return Fate(Status.PENDING, open_reason, window, deadline, retry_at, maybe_sent=maybe_sent)
+            return Fate(Status.UNKNOWN, reason, maybe_sent=True)
+        return Fate(Status.MISSED, late_reason)
+    return Fate(Status.PENDING, open_reason, retry_at, maybe_sent=maybe_sent)
 
 
 def late_values(reason: str | Expression) -> dict[str, Expression]:
@@ -163,14 +151,52 @@ def late_values(reason: str | Expression) -> dict[str, Expression]:
     }
 
 
-def late_sql_values(reason: str) -> tuple[str, list[str]]:
-    """``late_values`` as a raw SQL SET fragment and its parameters."""
+def refusal_sql(late_reason: str, *, now: datetime) -> tuple[str, list]:
+    """Return ``(sql, params)`` of an UPDATE giving rows that can never be sent their fate.
+
+    What ``reminder_fate`` says, in one statement joined to the workshop and
+    enrollment rows as the statement reads them: ``cancelled`` when either is,
+    else, when the workshop now starts within the cutoff, ``missed`` with
+    ``late_reason`` (``unknown`` with the maybe-sent reason for a row whose
+    ``maybe_sent`` is set). Rows that match none of these are left as they
+    are. The reminder table's alias is ``r``; the caller appends
+    ``AND ...`` conditions on it (and their parameters).
+    """
+    quote = connection.ops.quote_name
+    stamp = connection.ops.adapt_datetimefield_value
+    policy = ReminderPolicy.from_settings()
+    late, late_params = policy.late_sql("w.starts_at", now)
+    maybe_reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)[:200]
+    off_workshop = "w.status <> %s"
+    off_enrollment = "e.status <> %s"
+    live = [Workshop.Status.SCHEDULED.value, Enrollment.Status.ACTIVE.value]
     sql = (
-        "status = CASE WHEN maybe_sent THEN %s ELSE %s END, "
-        "status_reason = CASE WHEN maybe_sent THEN %s ELSE %s END"
+        f"UPDATE {quote(Reminder._meta.db_table)} AS r SET "
+        f"status = CASE WHEN {off_workshop} OR {off_enrollment} THEN %s "
+        "WHEN r.maybe_sent THEN %s ELSE %s END, "
+        f"status_reason = CASE WHEN {off_workshop} THEN %s WHEN {off_enrollment} THEN %s "
+        "WHEN r.maybe_sent THEN %s ELSE %s END, "
+        "queued_until = NULL, next_attempt_at = NULL, updated_at = %s "
+        f"FROM {quote(Workshop._meta.db_table)} w, {quote(Enrollment._meta.db_table)} e "
+        "WHERE w.id = r.workshop_id AND e.id = r.enrollment_id "
+        f"AND ({off_workshop} OR {off_enrollment} OR {late})"
     )
-    maybe_reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=reason)[:200]
-    return sql, [Status.UNKNOWN.value, Status.MISSED.value, maybe_reason, reason[:200]]
+    params = [
+        *live,
+        Status.CANCELLED.value,
+        Status.UNKNOWN.value,
+        Status.MISSED.value,
+        live[0],
+        reasons.WORKSHOP_CANCELLED,
+        live[1],
+        reasons.ENROLLMENT_CANCELLED,
+        maybe_reason,
+        late_reason[:200],
+        stamp(now),
+        *live,
+        *(stamp(moment) for moment in late_params),
+    ]
+    return sql, params
 
 
 def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
@@ -268,9 +294,7 @@ def reminders_return(
     may leave), re-checked by PostgreSQL against the committed row after any
     lock wait. Rows sharing the same status, reason and retry time go in one
     statement, so a chunk costs a statement per distinct fate, not per
-    reminder or per workshop: the window and deadline are computed in the
-    statement from the workshop's start, the same start ``sources_locked``
-    read and still holds locked, so they equal the fate's. ``errors``
+    reminder or per workshop. ``errors``
     sets ``last_error``; ``refund`` gives back the attempt a claim counted;
     a fate's ``maybe_sent`` sets the row's (never clears it); ``extra`` adds
     the same values to every row (a replay resets ``attempts``).
@@ -284,13 +308,11 @@ def reminders_return(
             fate.maybe_sent,
         )  # fmt: skip
         groups[key].append(pk)
-    schedule = _schedule_from_workshop(ReminderPolicy.from_settings())
     changed: dict[int, str] = {}
     for (status, reason, next_attempt_at, error, refunded, maybe_sent), ids in groups.items():
         values = {
             "status": status,
             "status_reason": reason[:200],
-            **schedule,
             "next_attempt_at": next_attempt_at,
             "queued_until": None,
             "claim_token": None,
@@ -306,24 +328,3 @@ def reminders_return(
         values.update(extra or {})
         changed.update(update_returning(Reminder.objects.filter(guard, pk__in=ids), **values))
     return changed
-
-
-def _schedule_from_workshop(policy: ReminderPolicy) -> dict[str, ExpressionWrapper]:
-    """Return SET values computing the window and deadline from the workshop's start, in SQL.
-
-    The policy's arithmetic on the stored UTC start (``ReminderPolicy.deadline_at``
-    and ``window_opens_at`` subtract from the same instant), as the plan does.
-    """
-    starts = Subquery(
-        Workshop.objects.filter(pk=OuterRef("workshop_id")).order_by().values("starts_at")[:1]
-    )
-
-    def before_start(duration) -> ExpressionWrapper:
-        return ExpressionWrapper(
-            starts - Value(duration, output_field=DurationField()), output_field=DateTimeField()
-        )
-
-    return {
-        "window_opens_at": before_start(policy.lead),
-        "deadline_at": before_start(policy.cutoff),
-    }

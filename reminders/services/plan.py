@@ -20,8 +20,6 @@ from django.db.models import (
     Case,
     CharField,
     DateTimeField,
-    DurationField,
-    ExpressionWrapper,
     F,
     IntegerField,
     Q,
@@ -36,12 +34,7 @@ from clock import Clock, default_clock
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services.fate import (
-    late_values,
-    reminder_fate,
-    reminders_return,
-    sources_locked,
-)
+from reminders.services.settle import reminders_settle
 from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
@@ -56,8 +49,6 @@ _PLAN_COLUMNS = (
     "key",
     "status",
     "status_reason",
-    "window_opens_at",
-    "deadline_at",
     "attempts",
     "last_error",
     "channel",
@@ -102,13 +93,6 @@ def _plan_source(
     *, now: datetime, policy: ReminderPolicy, enrollments: QuerySet[Enrollment], late_reason: str
 ) -> QuerySet:
     """Return the SELECT feeding the plan: one row per enrollment lacking a reminder."""
-    starts = F("workshop__starts_at")
-    deadline = ExpressionWrapper(
-        starts - Value(policy.cutoff, output_field=DurationField()), output_field=DateTimeField()
-    )
-    window = ExpressionWrapper(
-        starts - Value(policy.lead, output_field=DurationField()), output_field=DateTimeField()
-    )
     late = policy.late_start_q(now, through="workshop__")
     return (
         enrollments.filter(
@@ -134,8 +118,6 @@ def _plan_source(
             ),
             p_status=Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
             p_reason=Case(When(late, then=Value(late_reason)), default=Value("")),
-            p_window=window,
-            p_deadline=deadline,
             p_attempts=Value(0, output_field=IntegerField()),
             p_error=Value(""),
             p_channel=Value(""),
@@ -150,8 +132,6 @@ def _plan_source(
             "p_key",
             "p_status",
             "p_reason",
-            "p_window",
-            "p_deadline",
             "p_attempts",
             "p_error",
             "p_channel",
@@ -205,133 +185,35 @@ def reminders_plan(
 def reminders_follow_workshop(
     *, workshop: Workshop, changed: frozenset[str], clock: Clock | None = None
 ) -> None:
-    """Bring a workshop's unsent reminders in line with its new state.
+    """Bring a workshop's unsent reminders in line with its new state, at once.
 
     Runs inside the workshop service's transaction (workshops.signals), which
-    has already written the workshop row and holds its lock until commit.
-    Guarantee: every ``pending`` or ``queued`` row of the workshop leaves this
-    function with the status, window and deadline of the workshop as it is
-    now; a ``missed`` row whose new deadline is still ahead is planned again,
-    unless its enrollment is cancelled or it may have reached the provider
-    (``maybe_sent``).
-    ``sending`` rows are their worker's (see the module docstring).
+    has already written the workshop row and holds its lock until commit, so
+    the settle reads the workshop as it commits. It is for the admin's sake:
+    the scan's settle would reach the same rows within a scan, and the claim
+    judges each row again from the workshop when it takes it. ``sending``
+    rows are their worker's: it learns of the change before its next
+    provider call (reminders.bridge's claim watch) and its record re-derives
+    the row's fate (reminders.services.fate).
     """
-    clock = clock or default_clock()
-    now = clock.now()
-    mine = Reminder.objects.filter(workshop=workshop)
-    if workshop.status == Workshop.Status.CANCELLED:
-        _cancel_open(mine, reason=reasons.WORKSHOP_CANCELLED, now=now)
-        return
-    if "status" in changed:
-        _reinstate(mine, now=now)
-    if "starts_at" in changed:
-        _reschedule(workshop=workshop, reminders=mine, now=now)
-    if changed & {"starts_at", "created"}:
+    late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
+    reminders_settle(clock=clock, scope=Q(workshop=workshop), late_reason=late_reason)
+    if changed & {"starts_at", "created", "status"}:
         reminders_plan(clock=clock, enrollments=Enrollment.objects.filter(workshop=workshop))
 
 
-def _reinstate(reminders: QuerySet[Reminder], *, now: datetime) -> None:
-    """Re-derive the fate of the cancelled rows of a workshop that is scheduled again.
-
-    Each goes back to ``pending`` with the current window and deadline, or to
-    ``missed`` when the cutoff has passed (``unknown`` if it may have reached
-    the provider); a row whose enrollment is cancelled stays cancelled. Sent,
-    failed and unknown rows are left as they are.
-    """
-    cancelled = Q(status=Status.CANCELLED)
-    policy = ReminderPolicy.from_settings()
-    sources = sources_locked(reminders.filter(cancelled).values_list("pk", flat=True))
-    fates = {
-        pk: reminder_fate(
-            source=source,
-            policy=policy,
-            now=now,
-            late_reason=reasons.REINSTATED_LATE,
-            open_reason=reasons.REINSTATED,
-        )
-        for pk, source in sources.items()
-    }
-    reopened = {pk: fate for pk, fate in fates.items() if fate.status != Status.CANCELLED}
-    reminders_return(fates=reopened, guard=cancelled, now=now, extra={"attempts": 0})
-
-
-def _cancel_open(reminders: QuerySet[Reminder], *, reason: str, now: datetime) -> None:
-    """Cancel the ``pending`` and ``queued`` rows; ``sending`` ones are their worker's."""
-    reminders.filter(status__in=Reminder.OPEN_STATUSES).update(
-        status=Status.CANCELLED,
-        status_reason=reason,
-        queued_until=None,
-        next_attempt_at=None,
-        updated_at=now,
-    )
-
-
-def _reschedule(*, workshop: Workshop, reminders: QuerySet[Reminder], now: datetime) -> None:
-    policy = ReminderPolicy.from_settings()
-    schedule = {
-        "window_opens_at": policy.window_opens_at(workshop.starts_at),
-        "deadline_at": policy.deadline_at(workshop.starts_at),
-        "updated_at": now,
-    }
-    open_rows = reminders.filter(status__in=Reminder.OPEN_STATUSES)
-    if policy.is_late(deadline_at=schedule["deadline_at"], now=now):
-        open_rows.update(
-            **late_values(reasons.MOVED_INSIDE_CUTOFF),
-            queued_until=None,
-            next_attempt_at=None,
-            **schedule,
-        )
-        reminders.filter(status=Status.MISSED).update(**schedule)
-        return
-    open_rows.update(**schedule)
-    # Missed under the old start (inside the cutoff, or an outage) but the
-    # workshop now starts later: it can still be sent, so it is planned again.
-    # Not a row that may have reached the provider (``unknown``, or ``missed``
-    # marked by migration 0015): a second send could carry the old start under
-    # the same key, or reach the attendee twice; staff decide those.
-    reminders.filter(
-        status=Status.MISSED, maybe_sent=False, enrollment__status=Enrollment.Status.ACTIVE
-    ).update(
-        status=Status.PENDING,
-        status_reason=reasons.MOVED_LATER,
-        queued_until=None,
-        next_attempt_at=None,
-        **schedule,
-    )
-
-
 def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None = None) -> None:
-    """Cancel or (re)plan the reminder of one enrollment, inside its transaction."""
-    clock = clock or default_clock()
-    now = clock.now()
-    if enrollment.status == Enrollment.Status.CANCELLED:
-        _cancel_open(
-            Reminder.objects.filter(enrollment=enrollment),
-            reason=reasons.ENROLLMENT_CANCELLED,
-            now=now,
+    """Cancel, revive or plan the reminder of one enrollment, inside its transaction.
+
+    Re-enrolled after cancelling, the cancelled reminder becomes sendable
+    again if the workshop's start allows it, else it says why it will not be
+    sent; judged by the settle from the workshop row, not from the caller's
+    copy of it.
+    """
+    reminders_settle(clock=clock, scope=Q(enrollment=enrollment))
+    if enrollment.status == Enrollment.Status.ACTIVE:
+        reminders_plan(
+            clock=clock,
+            enrollments=Enrollment.objects.filter(pk=enrollment.pk),
+            late_reason=reasons.ENROLLED_LATE,
         )
-        return
-    # Re-enrolled after cancelling: the cancelled reminder becomes sendable
-    # again if its deadline allows, else it says why it will not be sent.
-    policy = ReminderPolicy.from_settings()
-    workshop = enrollment.workshop
-    deadline = policy.deadline_at(workshop.starts_at)
-    revived = Reminder.objects.filter(
-        enrollment=enrollment,
-        status=Status.CANCELLED,
-        status_reason=reasons.ENROLLMENT_CANCELLED,
-    )
-    schedule = {
-        "window_opens_at": policy.window_opens_at(workshop.starts_at),
-        "deadline_at": deadline,
-        "updated_at": now,
-    }
-    if not policy.is_late(deadline_at=deadline, now=now):
-        revived.update(status=Status.PENDING, status_reason="", **schedule)
-    else:
-        revived.update(**late_values(reasons.ENROLLED_LATE), **schedule)
-    reminders_plan(
-        clock=clock,
-        enrollments=Enrollment.objects.filter(pk=enrollment.pk),
-        late_reason=reasons.ENROLLED_LATE,
-    )

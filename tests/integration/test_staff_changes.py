@@ -90,7 +90,7 @@ def test_cancel_while_sending_stops_new_calls_within_the_window(
 def test_enrollment_cancelled_while_sending_is_not_sent(live_clock, provider, make_workshop, enrol):
     workshop = make_workshop(starts_in=timedelta(hours=3))
     enrollments = enrol(workshop, count=40)
-    ids = list(Reminder.objects.order_by("deadline_at", "id").values_list("id", flat=True))
+    ids = list(Reminder.objects.order_by("workshop__starts_at", "id").values_list("id", flat=True))
     last = Reminder.objects.get(pk=ids[-1]).enrollment
     thread, outcome = _run_batch(ids)
     _wait_for_requests(provider, 5)
@@ -218,7 +218,7 @@ def test_an_attendee_erased_while_waiting_in_the_limiter_is_never_sent_to(
 
     workshop = make_workshop(starts_in=timedelta(hours=3))
     enrol(workshop, count=40)
-    ids = list(Reminder.objects.order_by("deadline_at", "id").values_list("id", flat=True))
+    ids = list(Reminder.objects.order_by("workshop__starts_at", "id").values_list("id", flat=True))
     last = Reminder.objects.select_related("attendee").get(pk=ids[-1])
     email, name = last.attendee.email, last.attendee.name
     thread, outcome = _run_batch(ids)

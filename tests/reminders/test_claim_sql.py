@@ -33,7 +33,7 @@ def _read(ids: list[int]) -> list[Reminder]:
         return reader.read(
             cursor,
             where=f"r.id IN ({', '.join(['%s'] * len(ids))})",
-            order="r.deadline_at, r.id",
+            order="j1.starts_at, r.id",
             params=ids,
         )
 
@@ -55,7 +55,9 @@ def test_rows_with_related_equal_the_orms_select_related(
         # Everything select_related would have loaded is loaded: no query per relation.
         loaded = [(r.attendee.email, r.workshop.title, r.text and r.text.digest) for r in read]
     orm = list(
-        Reminder.objects.filter(pk__in=ids).select_related(*RELATED).order_by("deadline_at", "id")
+        Reminder.objects.filter(pk__in=ids)
+        .select_related(*RELATED)
+        .order_by("workshop__starts_at", "id")
     )
     assert [r.pk for r in read] == [r.pk for r in orm]
     assert [r.text_id is not None for r in read] == [True, False, False]

@@ -12,6 +12,7 @@ from clock import SystemClock
 from reminders.models import Dispatch, Reminder
 from reminders.services import dispatches_prune, reminders_dispatch
 from tests.support.processes import process_env
+from workshops.models import Workshop
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -46,7 +47,7 @@ def test_a_message_lives_while_any_of_its_reminders_can_be_sent(
     due_reminders(3, starts_in=timedelta(hours=1))
     _dispatch(clock=clock)
     ((batch, expires_at),) = published
-    deadlines = Reminder.objects.filter(id__in=batch).values_list("deadline_at", flat=True)
+    deadlines = [r.deadline_at for r in Reminder.objects.filter(id__in=batch)]
     assert expires_at == max(deadlines)
     assert set(Reminder.objects.values_list("queued_until", flat=True)) == {expires_at}
 
@@ -111,9 +112,13 @@ def test_rolled_back_transaction_publishes_nothing(clock, due_reminders, publish
 def test_window_not_open_and_retry_time_not_reached_are_not_dispatched(
     clock, due_reminders, published, settings
 ):
-    ids = due_reminders(3)
+    ids = due_reminders(2) + due_reminders(1)
     Reminder.objects.filter(id=ids[0]).update(next_attempt_at=clock.now() + timedelta(minutes=5))
-    Reminder.objects.filter(id=ids[2]).update(window_opens_at=clock.now() + timedelta(minutes=5))
+    # Its workshop moved (by bulk) to start a lead and five minutes from now.
+    starts = clock.now() + timedelta(minutes=settings.REMINDERS_LEAD_MINUTES + 5)
+    Workshop.objects.filter(reminders=ids[2]).update(
+        starts_at=starts, ends_at=starts + timedelta(hours=1)
+    )
     assert _dispatch(clock=clock) == 1
     assert published[0][0] == [ids[1]]
 
@@ -192,30 +197,30 @@ def test_the_dispatch_limit_holds_across_transactions(clock, due_reminders, sett
     assert Reminder.objects.filter(status="pending").count() == 15
 
 
-def test_the_expiry_marks_every_late_row_one_transaction_at_a_time(
+def test_the_settle_marks_every_late_row_one_transaction_at_a_time(
     clock, due_reminders, monkeypatch
 ):
     from django.test.utils import CaptureQueriesContext
 
-    from reminders.services import dispatch, reminders_expire
+    from reminders.services import reminders_settle, settle
 
-    monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
+    monkeypatch.setattr(settle, "ROWS_PER_TRANSACTION", 20)
     due_reminders(50, per_workshop=25, starts_in=timedelta(hours=1))
     clock.advance(timedelta(minutes=31).total_seconds())
     with CaptureQueriesContext(connection) as queries:
-        assert reminders_expire(clock=clock) == 50
+        assert reminders_settle(clock=clock)["missed"] == 50
     assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
     updates = [q["sql"] for q in queries if q["sql"].startswith("UPDATE")]
     assert len(updates) == 3, "each transaction marks at most ROWS_PER_TRANSACTION rows"
 
 
-def test_the_expiry_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due_reminders):
+def test_the_settle_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due_reminders):
     """After an outage the sweep may have thousands of late rows; a claim holding one of
     them must not make the sweep wait, nor the sweep the claim. The held row is left to
     the claim, which refuses it for lateness itself."""
     import threading
 
-    from reminders.services import reasons, reminder_claim_batch, reminders_expire
+    from reminders.services import reasons, reminder_claim_batch, reminders_settle
 
     held, *others = due_reminders(5, per_workshop=5, starts_in=timedelta(hours=1))
     clock.advance(timedelta(minutes=31).total_seconds())
@@ -236,7 +241,7 @@ def test_the_expiry_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due
     thread.start()
     assert locked.wait(10)
     swept: list[int] = []
-    sweep = threading.Thread(target=lambda: (swept.append(reminders_expire(clock=clock)),
+    sweep = threading.Thread(target=lambda: (swept.append(reminders_settle(clock=clock)["missed"]),
                                              connection.close()))  # fmt: skip
     sweep.start()
     sweep.join(5)
@@ -244,7 +249,7 @@ def test_the_expiry_passes_a_row_a_claim_holds_and_the_claim_marks_it(clock, due
     release.set()
     thread.join(30)
     sweep.join(30)
-    assert finished_while_held, "the expiry waited for the claim's row lock"
+    assert finished_while_held, "the settle waited for the claim's row lock"
     assert swept == [4]
     assert claimed[0].reminders == []
     row = Reminder.objects.get(pk=held)
@@ -266,7 +271,7 @@ def test_a_row_claimed_or_cancelled_after_the_read_is_not_queued_by_a_later_tran
     monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
     settings.REMINDERS_BATCH_SIZE = 10
     ids = due_reminders(20, per_workshop=20) + due_reminders(20, per_workshop=20)
-    later = Reminder.objects.filter(pk__in=ids).order_by("deadline_at", "id")[20:]
+    later = Reminder.objects.filter(pk__in=ids).order_by("workshop__starts_at", "id")[20:]
     claimed_id = later[0].pk
     cancelled_workshop = Reminder.objects.get(pk=later[5].pk).workshop
     published: list[list[int]] = []

@@ -11,6 +11,7 @@ import uuid
 from datetime import timedelta
 
 import pytest
+from django.conf import settings
 
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
@@ -28,7 +29,10 @@ def _only(reminder_id, case, clock):
     elif case == "enrollment_cancelled":
         Enrollment.objects.filter(pk=reminder.enrollment_id).update(status="cancelled")
     elif case == "window_not_open":
-        row.update(window_opens_at=clock.now() + timedelta(minutes=5))
+        starts = clock.now() + timedelta(minutes=settings.REMINDERS_LEAD_MINUTES + 5)
+        Workshop.objects.filter(pk=reminder.workshop_id).update(
+            starts_at=starts, ends_at=starts + timedelta(hours=1)
+        )
     elif case == "retry_not_due":
         row.update(next_attempt_at=clock.now() + timedelta(minutes=5))
     elif case in ("sent", "failed", "sending", "unknown", "cancelled", "missed"):
@@ -62,8 +66,10 @@ def test_each_claim_guard_alone_keeps_the_row(clock, due_reminders, case):
     claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
     after = Reminder.objects.get(pk=reminder_id)
     assert claim.reminders == []
+    # A row refused for a cancelled workshop or enrollment is cancelled by the refusal.
+    refused_for_good = case in ("workshop_cancelled", "enrollment_cancelled")
     assert (after.status, after.claim_token, after.attempts) == (
-        before.status,
+        "cancelled" if refused_for_good else before.status,
         before.claim_token,
         before.attempts,
     )
@@ -71,9 +77,13 @@ def test_each_claim_guard_alone_keeps_the_row(clock, due_reminders, case):
 
 
 def test_the_deadline_guard_alone_keeps_the_row_from_the_claim(clock, due_reminders):
-    """Past its stored deadline (workshop and everything else fine): missed, never claimed."""
+    """Its workshop now starts at the cutoff (by a bulk move; everything else fine): missed,
+    never claimed."""
     (reminder_id,) = due_reminders(1)
-    Reminder.objects.filter(pk=reminder_id).update(deadline_at=clock.now())
+    starts = clock.now() + timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES)
+    Workshop.objects.filter(reminders=reminder_id).update(
+        starts_at=starts, ends_at=starts + timedelta(hours=1)
+    )
     assert reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock).reminders == []
     assert Reminder.objects.get(pk=reminder_id).status == "missed"
 

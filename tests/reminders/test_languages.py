@@ -34,9 +34,7 @@ def _envelope(*, language="", workshop_language="en", name="Zoë", zone="", **te
         **texts,
     )
     attendee = Attendee(pk=7, name=name, email="z@example.org", timezone=zone, language=language)
-    reminder = Reminder(
-        pk=9, key="t-w1-a7", created_at=DST_START, deadline_at=DST_START.replace(hour=7)
-    )
+    reminder = Reminder(pk=9, key="t-w1-a7", created_at=DST_START)
     reminder.workshop, reminder.attendee = workshop, attendee
     return reminder_envelope(reminder=reminder)
 

@@ -20,8 +20,8 @@ from reminders.services import (
     reminder_record_batch,
     reminder_release,
     reminders_dispatch,
-    reminders_expire,
     reminders_reap,
+    reminders_settle,
     reminders_unpublished,
 )
 from reminders.services.fate import Fate, Source, reminder_fate
@@ -470,11 +470,11 @@ def test_the_reaper_reads_the_clock_it_is_given(clock, due_reminders, settings):
     assert Reminder.objects.get(pk=blind).updated_at == own.now()
 
 
-# -- expire and dispatch ---------------------------------------------------------
+# -- settle and dispatch ---------------------------------------------------------
 
 
 @pytest.mark.django_db
-def test_expiry_says_why_each_late_reminder_was_missed(clock, due_reminders):
+def test_the_settle_says_why_each_late_reminder_was_missed(clock, due_reminders):
     retried, long_error, queued, never, on_time = due_reminders(
         4, per_workshop=4, starts_in=timedelta(hours=1)
     ) + due_reminders(1, starts_in=timedelta(hours=5))
@@ -487,7 +487,7 @@ def test_expiry_says_why_each_late_reminder_was_missed(clock, due_reminders):
     )
     clock.advance(timedelta(minutes=31).total_seconds())
     own = FakeClock(clock.now() + timedelta(seconds=7))
-    assert reminders_expire(clock=own) == 4
+    assert reminders_settle(clock=own)["missed"] == 4
     rows = {r.pk: r for r in Reminder.objects.all()}
     assert rows[retried].status_reason == "deadline passed while retrying: 503 busy"
     assert rows[long_error].status_reason == ("deadline passed while retrying: " + "e" * 300)[:200]
@@ -515,7 +515,9 @@ def test_dispatch_follows_deadlines_and_stops_at_the_limit(
 ):
     for starts_in in (timedelta(hours=5), timedelta(hours=3), timedelta(hours=4)):
         enrol(make_workshop(starts_in=starts_in))
-    by_deadline = list(Reminder.objects.order_by("deadline_at").values_list("id", flat=True))
+    by_deadline = list(
+        Reminder.objects.order_by("workshop__starts_at").values_list("id", flat=True)
+    )
     assert by_deadline != sorted(by_deadline)
     clock.advance(5)
     own = FakeClock(clock.now() + timedelta(seconds=3))
@@ -561,7 +563,7 @@ def test_dispatch_never_requeues_a_finished_reminder_with_a_stale_queue_mark(
 
 POLICY = ReminderPolicy(lead=timedelta(hours=24), cutoff=timedelta(minutes=30))
 START = NOW + timedelta(hours=2)
-WINDOW, DEADLINE = START - timedelta(hours=24), START - timedelta(minutes=30)
+DEADLINE = START - timedelta(minutes=30)
 
 
 @pytest.mark.parametrize(
@@ -570,27 +572,27 @@ WINDOW, DEADLINE = START - timedelta(hours=24), START - timedelta(minutes=30)
         (
             Source("cancelled", "active", START),
             None,
-            Fate("cancelled", reasons.WORKSHOP_CANCELLED, WINDOW, DEADLINE),
+            Fate("cancelled", reasons.WORKSHOP_CANCELLED),
         ),
         (
             Source("scheduled", "cancelled", START),
             None,
-            Fate("cancelled", reasons.ENROLLMENT_CANCELLED, WINDOW, DEADLINE),
+            Fate("cancelled", reasons.ENROLLMENT_CANCELLED),
         ),
         (
             Source("scheduled", "active", START),
             DEADLINE,
-            Fate("missed", "late!", WINDOW, DEADLINE),
+            Fate("missed", "late!"),
         ),
         (
             Source("scheduled", "active", START),
             DEADLINE - timedelta(seconds=1),
-            Fate("pending", "", WINDOW, DEADLINE, DEADLINE - timedelta(seconds=1)),
+            Fate("pending", "", DEADLINE - timedelta(seconds=1)),
         ),
     ],
     ids=["workshop-cancelled", "enrollment-cancelled", "late", "open"],
 )
-def test_each_fate_carries_the_schedule_of_the_workshop_now(source, retry_at, expected):
+def test_each_fate_follows_the_workshop_now(source, retry_at, expected):
     got = reminder_fate(
         source=source, policy=POLICY, now=NOW, late_reason="late!", retry_at=retry_at
     )
@@ -667,7 +669,7 @@ def test_a_row_in_flight_does_not_use_up_the_dispatch_limit(
 ):
     enrol(make_workshop(starts_in=timedelta(hours=2)))
     enrol(make_workshop(starts_in=timedelta(hours=3)))
-    sooner, later = Reminder.objects.order_by("deadline_at").values_list("id", flat=True)
+    sooner, later = Reminder.objects.order_by("workshop__starts_at").values_list("id", flat=True)
     reminder_claim_batch(ids=[sooner], channel="smtp", clock=clock)
     sent, publish = _recorder()
     with django_capture_on_commit_callbacks(execute=True):

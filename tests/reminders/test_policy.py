@@ -50,10 +50,11 @@ def test_lead_must_exceed_cutoff():
 
 @pytest.mark.django_db
 def test_every_form_of_the_late_rule_agrees_at_the_boundary(clock, make_workshop, enrol):
-    """is_late, late_q/on_time_q and late_sql/on_time_sql (stored deadline) and late_start_q
-    (the workshop's start) give one answer a microsecond before, at, and a microsecond after
-    the deadline."""
+    """is_late, late_start_q/on_time_start_q and late_sql (all on the workshop's start,
+    which is all a decision reads) give one answer a microsecond before, at, and a
+    microsecond after the deadline."""
     from reminders.models import Reminder
+    from workshops.models import Workshop
 
     workshop = make_workshop(starts_in=timedelta(hours=2))
     enrol(workshop)
@@ -67,23 +68,22 @@ def test_every_form_of_the_late_rule_agrees_at_the_boundary(clock, make_workshop
     ]:
         forms = {
             "is_late": policy.is_late(deadline_at=reminder.deadline_at, now=now),
-            "late_q": Reminder.objects.filter(ReminderPolicy.late_q(now)).exists(),
-            "not on_time_q": not Reminder.objects.filter(ReminderPolicy.on_time_q(now)).exists(),
-            "late_sql": _exists_where(Reminder, ReminderPolicy.late_sql("deadline_at"), now),
-            "not on_time_sql": not _exists_where(
-                Reminder, ReminderPolicy.on_time_sql("deadline_at"), now
-            ),
             "late_start_q": Reminder.objects.filter(
                 policy.late_start_q(now, through="workshop__")
             ).exists(),
+            "not on_time_start_q": not Reminder.objects.filter(
+                policy.on_time_start_q(now, through="workshop__")
+            ).exists(),
+            "late_sql": _exists_where(Workshop, *policy.late_sql("starts_at", now)),
+            "not open_sql": not _exists_where(Workshop, *policy.open_sql("starts_at", now)),
         }
         assert forms == dict.fromkeys(forms, late), (now, forms)
 
 
-def _exists_where(model, where: str, now) -> bool:
+def _exists_where(model, where: str, params: list) -> bool:
     from django.db import connection
 
     table = connection.ops.quote_name(model._meta.db_table)
     with connection.cursor() as cursor:
-        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {where})", [now])
+        cursor.execute(f"SELECT EXISTS (SELECT 1 FROM {table} WHERE {where})", params)
         return bool(cursor.fetchone()[0])
