@@ -332,6 +332,8 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
     Deterministic: the same rows give byte-identical content, whenever it runs.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
+    # From the start the claim's own statement read: no copy on the row.
+    deadline = ReminderPolicy.from_settings().deadline_at(workshop.starts_at)
     if text is None:
         text = reminder.text if reminder.text_id else None
     if text is None:
@@ -383,7 +385,7 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
         attachments=(
             Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
-        deadline_at=reminder.deadline_at,
+        deadline_at=deadline,
         payload=FrozenMap(
             {
                 "reminder_id": str(reminder.pk),
@@ -393,7 +395,7 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
                 "ends_at": workshop.ends_at.astimezone(UTC).isoformat(),
                 "workshop_timezone": workshop_zone.key,
                 "attendee_timezone": zone.key,
-                "deadline_at": reminder.deadline_at.astimezone(UTC).isoformat(),
+                "deadline_at": deadline.isoformat(),
                 "language": text.language,
                 **details,
             }
