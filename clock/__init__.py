@@ -14,6 +14,11 @@ Services take ``clock=`` as a keyword-only argument; ``default_clock()`` gives
 the real one. Tests pass a ``FakeClock``, which never reads the host's time,
 refuses to go backwards, and runs asyncio sleepers in virtual time.
 
+Where SQL decides by the time, production reads the database server's clock
+(``SystemClock.database_now``): one clock for every host. A ``FakeClock``
+hands its own ``now()`` to those statements instead, so tests stay
+deterministic (reminders.services._sql.database_now).
+
 This is the only module allowed to call ``datetime.now``, ``time.monotonic``,
 ``time.sleep``, ``asyncio.sleep`` with a delay or the event loop's ``time()``
 (ruff's banned-api rule enforces it everywhere else).
@@ -54,7 +59,14 @@ class Clock(Protocol):
 
 
 class SystemClock:
-    """The host's clocks: the only production implementation."""
+    """The host's clocks: the only production implementation.
+
+    ``database_now``: where a statement decides by the time (a deadline, a
+    lease, the window), it reads the database server's clock rather than
+    this host's, so that hosts whose clocks disagree still agree.
+    """
+
+    database_now = True
 
     def now(self) -> datetime:
         return datetime.now(UTC)
@@ -105,6 +117,9 @@ class FakeClock:
     """
 
     DEFAULT_START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
+    # Statements get this clock's ``now()`` as a literal instead of the database's
+    # clock: that is how the fake time reaches the SQL that decides.
+    database_now = False
 
     def __init__(
         self, start: datetime | None = None, *, settle: int = 25, autojump: bool = True

@@ -193,7 +193,7 @@ class _Batch:
             problem = address_problem(envelope.recipient)
             if problem is not None:
                 progress.finish(Outcome.PERMANENT, problem)
-            elif now >= envelope.deadline_at:
+            elif now >= envelope.stop_at:
                 progress.finish(Outcome.EXPIRED, self._deadline_text(envelope))
             else:
                 todo.append(progress)
@@ -312,7 +312,7 @@ class _Batch:
                 if not holding:
                     await slots.acquire()
                     holding = True
-                if self._clock.now() >= envelope.deadline_at:
+                if self._clock.now() >= envelope.stop_at:
                     self._finish_at_deadline(progress)
                     return
                 if self._stopping():
@@ -343,7 +343,7 @@ class _Batch:
                 delay = self._policy.backoff(
                     tries, draw=self._random(), retry_after=failure.retry_after
                 )
-                if self._clock.now() + timedelta(seconds=delay) >= envelope.deadline_at:
+                if self._clock.now() + timedelta(seconds=delay) >= envelope.stop_at:
                     progress.finish(
                         failure.outcome,
                         f"{failure.error}; not retried: the next try (in {delay:.3g}s) would "
@@ -383,7 +383,7 @@ class _Batch:
         if self._limiter is not None:
             waiting_since = self._clock.monotonic()
             try:
-                await self._limiter.acquire(deadline_at=envelope.deadline_at)
+                await self._limiter.acquire(deadline_at=envelope.stop_at)
             except DeadlineReached:
                 self._finish_at_deadline(progress)
                 return None
@@ -399,7 +399,7 @@ class _Batch:
                 if self._observer is not None:
                     waited = self._clock.monotonic() - waiting_since
                     self._observe("limiter_waited", waited)
-            if self._clock.now() >= envelope.deadline_at:
+            if self._clock.now() >= envelope.stop_at:
                 self._finish_at_deadline(progress)
                 return None
         if self._stopping():  # the budget ran out, or a stop came, while this one waited
@@ -531,7 +531,7 @@ class _Batch:
                 logger.warning("Delivery observer failed on %s", event, exc_info=True)
 
     def _seconds_left(self, envelope: Envelope) -> float:
-        return (envelope.deadline_at - self._clock.now()).total_seconds()
+        return (envelope.stop_at - self._clock.now()).total_seconds()
 
     def _withdraw(self, progress: _Progress, reason: str | None) -> bool:
         if reason is None:
@@ -542,7 +542,7 @@ class _Batch:
     # -- endings -----------------------------------------------------------------
 
     def _deadline_text(self, envelope: Envelope) -> str:
-        return f"deadline {envelope.deadline_at.isoformat()} reached before the call could start"
+        return f"deadline {envelope.stop_at.isoformat()} reached before the call could start"
 
     def _finish_at_deadline(self, progress: _Progress, *, left: float | None = None) -> None:
         """Finish an envelope whose deadline came, or is closer than min_call_window (``left``)."""
@@ -552,7 +552,7 @@ class _Batch:
             if left is not None:
                 text = (
                     f"not started with {left:.3g}s left before the deadline "
-                    f"{progress.envelope.deadline_at.isoformat()}: under min_call_window="
+                    f"{progress.envelope.stop_at.isoformat()}: under min_call_window="
                     f"{self._policy.min_call_window:g}s: a call cut off at the deadline "
                     "could not be repeated"
                 )

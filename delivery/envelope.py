@@ -106,8 +106,12 @@ class Envelope:
     ``key`` is the stable idempotency key of the reminder, derived by the
     caller from (attendee, workshop): it becomes the ``Idempotency-Key`` header,
     the SMTP ``Message-ID`` and the file name, so a re-send is recognisable.
-    ``deadline_at`` is an aware wall-clock instant; no provider call starts at
-    or after it. ``payload`` carries extra text fields for the http channel.
+    ``deadline_at`` is an aware wall-clock instant, part of the content (the
+    http body carries it). No provider call starts at or after ``stop_at``:
+    ``send_by`` when given, else ``deadline_at``. ``send_by`` is the same
+    deadline on the sending host's clock (the caller counts it from what the
+    database's clock said was left), so it is kept out of the content: a
+    retry on another host sends the same bytes. ``payload`` carries extra text fields for the http channel.
     ``reply_to`` (with ``reply_to_name``) is where a reply goes, and
     ``list_id`` names the stream of messages (RFC 2919) so readers can filter
     it; mail channels write them as headers, on one line each, and leave out
@@ -127,6 +131,12 @@ class Envelope:
     reply_to: str = ""
     reply_to_name: str = ""
     list_id: str = ""
+    send_by: datetime | None = None
+
+    @property
+    def stop_at(self) -> datetime:
+        """Return the instant from which no call for this envelope may start."""
+        return self.send_by or self.deadline_at
 
     def __post_init__(self) -> None:
         if not isinstance(self.reminder_id, int) or isinstance(self.reminder_id, bool):
@@ -153,6 +163,12 @@ class Envelope:
                 "Envelope.deadline_at is naive; pass an aware datetime (e.g. tzinfo=UTC)."
             )
         object.__setattr__(self, "deadline_at", self.deadline_at.astimezone(UTC))
+        if self.send_by is not None:
+            if not isinstance(self.send_by, datetime) or self.send_by.utcoffset() is None:
+                raise TypeError(
+                    f"Envelope.send_by must be an aware datetime or None (got {self.send_by!r})."
+                )
+            object.__setattr__(self, "send_by", self.send_by.astimezone(UTC))
         attachments = tuple(self.attachments)
         for attachment in attachments:
             if not isinstance(attachment, Attachment):

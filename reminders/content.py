@@ -324,11 +324,13 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     )
 
 
-def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
+def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
     """Return the envelope for a reminder whose attendee and workshop are loaded.
 
     The text is ``text`` if given, else the reminder's frozen one, else (a
-    reminder never claimed) the one it would be frozen with now.
+    reminder never claimed) the one it would be frozen with now. ``send_by``
+    is the claim's deadline on this host's clock (``Claim.send_by``), which the
+    engine enforces; it is not part of the content.
     Deterministic: the same rows give byte-identical content, whenever it runs.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
@@ -386,6 +388,7 @@ def reminder_envelope(*, reminder: Reminder, text=None) -> Envelope:
             Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
         deadline_at=deadline,
+        send_by=send_by,
         payload=FrozenMap(
             {
                 "reminder_id": str(reminder.pk),

@@ -244,7 +244,9 @@ def _send(
     try:
         for reminder in claim.reminders:
             try:
-                envelopes.append(reminder_envelope(reminder=reminder))
+                envelopes.append(
+                    reminder_envelope(reminder=reminder, send_by=claim.send_by.get(reminder.pk))
+                )
             except (ValueError, TypeError, LookupError) as exc:
                 # Bad data in one row is that reminder's permanent failure,
                 # recorded with the reason, not a crash of the batch.

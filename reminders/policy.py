@@ -69,17 +69,22 @@ class ReminderPolicy:
             **{f"{through}starts_at__lte": now + self.lead}
         )
 
-    def late_sql(self, column: str, now: datetime) -> tuple[str, list]:
+    def late_sql(self, column: str, now_plus) -> tuple[str, list]:
         """Return ``late_start_q`` as ``(sql, params)`` on ``column``, a workshop's start.
 
-        For statements written by hand (the claim); the boundary test holds it
-        to the filter form.
+        For statements written by hand (the claim). ``now_plus(delta)`` gives
+        ``(sql, params)`` of the statement's "now" plus ``delta``
+        (reminders.services._sql.StatementNow.plus: the database's clock in
+        production); the boundary test holds it to the filter form.
         """
-        return f"{column} <= %s", [now + self.cutoff]
+        bound, params = now_plus(self.cutoff)
+        return f"{column} <= {bound}", params
 
-    def open_sql(self, column: str, now: datetime) -> tuple[str, list]:
+    def open_sql(self, column: str, now_plus) -> tuple[str, list]:
         """Return ``open_start_q`` as ``(sql, params)`` on ``column``, a workshop's start."""
-        return f"{column} > %s AND {column} <= %s", [now + self.cutoff, now + self.lead]
+        after, after_params = now_plus(self.cutoff)
+        within, within_params = now_plus(self.lead)
+        return f"{column} > {after} AND {column} <= {within}", after_params + within_params
 
     def deadline_at(self, starts_at: datetime) -> datetime:
         """Return the instant after which a reminder must not be sent (start minus cutoff)."""

@@ -26,9 +26,17 @@ DELIVER_TASK = "reminders.deliver_batch"
 
 
 def publish_batch(ids: list[int], expires_at: datetime) -> bool:
-    """Send one ``reminders.deliver_batch`` message for ``ids``; return whether it went out."""
+    """Send one ``reminders.deliver_batch`` message for ``ids``; return whether it went out.
+
+    No Celery ``expires``: a worker would compare it with its own host's
+    clock, and one running two minutes fast would drop messages whose
+    reminders still had time. ``expires_at`` stays in the database
+    (``queued_until``): past it the scan queues the rows again, and a message
+    that runs late anyway claims only what the claim, by the database's clock,
+    still allows.
+    """
     try:
-        app.send_task(DELIVER_TASK, args=[ids], expires=expires_at)
+        app.send_task(DELIVER_TASK, args=[ids])
     except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
         logger.error(
             "Could not publish a batch of %s reminders (%s); the next scan queues them again",

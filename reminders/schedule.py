@@ -16,15 +16,6 @@ SCAN_TASK = "reminders.scan"
 SCAN_QUEUE = "scan"
 
 
-def scan_expiry_seconds(every: int) -> int:
-    """Return how long a scan message may wait before it is dropped.
-
-    Shorter than the interval: when workers are down, beat keeps publishing
-    scans; only the newest is worth running, the piled-up ones expire.
-    """
-    return max(1, (every * 4) // 5)
-
-
 def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
     """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL.
 
@@ -48,7 +39,9 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
             "task": SCAN_TASK,
             "interval": interval,
             "queue": SCAN_QUEUE,
-            "expire_seconds": scan_expiry_seconds(every),
+            # No expiry: it would be judged by a host's clock. The scan lane drops
+            # a scan that has a newer one behind it (reminders/scanlane.py).
+            "expire_seconds": None,
             "args": json.dumps([]),
             "kwargs": json.dumps({}),
             "enabled": True,
@@ -60,7 +53,7 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
             "task": SCAN_TASK,
             "interval_id": interval.pk,
             "queue": SCAN_QUEUE,
-            "expire_seconds": scan_expiry_seconds(every),
+            "expire_seconds": None,
             "enabled": True,
         }
         if any(getattr(task, field) != value for field, value in wanted.items()):

@@ -38,6 +38,52 @@ def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
         return [(row[0], row[1]) for row in cursor.fetchall()]
 
 
+def reads_database_clock(clock) -> bool:
+    """Return whether statements should read the database's clock instead of ``clock``.
+
+    Production's clock says so (``SystemClock.database_now``) on PostgreSQL; a
+    FakeClock, or SQLite (the one-host local run, which has no statement
+    clock), hands ``clock.now()`` to the statement as a literal.
+    """
+    return getattr(clock, "database_now", False) and connections["default"].vendor == "postgresql"
+
+
+def database_now(clock) -> datetime.datetime:
+    """Return the time by the database server's clock (``clock.now()`` under a FakeClock).
+
+    One round trip. Phases that run several statements (the settle, the
+    dispatch, the reaper) read it once at their start: a later statement then
+    judges by a time a little behind the database's, which only delays what it
+    decides (a row marked missed, a lease reaped), never brings it early.
+    """
+    if not reads_database_clock(clock):
+        return clock.now()
+    with connections["default"].cursor() as cursor:
+        cursor.execute("SELECT STATEMENT_TIMESTAMP()")
+        return cursor.fetchone()[0]
+
+
+class StatementNow:
+    """The time a hand-written statement decides by, as SQL: the database's clock, or a literal.
+
+    ``plus(delta)`` is that time plus ``delta``. On PostgreSQL under the
+    system clock it is ``STATEMENT_TIMESTAMP()`` (the statement's own start,
+    not the transaction's, as ``now()`` would be); otherwise ``now`` as a
+    parameter (a FakeClock's time, or SQLite).
+    """
+
+    def __init__(self, clock, now: datetime.datetime) -> None:
+        self.database = reads_database_clock(clock)
+        self.now = now
+
+    def plus(self, delta: datetime.timedelta = datetime.timedelta(0)) -> tuple[str, list]:
+        if self.database:
+            if not delta:
+                return "STATEMENT_TIMESTAMP()", []
+            return "(STATEMENT_TIMESTAMP() + %s)", [delta]
+        return "%s", [connections["default"].ops.adapt_datetimefield_value(self.now + delta)]
+
+
 def placeholders(count: int) -> str:
     """Return ``%s, %s, ...`` with ``count`` placeholders: the body of an ``IN (...)`` list."""
     return ", ".join(["%s"] * count)

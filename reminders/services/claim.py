@@ -17,6 +17,7 @@ from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import (
     RowsWithRelated,
+    StatementNow,
     claim_token_param,
     one_of,
     placeholders,
@@ -48,6 +49,9 @@ class Claim:
     # (ClaimWatch.seed). None only for the empty Claim a release builds
     # (reminder_release_interrupted), which is never sent.
     read_at: float | None = None
+    # The instant, on this host's clock, after which no call for each reminder
+    # may start (its deadline as the database's clock counted it at the claim).
+    send_by: dict[int, datetime] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[int]:
@@ -82,10 +86,13 @@ def reminder_claim_batch(
     """
     clock = clock or default_clock()
     now = clock.now()
-    lease = now + timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
+    statement_now = StatementNow(clock, now)
+    lease = timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
     token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
+    # The time the claim's statement decided by, in the database's clock.
+    decided_at = now
     read_at = clock.monotonic()
     # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
     together = connection.vendor == "postgresql"
@@ -97,15 +104,25 @@ def reminder_claim_batch(
     # SQLite's three steps commit together.
     with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
         if together and ids:
-            claimed, numbers = _claim_read_postgres(
-                cursor, ids=ids, token=token, lease=lease, channel=channel, now=now, worker=worker
+            claimed, numbers, stamped = _claim_read_postgres(
+                cursor,
+                ids=ids,
+                token=token,
+                lease=lease,
+                channel=channel,
+                now=statement_now,
+                worker=worker,
             )
             taken = set(numbers)
+            if statement_now.database and stamped is not None:
+                decided_at = stamped
         else:
-            taken = _claim_rows(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
+            taken = _claim_rows(
+                cursor, ids=ids, token=token, lease=lease, channel=channel, now=statement_now
+            )
         # Only an id the claim did not take can be refused for good.
         if refused := [pk for pk in ids if pk not in taken]:
-            _refuse(cursor, ids=refused, now=now)
+            _refuse(cursor, ids=refused, now=statement_now)
         if taken and not together:
             claimed = _CLAIMED.read(
                 cursor,
@@ -116,35 +133,50 @@ def reminder_claim_batch(
             numbers = _record_attempts(token=token, worker=worker)
         if taken:
             _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
+    # Each reminder's deadline on this host's clock: the time the database said
+    # was left when the statement ran, counted from this host's reading taken
+    # before it (so never later than the database's deadline, whatever the skew).
+    policy = ReminderPolicy.from_settings()
+    send_by = {
+        reminder.pk: now + (policy.deadline_at(reminder.workshop.starts_at) - decided_at)
+        for reminder in claimed
+    }
     return Claim(
         token=token,
-        lease_expires_at=lease,
+        lease_expires_at=claimed[0].lease_expires_at if claimed else now + lease,
         channel=channel,
         reminders=claimed,
         attempt_numbers=numbers,
         read_at=read_at,
+        send_by=send_by,
     )
 
 
-def _claim_update(cursor, *, ids, token, lease, channel: str, now) -> tuple[str, list]:
+def _claim_update(
+    cursor, *, ids, token, lease: timedelta, channel: str, now: StatementNow
+) -> tuple[str, list]:
     """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
     Written by hand (the ORM compiled it again for every chunk): open, past
     any retry time, its enrollment active and its workshop scheduled with a
     start that puts the row inside its window and before its deadline, all
-    judged in the statement itself from the workshop and enrollment rows.
+    judged in the statement itself from the workshop and enrollment rows and
+    by the statement's clock (``now``: the database's, in production), which
+    also stamps the lease.
     """
     ops = cursor.db.ops
     quote = ops.quote_name
-    stamp = ops.adapt_datetimefield_value
     opened = placeholders(len(Reminder.OPEN_STATUSES))
     among, among_params = one_of(cursor.db, "id", ids)
-    window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now)
+    lease_sql, lease_params = now.plus(lease)
+    now_sql, now_params = now.plus()
+    window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
     sql = (
         f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
-        "lease_expires_at = %s, attempts = attempts + 1, channel = %s, queued_until = NULL, "
-        f"next_attempt_at = NULL, updated_at = %s WHERE {among} "
-        f"AND (next_attempt_at IS NULL OR next_attempt_at <= %s) AND status IN ({opened}) "
+        f"lease_expires_at = {lease_sql}, attempts = attempts + 1, channel = %s, "
+        f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s WHERE {among} "
+        f"AND (next_attempt_at IS NULL OR next_attempt_at <= {now_sql}) "
+        f"AND status IN ({opened}) "
         f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} "
         f"WHERE status = %s AND {window}) "
         f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
@@ -153,20 +185,20 @@ def _claim_update(cursor, *, ids, token, lease, channel: str, now) -> tuple[str,
     params = [
         Status.SENDING.value,
         claim_token_param(token),
-        stamp(lease),
+        *lease_params,
         channel,
-        stamp(now),
+        ops.adapt_datetimefield_value(now.now),
         *among_params,
-        stamp(now),
+        *now_params,
         *(status.value for status in Reminder.OPEN_STATUSES),
         Workshop.Status.SCHEDULED.value,
-        *(stamp(moment) for moment in window_params),
+        *window_params,
         Enrollment.Status.ACTIVE.value,
     ]
     return sql, params
 
 
-def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
+def _claim_rows(cursor, *, ids, token, lease, channel: str, now: StatementNow) -> set[int]:
     """Take those of ``ids`` that may be sent now; return the ids taken (SQLite)."""
     if not ids:
         return set()
@@ -176,16 +208,16 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now) -> set[int]:
 
 
 def _claim_read_postgres(
-    cursor, *, ids, token, lease, channel: str, now, worker: str
-) -> tuple[list[Reminder], dict[int, int]]:
+    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str
+) -> tuple[list[Reminder], dict[int, int], datetime | None]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
     The guarded UPDATE returns the rows it took; an INSERT in the same WITH
     opens one in-flight DeliveryAttempt for each (``_attempt_insert``), and
     the SELECT joins the taken rows to their attendee, workshop and text.
     What the three statements did apart, in one round trip, and atomic by
-    itself. Return the claimed reminders in send order and their attempt
-    numbers.
+    itself. Return the claimed reminders in send order, their attempt
+    numbers, and the database's clock when the statement ran.
     """
     update, params = _claim_update(
         cursor, ids=ids, token=token, lease=lease, channel=channel, now=now
@@ -199,14 +231,22 @@ def _claim_read_postgres(
             f"opened AS ({attempts} RETURNING reminder_id, number) "
         ),
         source="taken",
-        extra=("(SELECT number FROM opened WHERE opened.reminder_id = r.id)",),
+        extra=(
+            "(SELECT number FROM opened WHERE opened.reminder_id = r.id)",
+            "STATEMENT_TIMESTAMP()",
+        ),
         order="j1.starts_at, r.id",
         params=[*params, *attempt_params],
     )
-    return [base for base, _ in rows], {base.pk: number for base, (number,) in rows}
+    stamped = rows[0][1][1] if rows else None
+    return (
+        [base for base, _ in rows],
+        {base.pk: number for base, (number, _) in rows},
+        stamped,
+    )
 
 
-def _refuse(cursor, *, ids, now) -> None:
+def _refuse(cursor, *, ids, now: StatementNow) -> None:
     """Decide, at the claim's refusal, the fate of those of ``ids`` that can never be sent.
 
     An open row of a cancelled workshop or enrollment becomes ``cancelled``;

@@ -15,7 +15,7 @@ from django.db.models import Case, DateTimeField, F, Q, Value, When
 from clock import Clock, default_clock
 from reminders.models import Dispatch, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
-from reminders.services._sql import update_returning
+from reminders.services._sql import database_now, update_returning
 from reminders.services.settle import ROWS_PER_TRANSACTION
 from workshops.models import Enrollment, Workshop
 
@@ -72,7 +72,7 @@ def reminders_dispatch(
     transaction that queues its rows. Return how many reminders were queued.
     """
     clock = clock or default_clock()
-    now = clock.now()
+    now = database_now(clock)
     batch_size = batch_size or settings.REMINDERS_BATCH_SIZE
     limit = limit or settings.REMINDERS_DISPATCH_LIMIT
     requeue_after = timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
@@ -207,7 +207,7 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
     """Make queued reminders whose message failed to publish due again at the next scan."""
     clock = clock or default_clock()
     return Reminder.objects.filter(id__in=ids, status=Status.QUEUED).update(
-        queued_until=clock.now()
+        queued_until=database_now(clock)
     )
 
 

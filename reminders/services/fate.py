@@ -151,7 +151,7 @@ def late_values(reason: str | Expression) -> dict[str, Expression]:
     }
 
 
-def refusal_sql(late_reason: str, *, now: datetime) -> tuple[str, list]:
+def refusal_sql(late_reason: str, *, now) -> tuple[str, list]:
     """Return ``(sql, params)`` of an UPDATE giving rows that can never be sent their fate.
 
     What ``reminder_fate`` says, in one statement joined to the workshop and
@@ -159,13 +159,14 @@ def refusal_sql(late_reason: str, *, now: datetime) -> tuple[str, list]:
     else, when the workshop now starts within the cutoff, ``missed`` with
     ``late_reason`` (``unknown`` with the maybe-sent reason for a row whose
     ``maybe_sent`` is set). Rows that match none of these are left as they
-    are. The reminder table's alias is ``r``; the caller appends
+    are. ``now`` is the statement's clock (reminders.services._sql.StatementNow).
+    The reminder table's alias is ``r``; the caller appends
     ``AND ...`` conditions on it (and their parameters).
     """
     quote = connection.ops.quote_name
     stamp = connection.ops.adapt_datetimefield_value
     policy = ReminderPolicy.from_settings()
-    late, late_params = policy.late_sql("w.starts_at", now)
+    late, late_params = policy.late_sql("w.starts_at", now.plus)
     maybe_reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=late_reason)[:200]
     off_workshop = "w.status <> %s"
     off_enrollment = "e.status <> %s"
@@ -192,9 +193,9 @@ def refusal_sql(late_reason: str, *, now: datetime) -> tuple[str, list]:
         reasons.ENROLLMENT_CANCELLED,
         maybe_reason,
         late_reason[:200],
-        stamp(now),
+        stamp(now.now),
         *live,
-        *(stamp(moment) for moment in late_params),
+        *late_params,
     ]
     return sql, params
 

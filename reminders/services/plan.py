@@ -34,6 +34,7 @@ from clock import Clock, default_clock
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
+from reminders.services._sql import database_now
 from reminders.services.settle import reminders_settle
 from workshops.models import Enrollment, Workshop
 
@@ -161,7 +162,7 @@ def reminders_plan(
     """
     clock = clock or default_clock()
     policy = policy or ReminderPolicy.from_settings()
-    now = clock.now()
+    now = database_now(clock)
     if enrollments is None:
         enrollments = _in_window_workshops(now=now, policy=policy)
         if enrollments is None:

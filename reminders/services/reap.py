@@ -12,7 +12,7 @@ from clock import Clock, default_clock
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import update_returning
+from reminders.services._sql import database_now, update_returning
 from reminders.services.fate import (
     reminder_fate,
     reminders_locked,
@@ -44,7 +44,8 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
     either wins whole or changes nothing. Return counts by what happened.
     """
     clock = clock or default_clock()
-    now = clock.now()
+    # The lease was stamped by the database's clock (the claim): judged by it too.
+    now = database_now(clock)
     expired = Q(status=Status.SENDING, lease_expires_at__lte=now)
     rows = list(
         Reminder.objects.filter(expired).values_list("id", "channel", "attempts", "claim_token")

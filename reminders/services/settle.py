@@ -33,6 +33,7 @@ from clock import Clock, default_clock
 from reminders.models import Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
+from reminders.services._sql import database_now
 from reminders.services.fate import late_values
 from workshops.models import Enrollment, Workshop
 
@@ -77,7 +78,7 @@ def reminders_settle(
     Return how many rows were ``cancelled``, ``missed`` (or ``unknown``) and
     ``reopened``.
     """
-    now = (clock or default_clock()).now()
+    now = database_now(clock or default_clock())
     policy = ReminderPolicy.from_settings()
     rows = Reminder.objects.filter(scope) if scope is not None else Reminder.objects.all()
     open_rows = rows.filter(status__in=Reminder.OPEN_STATUSES)

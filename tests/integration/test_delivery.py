@@ -179,7 +179,7 @@ def test_redelivered_message_still_sends_one_message_per_pair(
     def publish(ids, expires_at):
         published.append(ids)
         for _ in range(2):
-            app.send_task(DELIVER_TASK, args=[ids], expires=expires_at)
+            app.send_task(DELIVER_TASK, args=[ids])
 
     with celery_worker(env, concurrency=2) as worker:
         pipeline.scan(clock=live_clock, publish=publish)

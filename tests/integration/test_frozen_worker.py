@@ -1,0 +1,167 @@
+"""A worker frozen past its lease (SIGSTOP: a VM pause, a swap storm) wakes up harmless.
+
+Real worker processes on Redis and PostgreSQL, a real provider on loopback
+that answers after a second. The victim is stopped while a chunk of its calls
+is in flight; meanwhile its lease is reaped (the test's clock is moved past
+it) and a second worker sends what it held and what it had not claimed yet,
+or the deadline passes. Then the victim is continued: it must start no call
+(nothing reaches the provider after the SIGCONT), and nothing it records may
+overwrite the newer owner's outcome.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections import Counter
+from contextlib import contextmanager
+from datetime import timedelta
+
+import pytest
+
+from clock import SystemClock
+from loopback.http_sink import HttpSink
+from reminders import pipeline
+from reminders.models import DeliveryAttempt, Reminder
+from reminders.services import reminders_reap
+from tests.support.processes import celery_worker, process_env
+
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+
+_real = SystemClock()
+PROVIDER_DELAY = 1.0
+CHUNK = 2
+
+
+def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
+    give_up = _real.monotonic() + timeout
+    while not predicate():
+        assert _real.monotonic() < give_up, f"timed out after {timeout} s waiting for {what}"
+        _real.sleep_blocking(0.05)
+
+
+@contextmanager
+def _provider(channel: str, smtp_sink):
+    """Yield (environment, arrival times) for a provider that answers after a second."""
+    if channel == "smtp":
+        smtp_sink.data_delay = PROVIDER_DELAY
+        env = {
+            "REMINDERS_CHANNEL": "smtp",
+            "EMAIL_HOST": "127.0.0.1",
+            "EMAIL_PORT": str(smtp_sink.port),
+            "REMINDERS_SMTP_CONNECTIONS": str(CHUNK),
+        }
+        yield env, lambda: [message.arrived_at for message in smtp_sink.received()]
+        return
+    with HttpSink(clock=_real) as sink:
+        sink.configure(delay=PROVIDER_DELAY)
+        env = {
+            "REMINDERS_CHANNEL": "http",
+            "REMINDERS_HTTP_URL": sink.url,
+            "REMINDERS_HTTP_SECRET": "s3cret-s3cret-s3cret-s3cret-s3cret",
+        }
+        yield env, sink.arrivals
+
+
+def _freeze_with_a_chunk_in_flight(victim) -> None:
+    _wait_until(
+        lambda: Reminder.objects.filter(status="sending").count() == CHUNK,
+        what="the victim's first chunk in flight",
+    )
+    victim.signal_group(signal.SIGSTOP)
+
+
+def _continue_and_watch(victim, arrivals) -> float:
+    """SIGCONT the victim, let it run out its batch; return when it was continued."""
+    continued = _real.monotonic()
+    victim.signal_group(signal.SIGCONT)
+    _wait_until(
+        lambda: (
+            any("finished" in line and "Batch of" in line for line in victim.lines)
+            or any("deliver_batch" in line and "succeeded" in line for line in victim.lines)
+        ),
+        timeout=60,
+        what="the victim to finish its batch",
+    )
+    return continued
+
+
+@pytest.mark.parametrize("channel", ["http", "smtp"])
+def test_a_frozen_worker_whose_lease_was_reaped_starts_no_call_and_overwrites_nothing(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings, channel
+):
+    enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
+    with _provider(channel, smtp_sink) as (provider_env, arrivals):
+        env = process_env(
+            REMINDERS_CONCURRENCY=str(CHUNK), REMINDERS_BATCH_SIZE="8", **provider_env
+        )
+        with celery_worker(env, name="victim") as victim:
+            try:
+                pipeline.scan(clock=live_clock)
+                _freeze_with_a_chunk_in_flight(victim)
+                held = set(Reminder.objects.filter(status="sending").values_list("id", flat=True))
+                # Frozen past its lease: the reaper (keyed rows back to pending, smtp's
+                # unknown) and the next scan queue what it held and had not claimed.
+                live_clock.advance(
+                    settings.REMINDERS_LEASE_SECONDS + settings.REMINDERS_REQUEUE_AFTER
+                )
+                assert sum(reminders_reap(clock=live_clock).values()) == CHUNK
+                with celery_worker(env, name="rescuer"):
+                    pipeline.scan(clock=live_clock)
+                    _wait_until(
+                        lambda: (
+                            not Reminder.objects.filter(
+                                status__in=["pending", "queued", "sending"]
+                            ).exists()
+                        ),
+                        what="the rescuer to send the rest",
+                    )
+                before = {
+                    r.pk: (r.status, r.claim_token, r.provider_message_id)
+                    for r in Reminder.objects.all()
+                }
+                continued = _continue_and_watch(victim, arrivals)
+            finally:
+                victim.signal_group(signal.SIGCONT)
+        late_calls = [t - continued for t in arrivals() if t > continued]
+    after = {r.pk: (r.status, r.claim_token, r.provider_message_id) for r in Reminder.objects.all()}
+    statuses = Counter(status for status, _, _ in after.values())
+    print(f"\nfrozen {channel}: {dict(statuses)}, calls after SIGCONT {late_calls}")
+    assert late_calls == [], "the woken worker started calls"
+    assert after == before, "the woken worker changed rows a newer owner had decided"
+    if channel == "http":
+        assert statuses == {"sent": 8}
+    else:  # no key: what the frozen worker held may have arrived, so staff decide
+        assert statuses == {"sent": 6, "unknown": 2}
+        assert {pk for pk, (status, _, _) in after.items() if status == "unknown"} == held
+    victims = DeliveryAttempt.objects.filter(worker__startswith="victim@")
+    assert set(victims.values_list("outcome", flat=True)) == {"lease_expired"}
+
+
+def test_a_worker_frozen_past_the_deadline_starts_no_call_after_it(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings
+):
+    """Its workshop's cutoff passes while it is stopped: the claims of the rest are refused by
+    the database's clock and end missed; no call reaches the provider after the SIGCONT."""
+    cutoff = timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES)
+    enrol(make_workshop(starts_in=cutoff + timedelta(seconds=6)), count=6)
+    with _provider("smtp", smtp_sink) as (provider_env, arrivals):
+        env = process_env(
+            REMINDERS_CONCURRENCY=str(CHUNK), REMINDERS_BATCH_SIZE="6", **provider_env
+        )
+        with celery_worker(env, name="victim") as victim:
+            try:
+                pipeline.scan(clock=live_clock)
+                _freeze_with_a_chunk_in_flight(victim)
+                deadline = Reminder.objects.select_related("workshop").first().deadline_at
+                _wait_until(
+                    lambda: _real.now() > deadline + timedelta(seconds=1), what="the deadline"
+                )
+                continued = _continue_and_watch(victim, arrivals)
+            finally:
+                victim.signal_group(signal.SIGCONT)
+        late_calls = [t - continued for t in arrivals() if t > continued]
+    statuses = Counter(Reminder.objects.values_list("status", flat=True))
+    print(f"\nfrozen past the deadline: {dict(statuses)}, calls after SIGCONT {late_calls}")
+    assert late_calls == []
+    assert statuses["sent"] <= CHUNK and statuses["missed"] >= 6 - CHUNK
+    assert statuses["sent"] + statuses["missed"] + statuses["unknown"] == 6
