@@ -44,6 +44,14 @@ def _serve_metrics(sender, **kwargs) -> None:
 
 
 @worker_init.connect
+def _serve_as_worker(sender, **kwargs) -> None:
+    """Give this process's database sessions, and its pool's, the worker's lock timeout."""
+    from config import locks
+
+    locks.serve_as_worker()
+
+
+@worker_init.connect
 def _load_before_fork(sender, **kwargs) -> None:
     """Import and compile what every pool process needs, then freeze it, before the fork.
 

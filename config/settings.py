@@ -70,6 +70,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # A staff request that gave up waiting for a row lock: a message, nothing changed.
+    "config.locks.LockBusyMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -286,6 +288,20 @@ REMINDERS_BATCH_MAX_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.work)
 # The claim lease outlasts Celery's hard time limit (below), so a live worker
 # never loses a claim it still holds; only a dead one's claims are reaped.
 REMINDERS_LEASE_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.lease)
+# How long a session waits for a row lock before PostgreSQL gives up on the
+# statement (config/locks.py): a worker's (claim, record, scan) and a staff
+# request's (the admin, management commands).
+REMINDERS_WORKER_LOCK_TIMEOUT = env_float(
+    "REMINDERS_WORKER_LOCK_TIMEOUT", 2, minimum=0.05, maximum=60, unit="seconds"
+)
+REMINDERS_STAFF_LOCK_TIMEOUT = env_float(
+    "REMINDERS_STAFF_LOCK_TIMEOUT", 5, minimum=0.05, maximum=60, unit="seconds"
+)
+# The longest one statement of a scan may run before PostgreSQL cancels it and
+# the scan leaves that phase to the next scan (reminders.pipeline.scan).
+REMINDERS_SCAN_STATEMENT_TIMEOUT = env_float(
+    "REMINDERS_SCAN_STATEMENT_TIMEOUT", 60, minimum=1, maximum=3600, unit="seconds"
+)
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
 # More endpoints of the same provider (they must share its idempotency keys):

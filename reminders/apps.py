@@ -6,4 +6,9 @@ class RemindersConfig(AppConfig):
     verbose_name = "Reminders"
 
     def ready(self) -> None:
+        from django.db.backends.signals import connection_created
+
+        from config import locks
         from reminders import checks, receivers  # noqa: F401  (registers checks, signals)
+
+        connection_created.connect(locks.on_connection_created, dispatch_uid="config.locks")

@@ -17,6 +17,7 @@ from django.conf import settings
 from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
+from config.locks import lock_not_available
 from delivery.engine import Interrupted
 from delivery.results import DeliveryResult, Outcome
 from reminders import bridge
@@ -65,23 +66,40 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
     clock = clock or default_clock()
     started = clock.monotonic()
     phases: dict[str, float] = {}
+    _bound_statements()
+    skipped: dict[str, int] = {}
 
-    def timed(phase: str, job):
+    def timed(phase: str, job, default):
         begun = clock.monotonic()
         try:
             return job()
+        except OperationalError as exc:
+            # A phase that waited too long for a lock (a long staff transaction)
+            # or ran past REMINDERS_SCAN_STATEMENT_TIMEOUT is left to the next
+            # scan; the other phases still run.
+            if not (lock_not_available(exc) or _cancelled_by_timeout(exc)):
+                raise
+            logger.warning("Scan phase %s gave up (%s); the next scan runs it", phase, exc)
+            skipped[f"{phase}_skipped"] = 1
+            return default
         finally:
             phases[phase] = round(clock.monotonic() - begun, 3)
 
-    counts: dict[str, int] = timed("settle", lambda: reminders_settle(clock=clock))
-    reaped = timed("reap", lambda: reminders_reap(clock=clock))
+    counts: dict[str, int] = timed(
+        "settle",
+        lambda: reminders_settle(clock=clock),
+        {"cancelled": 0, "missed": 0, "reopened": 0},
+    )
+    reaped = timed("reap", lambda: reminders_reap(clock=clock), {})
     counts.update({f"reaped_{key}": value for key, value in reaped.items()})
-    counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock))
+    counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock), 0)
     counts["dispatched"] = timed(
         "dispatch",
         lambda: reminders_dispatch(clock=clock, publish=publish or publishing.publish_batch),
+        0,
     )
-    timed("prune", lambda: dispatches_prune(clock=clock))
+    timed("prune", lambda: dispatches_prune(clock=clock), 0)
+    counts.update(skipped)
     scan_completed(
         counts=counts,
         duration=clock.monotonic() - started,
@@ -91,6 +109,20 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
     )
     logger.info("Scan finished: %s", counts)
     return counts
+
+
+def _bound_statements() -> None:
+    """Give this session's statements REMINDERS_SCAN_STATEMENT_TIMEOUT (PostgreSQL)."""
+    if connection.vendor != "postgresql" or connection.in_atomic_block:
+        return
+    milliseconds = round(settings.REMINDERS_SCAN_STATEMENT_TIMEOUT * 1000)
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('statement_timeout', %s, false)", [f"{milliseconds}ms"])
+
+
+def _cancelled_by_timeout(exc: BaseException) -> bool:
+    """Return whether ``exc`` is PostgreSQL cancelling a statement for its timeout (57014)."""
+    return getattr(exc.__cause__, "sqlstate", None) == "57014"
 
 
 def deliver(

@@ -203,9 +203,13 @@ def _decide(
 
 
 def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:
-    """Lock, in id order, the selected workshops still in ``status``."""
+    """Lock, in id order, the selected workshops still in ``status`` (FOR NO KEY UPDATE: a
+    plan committing reminders of them takes FOR KEY SHARE, which must not wait for this)."""
     return list(
-        _selection(workshops).filter(status=status).order_by("pk").select_for_update(of=("self",))
+        _selection(workshops)
+        .filter(status=status)
+        .order_by("pk")
+        .select_for_update(of=("self",), no_key=True)
     )
 
 

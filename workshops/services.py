@@ -153,7 +153,7 @@ def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
             code="attendee_erased",
         )
     with transaction.atomic():
-        enrollment, created = Enrollment.objects.select_for_update().get_or_create(
+        enrollment, created = Enrollment.objects.select_for_update(no_key=True).get_or_create(
             attendee=attendee, workshop=workshop
         )
         if not created:

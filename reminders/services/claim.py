@@ -153,7 +153,7 @@ def reminder_claim_batch(
 
 
 def _claim_update(
-    cursor, *, ids, token, lease: timedelta, channel: str, now: StatementNow
+    cursor, *, ids, token, lease: timedelta, channel: str, now: StatementNow, among=None
 ) -> tuple[str, list]:
     """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
@@ -167,7 +167,7 @@ def _claim_update(
     ops = cursor.db.ops
     quote = ops.quote_name
     opened = placeholders(len(Reminder.OPEN_STATUSES))
-    among, among_params = one_of(cursor.db, "id", ids)
+    among, among_params = among or one_of(cursor.db, "id", ids)
     lease_sql, lease_params = now.plus(lease)
     now_sql, now_params = now.plus()
     window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
@@ -219,15 +219,26 @@ def _claim_read_postgres(
     itself. Return the claimed reminders in send order, their attempt
     numbers, and the database's clock when the statement ran.
     """
+    # The open rows are locked in id order first, as every writer that meets
+    # them does (a staff change's settle): an UPDATE alone locks them in the
+    # order its plan reads them, and two orders over the same rows deadlock.
+    lock, lock_params = _open_locked(ids)
     update, params = _claim_update(
-        cursor, ids=ids, token=token, lease=lease, channel=channel, now=now
+        cursor,
+        ids=ids,
+        token=token,
+        lease=lease,
+        channel=channel,
+        now=now,
+        among=("id IN (SELECT id FROM locked)", []),
     )
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
     attempts, attempt_params = _attempt_insert(source="taken", worker=worker)
     rows = _CLAIMED.read_with(
         cursor,
         prefix=(
-            f"WITH taken AS ({update} RETURNING {reminder}.*), "
+            f"WITH locked AS MATERIALIZED ({lock}), "
+            f"taken AS ({update} RETURNING {reminder}.*), "
             f"opened AS ({attempts} RETURNING reminder_id, number) "
         ),
         source="taken",
@@ -236,7 +247,7 @@ def _claim_read_postgres(
             "STATEMENT_TIMESTAMP()",
         ),
         order="j1.starts_at, r.id",
-        params=[*params, *attempt_params],
+        params=[*lock_params, *params, *attempt_params],
     )
     stamped = rows[0][1][1] if rows else None
     return (
@@ -254,15 +265,27 @@ def _refuse(cursor, *, ids, now: StatementNow) -> None:
     if ``maybe_sent``: fate.refusal_sql). Rows refused for anything else
     (window not open yet, retry time ahead, held by another claim) are left.
     """
-    among, among_params = one_of(cursor.db, "r.id", ids)
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
-    cursor.execute(
-        f"{settle} AND {among} AND r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
-        [
-            *settle_params,
-            *among_params,
-            *(status.value for status in Reminder.OPEN_STATUSES),
-        ],
+    opened = f"r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
+    statuses = [status.value for status in Reminder.OPEN_STATUSES]
+    if cursor.db.vendor == "postgresql":
+        lock, lock_params = _open_locked(ids)  # in id order, as the claim's own
+        cursor.execute(
+            f"WITH locked AS MATERIALIZED ({lock}) {settle} "
+            f"AND r.id IN (SELECT id FROM locked) AND {opened}",
+            [*lock_params, *settle_params, *statuses],
+        )
+        return
+    among, among_params = one_of(cursor.db, "r.id", ids)
+    cursor.execute(f"{settle} AND {among} AND {opened}", [*settle_params, *among_params, *statuses])
+
+
+def _open_locked(ids) -> tuple[str, list]:
+    """Return the SELECT that locks the open rows of ``ids`` ``FOR UPDATE`` in id order."""
+    return lock_in_id_order(
+        ids,
+        where=f"status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
+        params=[status.value for status in Reminder.OPEN_STATUSES],
     )
 
 

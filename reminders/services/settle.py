@@ -148,7 +148,10 @@ def _update(rows: QuerySet[Reminder], **values) -> int:
     long behind the settle; the UPDATE repeats the rule under the lock.
     """
     if connection.in_atomic_block:
-        return rows.update(**values)
+        # A staff change's transaction: lock the rows in id order first, as the
+        # claim does, so the two never hold each other's rows (a deadlock).
+        ids = list(rows.select_for_update(of=("self",)).order_by("id").values_list("id", flat=True))
+        return rows.filter(id__in=ids).update(**values) if ids else 0
     total = 0
     while True:
         with transaction.atomic():

@@ -253,9 +253,11 @@ def test_two_beat_processes_send_nothing_twice(
         f"messages {len(smtp_sink.received())}"
     )
     # Both beats published (one beat alone must not pass this test), and every
-    # published scan ran.
+    # published scan ran, or was dropped while a newer one waited behind it (two
+    # beats publish each scan twice, often back to back: reminders/scanlane.py).
+    dropped = [line for line in worker.lines if "dropped a scan with a newer one" in line]
     assert min(per_beat) >= 1, per_beat
-    assert len(scans) >= published
+    assert len(scans) + len(dropped) >= published
     assert len(per_pair) == 24 and set(per_pair.values()) == {1}
 
 

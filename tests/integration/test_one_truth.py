@@ -18,12 +18,12 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import transaction
 
-from clock import SystemClock
 from reminders import pipeline
 from reminders.models import Reminder
 from reminders.services import reasons, reminders_plan
+from tests.support.races import Step, blocked_or_done
 from workshops.models import Enrollment, Workshop
 from workshops.services import (
     attendee_get_or_create,
@@ -34,55 +34,6 @@ from workshops.services import (
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-_real = SystemClock()
-
-
-class Step(threading.Thread):
-    """Run ``job`` in a thread on its own connection; keep its result, error and backend pid."""
-
-    def __init__(self, job: Callable[[], object]) -> None:
-        super().__init__(daemon=True)
-        self.job = job
-        self.pid: int | None = None
-        self.started_job = threading.Event()
-        self.result = self.error = None
-
-    def run(self) -> None:
-        try:
-            with connection.cursor() as cursor:
-                cursor.execute("SELECT pg_backend_pid()")
-                self.pid = cursor.fetchone()[0]
-            self.started_job.set()
-            self.result = self.job()
-        except BaseException as exc:  # re-raised in the test's thread by finish()
-            self.error = exc
-        finally:
-            self.started_job.set()
-            connection.close()
-
-    def finish(self) -> object:
-        self.join(30)
-        assert not self.is_alive(), "the step did not finish within 30 s"
-        if self.error is not None:
-            raise self.error
-        return self.result
-
-
-def _blocked_or_done(step: Step) -> None:
-    """Return once ``step`` waits on a lock in PostgreSQL, or has finished."""
-    step.started_job.wait(10)
-    give_up = _real.monotonic() + 20
-    while step.is_alive():
-        with connection.cursor() as cursor:
-            cursor.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [step.pid],
-            )
-            if cursor.fetchone():
-                return
-        assert _real.monotonic() < give_up, "the step neither blocked nor finished"
-        _real.sleep_blocking(0.01)
 
 
 def _move_inside_the_cutoff(clock, workshop_id: int) -> None:
@@ -218,7 +169,7 @@ def _insert_then_wait_for(writer: Callable[[], object], other: Callable[[], obje
         with transaction.atomic():
             writer()
             written.set()
-            _blocked_or_done(holder["other"])
+            blocked_or_done(holder["other"])
 
     def second():
         assert written.wait(10)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 
 from django.db import connection
 
 from clock import SystemClock
+
+_real = SystemClock()
 
 
 def race(*jobs, barrier_timeout: float = 10) -> list:
@@ -45,3 +48,50 @@ def after(seconds: float, job, **kwargs):
         return job(**kwargs)
 
     return run
+
+
+class Step(threading.Thread):
+    """Run ``job`` in a thread on its own connection; keep its result, error and backend pid."""
+
+    def __init__(self, job: Callable[[], object]) -> None:
+        super().__init__(daemon=True)
+        self.job = job
+        self.pid: int | None = None
+        self.started_job = threading.Event()
+        self.result = self.error = None
+
+    def run(self) -> None:
+        try:
+            with connection.cursor() as cursor:
+                cursor.execute("SELECT pg_backend_pid()")
+                self.pid = cursor.fetchone()[0]
+            self.started_job.set()
+            self.result = self.job()
+        except BaseException as exc:  # re-raised in the test's thread by finish()
+            self.error = exc
+        finally:
+            self.started_job.set()
+            connection.close()
+
+    def finish(self) -> object:
+        self.join(30)
+        assert not self.is_alive(), "the step did not finish within 30 s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def blocked_or_done(step: Step) -> None:
+    """Return once ``step`` waits on a lock in PostgreSQL, or has finished."""
+    step.started_job.wait(10)
+    give_up = _real.monotonic() + 20
+    while step.is_alive():
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                [step.pid],
+            )
+            if cursor.fetchone():
+                return
+        assert _real.monotonic() < give_up, "the step neither blocked nor finished"
+        _real.sleep_blocking(0.01)

@@ -1,0 +1,84 @@
+"""How long this process's database sessions wait for a row lock, and what staff see then.
+
+A worker's claim or record, or a scan, must never wait without bound behind a
+long staff transaction, and a staff request must not hang behind a batch. So
+every PostgreSQL session sets ``lock_timeout`` when it opens: workers (the
+pool and the scan lane; ``config.celery`` marks the process before the pool
+forks) wait ``REMINDERS_WORKER_LOCK_TIMEOUT``, every other process (web,
+management commands) ``REMINDERS_STAFF_LOCK_TIMEOUT``. When it fires,
+PostgreSQL cancels the statement (``lock_not_available``): the claim hands
+its batch back to Celery for a retry, the record retries for up to 30 s
+(fenced), a scan phase is skipped until the next scan, and a staff request
+gets ``LockBusyMiddleware``'s message and changes nothing.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from django.conf import settings
+from django.contrib import messages
+from django.db import OperationalError
+from django.http import HttpResponseRedirect
+
+logger = logging.getLogger(__name__)
+
+_role = {"worker": False}
+
+
+def serve_as_worker() -> None:
+    """Mark this process (and the pool it forks) as a worker's."""
+    _role["worker"] = True
+
+
+def lock_timeout_seconds() -> float:
+    """Return the lock timeout of this process's sessions."""
+    if _role["worker"]:
+        return settings.REMINDERS_WORKER_LOCK_TIMEOUT
+    return settings.REMINDERS_STAFF_LOCK_TIMEOUT
+
+
+def on_connection_created(sender, connection, **kwargs) -> None:
+    """Set the session's ``lock_timeout`` (Django's ``connection_created`` signal)."""
+    if connection.vendor != "postgresql":
+        return
+    milliseconds = max(1, round(lock_timeout_seconds() * 1000))
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{milliseconds}ms"])
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Return whether ``exc`` is PostgreSQL giving up on a lock (SQLSTATE 55P03)."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if getattr(seen, "sqlstate", None) == "55P03":
+            return True
+        seen = seen.__cause__
+    return False
+
+
+BUSY_MESSAGE = (
+    "Another change to the same workshops or reminders is being written right now, so "
+    "nothing was changed. Try again in a few seconds."
+)
+
+
+class LockBusyMiddleware:
+    """Answer a request whose statement gave up waiting for a row lock with a message.
+
+    The request's transaction rolled back, so nothing changed; the staff
+    member is sent back to the page they were on with ``BUSY_MESSAGE``.
+    """
+
+    def __init__(self, get_response) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request):
+        return self.get_response(request)
+
+    def process_exception(self, request, exception):
+        if not (isinstance(exception, OperationalError) and lock_not_available(exception)):
+            return None
+        logger.warning("A request gave up waiting for a row lock: %s", request.path)
+        messages.error(request, BUSY_MESSAGE)
+        return HttpResponseRedirect(request.get_full_path())

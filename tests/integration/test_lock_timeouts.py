@@ -1,0 +1,100 @@
+"""No worker or scan waits without bound behind a long transaction (config/locks.py).
+
+A thread holds rows in a transaction that does not end (a staff member's
+shell, a stuck request); the worker's claim gives up after its lock timeout
+and hands its batch back for Celery's retry, and a scan skips the phase that
+waited and runs the others. Ordered by events: each step is checked to have
+returned while the lock was still held.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import contextmanager
+
+import pytest
+from django.db import connection, transaction
+
+from config import locks
+from reminders import pipeline
+from reminders.models import Reminder
+from reminders.pipeline import DatabaseUnavailable
+from workshops.models import Workshop
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def _held(queryset):
+    """Hold ``queryset``'s rows FOR UPDATE in another session until the block ends.
+
+    Yield a function telling whether the lock is still held.
+    """
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(queryset.select_for_update())
+                held.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        yield lambda: not release.is_set()
+    finally:
+        release.set()
+        thread.join(60)
+
+
+@pytest.fixture
+def as_worker(monkeypatch, settings):
+    """This process's sessions as a worker's, with a short lock timeout."""
+    settings.REMINDERS_WORKER_LOCK_TIMEOUT = 0.2
+    monkeypatch.setitem(locks._role, "worker", True)
+    connection.close()
+    yield
+    connection.close()
+
+
+def test_a_claim_behind_a_held_row_gives_up_and_hands_its_batch_back(
+    clock, due_reminders, outbox, as_worker
+):
+    ids = due_reminders(4)
+    with _held(Reminder.objects.filter(pk=ids[0])) as still_held:
+        with pytest.raises(DatabaseUnavailable) as caught:
+            pipeline.deliver(ids, clock=clock, channel="file")
+        gave_up_while_held = still_held()
+    assert gave_up_while_held, "the claim waited for the transaction to end"
+    assert caught.value.ids == ids and caught.value.held is not None
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
+    # Celery's retry (tasks.deliver_batch) then releases what it held and sends them.
+    pipeline.deliver(ids, clock=clock, channel="file", held=caught.value.held)
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def test_a_scan_skips_the_phase_that_waited_and_runs_the_others(
+    clock, make_workshop, enrol, published, as_worker
+):
+    """The reaper reads each workshop FOR SHARE; a staff transaction holds one FOR UPDATE."""
+    from reminders.services import reminder_claim_batch
+
+    stuck = make_workshop()
+    enrol(stuck, count=1)
+    reminder_claim_batch(
+        ids=list(Reminder.objects.values_list("id", flat=True)), channel="http", clock=clock
+    )
+    clock.advance(3600)  # its lease expired: the reaper wants the workshop row
+    other = make_workshop()
+    enrol(other, count=2)
+    with _held(Workshop.objects.filter(pk=stuck.pk)) as still_held:
+        counts = pipeline.scan(clock=clock)
+        answered_while_held = still_held()
+    assert answered_while_held
+    assert counts["reap_skipped"] == 1
+    assert counts["dispatched"] == 2, "the phases after the one that waited did not run"
+    assert pipeline.scan(clock=clock)["reaped_requeued"] == 1
