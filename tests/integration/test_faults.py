@@ -215,7 +215,7 @@ def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
 
     def claim_then_die(execute, sql, params, many, context):
         result = execute(sql, params, many, context)
-        if "WITH taken AS (" in sql:
+        if "taken AS (UPDATE" in sql:
             # What Django raises for psycopg's error as the connection goes.
             raise OperationalError("server closed the connection unexpectedly")
         return result

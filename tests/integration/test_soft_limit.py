@@ -100,7 +100,7 @@ def _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol) -> list[int
 
 # The statements that commit a chunk's claim and its record: on PostgreSQL
 # each is one statement in autocommit (reminders.services.claim, .record).
-CLAIM = "WITH taken AS ("
+CLAIM = "taken AS (UPDATE"
 RECORD = "done AS ("
 
 
