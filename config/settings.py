@@ -501,6 +501,8 @@ REMINDERS_DISPATCH_LIMIT = env_int("REMINDERS_DISPATCH_LIMIT", 20000, minimum=1,
 REMINDERS_REPLAY_INLINE_LIMIT = env_int(
     "REMINDERS_REPLAY_INLINE_LIMIT", 2000, minimum=1, maximum=1000000
 )
+# Reminders a background replay re-arms per chunk: one transaction, one task.
+REMINDERS_REPLAY_CHUNK = env_int("REMINDERS_REPLAY_CHUNK", 1000, minimum=1, maximum=100000)
 # Provider calls per reminder inside one batch (with backoff and jitter)
 # before the batch gives the reminder back for a later claim.
 REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, maximum=20)

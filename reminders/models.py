@@ -270,6 +270,13 @@ class StaffDecision(models.Model):
     progress = models.PositiveIntegerField(
         default=0, editable=False, help_text="Reminders of a background replay processed so far."
     )
+    heartbeat_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When a worker last moved a background replay on (the database's clock); "
+        "the scan hands one that stalled to a worker again.",
+    )
     selection_ids = models.JSONField(
         default=list,
         editable=False,

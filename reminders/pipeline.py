@@ -35,6 +35,7 @@ from reminders.services import (
     reminders_reap,
     reminders_settle,
     reminders_unpublished,
+    replays_resume,
     scan_completed,
 )
 
@@ -99,6 +100,13 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
         0,
     )
     timed("prune", lambda: dispatches_prune(clock=clock), 0)
+    resumed = timed(
+        "resume",
+        lambda: replays_resume(clock=clock, publish=publishing.publish_replay),
+        0,
+    )
+    if resumed:
+        counts["replays_resumed"] = resumed
     counts.update(skipped)
     scan_completed(
         counts=counts,

@@ -23,6 +23,7 @@ from reminders.services import reminders_unpublished
 logger = logging.getLogger(__name__)
 
 DELIVER_TASK = "reminders.deliver_batch"
+REPLAY_TASK = "reminders.replay_selection"
 
 
 def publish_batch(ids: list[int], expires_at: datetime) -> bool:
@@ -44,5 +45,22 @@ def publish_batch(ids: list[int], expires_at: datetime) -> bool:
             exc,
         )
         reminders_unpublished(ids=ids)
+        return False
+    return True
+
+
+def publish_replay(decision_id: int) -> bool:
+    """Send one ``reminders.replay_selection`` message for a background replay.
+
+    A failed publish loses nothing: the decision stays ``running`` without a
+    heartbeat, and the scan hands it to a worker again
+    (reminders.services.dispatch.replays_resume).
+    """
+    try:
+        app.send_task(REPLAY_TASK, args=[decision_id])
+    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
+        logger.error(
+            "Could not publish background replay %s (%s); the scan resumes it", decision_id, exc
+        )
         return False
     return True

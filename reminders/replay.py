@@ -38,6 +38,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
@@ -58,7 +59,7 @@ from reminders.selectors import (
     selection_of,
 )
 from reminders.services import reminder_fate, reminders_dispatch, reminders_return, sources_locked
-from reminders.services._sql import update_returning
+from reminders.services._sql import database_now, update_returning
 
 logger = logging.getLogger(__name__)
 
@@ -292,8 +293,6 @@ def _left_for_scan(ids: list[int], *, now: datetime) -> int:
 
 # --- Replays too large for one request ------------------------------------------
 
-# A background replay re-arms and queues this many reminders per transaction.
-REPLAY_CHUNK = 1000
 PublishTask = Callable[[int], object]
 
 
@@ -311,7 +310,7 @@ def reminder_replay_later(
     The preview is counted now, exactly, and the selection's ids are kept on
     the StaffDecision row (state ``running``), so the worker replays what
     staff confirmed whatever the filters match later. Nothing is re-armed in
-    the request: ``replay_continue`` does it, chunk by chunk, on a worker.
+    the request: ``replay_step`` does it, one chunk per task, on a worker.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -331,8 +330,9 @@ def reminder_replay_later(
             skipped=dict(preview.skipped),
             selection_ids=ids,
             use_edited_text=use_edited_text,
+            heartbeat_at=database_now(clock),
         )
-        publish = publish_task or _publish_replay_task
+        publish = publish_task or publishing.publish_replay
         transaction.on_commit(lambda: publish(audit.pk))
     logger.info(
         "Replay by %s of %s reminders handed to a worker (decision %s)",
@@ -351,55 +351,57 @@ def reminder_replay_later(
     )
 
 
-def _publish_replay_task(decision_id: int) -> None:
-    from reminders.staff_tasks import replay_selection
-
-    replay_selection.delay(decision_id)
-
-
-def replay_continue(
+def replay_step(
     *,
     decision_id: int,
     clock: Clock | None = None,
     publish: Publish | None = None,
-    chunk: int = REPLAY_CHUNK,
+    chunk: int | None = None,
 ) -> StaffDecision:
-    """Work a background replay through to its end, one durable chunk at a time.
+    """Re-arm and queue the next chunk of a background replay, or close it when none is left.
 
-    Each chunk re-arms and queues its reminders exactly as a replay in the
-    request does, and moves ``progress`` on in the same transaction, under
-    the decision row's lock: a worker killed mid-way, or a redelivered task,
-    resumes after the last committed chunk and never re-arms a chunk twice.
+    The chunk re-arms and queues its reminders exactly as a replay in the
+    request does, and moves ``progress`` and ``heartbeat_at`` on in the same
+    transaction, under the decision row's lock: a worker killed mid-way, a
+    time limit or a redelivered task resumes after the last committed chunk
+    and never re-arms a chunk twice. Each chunk is its own task
+    (reminders.staff_tasks.replay_selection), so one lost costs that chunk's
+    transaction only, and the scan hands a replay whose heartbeat stopped to a
+    worker again (reminders.services.dispatch.replays_resume).
     """
     clock = clock or default_clock()
-    while True:
-        with transaction.atomic(durable=True):
-            decision = StaffDecision.objects.select_for_update().get(pk=decision_id)
-            if decision.state == StaffDecision.State.DONE:
-                return decision
-            now = clock.now()
-            ids = decision.selection_ids[decision.progress : decision.progress + chunk]
-            if not ids:
-                eligible = decision.selected - sum(decision.skipped.values())
-                raced = eligible - decision.changed
-                if raced > 0:
-                    decision.skipped = {**decision.skipped, "raced": raced}
-                decision.state = StaffDecision.State.DONE
-                decision.selection_ids = []
-                decision.save(update_fields=["state", "selection_ids", "skipped"])
-                return decision
-            rearmed = _rearm(
-                candidates=Reminder.objects.filter(pk__in=ids),
-                guard=Q(status__in=REPLAYABLE_STATUSES),
-                reason=REASON_REPLAYED.format(actor=decision.actor_name),
-                now=now,
-                use_edited_text=decision.use_edited_text,
-            )
-            decision.queued += _dispatch(rearmed, clock=clock, publish=publish)
-            decision.changed += len(rearmed)
-            decision.progress += len(ids)
-            decision.reminder_ids = sorted([*decision.reminder_ids, *rearmed])
-            decision.save(update_fields=["queued", "changed", "progress", "reminder_ids"])
+    chunk = chunk or settings.REMINDERS_REPLAY_CHUNK
+    with transaction.atomic(durable=True):
+        decision = StaffDecision.objects.select_for_update().get(pk=decision_id)
+        if decision.state == StaffDecision.State.DONE:
+            return decision
+        now = clock.now()
+        decision.heartbeat_at = database_now(clock)
+        ids = decision.selection_ids[decision.progress : decision.progress + chunk]
+        if not ids:
+            eligible = decision.selected - sum(decision.skipped.values())
+            raced = eligible - decision.changed
+            if raced > 0:
+                decision.skipped = {**decision.skipped, "raced": raced}
+            decision.state = StaffDecision.State.DONE
+            decision.selection_ids = []
+            decision.save(update_fields=["state", "selection_ids", "skipped", "heartbeat_at"])
+            return decision
+        rearmed = _rearm(
+            candidates=Reminder.objects.filter(pk__in=ids),
+            guard=Q(status__in=REPLAYABLE_STATUSES),
+            reason=REASON_REPLAYED.format(actor=decision.actor_name),
+            now=now,
+            use_edited_text=decision.use_edited_text,
+        )
+        decision.queued += _dispatch(rearmed, clock=clock, publish=publish)
+        decision.changed += len(rearmed)
+        decision.progress += len(ids)
+        decision.reminder_ids = sorted([*decision.reminder_ids, *rearmed])
+        decision.save(
+            update_fields=["queued", "changed", "progress", "reminder_ids", "heartbeat_at"]
+        )
+        return decision
 
 
 def _dispatch(ids: list[int], *, clock: Clock, publish: Publish | None) -> int:

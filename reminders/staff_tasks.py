@@ -11,7 +11,8 @@ import logging
 from celery import shared_task
 from django.db import OperationalError
 
-from reminders.replay import replay_continue
+from reminders.models import StaffDecision
+from reminders.replay import replay_step
 from reminders.testsend import reminder_send_test_run
 
 logger = logging.getLogger(__name__)
@@ -37,13 +38,21 @@ def _well_formed(decision_id, task: str) -> bool:
 
 @shared_task(name="reminders.replay_selection", **STAFF_TASK)
 def replay_selection(decision_id) -> dict[str, int]:
-    """Work a background replay (StaffDecision ``decision_id``) through to its end.
+    """Replay the next chunk of a background replay (StaffDecision ``decision_id``).
 
-    Safe to run twice or after a crash: each chunk commits with its progress.
+    Each chunk is a task of its own, which queues the next one when it has
+    committed: a worker lost or a time limit costs at most the chunk under
+    way, and a replay left without a task (that queueing lost) is handed to a
+    worker again by the scan once its heartbeat is older than the claim
+    lease. Safe to run twice or after a crash: each chunk commits with its
+    progress.
     """
     if not _well_formed(decision_id, "replay_selection"):
         return {"rejected": 1}
-    decision = replay_continue(decision_id=decision_id)
+    decision = replay_step(decision_id=decision_id)
+    if decision.state == StaffDecision.State.RUNNING:
+        replay_selection.delay(decision.pk)
+        return {"progress": decision.progress}
     logger.info(
         "Background replay %s done: %s of %s re-armed, %s queued",
         decision.pk,

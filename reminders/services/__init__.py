@@ -28,6 +28,7 @@ from reminders.services.dispatch import (
     message_expiry,
     reminders_dispatch,
     reminders_unpublished,
+    replays_resume,
     scan_completed,
 )
 from reminders.services.fate import Fate, Source, reminder_fate, reminders_return, sources_locked
@@ -73,6 +74,7 @@ __all__ = [
     "reminders_settle",
     "reminders_return",
     "reminders_unpublished",
+    "replays_resume",
     "retry_delay",
     "SCAN_NAME",
     "scan_completed",

@@ -13,7 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 
 from clock import Clock, default_clock
-from reminders.models import Dispatch, Reminder, ScanRun
+from reminders.models import Dispatch, Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.services._sql import database_now, update_returning
 from reminders.services.settle import ROWS_PER_TRANSACTION
@@ -209,6 +209,34 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
     return Reminder.objects.filter(id__in=ids, status=Status.QUEUED).update(
         queued_until=database_now(clock)
     )
+
+
+def replays_resume(*, publish: Callable[[int], object], clock: Clock | None = None) -> int:
+    """Hand each background replay whose heartbeat stopped to a worker again; return how many.
+
+    A replay is ``running`` with a heartbeat (``StaffDecision.heartbeat_at``,
+    the database's clock) that each committed chunk moves on. One whose
+    heartbeat is older than the claim lease has no live task behind it (its
+    worker was lost, a time limit ended its chunk, the next chunk's message
+    was not published): its heartbeat is moved to now by a guarded UPDATE, so
+    one scan of two resumes it, and a task is published after commit. A
+    replay that was only slow is then run by two tasks, which is harmless:
+    each chunk is taken under the decision row's lock.
+    """
+    now = database_now(clock or default_clock())
+    stalled = StaffDecision.objects.filter(
+        state=StaffDecision.State.RUNNING,
+        heartbeat_at__lte=now - timedelta(seconds=settings.REMINDERS_LEASE_SECONDS),
+    )
+    resumed = 0
+    for pk in stalled.values_list("pk", flat=True):
+        with transaction.atomic():
+            if stalled.filter(pk=pk).update(heartbeat_at=now):
+                transaction.on_commit(partial(publish, pk))
+                resumed += 1
+    if resumed:
+        logger.warning("Handed %s stalled background replays to a worker again", resumed)
+    return resumed
 
 
 SCAN_NAME = "scan"

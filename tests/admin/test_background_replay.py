@@ -10,7 +10,7 @@ from django.urls import reverse
 
 from reminders import replay as replay_module
 from reminders.models import Reminder, StaffDecision
-from reminders.replay import reminder_replay, reminder_replay_later, replay_continue
+from reminders.replay import reminder_replay, reminder_replay_later, replay_step
 from reminders.staff_tasks import replay_selection
 
 pytestmark = pytest.mark.django_db
@@ -36,7 +36,7 @@ def test_a_confirmed_replay_above_the_limit_records_it_and_changes_nothing_in_th
     sent = make_reminders(2, "sent")
     Reminder.objects.filter(pk__in=sent).update(workshop=workshop)
     tasks: list[int] = []
-    monkeypatch.setattr(replay_module, "_publish_replay_task", tasks.append)
+    monkeypatch.setattr("reminders.publish.publish_replay", tasks.append)
     with django_capture_on_commit_callbacks(execute=True):
         response = login(replayer).post(
             f"{CHANGELIST}?workshop__id__exact={workshop.pk}",
@@ -59,6 +59,14 @@ def test_a_confirmed_replay_above_the_limit_records_it_and_changes_nothing_in_th
     assert reverse("admin:reminders_staffdecision_change", args=[decision.pk]) in message
 
 
+def _to_the_end(decision_id: int, clock, *, chunk: int = 5):
+    """Run the replay's chunks one after the other, as its chain of tasks does."""
+    while True:
+        decision = replay_step(decision_id=decision_id, clock=clock, chunk=chunk)
+        if decision.state == "done":
+            return decision
+
+
 def test_the_worker_replays_the_selection_in_chunks_with_the_counts_of_an_inline_replay(
     replayer, bulk_failed, make_reminders, published, clock, django_capture_on_commit_callbacks
 ):
@@ -70,7 +78,7 @@ def test_the_worker_replays_the_selection_in_chunks_with_the_counts_of_an_inline
         reminders=selection, actor=replayer, clock=clock, publish_task=lambda pk: None
     )
     with django_capture_on_commit_callbacks(execute=True):
-        decision = replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+        decision = _to_the_end(recorded.audit_id, clock)
     assert (decision.state, decision.progress, decision.selection_ids) == ("done", 25, [])
     assert (decision.changed, decision.queued, decision.skipped) == (23, 23, {"sent": 2})
     assert Counter(i for batch in published for i in batch) == Counter(decision.reminder_ids)
@@ -101,11 +109,11 @@ def test_a_worker_that_dies_mid_replay_is_resumed_and_replays_each_reminder_once
 
     monkeypatch.setattr(replay_module, "_rearm", dies_on_the_third_chunk)
     with django_capture_on_commit_callbacks(execute=True), pytest.raises(SystemExit):
-        replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+        _to_the_end(recorded.audit_id, clock)
     assert StaffDecision.objects.get().progress == 10  # two chunks committed, the third not
     monkeypatch.setattr(replay_module, "_rearm", real_rearm)
     with django_capture_on_commit_callbacks(execute=True):
-        decision = replay_continue(decision_id=recorded.audit_id, clock=clock, chunk=5)
+        decision = _to_the_end(recorded.audit_id, clock)
     assert (decision.state, decision.changed, decision.queued) == ("done", 20, 20)
     assert Counter(i for batch in published for i in batch) == Counter(_ids(workshop))
     # A redelivered task after the end changes nothing.
@@ -116,3 +124,32 @@ def test_a_worker_that_dies_mid_replay_is_resumed_and_replays_each_reminder_once
 @pytest.mark.parametrize("value", [None, "7", 0, -1, True, [1]])
 def test_the_task_rejects_a_malformed_decision_id(value):
     assert replay_selection.run(value) == {"rejected": 1}
+
+
+def test_the_scan_hands_a_stalled_replay_to_a_worker_again_once(
+    replayer, bulk_failed, clock, settings, django_capture_on_commit_callbacks
+):
+    """Its task was lost (a worker killed, a time limit, a publish that failed): once its
+    heartbeat is older than the claim lease, one scan of two publishes it again."""
+    from reminders.services import replays_resume
+
+    workshop = bulk_failed(12)
+    recorded = reminder_replay_later(
+        reminders=Reminder.objects.filter(workshop=workshop),
+        actor=replayer,
+        clock=clock,
+        publish_task=lambda pk: None,  # the task that never ran
+    )
+    resumed: list[int] = []
+    with django_capture_on_commit_callbacks(execute=True):
+        assert replays_resume(clock=clock, publish=resumed.append) == 0, "resumed while fresh"
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    for expected in (1, 0):  # the second scan finds its heartbeat moved on
+        with django_capture_on_commit_callbacks(execute=True):
+            assert replays_resume(clock=clock, publish=resumed.append) == expected
+    assert resumed == [recorded.audit_id]
+    with django_capture_on_commit_callbacks(execute=True):
+        decision = _to_the_end(recorded.audit_id, clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    assert replays_resume(clock=clock, publish=resumed.append) == 0, "a finished replay resumed"
+    assert (decision.state, decision.changed) == ("done", 12)

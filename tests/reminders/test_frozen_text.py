@@ -12,7 +12,7 @@ from django.db import connections
 from delivery.results import Outcome
 from reminders.content import reminder_envelope
 from reminders.models import MessageText, Reminder, StaffDecision
-from reminders.replay import reminder_replay, reminder_replay_later, replay_continue
+from reminders.replay import reminder_replay, reminder_replay_later, replay_step
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
 from tests.reminders.test_claim import _result
 from workshops.models import WorkshopText
@@ -196,7 +196,10 @@ def replay(reminder, actor, *, clock, later: bool, use_edited_text: bool) -> Sta
         result = reminder_replay_later(
             reminders=selection, publish_task=lambda _pk: None, **options
         )
-        replay_continue(decision_id=result.audit_id, clock=clock, publish=lambda *a, **k: None)
+        while (
+            replay_step(decision_id=result.audit_id, clock=clock, publish=lambda *a, **k: None)
+        ).state != "done":
+            pass
     else:
         result = reminder_replay(reminders=selection, publish=lambda *a, **k: None, **options)
     return StaffDecision.objects.get(pk=result.audit_id)
