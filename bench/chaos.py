@@ -133,6 +133,10 @@ STAFF_WORKSHOPS = (
     ("earlier", "America/New_York"),
     ("inside", "Australia/Sydney"),
     ("later", "Asia/Kolkata"),
+    # Moved inside the cutoff by a bulk update() (a shell fix: no service, no signal),
+    # and by a move that an enrolment races (its transaction commits after the move).
+    ("bulk-inside", "Europe/London"),
+    ("enrol-race", "America/Sao_Paulo"),
 )
 
 
@@ -820,6 +824,53 @@ class ChannelRun:
         self.changes.append(change)
         return change
 
+    def enrol_racing_move(self, workshop_id: int, new: datetime) -> None:
+        """Enrol a new attendee in a transaction that commits after a move of its workshop.
+
+        The enrolment plans its reminder from the start it read; the move
+        commits in between, inside the cutoff. Whatever the enrolment read,
+        its reminder must not be sent (its claim reads the workshop now).
+        """
+        from django.db import connection, transaction
+
+        from workshops.models import Attendee, Workshop
+        from workshops.services import enrollment_create, workshop_update
+
+        enrolled, moved = threading.Event(), threading.Event()
+        failed: list[BaseException] = []
+
+        def enrol() -> None:
+            try:
+                with transaction.atomic():
+                    person = Attendee.objects.create(
+                        name="Racing Person", email=f"race-{self.channel}-{workshop_id}@example.com"
+                    )
+                    enrollment_create(
+                        attendee=person, workshop=Workshop.objects.get(pk=workshop_id)
+                    )
+                    enrolled.set()
+                    moved.wait(10)
+            except BaseException as exc:  # reported by the caller
+                failed.append(exc)
+                enrolled.set()
+            finally:
+                connection.close()
+
+        racer = threading.Thread(target=enrol)
+        racer.start()
+        enrolled.wait(10)
+        try:
+            workshop_update(
+                workshop=Workshop.objects.get(pk=workshop_id),
+                starts_at=new,
+                ends_at=new + timedelta(hours=1),
+            )
+        finally:
+            moved.set()
+            racer.join(30)
+        if failed:
+            raise failed[0]
+
     def staff_snapshot(self, workshop_ids) -> dict[int, Counter]:
         """Return the reminders' statuses of each workshop (one query)."""
         from reminders.models import Reminder
@@ -839,7 +890,7 @@ class ChannelRun:
     def do_staff(self, event: Event) -> None:
         """Cancel, cancel enrollments and move workshops while their reminders are being sent.
 
-        Five dedicated workshops start at the same time with the same
+        Seven dedicated workshops start at the same time with the same
         attendees, enrolled in turn so their reminders interleave in every
         batch and claim. Each change commits once its workshop has a
         reminder ``sending`` and one already sent (or, after a third of
@@ -847,7 +898,7 @@ class ChannelRun:
         """
         from reminders.models import Reminder
         from reminders.policy import ReminderPolicy
-        from workshops.models import Attendee, Enrollment
+        from workshops.models import Attendee, Enrollment, Workshop
         from workshops.services import (
             enrollment_cancel,
             enrollment_create,
@@ -948,13 +999,30 @@ class ChannelRun:
                         new = old + timedelta(hours=3)
                     else:  # inside the cutoff: its deadline has passed already
                         new = CLOCK.now() + policy.cutoff - timedelta(minutes=10)
+                    if name == "bulk-inside":
+
+                        def service(workshop=workshop, new=new):
+                            Workshop.objects.filter(pk=workshop.pk).update(
+                                starts_at=new, ends_at=new + timedelta(hours=1)
+                            )
+
+                    elif name == "enrol-race":
+
+                        def service(workshop=workshop, new=new):
+                            self.enrol_racing_move(workshop.pk, new)
+
+                    else:
+
+                        def service(workshop=workshop, new=new):
+                            workshop_update(
+                                workshop=workshop, starts_at=new, ends_at=new + timedelta(hours=1)
+                            )
+
                     self.commit(
                         "move",
                         f"moved workshop {workshop.pk} {name} "
                         f"({(new - old).total_seconds() / 60:+.0f} min; {shown})",
-                        lambda workshop=workshop, new=new: workshop_update(
-                            workshop=workshop, starts_at=new, ends_at=new + timedelta(hours=1)
-                        ),
+                        service,
                         workshop=workshop.pk, phase=True, sending=at_commit["sending"],
                         old_start=old, new_start=new, zone=workshop.timezone,
                         sendable=new - policy.cutoff > CLOCK.now(),
