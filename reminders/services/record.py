@@ -23,7 +23,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
-from reminders.services._sql import claim_token_param, rows_cte
+from reminders.services._sql import claim_token_param, database_now, rows_cte
 from reminders.services.claim import Claim
 from reminders.services.fate import (
     claimed_locked,
@@ -206,6 +206,19 @@ def reminder_record_batch(
         changed, _ = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
         return dict(Counter(str(status) for status in changed.values()))
     with transaction.atomic():
+        if any(verdict.returns for verdict, _ in verdicts.values()):
+            # Handing rows back decides times (the retry, lateness): by the
+            # database's clock, as the claim that takes them again judges them.
+            now = database_now(clock)
+            verdicts = {
+                pk: (
+                    reminder_verdict(
+                        result=result, reminder=by_id[pk], channel=claim.channel, now=now
+                    ),
+                    result,
+                )
+                for pk, (_, result) in verdicts.items()
+            }
         verdicts = _without_erased_data(verdicts, by_id)
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
@@ -417,7 +430,7 @@ def reminder_release(
     for a transaction still holding them (``reminder_release_interrupted``).
     """
     clock = clock or default_clock()
-    now = clock.now()
+    now = database_now(clock)  # the fate's lateness, by the database's clock
     ids = claim.ids if ids is None else ids
     policy = ReminderPolicy.from_settings()
     with transaction.atomic():

@@ -102,3 +102,23 @@ def test_a_scan_on_a_host_two_minutes_fast_does_not_mark_an_open_reminder_missed
     assert reminders_settle(clock=SkewedClock(SKEW))["missed"] == 0
     reminder.refresh_from_db()
     assert reminder.status == "pending"
+
+
+def test_a_worker_two_minutes_fast_records_a_retry_the_database_says_has_time_for(
+    live_clock, make_workshop, enrol
+):
+    """A 503 with 90 s left by the database: retried, where the host's clock saw no time."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services import reminder_record_batch
+
+    reminder = _reminder_with_deadline_in(live_clock, make_workshop, enrol, 90)
+    fast = SkewedClock(SKEW)
+    claim = reminder_claim_batch(ids=[reminder.pk], channel="http", clock=fast)
+    busy = DeliveryResult(
+        reminder_id=reminder.pk, key=reminder.key, outcome=Outcome.TRANSIENT, message_id=None,
+        error="HTTP 503", attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    reminder_record_batch(claim=claim, results=[busy], clock=fast)
+    reminder.refresh_from_db()
+    assert reminder.status == "pending", reminder.status_reason
+    assert reminder.next_attempt_at < reminder.deadline_at
