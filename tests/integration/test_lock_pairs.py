@@ -9,15 +9,16 @@ order of their commits says.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 import pytest
 from django.db import connection, transaction
 
 from reminders.models import Reminder
-from reminders.services import reminder_claim_batch
+from reminders.services import reminder_claim_batch, reminders_reap
 from tests.support.races import Step, blocked_or_done
 from workshops.models import Workshop
-from workshops.services import workshop_cancel
+from workshops.services import workshop_cancel, workshop_update
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -59,3 +60,90 @@ def test_a_claim_and_a_staff_cancel_waiting_on_the_same_row_both_finish(
     assert sorted(taken.ids) == ids
     assert set(statuses.values()) == {"sending"}
     assert Workshop.objects.get(pk=workshop.pk).status == "cancelled"
+
+
+def test_the_reaper_waits_for_a_staff_move_and_returns_the_row_under_the_new_start(
+    clock, make_workshop, enrol, settings
+):
+    """The move holds its workshop FOR NO KEY UPDATE until it commits; the reaper reads it
+    FOR SHARE. Seen blocked, then let go: the reaper hands the row back with the new
+    start's fate, and neither is aborted."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop)
+    (reminder_id,) = Reminder.objects.values_list("id", flat=True)
+    reminder_claim_batch(ids=[reminder_id], channel="http", clock=clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS + 1)
+    moved, release = threading.Event(), threading.Event()
+    inside = clock.now() + timedelta(minutes=20)
+
+    def move_and_hold() -> None:
+        with transaction.atomic():
+            workshop_update(
+                workshop=Workshop.objects.get(pk=workshop.pk),
+                starts_at=inside,
+                ends_at=inside + timedelta(hours=1),
+            )
+            moved.set()
+            release.wait(30)
+
+    mover = Step(move_and_hold)
+    mover.start()
+    assert moved.wait(10)
+    reaper = Step(lambda: reminders_reap(clock=clock))
+    reaper.start()
+    blocked_or_done(reaper)
+    assert reaper.is_alive(), "the reaper did not wait for the move"
+    release.set()
+    mover.finish()
+    assert reaper.finish() == {"requeued": 0, "unknown": 1, "cancelled": 0}
+    connection.close()
+    # The lost worker may have reached the provider, and the new start leaves no time.
+    assert Reminder.objects.get().status == "unknown"
+
+
+def test_a_plan_racing_an_erasure_neither_waits_on_the_other_and_leaves_nothing_to_send(
+    clock, make_workshop, enrol, django_user_model
+):
+    """The scan's plan inserts the attendee's reminder and holds its transaction; the erasure
+    (attendee FOR UPDATE, then its enrollment's cancel) does not see that row and does not
+    wait for it; the plan then commits (its FOR KEY SHARE on the attendee no longer waits).
+    The row it leaves ``pending`` in a cancelled enrollment is cancelled by the next settle."""
+    from reminders.erasure import attendees_erase
+    from reminders.services import reminders_plan, reminders_settle
+    from workshops.models import Attendee
+
+    workshop = make_workshop(starts_in=timedelta(days=2))
+    (enrollment,) = enrol(workshop)
+    Workshop.objects.filter(pk=workshop.pk).update(
+        starts_at=clock.now() + timedelta(hours=3), ends_at=clock.now() + timedelta(hours=4)
+    )
+    staff = django_user_model.objects.create_user(username="eraser", is_staff=True)
+    planned, release = threading.Event(), threading.Event()
+
+    def plan_and_hold() -> None:
+        with transaction.atomic():
+            assert reminders_plan(clock=clock) == 1
+            planned.set()
+            release.wait(30)
+
+    plan = Step(plan_and_hold)
+    plan.start()
+    assert planned.wait(10)
+    erase = Step(
+        lambda: attendees_erase(
+            attendees=Attendee.objects.filter(pk=enrollment.attendee_id),
+            actor=staff,
+            reason="asked to be forgotten",
+            clock=clock,
+        )
+    )
+    erase.start()
+    blocked_or_done(erase)
+    erase.finish()  # it did not wait for the plan's open transaction
+    release.set()
+    plan.finish()
+    connection.close()
+    assert Attendee.objects.get().erased_at is not None
+    assert Reminder.objects.get().status == "pending"
+    assert reminders_settle(clock=clock)["cancelled"] == 1
+    assert Reminder.objects.get().status_reason == "enrollment cancelled"
