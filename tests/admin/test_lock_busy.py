@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-import threading
 from collections import Counter
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from config.locks import BUSY_MESSAGE
 from reminders.models import Reminder, StaffDecision
 from tests.admin.test_workshop_decisions import CANCELLER, post
+from tests.support.races import held_rows
 from workshops.models import Workshop
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -23,27 +23,10 @@ def test_a_cancel_behind_a_held_lock_is_told_to_try_again_and_changes_nothing(
     connection.close()  # this session opens again with that timeout
     workshop = make_workshop()
     enrol(workshop, count=2)
-    held, release = threading.Event(), threading.Event()
-
-    def long_transaction() -> None:  # a worker's record, a shell session: holding the rows
-        try:
-            with transaction.atomic():
-                list(Reminder.objects.select_for_update().filter(workshop=workshop))
-                held.set()
-                release.wait(30)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=long_transaction)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_rows(Reminder.objects.filter(workshop=workshop)) as still_held:
         client = login(make_staff(*CANCELLER))
         page = post(client, "cancel_selected", [workshop.pk], confirm=True, reason="flooded")
-        answered_while_held = not release.is_set()
-    finally:
-        release.set()
-        holder.join(30)
+        answered_while_held = still_held()
     assert answered_while_held, "the request waited for the lock to be released"
     assert page.status_code == 200
     assert [str(m) for m in page.context["messages"]] == [BUSY_MESSAGE]

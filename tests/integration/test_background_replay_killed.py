@@ -10,30 +10,23 @@ claim lease, the scan hands it to a worker again.
 from __future__ import annotations
 
 import signal
-import threading
 from collections import Counter
 from datetime import timedelta
 
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from clock import SystemClock
 from reminders import pipeline
 from reminders.models import Reminder, StaffDecision
 from reminders.replay import reminder_replay_later
 from tests.support.processes import celery_worker, process_env
+from tests.support.races import held_rows, wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
 CHUNK = 5
-
-
-def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
-    give_up = _real.monotonic() + timeout
-    while not predicate():
-        assert _real.monotonic() < give_up, f"timed out after {timeout} s waiting for {what}"
-        _real.sleep_blocking(0.05)
 
 
 def _waiting_on_a_lock() -> bool:
@@ -59,35 +52,18 @@ def test_a_replay_whose_worker_is_killed_mid_way_is_finished_once_by_another(
         # Long enough for the victim to be killed while it waits on the held row.
         REMINDERS_WORKER_LOCK_TIMEOUT="30",
     )
-    held, release = threading.Event(), threading.Event()
-
-    def hold_a_row_of_the_third_chunk() -> None:
-        try:
-            with transaction.atomic():
-                list(Reminder.objects.select_for_update().filter(pk=ids[2 * CHUNK + 2]))
-                held.set()
-                release.wait(60)
-        finally:
-            connection.close()
-
-    holder = threading.Thread(target=hold_a_row_of_the_third_chunk)
-    holder.start()
-    try:
-        assert held.wait(10)
+    with held_rows(Reminder.objects.filter(pk=ids[2 * CHUNK + 2])):  # in the third chunk
         with celery_worker(env, name="victim") as victim:
             result = reminder_replay_later(
                 reminders=Reminder.objects.filter(pk__in=ids), actor=staff, clock=live_clock
             )
             decision = StaffDecision.objects.filter(pk=result.audit_id)
-            _wait_until(
+            wait_until(
                 lambda: decision.get().progress == 2 * CHUNK and _waiting_on_a_lock(),
                 what="the victim's third chunk to wait on the held row",
             )
             victim.signal_group(signal.SIGKILL)
             victim.popen.wait(10)
-    finally:
-        release.set()
-        holder.join(60)
     stalled = decision.get()
     assert (stalled.state, stalled.progress) == ("running", 2 * CHUNK)
     # Nothing is left to run it: its message died with the worker (acknowledged late, it
@@ -95,8 +71,8 @@ def test_a_replay_whose_worker_is_killed_mid_way_is_finished_once_by_another(
     live_clock.advance_to(_real.now() + timedelta(seconds=settings.REMINDERS_LEASE_SECONDS + 1))
     with celery_worker(env, concurrency=2, name="rescuer"):
         assert pipeline.scan(clock=live_clock).get("replays_resumed") == 1
-        _wait_until(lambda: decision.get().state == "done", what="the replay to finish")
-        _wait_until(
+        wait_until(lambda: decision.get().state == "done", what="the replay to finish")
+        wait_until(
             lambda: not Reminder.objects.filter(status__in=["pending", "queued"]).exists(),
             what="the replayed reminders to be sent",
         )

@@ -24,19 +24,13 @@ from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.services import reminders_reap
 from tests.support.processes import celery_worker, process_env
+from tests.support.races import wait_until
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
 PROVIDER_DELAY = 1.0
 CHUNK = 2
-
-
-def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
-    give_up = _real.monotonic() + timeout
-    while not predicate():
-        assert _real.monotonic() < give_up, f"timed out after {timeout} s waiting for {what}"
-        _real.sleep_blocking(0.05)
 
 
 @contextmanager
@@ -63,7 +57,7 @@ def _provider(channel: str, smtp_sink):
 
 
 def _freeze_with_a_chunk_in_flight(victim) -> None:
-    _wait_until(
+    wait_until(
         lambda: Reminder.objects.filter(status="sending").count() == CHUNK,
         what="the victim's first chunk in flight",
     )
@@ -72,9 +66,12 @@ def _freeze_with_a_chunk_in_flight(victim) -> None:
 
 def _continue_and_watch(victim, arrivals) -> float:
     """SIGCONT the victim, let it run out its batch; return when it was continued."""
+    assert not any("Batch of" in line for line in victim.lines), (
+        "the batch ended before the victim was stopped: the test proves nothing"
+    )
     continued = _real.monotonic()
     victim.signal_group(signal.SIGCONT)
-    _wait_until(
+    wait_until(
         lambda: (
             any("finished" in line and "Batch of" in line for line in victim.lines)
             or any("deliver_batch" in line and "succeeded" in line for line in victim.lines)
@@ -107,7 +104,7 @@ def test_a_frozen_worker_whose_lease_was_reaped_starts_no_call_and_overwrites_no
                 assert sum(reminders_reap(clock=live_clock).values()) == CHUNK
                 with celery_worker(env, name="rescuer"):
                     pipeline.scan(clock=live_clock)
-                    _wait_until(
+                    wait_until(
                         lambda: (
                             not Reminder.objects.filter(
                                 status__in=["pending", "queued", "sending"]
@@ -143,7 +140,9 @@ def test_a_worker_frozen_past_the_deadline_starts_no_call_after_it(
     """Its workshop's cutoff passes while it is stopped: the claims of the rest are refused by
     the database's clock and end missed; no call reaches the provider after the SIGCONT."""
     cutoff = timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES)
-    enrol(make_workshop(starts_in=cutoff + timedelta(seconds=6)), count=6)
+    # Time for the first chunk's calls to start (none starts under 2 s before the
+    # deadline, DeliveryPolicy.min_call_window), not for the rest.
+    enrol(make_workshop(starts_in=cutoff + timedelta(seconds=12)), count=6)
     with _provider("smtp", smtp_sink) as (provider_env, arrivals):
         env = process_env(
             REMINDERS_CONCURRENCY=str(CHUNK), REMINDERS_BATCH_SIZE="6", **provider_env
@@ -153,7 +152,7 @@ def test_a_worker_frozen_past_the_deadline_starts_no_call_after_it(
                 pipeline.scan(clock=live_clock)
                 _freeze_with_a_chunk_in_flight(victim)
                 deadline = Reminder.objects.select_related("workshop").first().deadline_at
-                _wait_until(
+                wait_until(
                     lambda: _real.now() > deadline + timedelta(seconds=1), what="the deadline"
                 )
                 continued = _continue_and_watch(victim, arrivals)

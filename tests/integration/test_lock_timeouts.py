@@ -9,46 +9,17 @@ returned while the lock was still held.
 
 from __future__ import annotations
 
-import threading
-from contextlib import contextmanager
-
 import pytest
-from django.db import connection, transaction
+from django.db import connection
 
 from config import locks
 from reminders import pipeline
 from reminders.models import Reminder
 from reminders.pipeline import DatabaseUnavailable
+from tests.support.races import held_rows
 from workshops.models import Workshop
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-@contextmanager
-def _held(queryset):
-    """Hold ``queryset``'s rows FOR UPDATE in another session until the block ends.
-
-    Yield a function telling whether the lock is still held.
-    """
-    held, release = threading.Event(), threading.Event()
-
-    def hold() -> None:
-        try:
-            with transaction.atomic():
-                list(queryset.select_for_update())
-                held.set()
-                release.wait(60)
-        finally:
-            connection.close()
-
-    thread = threading.Thread(target=hold)
-    thread.start()
-    try:
-        assert held.wait(10)
-        yield lambda: not release.is_set()
-    finally:
-        release.set()
-        thread.join(60)
 
 
 @pytest.fixture
@@ -65,7 +36,7 @@ def test_a_claim_behind_a_held_row_gives_up_and_hands_its_batch_back(
     clock, due_reminders, outbox, as_worker
 ):
     ids = due_reminders(4)
-    with _held(Reminder.objects.filter(pk=ids[0])) as still_held:
+    with held_rows(Reminder.objects.filter(pk=ids[0])) as still_held:
         with pytest.raises(DatabaseUnavailable) as caught:
             pipeline.deliver(ids, clock=clock, channel="file")
         gave_up_while_held = still_held()
@@ -91,7 +62,7 @@ def test_a_scan_skips_the_phase_that_waited_and_runs_the_others(
     clock.advance(3600)  # its lease expired: the reaper wants the workshop row
     other = make_workshop()
     enrol(other, count=2)
-    with _held(Workshop.objects.filter(pk=stuck.pk)) as still_held:
+    with held_rows(Workshop.objects.filter(pk=stuck.pk)) as still_held:
         counts = pipeline.scan(clock=clock)
         answered_while_held = still_held()
     assert answered_while_held

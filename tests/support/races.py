@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from contextlib import contextmanager
 
-from django.db import connection
+from django.db import connection, transaction
 
 from clock import SystemClock
 
@@ -95,3 +96,38 @@ def blocked_or_done(step: Step) -> None:
                 return
         assert _real.monotonic() < give_up, "the step neither blocked nor finished"
         _real.sleep_blocking(0.01)
+
+
+def wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
+    """Return once ``predicate()`` is true; fail naming ``what`` after ``timeout`` seconds."""
+    give_up = _real.monotonic() + timeout
+    while not predicate():
+        assert _real.monotonic() < give_up, f"timed out after {timeout} s waiting for {what}"
+        _real.sleep_blocking(0.05)
+
+
+@contextmanager
+def held_rows(queryset):
+    """Hold ``queryset``'s rows FOR UPDATE in another session until the block ends.
+
+    Yield a function telling whether the lock is still held.
+    """
+    held, release = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        try:
+            with transaction.atomic():
+                list(queryset.select_for_update())
+                held.set()
+                release.wait(60)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=hold)
+    thread.start()
+    try:
+        assert held.wait(10)
+        yield lambda: not release.is_set()
+    finally:
+        release.set()
+        thread.join(60)
