@@ -21,17 +21,29 @@ _QUERY_VALUE = re.compile(r"=([^&;#]*)")
 
 
 def redact_url(url: str) -> str:
-    """Return ``url`` with its password and query values masked (unparseable: masked whole)."""
+    """Return ``url`` with its password and query values masked (unparseable: masked whole).
+
+    Everything between ``://`` and the last ``@`` is taken as the user info
+    before the URL is parsed: a generated password often holds ``/``, ``#``,
+    ``?`` or ``@``, which a parser reads as the end of the host
+    (``amqp://guest:pa/ss@rabbit//`` would keep its password in the "path").
+    An ``@`` in a path or query then costs that part of the URL, never a
+    password.
+    """
+    scheme, separator, rest = url.partition("://")
+    userinfo = ""
+    if separator and "@" in rest:
+        userinfo, _, rest = rest.rpartition("@")
     try:
-        parts = urlsplit(url)
+        parts = urlsplit(f"{scheme}{separator}{rest}")
         netloc = parts.netloc
-        if "@" in netloc:
-            userinfo, _, hostport = netloc.rpartition("@")
+        if userinfo:
             user, has_password, _ = userinfo.partition(":")
-            netloc = f"{user}:{MASK}@{hostport}" if has_password else f"{userinfo}@{hostport}"
-            if not has_password and userinfo:
-                # A lone userinfo may be a token (https://TOKEN@host): mask it too.
-                netloc = f"{MASK}@{hostport}"
+            if has_password and user and not any(c in user for c in "/?#"):
+                netloc = f"{user}:{MASK}@{netloc}"
+            else:
+                # A lone user info may be a token (https://TOKEN@host): masked whole.
+                netloc = f"{MASK}@{netloc}" if user else f":{MASK}@{netloc}"
         query = _QUERY_VALUE.sub(f"={MASK}", parts.query) if parts.query else ""
         if parts.query and "=" not in parts.query:
             query = MASK

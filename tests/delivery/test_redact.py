@@ -37,6 +37,38 @@ def test_a_url_keeps_where_it_points_and_loses_its_credentials(url, shown):
     assert redact_url(url) == shown
 
 
+@pytest.mark.parametrize("c", list(":/?#[]@!$&'()*+,;=%"))
+@pytest.mark.parametrize(
+    ("template", "kept"),
+    [
+        ("amqp://guest:Pw{c}Sx@rabbit//", "amqp://guest:***@rabbit//"),
+        ("redis://:Pw{c}Sx@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("postgres://app:{c}Pw{c}Sx{c}@db:5432/x", "postgres://app:***@db:5432/x"),
+    ],
+)
+def test_a_password_with_any_reserved_character_never_shows(template, kept, c):
+    """Issue 34, item 5: ``amqp://guest:pa/ss@rabbit//`` was printed whole, and ``pa#ss``
+    leaked ``pa``. Every reserved character of RFC 3986, and ``%``, in the password."""
+    shown = redact_url(template.format(c=c))
+    assert "Pw" not in shown and "Sx" not in shown, shown
+    assert shown == kept
+
+
+@pytest.mark.parametrize("c", list("/?#[]@!$&'()*+,;=%"))
+def test_a_token_as_user_info_with_any_reserved_character_never_shows(c):
+    shown = redact_url(f"https://Tk{c}Zq@hooks.example.com/r")
+    assert "Tk" not in shown and "Zq" not in shown, shown
+    assert shown == "https://***@hooks.example.com/r"
+
+
+def test_the_broker_url_of_the_report_keeps_its_host_and_user():
+    assert redact_url("amqp://guest:pa/ss@rabbit//") == "amqp://guest:***@rabbit//"
+    assert redact_url("redis://:p#a?s/s@redis:6379/0") == "redis://:***@redis:6379/0"
+    assert redact_text("broker amqp://guest:pa/ss@rabbit// down") == (
+        "broker amqp://guest:***@rabbit// down"
+    )
+
+
 def test_every_url_inside_a_message_is_redacted():
     text = f"could not reach redis://:{TOKEN}@r:6379/0 nor 'https://h/x?k={TOKEN}'; giving up"
     assert redact_text(text) == (
