@@ -24,7 +24,7 @@ def test_seed_demo_builds_every_case_once(clock, capsys):
     assert statuses["missed"] > 0  # the workshop inside the cutoff
     assert statuses["cancelled"] > 0
     assert statuses["pending"] > 0
-    # Staff texts and languages have something to show (README, "The staff surface").
+    # Staff texts and languages have something to show (docs/staff.md).
     assert set(Attendee.objects.exclude(language="").values_list("language", flat=True)) == {
         "de",
         "fr",
