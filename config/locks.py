@@ -47,14 +47,23 @@ def on_connection_created(sender, connection, **kwargs) -> None:
         cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{milliseconds}ms"])
 
 
-def lock_not_available(exc: BaseException) -> bool:
-    """Return whether ``exc`` is PostgreSQL giving up on a lock (SQLSTATE 55P03)."""
+def _sqlstate_in(exc: BaseException, codes: frozenset[str]) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
-        if getattr(seen, "sqlstate", None) == "55P03":
+        if getattr(seen, "sqlstate", None) in codes:
             return True
         seen = seen.__cause__
     return False
+
+
+def lock_not_available(exc: BaseException) -> bool:
+    """Return whether ``exc`` is PostgreSQL giving up on a lock (SQLSTATE 55P03)."""
+    return _sqlstate_in(exc, frozenset({"55P03"}))
+
+
+def gave_up_waiting(exc: BaseException) -> bool:
+    """Return whether ``exc`` is a lock or statement timeout firing (55P03, 57014)."""
+    return _sqlstate_in(exc, frozenset({"55P03", "57014"}))
 
 
 BUSY_MESSAGE = (

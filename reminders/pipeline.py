@@ -17,7 +17,7 @@ from django.conf import settings
 from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
-from config.locks import lock_not_available
+from config.locks import gave_up_waiting
 from delivery.engine import Interrupted
 from delivery.results import DeliveryResult, Outcome
 from reminders import bridge
@@ -78,7 +78,7 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
             # A phase that waited too long for a lock (a long staff transaction)
             # or ran past REMINDERS_SCAN_STATEMENT_TIMEOUT is left to the next
             # scan; the other phases still run.
-            if not (lock_not_available(exc) or _cancelled_by_timeout(exc)):
+            if not gave_up_waiting(exc):
                 raise
             logger.warning("Scan phase %s gave up (%s); the next scan runs it", phase, exc)
             skipped[f"{phase}_skipped"] = 1
@@ -126,11 +126,6 @@ def _bound_statements() -> None:
     milliseconds = round(settings.REMINDERS_SCAN_STATEMENT_TIMEOUT * 1000)
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('statement_timeout', %s, false)", [f"{milliseconds}ms"])
-
-
-def _cancelled_by_timeout(exc: BaseException) -> bool:
-    """Return whether ``exc`` is PostgreSQL cancelling a statement for its timeout (57014)."""
-    return getattr(exc.__cause__, "sqlstate", None) == "57014"
 
 
 def deliver(
