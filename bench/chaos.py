@@ -51,7 +51,7 @@ could not be tried again (its deadline passed, or the attempt cap).
 Every staff change the driver makes (the cancels at seeding and after
 queueing, and the staff-changes phase) is judged by *when it committed*,
 not by the reminders' final statuses. Its bound is the commit time plus
-``reminders.bridge.REVOCATION_WINDOW`` (1 s) plus ``ARRIVAL_SLACK`` (the
+``reminders.services.watch.REVOCATION_WINDOW`` (1 s) plus ``ARRIVAL_SLACK`` (the
 loopback hop from a call's start to the sink's clock), and the run fails
 on any call for an affected reminder that reached the sink after that
 bound carrying what the change revoked (``late_after_change``: for a
@@ -117,7 +117,7 @@ SMTP_429 = "450 4.7.0 Too many messages, slow down"
 SMTP_PERMANENT = "554 5.7.1 Message refused by policy"
 # Loopback latency and thread hand-over between a call's start (where the
 # engine consults its gate) and the sink stamping the arrival: added to
-# reminders.bridge.REVOCATION_WINDOW to bound calls after a staff change.
+# reminders.services.watch.REVOCATION_WINDOW to bound calls after a staff change.
 ARRIVAL_SLACK = 0.25
 # The provider's answer delay during the staff-changes phase, so that calls
 # are in flight when the changes commit (arrivals are stamped before it).
@@ -693,7 +693,7 @@ class ChannelRun:
             for proc in self.workers + self.beats:
                 proc.stop(timeout=self.setting.budget + 20)
             self.sink.close()
-        from reminders.bridge import REVOCATION_WINDOW
+        from reminders.services.watch import REVOCATION_WINDOW
 
         result["faults"] = self.faults
         result["notes"] = self.notes
@@ -1045,7 +1045,7 @@ class ChannelRun:
                 )
                 self.faults.append({"at": round(change["at"], 1), "detail": detail})
                 self.log(detail)
-        from reminders.bridge import REVOCATION_WINDOW
+        from reminders.services.watch import REVOCATION_WINDOW
 
         last = max(change["committed"] for change in self.changes if change.get("phase"))
         CLOCK.sleep_blocking(max(0.0, last + REVOCATION_WINDOW + ARRIVAL_SLACK - CLOCK.monotonic()))
@@ -1313,10 +1313,10 @@ class ChannelRun:
 
     def collect(self) -> dict:
         from delivery.message import message_id_for
-        from reminders.bridge import REVOCATION_WINDOW
         from reminders.content import sender_domain
         from reminders.models import Reminder
         from reminders.policy import ReminderPolicy
+        from reminders.services.watch import REVOCATION_WINDOW
         from workshops.models import Workshop
 
         policy = ReminderPolicy.from_settings()

@@ -6,7 +6,7 @@
 It tells an operator how many reminders per second PostgreSQL and the
 workers' own code carry before the provider becomes the limit. A private
 PostgreSQL cluster (bench.harness) holds ``--reminders`` due reminders; P
-forked processes each run ``reminders.pipeline.deliver`` on their share of
+forked processes each run ``reminders.worker.pipeline.deliver`` on their share of
 the batches of ``REMINDERS_BATCH_SIZE`` ids, exactly as a pool process
 does (claim with its guarded UPDATE, envelopes, the claim watch's first
 read, the engine, the fenced record), but the channel answers at once in
@@ -244,7 +244,7 @@ def _instant_factory(name, *, clock):
 
 
 def _product_worker(batch: list[int]) -> int:
-    from reminders import bridge, pipeline
+    from reminders.worker import bridge, pipeline
 
     bridge.channel_factory = _instant_factory  # the only stand-in: the provider
     bridge._channel_values = lambda name: "instant"  # (what the kept session is keyed by)

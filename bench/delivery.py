@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from clock import SystemClock
-from delivery import DeliveryPolicy, Envelope, Outcome, deliver_sync
+from delivery import DeliveryLimits, Envelope, Outcome, deliver_sync
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.channels.http import encode_body, signed_headers
 from delivery.limiter import DEFAULT_MARGIN, LocalRateLimiter, RedisRateLimiter
@@ -140,7 +140,7 @@ def run_fan_out(
     """Deliver ``count`` envelopes; return (sends/s over the batch, how many were sent)."""
     batch = envelopes(count, clock, f"fanout-{uuid.uuid4().hex[:8]}")
     settings = HttpSettings(url=sink.url, secret=SECRET, max_connections=concurrency)
-    policy = DeliveryPolicy(concurrency=concurrency, call_timeout=10, max_attempts=3, budget=600)
+    policy = DeliveryLimits(concurrency=concurrency, call_timeout=10, max_attempts=3, budget=600)
     began = clock.monotonic()
     results = deliver_sync(
         batch,

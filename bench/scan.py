@@ -6,7 +6,7 @@
 For each size it seeds N workshops starting within the lead window, ten
 enrollments each, then measures on the same data:
 
-- the scan (``reminders.pipeline.scan``: expire, reap, one-statement plan,
+- the scan (``reminders.worker.pipeline.scan``: expire, reap, one-statement plan,
   set-based dispatch), with Django's query capture;
 - a naive baseline: for each workshop, for each enrollment, ``get_or_create``
   the reminder, then mark each due one queued and publish it alone.
@@ -88,11 +88,11 @@ def _run(args) -> int:
     from django.db import connection, transaction
 
     from clock import FakeClock, SystemClock
-    from reminders import pipeline
     from reminders.models import Reminder
     from reminders.policy import ReminderPolicy
     from reminders.services import reminder_claim_batch, reminder_record_batch
     from reminders.services.dispatch import ROWS_PER_TRANSACTION, STATEMENTS_PER_TRANSACTION
+    from reminders.worker import pipeline
     from workshops.models import Attendee, Enrollment, Workshop
 
     real = SystemClock()

@@ -6,7 +6,7 @@
 A private PostgreSQL cluster (bench.harness, default settings) holds
 ``--workshops`` workshops, ten enrollments each, starting evenly over the next
 ``--days`` days, so the lead window (REMINDERS_LEAD_MINUTES) holds about
-1/days of them. Scans (``reminders.pipeline.scan``) then run back to back
+1/days of them. Scans (``reminders.worker.pipeline.scan``) then run back to back
 until nothing is left to dispatch: the first plans every reminder in the
 window and dispatches up to REMINDERS_DISPATCH_LIMIT, the next ones dispatch
 the rest, the last finds nothing to do (the steady state of every later
@@ -288,7 +288,7 @@ class Probe(threading.Thread):
 def _run(seeded: dict, *, explain: bool) -> dict:
     from django.db import connection
 
-    from reminders import pipeline
+    from reminders.worker import pipeline
 
     published: list[int] = []
 

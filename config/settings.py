@@ -71,7 +71,7 @@ MIDDLEWARE = [
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # A staff request that gave up waiting for a row lock: a message, nothing changed.
-    "config.locks.LockBusyMiddleware",
+    "reminders.locks.LockBusyMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -195,10 +195,10 @@ LOGGING = {
     # Every line, the libraries' too (a client library may log a request's URL), passes
     # through the redaction of URL passwords and query values.
     # Lines about a reminder also carry its claim's token, worker and attempt
-    # number (reminders/logcontext.py).
+    # number (reminders/worker/logcontext.py).
     "filters": {
         "redact": {"()": "config.reporting.RedactSecrets"},
-        "reminder": {"()": "reminders.logcontext.ReminderFields"},
+        "reminder": {"()": "reminders.worker.logcontext.ReminderFields"},
     },
     "handlers": {
         "console": {
@@ -289,7 +289,7 @@ REMINDERS_BATCH_MAX_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.work)
 # never loses a claim it still holds; only a dead one's claims are reaped.
 REMINDERS_LEASE_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.lease)
 # How long a session waits for a row lock before PostgreSQL gives up on the
-# statement (config/locks.py): a worker's (claim, record, scan) and a staff
+# statement (reminders/locks.py): a worker's (claim, record, scan) and a staff
 # request's (the admin, management commands).
 REMINDERS_WORKER_LOCK_TIMEOUT = env_float(
     "REMINDERS_WORKER_LOCK_TIMEOUT", 2, minimum=0.05, maximum=60, unit="seconds"
@@ -298,7 +298,7 @@ REMINDERS_STAFF_LOCK_TIMEOUT = env_float(
     "REMINDERS_STAFF_LOCK_TIMEOUT", 5, minimum=0.05, maximum=60, unit="seconds"
 )
 # The longest one statement of a scan may run before PostgreSQL cancels it and
-# the scan leaves that phase to the next scan (reminders.pipeline.scan).
+# the scan leaves that phase to the next scan (reminders.worker.pipeline.scan).
 REMINDERS_SCAN_STATEMENT_TIMEOUT = env_float(
     "REMINDERS_SCAN_STATEMENT_TIMEOUT", 60, minimum=1, maximum=3600, unit="seconds"
 )
@@ -392,7 +392,7 @@ CELERY_ACCEPT_CONTENT = ["json"]
 # Two queues: a long delivery backlog must never delay the scan. The pool
 # consumes only "reminders" (task_queues is the default consume set); every
 # worker's main process consumes "scan" in a thread of its own
-# (reminders/scanlane.py), so busy pool processes cannot starve the scan.
+# (reminders/worker/scanlane.py), so busy pool processes cannot starve the scan.
 CELERY_TASK_DEFAULT_QUEUE = "reminders"
 CELERY_TASK_QUEUES = (Queue("reminders"),)
 CELERY_TASK_ROUTES = {
@@ -401,9 +401,6 @@ CELERY_TASK_ROUTES = {
     "reminders.replay_selection": {"queue": "reminders"},
     "reminders.send_test": {"queue": "reminders"},
 }
-# Task modules beside the apps' tasks.py: the background replay of a large
-# staff selection (REMINDERS_REPLAY_INLINE_LIMIT) and the staff's test sends.
-CELERY_IMPORTS = ("reminders.staff_tasks",)
 
 # Acknowledge after the task body ran: a message whose whole worker dies (power
 # loss, SIGKILL of the main process) before it is acknowledged is redelivered
@@ -446,10 +443,10 @@ CELERY_WORKER_HIJACK_ROOT_LOGGER = False
 # few small Redis publishes per batch message (bench/e2e.py --events-cost
 # measures the worker CPU). REMINDERS_TASK_EVENTS=0 turns them off.
 REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
-# /metrics on web (reminders/metrics.py): off (404) unless set; then it answers
+# /metrics on web (reminders/web_metrics.py): off (404) unless set; then it answers
 # only "Authorization: Bearer <METRICS_TOKEN>".
 METRICS_TOKEN = env_str("METRICS_TOKEN")
-# A worker's own series (provider calls, slack, limiter waits: reminders/telemetry.py)
+# A worker's own series (provider calls, slack, limiter waits: reminders/worker/telemetry.py)
 # on this port, summed over its pool processes. Unset: off. One port per worker on a host.
 # How long the record of each dispatched batch (reminders.models.Dispatch, read by
 # manage.py reminder_trace and the admin's timeline) is kept; every scan deletes older ones.
@@ -512,7 +509,7 @@ REMINDERS_ENGINE_ATTEMPTS = env_int("REMINDERS_ENGINE_ATTEMPTS", 3, minimum=1, m
 REMINDERS_SMTP_CONNECTIONS = env_int("REMINDERS_SMTP_CONNECTIONS", 4, minimum=1, maximum=100)
 # A pool process keeps its provider connections, event loop and limiter client
 # from one batch to the next while batches come within this many seconds of
-# each other; 0 opens and closes them with every batch (reminders.bridge).
+# each other; 0 opens and closes them with every batch (reminders.worker.bridge).
 REMINDERS_KEEP_CONNECTIONS = env_float(
     "REMINDERS_KEEP_CONNECTIONS", 10, minimum=0, maximum=600, unit="seconds (0 = per batch)"
 )

@@ -2,7 +2,7 @@
 
 The probes /healthz and /readyz are answered by config.probes.ProbeMiddleware
 before routing (and before the Host check), so they have no route here.
-/metrics (reminders/metrics.py) is off unless METRICS_TOKEN is set.
+/metrics (reminders/web_metrics.py) is off unless METRICS_TOKEN is set.
 """
 
 from django.contrib import admin
@@ -11,13 +11,13 @@ from django.views.generic import RedirectView
 
 
 def metrics_view(request):
-    """Serve /metrics (reminders/metrics.py), importing it, and so prometheus_client, on first use.
+    """Serve /metrics (reminders/web_metrics.py), importing it, and so prometheus_client, on first use.
 
     A worker loads this URLconf too (Celery's Django fix-up runs the system
     checks), before it has chosen prometheus_client's multiprocess mode
-    (reminders/telemetry.py); the library must not be imported before that.
+    (reminders/worker/telemetry.py); the library must not be imported before that.
     """
-    from reminders.metrics import metrics_view as view
+    from reminders.web_metrics import metrics_view as view
 
     return view(request)
 

@@ -18,7 +18,7 @@ No ORM call happens inside the loop (a session's loop runs only inside
 Public API
 ----------
 ``Envelope``, ``Attachment``           the input (frozen)
-``DeliveryPolicy``                     concurrency, timeouts, retries, budget
+``DeliveryLimits``                     concurrency, timeouts, retries, budget
 ``Channel``                            protocol; implementations in ``delivery.channels``
 ``deliver`` / ``deliver_sync``         run a batch (async / from sync code)
 ``Session``                            several batches from sync code on one loop and channel
@@ -81,14 +81,14 @@ from delivery.errors import (
     RateLimitedError,
     TransientError,
 )
-from delivery.policy import DeliveryPolicy
+from delivery.limits import DeliveryLimits
 from delivery.results import DeliveryResult, Outcome, Summary, summarise
 
 __all__ = [
     "Attachment",
     "Channel",
     "DeliveryError",
-    "DeliveryPolicy",
+    "DeliveryLimits",
     "DeliveryResult",
     "Envelope",
     "FrozenMap",

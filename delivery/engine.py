@@ -41,6 +41,7 @@ from delivery.errors import (
 )
 from delivery.gate import Gate
 from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
+from delivery.limits import DeliveryLimits
 from delivery.observer import (
     CALL_MAYBE_DELIVERED,
     CALL_PERMANENT,
@@ -50,7 +51,6 @@ from delivery.observer import (
     CALL_TRANSIENT,
     Observer,
 )
-from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult, Outcome
 
 __all__ = ["Interrupted", "Session", "deliver", "deliver_sync"]
@@ -119,7 +119,7 @@ class _Batch:
         envelopes: list[Envelope],
         channel: Channel,
         *,
-        policy: DeliveryPolicy,
+        policy: DeliveryLimits,
         clock: Clock,
         limiter: RateLimiter | None,
         random: Callable[[], float],
@@ -614,7 +614,7 @@ async def deliver(
     envelopes: Iterable[Envelope],
     channel: Channel,
     *,
-    policy: DeliveryPolicy,
+    policy: DeliveryLimits,
     clock: Clock,
     limiter: RateLimiter | None = None,
     stop: asyncio.Event | None = None,
@@ -677,7 +677,7 @@ def deliver_sync(
     envelopes: Iterable[Envelope],
     channel_factory: Callable[[], Channel],
     *,
-    policy: DeliveryPolicy,
+    policy: DeliveryLimits,
     clock: Clock,
     limiter_factory: Callable[[], RateLimiter] | None = None,
     stop: _Flag | None = None,
@@ -807,7 +807,7 @@ class Session:
         self,
         envelopes: Iterable[Envelope],
         *,
-        policy: DeliveryPolicy,
+        policy: DeliveryLimits,
         stop: _Flag | None = None,
         random: Callable[[], float] = _random.random,
         gate: Gate | None = None,
@@ -823,7 +823,7 @@ class Session:
         with ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event``
         set by another process); it is bridged into the loop. The batch runs
         in the caller's context (its context variables, such as the claim
-        its log lines carry: reminders/logcontext.py).
+        its log lines carry: reminders/worker/logcontext.py).
 
         An exception raised in the calling thread while it waits (a Celery
         soft time limit, KeyboardInterrupt) stops the batch as ``stop`` would;
@@ -1000,7 +1000,7 @@ async def _deliver_with_stops(
     envelopes: list[Envelope],
     channel: Channel,
     *,
-    policy: DeliveryPolicy,
+    policy: DeliveryLimits,
     clock: Clock,
     limiter: RateLimiter | None,
     stops: list[_Flag],

@@ -1,7 +1,7 @@
 """What the engine tells an observer while a batch runs: each provider call, each send, each wait.
 
 The engine knows nothing of Prometheus; a caller that wants numbers passes
-an ``Observer`` (reminders/telemetry.py is the project's). Its methods are
+an ``Observer`` (reminders/worker/telemetry.py is the project's). Its methods are
 called on the batch's event loop, between awaits, so they must be quick and
 must not block: counting in memory or in a mapped file, never I/O. An
 exception an observer raises is logged once per batch and never changes a

@@ -8,7 +8,6 @@ class RemindersConfig(AppConfig):
     def ready(self) -> None:
         from django.db.backends.signals import connection_created
 
-        from config import locks
-        from reminders import checks, receivers  # noqa: F401  (registers checks, signals)
+        from reminders import checks, locks, receivers  # noqa: F401  (registers checks, signals)
 
-        connection_created.connect(locks.on_connection_created, dispatch_uid="config.locks")
+        connection_created.connect(locks.on_connection_created, dispatch_uid="reminders.locks")

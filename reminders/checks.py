@@ -10,7 +10,7 @@ from clock import default_clock
 
 @register()
 def check_delivery_channel(app_configs, **kwargs):
-    from reminders.bridge import check_channel
+    from reminders.worker.bridge import check_channel
 
     try:
         check_channel(settings.REMINDERS_CHANNEL, clock=default_clock())

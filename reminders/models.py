@@ -241,8 +241,8 @@ class StaffDecision(models.Model):
     """One staff decision: a replay, the resolution of unknown outcomes, or the
     cancellation or reinstatement of workshops.
 
-    Append-only, written by the service that makes the change (reminders.replay,
-    reminders.workshop_actions) in the same transaction, so an audit row exists
+    Append-only, written by the service that makes the change (reminders.services.replay,
+    reminders.services.workshop_decisions) in the same transaction, so an audit row exists
     exactly when the change committed. ``reminder_ids`` lists the reminders the
     decision changed (its count is ``changed`` for replays and resolutions);
     ``workshop_ids`` the workshops it cancelled or reinstated; ``skipped``
@@ -356,7 +356,7 @@ class StaffDecision(models.Model):
 class ScanRun(models.Model):
     """The last completed scan of one kind: when it finished, how long it took, what it did.
 
-    Written by the scan itself at its end (reminders.pipeline.scan), one row
+    Written by the scan itself at its end (reminders.worker.pipeline.scan), one row
     per ``name``, updated in place. Beat's own ``last_run_at`` says when a scan
     was *published*; this row says when one *finished*: a scan can be published
     and then expire unrun in a busy queue, which only this row shows.

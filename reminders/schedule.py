@@ -14,6 +14,8 @@ from django.conf import settings
 SCAN_TASK_NAME = "Scan for workshops starting soon"
 SCAN_TASK = "reminders.scan"
 SCAN_QUEUE = "scan"
+# The ScanRun row every completed scan counts itself in.
+SCAN_NAME = "scan"
 
 
 def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
@@ -40,7 +42,7 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
             "interval": interval,
             "queue": SCAN_QUEUE,
             # No expiry: it would be judged by a host's clock. The scan lane drops
-            # a scan that has a newer one behind it (reminders/scanlane.py).
+            # a scan that has a newer one behind it (reminders/worker/scanlane.py).
             "expire_seconds": None,
             "args": json.dumps([]),
             "kwargs": json.dumps({}),

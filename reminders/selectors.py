@@ -4,7 +4,7 @@ Nothing here is cached. The health counts are one aggregate over indexed
 columns and the last scan time is one row of django-celery-beat's table: cheap
 enough to read on every admin page view, and a cache would be one more thing
 that could claim beat is alive when it is not. The send path
-(reminders.pipeline, services, tasks, publish, bridge) never imports this
+(reminders.worker.pipeline, services, tasks, publish, bridge) never imports this
 module: every delivery decision is a guarded UPDATE on the reminder rows
 themselves, never a read taken earlier (tests/admin/test_health.py enforces it).
 
@@ -25,8 +25,7 @@ from clock import Clock, default_clock
 from reminders.content import choose_text, language_name, reminder_language
 from reminders.models import Reminder, ScanRun
 from reminders.policy import ReminderPolicy
-from reminders.schedule import SCAN_TASK_NAME
-from reminders.services.dispatch import SCAN_NAME
+from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 from workshops.models import Enrollment, Workshop
 
 Status = Reminder.Status

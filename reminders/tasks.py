@@ -1,4 +1,8 @@
-"""Celery entry points: thin wrappers that take ids, call one pipeline job, return counts.
+"""Celery entry points: thin wrappers that check their arguments, call one job, return counts.
+
+Nothing imports this module; messages name the tasks (reminders/queue.py). The
+scan has no task here: every worker's scan lane consumes its queue
+(reminders/worker/scanlane.py).
 
 Settings that shape their runtime (acks late, prefetch 1, time limits above
 the batch budget, no requeue of a lost worker's message) are in
@@ -12,19 +16,18 @@ import uuid
 
 from celery import shared_task
 from django.conf import settings
+from django.db import OperationalError
 
-from reminders import pipeline, shutdown
+from reminders import queue
+from reminders.models import StaffDecision
+from reminders.services.replay import replay_step
+from reminders.worker import pipeline, shutdown
+from reminders.worker.testsend import reminder_send_test_run
 
 logger = logging.getLogger(__name__)
 
 # Retries of a batch whose claim could not reach the database (1, 2, 4, 8, 16 s).
 DATABASE_RETRIES = 5
-
-
-@shared_task(name="reminders.scan", ignore_result=True)
-def scan() -> dict[str, int]:
-    """Run one scan: expire, reap, plan and dispatch (owned by celery-beat)."""
-    return pipeline.scan()
 
 
 # The largest primary key the database can hold (BigAutoField: a signed 64-bit
@@ -98,3 +101,57 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
         ) from exc
     logger.info("Batch of %s finished: %s", len(ids), counts)
     return counts
+
+
+# Both tasks take a StaffDecision id and are safe to run again: a database
+# that is away for a moment is waited out.
+STAFF_TASK = {
+    "ignore_result": True,
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "max_retries": 5,
+}
+
+
+def _well_formed(decision_id, task: str) -> bool:
+    """Return whether ``decision_id`` can name a StaffDecision; log the task's refusal if not."""
+    if isinstance(decision_id, int) and not isinstance(decision_id, bool) and decision_id >= 1:
+        return True
+    logger.error("Rejected %s with a malformed id %.100r", task, decision_id)
+    return False
+
+
+@shared_task(name="reminders.replay_selection", **STAFF_TASK)
+def replay_selection(decision_id) -> dict[str, int]:
+    """Replay the next chunk of a background replay (StaffDecision ``decision_id``).
+
+    Each chunk is a task of its own, which queues the next one when it has
+    committed: a worker lost or a time limit costs at most the chunk under
+    way, and a replay left without a task (that queueing lost) is handed to a
+    worker again by the scan once its heartbeat is older than the claim
+    lease. Safe to run twice or after a crash: each chunk commits with its
+    progress.
+    """
+    if not _well_formed(decision_id, "replay_selection"):
+        return {"rejected": 1}
+    decision = replay_step(decision_id=decision_id)
+    if decision.state == StaffDecision.State.RUNNING:
+        queue.publish_replay(decision.pk)
+        return {"progress": decision.progress}
+    logger.info(
+        "Background replay %s done: %s of %s re-armed, %s queued",
+        decision.pk,
+        decision.changed,
+        decision.selected,
+        decision.queued,
+    )
+    return {"changed": decision.changed, "queued": decision.queued}
+
+
+@shared_task(name="reminders.send_test", **STAFF_TASK)
+def send_test(decision_id) -> dict[str, int]:
+    """Send the test reminder StaffDecision ``decision_id`` asks for (reminders.services.testsend)."""
+    if not _well_formed(decision_id, "send_test"):
+        return {"rejected": 1}
+    decision = reminder_send_test_run(decision_id=decision_id)
+    return {"sent": decision.changed}

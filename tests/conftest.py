@@ -33,7 +33,7 @@ def pytest_configure(config):
 def _close_kept_delivery_session():
     """What a pool process's shutdown does: a test's kept provider connections end with it."""
     yield
-    bridge = sys.modules.get("reminders.bridge")
+    bridge = sys.modules.get("reminders.worker.bridge")
     if bridge is not None:
         bridge.close_kept_session()
 
@@ -124,7 +124,7 @@ def published(monkeypatch):
         sent.append((list(ids), expires_at))
         return True
 
-    monkeypatch.setattr("reminders.publish.publish_batch", fake_publish)
+    monkeypatch.setattr("reminders.queue.publish_batch", fake_publish)
     return sent
 
 

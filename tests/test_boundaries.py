@@ -67,15 +67,40 @@ def test_clean_tree_keeps_every_contract(tree):
             "Delivery never touches Django, Celery or the apps",
         ),
         (
-            "reminders/pipeline.py",
+            "reminders/worker/pipeline.py",
             "import reminders.selectors  # planted\n",
             "The send path never reads the staff selectors",
         ),
         # The old circle: services -> publish -> tasks -> pipeline -> services.
         (
             "reminders/services/dispatch.py",
-            "import reminders.publish  # planted\n",
-            "The services never import the Celery tasks, the pipeline or the publisher",
+            "import reminders.worker.pipeline  # planted\n",
+            "The services never import the worker, the admin or the tasks",
+        ),
+        (
+            "reminders/admin/reminder.py",
+            "import reminders.tasks  # planted\n",
+            "Nothing imports the task modules",
+        ),
+        (
+            "reminders/queue.py",
+            "import reminders.services  # planted\n",
+            "The queue imports no config, no tasks, no services",
+        ),
+        (
+            "reminders/worker/bridge.py",
+            "import reminders.services._sql  # planted\n",
+            "Nothing outside the services uses their SQL",
+        ),
+        (
+            "reminders/models.py",
+            "import reminders.content  # planted\n",
+            "Reminders in layers: entry points, flows, services, what they share",
+        ),
+        (
+            "reminders/services/claim.py",
+            "import celery  # planted\n",
+            "Only the queue, the tasks and the worker speak to Celery",
         ),
     ],
 )

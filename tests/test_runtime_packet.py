@@ -42,7 +42,7 @@ AT_LEAST = {
 
 TEST_REF = re.compile(r"^(tests/[\w/]+\.py)::(test_\w+)$")
 CODE_REF = re.compile(r"^([a-z_][a-z0-9_]*)((?:\.[A-Za-z_][A-Za-z0-9_]*)+)$")
-# "`reminders.bridge.REVOCATION_WINDOW` (1 s)": a named constant and the figure quoted for it.
+# "`reminders.services.watch.REVOCATION_WINDOW` (1 s)": a named constant and the figure quoted for it.
 QUOTED_CONSTANT = re.compile(r"`([a-z_][\w.]*\.[A-Z][A-Z0-9_]*)`\s+\((\d+(?:\.\d+)?) s\)")
 NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 

@@ -15,7 +15,7 @@
 Each status change is a guarded, set-based UPDATE whose ``WHERE`` names the
 statuses it may leave; the rows it reports changed say which caller won, so
 two processes racing on the same reminder cannot both succeed. The only other
-writer of ``Reminder.status`` is ``reminders.replay`` (staff decisions), which
+writer of ``Reminder.status`` is ``reminders.services.replay`` (staff decisions), which
 uses the same fate and guards. These modules never import the Celery task
 module or the publisher: the dispatcher is handed its ``publish`` function.
 """

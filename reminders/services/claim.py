@@ -100,7 +100,7 @@ def reminder_claim_batch(
     # none needs a transaction around it (BEGIN and COMMIT were 2 of a chunk's
     # round trips): rows taken but not yet frozen when the worker dies or the
     # database goes are released by the caller as a claim that may have
-    # committed (reminders.pipeline), or reaped; nothing was sent from them.
+    # committed (reminders.worker.pipeline), or reaped; nothing was sent from them.
     # SQLite's three steps commit together.
     with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
         if together and ids:

@@ -15,6 +15,7 @@ from django.db.models import Case, DateTimeField, F, Q, Value, When
 from clock import Clock, default_clock
 from reminders.models import Dispatch, Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
+from reminders.schedule import SCAN_NAME
 from reminders.services._sql import database_now, update_returning
 from reminders.services.settle import ROWS_PER_TRANSACTION
 from workshops.models import Enrollment, Workshop
@@ -61,7 +62,7 @@ def reminders_dispatch(
     Batches follow the deadline order; see ``message_expiry`` for when each
     message and its rows expire. ``ids`` restricts the dispatch to those
     reminders (replay uses it); the same due rule applies. ``publish`` sends
-    one batch (reminders.publish.publish_batch in production). Guarantee: a
+    one batch (reminders.queue.publish_batch in production). Guarantee: a
     row is queued only by the UPDATE that finds it ``pending`` or queued
     under an expired message, so two dispatchers never both publish it.
     Rows are locked and queued ``ROWS_PER_TRANSACTION`` at a time, each
@@ -132,7 +133,7 @@ def reminders_dispatch(
                 for batch_ids, expires_at in batches
             )
             for batch_ids, expires_at in batches:
-                transaction.on_commit(partial(publish, batch_ids, expires_at))
+                transaction.on_commit(partial(_publish, publish, batch_ids, expires_at))
                 queued += len(batch_ids)
                 published += 1
     if queued:
@@ -203,6 +204,12 @@ def dispatches_prune(*, clock: Clock | None = None) -> int:
         return cursor.rowcount
 
 
+def _publish(publish: Publish, ids: list[int], expires_at: datetime) -> None:
+    """Publish one batch after commit; one that did not go out is due again at the next scan."""
+    if publish(ids, expires_at) is False:
+        reminders_unpublished(ids=ids)
+
+
 def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
     """Make queued reminders whose message failed to publish due again at the next scan."""
     clock = clock or default_clock()
@@ -237,9 +244,6 @@ def replays_resume(*, publish: Callable[[int], object], clock: Clock | None = No
     if resumed:
         logger.warning("Handed %s stalled background replays to a worker again", resumed)
     return resumed
-
-
-SCAN_NAME = "scan"
 
 
 def scan_completed(

@@ -1,6 +1,6 @@
 """Remove an attendee's address and name from texts staff can read (provider errors, reasons).
 
-Shared by the erasure (reminders.erasure), which scrubs what is already
+Shared by the erasure (reminders.services.erasure), which scrubs what is already
 stored, and the record (reminders.services.record), which scrubs what a
 worker that claimed a reminder before the erasure would write after it: the
 claim loaded the attendee's old address, and a provider's error often echoes

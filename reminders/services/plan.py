@@ -4,7 +4,7 @@
 ``reminders_follow_enrollment`` run inside the workshops app's transactions
 (through workshops.signals) when staff cancel, move or re-enrol. Rows that a
 worker holds (``sending``) are left to that worker: it learns of the change
-before its next provider call (reminders.bridge's claim watch) and its record
+before its next provider call (reminders.worker.bridge's claim watch) and its record
 re-derives the row's fate (reminders.services.fate).
 """
 
@@ -194,7 +194,7 @@ def reminders_follow_workshop(
     the scan's settle would reach the same rows within a scan, and the claim
     judges each row again from the workshop when it takes it. ``sending``
     rows are their worker's: it learns of the change before its next
-    provider call (reminders.bridge's claim watch) and its record re-derives
+    provider call (reminders.worker.bridge's claim watch) and its record re-derives
     the row's fate (reminders.services.fate).
     """
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None

@@ -36,7 +36,7 @@ def published(monkeypatch):
         sent.append(list(ids))
         return True
 
-    monkeypatch.setattr("reminders.publish.publish_batch", fake_publish)
+    monkeypatch.setattr("reminders.queue.publish_batch", fake_publish)
     return sent
 
 

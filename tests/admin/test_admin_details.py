@@ -12,10 +12,10 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.formats import date_format
 
+from reminders.admin.columns import format_utc
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.replay import reminder_resolve_unknown
+from reminders.services.replay import reminder_resolve_unknown
 from tests.admin.conftest import PERMANENT_ERROR
-from workshops.admin import format_utc
 from workshops.models import Enrollment
 
 pytestmark = pytest.mark.django_db
@@ -53,7 +53,7 @@ def test_audit_workshop_and_enrollment_times_carry_their_zone(
 ):
     [pk] = make_reminders(1, "failed")
     reminder = Reminder.objects.select_related("workshop", "enrollment").get(pk=pk)
-    from reminders.replay import reminder_replay
+    from reminders.services.replay import reminder_replay
 
     reminder_replay(reminders=Reminder.objects.filter(pk=pk), actor=replayer)
     audit = StaffDecision.objects.get()

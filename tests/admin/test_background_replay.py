@@ -8,10 +8,10 @@ from collections import Counter
 import pytest
 from django.urls import reverse
 
-from reminders import replay as replay_module
 from reminders.models import Reminder, StaffDecision
-from reminders.replay import reminder_replay, reminder_replay_later, replay_step
-from reminders.staff_tasks import replay_selection
+from reminders.services import replay as replay_module
+from reminders.services.replay import reminder_replay, reminder_replay_later, replay_step
+from reminders.tasks import replay_selection
 
 pytestmark = pytest.mark.django_db
 
@@ -36,7 +36,7 @@ def test_a_confirmed_replay_above_the_limit_records_it_and_changes_nothing_in_th
     sent = make_reminders(2, "sent")
     Reminder.objects.filter(pk__in=sent).update(workshop=workshop)
     tasks: list[int] = []
-    monkeypatch.setattr("reminders.publish.publish_replay", tasks.append)
+    monkeypatch.setattr("reminders.queue.publish_replay", tasks.append)
     with django_capture_on_commit_callbacks(execute=True):
         response = login(replayer).post(
             f"{CHANGELIST}?workshop__id__exact={workshop.pk}",

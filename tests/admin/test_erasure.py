@@ -9,10 +9,10 @@ from django.core.exceptions import ValidationError
 from django.urls import reverse
 
 from delivery.results import Outcome
-from reminders.erasure import ERASED_NAME, attendees_erase, erased_email
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.replay import reminder_resolve_unknown
 from reminders.services import reminder_claim_batch, reminder_record_batch
+from reminders.services.erasure import ERASED_NAME, attendees_erase, erased_email
+from reminders.services.replay import reminder_resolve_unknown
 from tests.admin.conftest import result_for
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_create

@@ -30,11 +30,11 @@ ROOT = Path(__file__).resolve().parents[2]
 HEALTH = "/admin/reminders/reminder/health/"
 CHANGELIST = "/admin/reminders/reminder/"
 SEND_PATH = (
-    "reminders.tasks",
-    "reminders.pipeline",
+    "reminders.services.claim",
+    "reminders.worker.pipeline",
     "reminders.services",
-    "reminders.publish",
-    "reminders.bridge",
+    "reminders.queue",
+    "reminders.worker.bridge",
     "reminders.content",
     "reminders.policy",
 )
@@ -51,7 +51,7 @@ def _last_scan(task, at) -> None:
 
 
 def _completed(clock, at) -> None:
-    """Record a scan that finished at ``at``, as reminders.pipeline.scan does at its end."""
+    """Record a scan that finished at ``at``, as reminders.worker.pipeline.scan does at its end."""
     from clock import FakeClock
     from reminders.services import scan_completed
 
@@ -245,7 +245,7 @@ def test_running_beat_turns_the_health_green_and_stopping_it_turns_it_red(
         assert health.is_stale is False
         # Published, but no worker runs it: not green until a scan finishes.
         assert health.warning.startswith("Celery beat publishes scans but no scan has finished")
-        from reminders import pipeline
+        from reminders.worker import pipeline
 
         pipeline.scan(clock=clock, publish=lambda ids, expires: True)
         assert scheduler_health(clock=clock).warning == ""

@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from django.db import connection
 
-from config.locks import BUSY_MESSAGE
+from reminders.locks import BUSY_MESSAGE
 from reminders.models import Reminder, StaffDecision
 from tests.admin.test_workshop_decisions import CANCELLER, post
 from tests.support.races import held_rows

@@ -135,7 +135,7 @@ def test_a_scrape_costs_the_same_queries_for_10_or_1000_reminders(
 
 
 def test_the_staff_counter_follows_the_audit(client, settings, make_reminders, replayer):
-    from reminders.replay import reminder_replay
+    from reminders.services.replay import reminder_replay
 
     settings.METRICS_TOKEN = TOKEN
     [pk] = make_reminders(1, "failed")

@@ -8,13 +8,13 @@ from django.core.management import CommandError, call_command
 
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import Reminder, StaffDecision
-from reminders.replay import reminder_resolve_unknown
 from reminders.services import (
     reminder_claim_batch,
     reminder_record_batch,
     reminders_dispatch,
     reminders_reap,
 )
+from reminders.services.replay import reminder_resolve_unknown
 
 pytestmark = pytest.mark.django_db
 

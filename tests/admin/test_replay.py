@@ -1,4 +1,4 @@
-"""Replay and the resolution of unknown outcomes (reminders.replay): the guarded UPDATE decides.
+"""Replay and the resolution of unknown outcomes (reminders.services.replay): the guarded UPDATE decides.
 
 Every test counts what was published to the broker: a replay queues each
 eligible reminder once, after commit, and never a sent one (FAULTS D3, D4, S3).
@@ -13,11 +13,11 @@ import pytest
 from django.core.exceptions import ValidationError
 
 from delivery.results import Outcome
-from reminders import publish
+from reminders import queue
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.replay import reminder_replay, reminder_resolve_unknown
 from reminders.selectors import reminder_replay_preview
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
+from reminders.services.replay import reminder_replay, reminder_resolve_unknown
 from tests.admin.conftest import PERMANENT_ERROR, result_for, settle
 from tests.support.races import after, race
 from workshops.services import workshop_cancel
@@ -314,7 +314,7 @@ def test_replay_racing_the_automatic_dispatch_queues_each_reminder_once(
     for _ in range(3):
         race(
             lambda: reminder_replay(reminders=_all(failed + pending), actor=replayer, clock=clock),
-            lambda: reminders_dispatch(clock=clock, publish=publish.publish_batch),
+            lambda: reminders_dispatch(clock=clock, publish=queue.publish_batch),
         )
         per_id = Counter(i for batch in published for i in batch)
         assert per_id == Counter(failed + pending)

@@ -7,7 +7,8 @@ import pytest
 
 from loopback.http_sink import HttpSink
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.testsend import reminder_send_test_request, reminder_send_test_run
+from reminders.services.testsend import reminder_send_test_request
+from reminders.worker.testsend import reminder_send_test_run
 from workshops.services import attendee_get_or_create, enrollment_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -137,7 +138,7 @@ def test_the_admin_button_queues_the_test_and_says_where_its_outcome_is(
 ):
     workshop, attendee = enrolled
     published: list[int] = []
-    monkeypatch.setattr("reminders.testsend._publish_test_task", published.append)
+    monkeypatch.setattr("reminders.queue.publish_test", published.append)
     client.force_login(_tester(make_staff))
     url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
     assert "Send me a test" in client.get(url).content.decode()
@@ -156,7 +157,7 @@ def test_the_admin_button_queues_the_test_and_says_where_its_outcome_is(
 
 @pytest.mark.parametrize("malformed", ["7", True, 0, -1, None, [1]])
 def test_the_task_refuses_a_malformed_decision_id_and_sends_nothing(malformed, smtp_sink):
-    from reminders.staff_tasks import send_test
+    from reminders.tasks import send_test
 
     assert send_test(malformed) == {"rejected": 1}
     assert smtp_sink.received() == []

@@ -12,7 +12,7 @@ from django.urls import reverse
 from delivery.results import Outcome
 from reminders.models import Reminder, StaffDecision
 from reminders.services import reasons, reminder_claim_batch, reminder_record_batch
-from reminders.workshop_actions import workshops_cancel, workshops_reinstate
+from reminders.services.workshop_decisions import workshops_cancel, workshops_reinstate
 from tests.reminders.test_claim import _result
 from workshops.models import Enrollment, Workshop
 from workshops.services import enrollment_cancel, workshop_cancel

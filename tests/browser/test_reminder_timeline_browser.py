@@ -11,8 +11,8 @@ from django.contrib.auth.models import Permission
 
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import Reminder, StaffDecision
-from reminders.replay import reminder_resolve_unknown
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from reminders.services.replay import reminder_resolve_unknown
 from reminders.trace import reminder_lookup, trace_lines
 from tests.browser.conftest import PASSWORD, log_in
 

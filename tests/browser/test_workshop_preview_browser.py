@@ -54,7 +54,8 @@ def test_staff_write_a_text_see_it_in_german_and_send_themselves_a_test(
     live_server, plain_http_cookies, make_workshop, new_page, screenshot_dir, admin_user,
     settings, smtp_sink, monkeypatch, clock,
 ):  # fmt: skip
-    from reminders import testsend
+    from reminders import queue
+    from reminders.worker import testsend
 
     # A real SMTP server: the fake clock moves only when told to, or its autojump would
     # take the call's 15 s timeout while the server's reply is on its way (the engine's
@@ -64,7 +65,7 @@ def test_staff_write_a_text_see_it_in_german_and_send_themselves_a_test(
     settings.REMINDERS_CHANNEL = "smtp"
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
     queued: list[int] = []
-    monkeypatch.setattr(testsend, "_publish_test_task", queued.append)
+    monkeypatch.setattr(queue, "publish_test", queued.append)
     workshop = make_workshop(title="Kiln basics")
     person, _ = attendee_get_or_create(email="j@example.com", name="Jürgen")
     type(person).objects.filter(pk=person.pk).update(language="de")

@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from reminders.telemetry import WorkerObserver
+from reminders.worker.telemetry import WorkerObserver
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"

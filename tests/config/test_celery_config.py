@@ -44,7 +44,9 @@ def test_no_celery_setting_is_misspelt():
 
 def test_task_names_and_routes_are_explicit():
     app.loader.import_default_modules()
-    assert {"reminders.scan"} <= set(app.tasks)
+    names = {"reminders.deliver_batch", "reminders.replay_selection", "reminders.send_test"}
+    assert names <= set(app.tasks)
+    assert "reminders.scan" not in app.tasks  # the scan lane consumes its queue, not the pool
     assert app.conf.task_routes["reminders.scan"] == {"queue": "scan"}
 
 
@@ -52,8 +54,8 @@ def test_a_worker_with_no_flags_consumes_every_queue():
     """`celery -A config worker` with no -Q: the pool takes delivery, the scan lane the scan.
 
     The pool must not consume the scan queue (busy delivery processes would
-    starve it); the main process's scan lane does (reminders/scanlane.py)."""
-    from reminders.scanlane import SCAN_QUEUE
+    starve it); the main process's scan lane does (reminders/worker/scanlane.py)."""
+    from reminders.worker.scanlane import SCAN_QUEUE
 
     consumed = set(app.amqp.queues.consume_from or app.amqp.queues)
     routed = {route["queue"] for route in app.conf.task_routes.values()}

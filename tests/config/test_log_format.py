@@ -14,12 +14,12 @@ ROOT = Path(__file__).resolve().parents[2]
 CODE = """
 import django, logging
 django.setup()
-log = logging.getLogger("reminders.bridge")
+log = logging.getLogger("reminders.worker.bridge")
 log.warning("posting to %s", "https://n.example.com/r?token=Tk-1234", extra={"reminder_id": 42, "key": "rem-w1-a1"})
 try:
     raise ConnectionError("redis://:Tk-1234@r:6379/0 refused\\nsecond line")
 except ConnectionError:
-    logging.getLogger("reminders.scanlane").exception("Scan lane lost the broker")
+    logging.getLogger("reminders.worker.scanlane").exception("Scan lane lost the broker")
 """
 
 
@@ -39,7 +39,7 @@ def test_json_lines_carry_time_level_logger_message_and_the_callers_fields():
     assert len(lines) == 2, result.stderr
     first, second = lines
     assert {k: first[k] for k in ("level", "logger", "reminder_id", "key")} == {
-        "level": "WARNING", "logger": "reminders.bridge", "reminder_id": 42, "key": "rem-w1-a1",
+        "level": "WARNING", "logger": "reminders.worker.bridge", "reminder_id": 42, "key": "rem-w1-a1",
     }  # fmt: skip
     assert first["message"] == "posting to https://n.example.com/r?token=***"
     assert datetime.fromisoformat(first["time"]).utcoffset().total_seconds() == 0
@@ -52,7 +52,7 @@ def test_text_stays_the_default():
     result = _run()
     assert result.returncode == 0, result.stderr
     assert not result.stderr.lstrip().startswith("{")
-    assert " WARNING reminders.bridge posting to https://n.example.com/r?token=***" in (
+    assert " WARNING reminders.worker.bridge posting to https://n.example.com/r?token=***" in (
         result.stderr
     )
 

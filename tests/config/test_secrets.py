@@ -71,7 +71,7 @@ logging.getLogger("kombu").warning("Cannot connect to redis://:{SECRET}@r:6379/0
 try:
     raise ConnectionError("redis://:{SECRET}@r:6379/0 refused")
 except ConnectionError:
-    logging.getLogger("reminders.scanlane").exception("Scan lane lost the broker")
+    logging.getLogger("reminders.worker.scanlane").exception("Scan lane lost the broker")
 """
     result = _python(code, LOG_LEVEL="INFO")
     assert result.returncode == 0, result.stderr

@@ -11,7 +11,7 @@ from email import policy as email_policy
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, deliver
+from delivery import DeliveryLimits, Outcome, deliver
 from delivery.channels import FileChannel
 from delivery.message import message_id_for
 from tests.delivery.conftest import run
@@ -30,7 +30,7 @@ def test_each_envelope_becomes_one_eml_file_named_after_its_key(
     channel = FileChannel(outbox, from_email="reminders@example.org", clock=system_clock)
     envelopes = [make_real_envelope(subject="Töpferkurs") for _ in range(3)]
 
-    results = run(deliver(envelopes, channel, policy=DeliveryPolicy(), clock=system_clock))
+    results = run(deliver(envelopes, channel, policy=DeliveryLimits(), clock=system_clock))
 
     assert [r.outcome for r in results] == [Outcome.SENT] * 3
     assert sorted(p.name for p in outbox.iterdir()) == sorted(
@@ -50,8 +50,8 @@ def test_a_resend_replaces_the_file_instead_of_adding_one(
     before = make_real_envelope(1, text_body="Starts at 10:00.")
     after = make_real_envelope(1, text_body="Moved: starts at 11:00.")
 
-    run(deliver([before], channel, policy=DeliveryPolicy(), clock=system_clock))
-    run(deliver([after], channel, policy=DeliveryPolicy(), clock=system_clock))
+    run(deliver([before], channel, policy=DeliveryLimits(), clock=system_clock))
+    run(deliver([after], channel, policy=DeliveryLimits(), clock=system_clock))
 
     assert [p.name for p in tmp_path.iterdir()] == [channel.path_for(after.key).name]
     assert read(channel.path_for(after.key)).get_content() == "Moved: starts at 11:00.\r\n"

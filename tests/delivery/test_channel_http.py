@@ -7,7 +7,7 @@ import socket
 
 import pytest
 
-from delivery import Attachment, DeliveryPolicy, Outcome, deliver
+from delivery import Attachment, DeliveryLimits, Outcome, deliver
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.channels.http import parse_retry_after
 from loopback.http_sink import HttpSink
@@ -15,7 +15,7 @@ from tests.delivery.conftest import START, run
 
 pytestmark = pytest.mark.timeout(30)
 
-QUICK = DeliveryPolicy(concurrency=10, call_timeout=5, max_attempts=3, backoff_base=0.01)
+QUICK = DeliveryLimits(concurrency=10, call_timeout=5, max_attempts=3, backoff_base=0.01)
 
 
 def channel_for(sink: HttpSink, clock, **settings) -> HttpChannel:
@@ -141,7 +141,7 @@ def test_a_slow_provider_call_times_out_while_the_rest_of_the_batch_is_sent(
     """The batch takes about the 0.3 s call timeout, not the provider's 5 s."""
     envelopes = [make_real_envelope() for _ in range(5)]
     http_sink.slow(envelopes[2].key, 5.0)
-    policy = DeliveryPolicy(concurrency=5, call_timeout=0.3, max_attempts=1)
+    policy = DeliveryLimits(concurrency=5, call_timeout=0.3, max_attempts=1)
     began = system_clock.monotonic()
 
     results = run(
@@ -163,7 +163,7 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_the_provider_sends_once(
     """The provider accepted the first request but answered too late; the retry is a duplicate."""
     envelope = make_real_envelope()
     http_sink.slow(envelope.key, 1.0)
-    policy = DeliveryPolicy(call_timeout=0.2, max_attempts=3, backoff_base=0.01)
+    policy = DeliveryLimits(call_timeout=0.2, max_attempts=3, backoff_base=0.01)
 
     [result] = run(
         deliver([envelope], channel_for(http_sink, system_clock), policy=policy, clock=system_clock)

@@ -8,7 +8,7 @@ import socket
 
 import pytest
 
-from delivery import Attachment, DeliveryPolicy, DeliveryResult, Outcome, deliver
+from delivery import Attachment, DeliveryLimits, DeliveryResult, Outcome, deliver
 from delivery.channels import SmtpChannel, SmtpSettings
 from delivery.message import message_id_for
 from loopback._loop_thread import LoopThread
@@ -17,7 +17,7 @@ from tests.delivery.conftest import run
 
 pytestmark = pytest.mark.timeout(30)
 
-QUICK = DeliveryPolicy(concurrency=5, call_timeout=5, max_attempts=3, backoff_base=0.01)
+QUICK = DeliveryLimits(concurrency=5, call_timeout=5, max_attempts=3, backoff_base=0.01)
 FROM = "Workshop Reminders <reminders@example.org>"
 
 
@@ -183,7 +183,7 @@ def test_a_slow_server_times_out_and_is_not_retried_because_smtp_has_no_keys(
 ):
     smtp_sink.data_delay = 2.0
     envelopes = [make_real_envelope(), make_real_envelope()]
-    policy = DeliveryPolicy(call_timeout=0.3, max_attempts=3)
+    policy = DeliveryLimits(call_timeout=0.3, max_attempts=3)
     began = system_clock.monotonic()
 
     results = run(
@@ -371,7 +371,7 @@ def test_plaintext_login_is_allowed_only_when_the_operator_says_so(
 
 
 def test_django_settings_map_to_starttls_when_offered_and_no_plaintext_login(settings):
-    from reminders.bridge import smtp_settings
+    from reminders.worker.bridge import smtp_settings
 
     settings.EMAIL_USE_TLS = False
     assert (smtp_settings().starttls, smtp_settings().allow_plaintext_auth) == (None, False)
@@ -564,7 +564,7 @@ def test_a_reply_the_server_sent_unasked_on_an_idle_connection_is_not_paired_wit
             deliver(
                 [make_real_envelope(), make_real_envelope()],
                 _scripted_channel(server, system_clock),
-                policy=DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3),
+                policy=DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=3),
                 clock=system_clock,
             )
         )

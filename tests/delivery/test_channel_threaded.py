@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, PermanentError, TransientError, deliver_sync
+from delivery import DeliveryLimits, Outcome, PermanentError, TransientError, deliver_sync
 from delivery.channels import ThreadedChannel
 from delivery.channels.smtp import translate_smtplib_error
 
@@ -36,7 +36,7 @@ def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
     results = deliver_sync(
         envelopes,
         lambda: ThreadedChannel("django-mail", send),
-        policy=DeliveryPolicy(concurrency=4),
+        policy=DeliveryLimits(concurrency=4),
         clock=system_clock,
     )
 
@@ -65,7 +65,7 @@ def test_a_timed_out_thread_is_reported_and_left_to_finish_in_the_background(
     [result] = deliver_sync(
         [make_real_envelope()],
         factory,
-        policy=DeliveryPolicy(call_timeout=0.2),
+        policy=DeliveryLimits(call_timeout=0.2),
         clock=system_clock,
     )
     elapsed = system_clock.monotonic() - began
@@ -98,7 +98,7 @@ def test_errors_raised_in_the_thread_are_classified_like_any_channel_error(
     [result] = deliver_sync(
         [make_real_envelope()],
         lambda: ThreadedChannel("django-mail", send),
-        policy=DeliveryPolicy(max_attempts=3, backoff_base=0.01),
+        policy=DeliveryLimits(max_attempts=3, backoff_base=0.01),
         clock=system_clock,
     )
 
@@ -128,7 +128,7 @@ def test_smtplib_errors_from_a_blocking_sender_are_translated_by_reply_code(
         results = deliver_sync(
             [refused, greylisted],
             lambda: ThreadedChannel("django-mail", send),
-            policy=DeliveryPolicy(max_attempts=3, backoff_base=0.01),
+            policy=DeliveryLimits(max_attempts=3, backoff_base=0.01),
             clock=system_clock,
         )
 

@@ -2,7 +2,7 @@
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, deliver
+from delivery import DeliveryLimits, Outcome, deliver
 from delivery.channels.memory import MemoryChannel
 
 from .conftest import run, tasks_left
@@ -15,7 +15,7 @@ def test_calls_in_flight_finish_during_the_drain_and_waiting_ones_never_start(
     channel = MemoryChannel(clock=fake_clock, honours_idempotency_keys=False)
     first, second = make_envelope(), make_envelope()
     channel.slow(first.key, 5)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=30, budget=3, drain=10)
+    policy = DeliveryLimits(concurrency=1, call_timeout=30, budget=3, drain=10)
 
     async def scenario():
         results = await deliver([first, second], channel, policy=policy, clock=fake_clock)
@@ -37,7 +37,7 @@ def test_a_call_outlasting_the_drain_is_cut_off_and_says_it_may_have_arrived(
     channel = MemoryChannel(clock=fake_clock, honours_idempotency_keys=False)
     envelope = make_envelope()
     channel.hang(envelope.key)
-    policy = DeliveryPolicy(call_timeout=60, budget=3, drain=2)
+    policy = DeliveryLimits(call_timeout=60, budget=3, drain=2)
 
     [result] = run(deliver([envelope], channel, policy=policy, clock=fake_clock))
 
@@ -48,4 +48,4 @@ def test_a_call_outlasting_the_drain_is_cut_off_and_says_it_may_have_arrived(
 
 def test_drain_must_not_be_negative():
     with pytest.raises(ValueError, match="drain"):
-        DeliveryPolicy(drain=-1)
+        DeliveryLimits(drain=-1)

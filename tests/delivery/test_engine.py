@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from delivery import (
-    DeliveryPolicy,
+    DeliveryLimits,
     Outcome,
     OutcomeUnknownError,
     PermanentError,
@@ -23,7 +23,7 @@ from tests.delivery.conftest import run, tasks_left
 
 pytestmark = pytest.mark.timeout(30)
 
-FAST = DeliveryPolicy(concurrency=5, call_timeout=10, max_attempts=3, backoff_base=1, jitter=0)
+FAST = DeliveryLimits(concurrency=5, call_timeout=10, max_attempts=3, backoff_base=1, jitter=0)
 
 
 def test_peak_in_flight_calls_never_exceed_the_concurrency_limit(fake_clock, make_envelope):
@@ -65,7 +65,7 @@ def test_a_slow_call_ends_timed_out_while_the_rest_succeed(fake_clock, make_enve
     channel = MemoryChannel(clock=fake_clock, delay=0.5)
     envelopes = [make_envelope() for _ in range(4)]
     channel.slow(envelopes[1].key, 100.0)
-    policy = DeliveryPolicy(concurrency=4, call_timeout=2.0, max_attempts=1)
+    policy = DeliveryLimits(concurrency=4, call_timeout=2.0, max_attempts=1)
 
     results = run(deliver(envelopes, channel, policy=policy, clock=fake_clock))
 
@@ -83,7 +83,7 @@ def test_a_timed_out_call_is_not_retried_without_idempotency_keys(fake_clock, ma
     channel = MemoryChannel(clock=fake_clock, honours_idempotency_keys=False)
     envelope = make_envelope()
     channel.slow(envelope.key, 100.0)
-    policy = DeliveryPolicy(call_timeout=2.0, max_attempts=3)
+    policy = DeliveryLimits(call_timeout=2.0, max_attempts=3)
 
     [result] = run(deliver([envelope], channel, policy=policy, clock=fake_clock))
 
@@ -102,7 +102,7 @@ def test_a_timed_out_call_is_retried_with_the_same_key_where_keys_are_honoured(
     channel = MemoryChannel(clock=fake_clock, honours_idempotency_keys=True)
     envelope = make_envelope()
     channel.slow(envelope.key, 100.0)
-    policy = DeliveryPolicy(call_timeout=2.0, max_attempts=3, backoff_base=1, jitter=0)
+    policy = DeliveryLimits(call_timeout=2.0, max_attempts=3, backoff_base=1, jitter=0)
 
     [result] = run(deliver([envelope], channel, policy=policy, clock=fake_clock))
 
@@ -118,7 +118,7 @@ def test_transient_failures_are_retried_with_exponential_backoff_and_jitter(
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.fail(envelope.key, *(TransientError("busy") for _ in range(3)))
-    policy = DeliveryPolicy(max_attempts=4, backoff_base=1, backoff_max=60, jitter=0.5)
+    policy = DeliveryLimits(max_attempts=4, backoff_base=1, backoff_max=60, jitter=0.5)
 
     [result] = run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, random=lambda: 0.5)
@@ -131,7 +131,7 @@ def test_transient_failures_are_retried_with_exponential_backoff_and_jitter(
 
 def test_backoff_is_capped_and_jitter_only_shortens_it():
     """The tenth retry waits backoff_max at most, and a full draw takes off jitter x wait."""
-    policy = DeliveryPolicy(backoff_base=1, backoff_max=5, jitter=0.2)
+    policy = DeliveryLimits(backoff_base=1, backoff_max=5, jitter=0.2)
 
     assert policy.backoff(10, draw=0.0) == 5.0
     assert policy.backoff(10, draw=0.999999) == pytest.approx(4.0, abs=1e-5)
@@ -176,7 +176,7 @@ def test_a_deadline_passing_while_waiting_for_a_slot_expires_the_envelope(
     blocker = make_envelope()
     late = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=5))
     channel.slow(blocker.key, 10.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=20)
+    policy = DeliveryLimits(concurrency=1, call_timeout=20)
 
     results = run(deliver([blocker, late], channel, policy=policy, clock=fake_clock))
 
@@ -278,7 +278,7 @@ def test_a_retrying_envelope_gives_its_slot_back_while_backing_off(fake_clock, m
     channel.fail(first.key, TransientError("greylisted", retry_after=10))
     channel.slow(second.key, 1.0)
     channel.slow(third.key, 1.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5)
 
     results = run(deliver([first, second, third], channel, policy=policy, clock=fake_clock))
 
@@ -302,7 +302,7 @@ def test_a_stop_signal_cancels_unfinished_calls_and_returns_partial_results(
     channel.hang(envelopes[1].key)
     channel.hang(envelopes[2].key)
     stop = asyncio.Event()
-    policy = DeliveryPolicy(concurrency=2, call_timeout=60)
+    policy = DeliveryLimits(concurrency=2, call_timeout=60)
 
     async def scenario():
         async def stopper():
@@ -358,7 +358,7 @@ def test_the_budget_running_out_stops_the_batch_like_a_stop_signal(fake_clock, m
     channel = MemoryChannel(clock=fake_clock)
     envelopes = [make_envelope() for _ in range(2)]
     channel.hang(envelopes[0].key)
-    policy = DeliveryPolicy(call_timeout=60, budget=3)
+    policy = DeliveryLimits(call_timeout=60, budget=3)
 
     async def scenario():
         results = await deliver(envelopes, channel, policy=policy, clock=fake_clock)
@@ -485,7 +485,7 @@ def test_a_rate_limited_answer_pauses_the_limiter_for_every_envelope(fake_clock,
     envelopes = [make_envelope() for _ in range(4)]
     channel.fail(envelopes[0].key, RateLimitedError("HTTP 429", retry_after=5))
     limiter = LocalRateLimiter(100, clock=fake_clock)
-    policy = DeliveryPolicy(concurrency=1, backoff_base=0.1)
+    policy = DeliveryLimits(concurrency=1, backoff_base=0.1)
 
     results = run(deliver(envelopes, channel, policy=policy, clock=fake_clock, limiter=limiter))
 
@@ -498,7 +498,7 @@ def test_a_limiter_keeps_every_one_second_window_within_the_rate(fake_clock, mak
     """Fifty calls at seven per second: no window holds more than seven starts."""
     channel = MemoryChannel(clock=fake_clock, delay=0.3)
     limiter = LocalRateLimiter(7, clock=fake_clock)
-    policy = DeliveryPolicy(concurrency=20)
+    policy = DeliveryLimits(concurrency=20)
 
     results = run(
         deliver(

@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, TransientError, deliver
+from delivery import DeliveryLimits, Outcome, TransientError, deliver
 from delivery.channels import MemoryChannel
 from delivery.gate import Gate
 from delivery.limiter import LocalRateLimiter
@@ -21,7 +21,7 @@ from tests.delivery.conftest import run
 
 pytestmark = pytest.mark.timeout(30)
 
-POLICY = DeliveryPolicy(concurrency=10, call_timeout=10, max_attempts=3, backoff_base=10, jitter=0)
+POLICY = DeliveryLimits(concurrency=10, call_timeout=10, max_attempts=3, backoff_base=10, jitter=0)
 
 
 def _publisher(gate: Gate, clock, plan: dict[float, dict[int, str]], *, every: float = 0.25):
@@ -171,13 +171,13 @@ def test_the_call_window_leaves_calls_with_time_alone(fake_clock, make_envelope)
     edge = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=2))
     [result] = run(deliver([edge], plain, policy=POLICY, clock=fake_clock))
     assert result.outcome is Outcome.SENT
-    unlimited = DeliveryPolicy(**{**_fields(POLICY), "min_call_window": 0})
+    unlimited = DeliveryLimits(**{**_fields(POLICY), "min_call_window": 0})
     late = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=0.5))
     [anyway] = run(deliver([late], plain, policy=unlimited, clock=fake_clock))
     assert anyway.outcome is Outcome.SENT
 
 
-def _fields(policy: DeliveryPolicy) -> dict:
+def _fields(policy: DeliveryLimits) -> dict:
     return {name: getattr(policy, name) for name in policy.__slots__}
 
 
@@ -193,7 +193,7 @@ def test_a_stop_lets_calls_in_flight_finish_within_the_drain_and_starts_nothing_
     channel = MemoryChannel(clock=fake_clock, delay=3.0)
     envelopes = [make_envelope() for _ in range(5)]
     stop, flag = asyncio.Event(), threading.Event()
-    policy = DeliveryPolicy(concurrency=2, call_timeout=10, drain=5)
+    policy = DeliveryLimits(concurrency=2, call_timeout=10, drain=5)
 
     async def scenario():
         async def stopper():

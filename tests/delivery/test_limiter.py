@@ -13,7 +13,7 @@ from datetime import timedelta
 import pytest
 
 from clock import SystemClock
-from delivery import DeliveryPolicy, Outcome, deliver
+from delivery import DeliveryLimits, Outcome, deliver
 from delivery.channels import MemoryChannel
 from delivery.limiter import DeadlineReached, LocalRateLimiter, RedisRateLimiter
 from loopback.windows import max_in_window
@@ -246,7 +246,7 @@ def test_an_unreachable_redis_is_a_transient_result_that_never_reached_the_provi
     limiter = RedisRateLimiter(
         url="redis://127.0.0.1:1/0", account="down", per_second=5, clock=clock, socket_timeout=0.5
     )
-    policy = DeliveryPolicy(max_attempts=2, backoff_base=0.01)
+    policy = DeliveryLimits(max_attempts=2, backoff_base=0.01)
 
     async def scenario():
         try:

@@ -9,7 +9,7 @@ from datetime import timedelta
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, RateLimitedError, TransientError, deliver
+from delivery import DeliveryLimits, Outcome, RateLimitedError, TransientError, deliver
 from delivery.channels import MemoryChannel
 from delivery.gate import Gate
 from delivery.limiter import DeadlineReached, LocalRateLimiter, RedisRateLimiter
@@ -233,7 +233,7 @@ def test_the_engine_asks_the_limiter_with_the_deadline_and_pauses_only_on_429(
     envelope = make_envelope()
     channel.fail(envelope.key, TransientError("busy"))
     limiter = _RecordingLimiter()
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=2, backoff_base=1, jitter=0)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=2, backoff_base=1, jitter=0)
     (result,) = asyncio.run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -249,7 +249,7 @@ def test_a_broken_limiter_is_a_transient_failure_that_never_calls(fake_clock, ma
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     limiter = _RecordingLimiter(fail=RuntimeError("redis down"))
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
     (result,) = asyncio.run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -265,7 +265,7 @@ def test_a_withdrawn_envelope_spends_no_limiter_grant(fake_clock, make_envelope)
     gate = Gate(max_age=5.0, clock=fake_clock)
     gate.publish({dropped.reminder_id: "workshop moved"}, taken_at=fake_clock.monotonic())
     limiter = _RecordingLimiter()
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
     results = asyncio.run(
         deliver(
             [kept, dropped], channel, policy=policy, clock=fake_clock, limiter=limiter, gate=gate
@@ -283,7 +283,7 @@ def test_a_deadline_met_in_the_limiter_after_a_failed_call_keeps_its_outcome(
     envelope = make_envelope()
     channel.fail(envelope.key, TransientError("busy"))
     limiter = _RecordingLimiter(script=[None, DeadlineReached("late")])
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1, jitter=0)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1, jitter=0)
     (result,) = asyncio.run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -295,7 +295,7 @@ def test_a_deadline_met_before_any_call_quotes_the_last_error(fake_clock, make_e
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     limiter = _RecordingLimiter(script=[RuntimeError("down"), DeadlineReached("late")])
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1, jitter=0)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1, jitter=0)
     (result,) = asyncio.run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -311,7 +311,7 @@ def test_the_drain_lets_calls_that_end_in_time_finish_and_cuts_the_rest(fake_clo
     quick, slow = make_envelope(), make_envelope()
     channel.slow(quick.key, 0.8)
     channel.slow(slow.key, 1.2)
-    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1, budget=0.5, drain=0.5)
+    policy = DeliveryLimits(concurrency=2, call_timeout=5, max_attempts=1, budget=0.5, drain=0.5)
     results = asyncio.run(deliver([quick, slow], channel, policy=policy, clock=fake_clock))
     assert [r.outcome for r in results] == [Outcome.SENT, Outcome.CANCELLED]
     assert fake_clock.monotonic() == pytest.approx(1.0)
@@ -321,7 +321,7 @@ def test_a_stop_during_the_budget_drain_ends_the_batch_at_once(fake_clock, make_
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.slow(envelope.key, 100.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=200, max_attempts=1, budget=1.0, drain=10)
+    policy = DeliveryLimits(concurrency=1, call_timeout=200, max_attempts=1, budget=1.0, drain=10)
 
     (result,) = _deliver_stopped_at(2.0, [envelope], channel, policy=policy, clock=fake_clock)
     assert result.outcome is Outcome.CANCELLED
@@ -348,7 +348,7 @@ def test_a_call_with_less_than_a_second_left_still_starts_clamped(fake_clock, ma
     channel.slow(quick.key, 0.1)
     channel.slow(slow.key, 10.0)
     # No call window, so the last second is used and the clamp is what stops the slow call.
-    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1, min_call_window=0)
+    policy = DeliveryLimits(concurrency=2, call_timeout=5, max_attempts=1, min_call_window=0)
     results = asyncio.run(deliver([quick, slow], channel, policy=policy, clock=fake_clock))
     assert results[0].outcome is Outcome.SENT
     assert results[1].outcome is Outcome.TIMED_OUT
@@ -361,7 +361,7 @@ def test_a_backing_off_envelope_waits_for_a_slot_again(fake_clock, make_envelope
     channel.fail(first.key, TransientError("busy"))
     channel.slow(second.key, 5.0)
     channel.slow(third.key, 5.0)
-    policy = DeliveryPolicy(
+    policy = DeliveryLimits(
         concurrency=1, call_timeout=10, max_attempts=2, backoff_base=1, jitter=0
     )
     results = asyncio.run(deliver([first, second, third], channel, policy=policy, clock=fake_clock))
@@ -372,7 +372,7 @@ def test_a_backing_off_envelope_waits_for_a_slot_again(fake_clock, make_envelope
 def test_a_stop_before_any_call_says_so(fake_clock, make_envelope):
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
 
     async def main():
         stop = asyncio.Event()
@@ -388,7 +388,7 @@ def test_the_drain_ends_when_the_last_call_ends(fake_clock, make_envelope):
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.slow(envelope.key, 0.8)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1, budget=0.5, drain=10)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1, budget=0.5, drain=10)
     (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
     assert result.outcome is Outcome.SENT
     assert fake_clock.monotonic() == pytest.approx(0.8)
@@ -398,7 +398,7 @@ def test_no_call_in_flight_at_the_budget_means_no_drain_wait(fake_clock, make_en
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.fail(envelope.key, TransientError("busy"))
-    policy = DeliveryPolicy(
+    policy = DeliveryLimits(
         concurrency=1,
         call_timeout=5,
         max_attempts=3,
@@ -417,7 +417,7 @@ def test_the_budget_counts_from_the_start_of_the_batch(fake_clock, make_envelope
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.slow(envelope.key, 1.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1, budget=5)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1, budget=5)
     (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
     assert result.outcome is Outcome.SENT
 
@@ -450,7 +450,7 @@ def test_a_call_granted_after_the_budget_ran_out_is_cancelled_not_started(
     limiter = _SlowLimiter(fake_clock, waits={waiting.reminder_id: 2.0})
     limiter.by_deadline = {running.deadline_at: running.reminder_id}
     limiter.by_deadline[waiting.deadline_at] = waiting.reminder_id
-    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1, budget=1, drain=5)
+    policy = DeliveryLimits(concurrency=2, call_timeout=5, max_attempts=1, budget=1, drain=5)
     results = asyncio.run(
         deliver([running, waiting], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -463,7 +463,7 @@ def test_a_grant_that_comes_at_the_deadline_starts_no_call(fake_clock, make_enve
     envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=30))
     limiter = _SlowLimiter(fake_clock, waits={}, jump={envelope.reminder_id: 30.0})
     limiter.by_deadline = {envelope.deadline_at: envelope.reminder_id}
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1, budget=600)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1, budget=600)
     (result,) = asyncio.run(
         deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter)
     )
@@ -490,7 +490,7 @@ def test_a_stop_during_the_limiter_pause_after_a_429_quotes_the_429(fake_clock, 
     envelope = make_envelope()
     channel.fail(envelope.key, RateLimitedError("429 too many requests", retry_after=30))
     limiter = _SlowPauseLimiter(fake_clock, pause_takes=10.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=3, backoff_base=1)
 
     (result,) = _deliver_stopped_at(
         1.0, [envelope], channel, policy=policy, clock=fake_clock, limiter=limiter
@@ -516,7 +516,7 @@ def test_the_budget_counts_from_the_batch_start_including_a_slow_channel_open(
     channel = _SlowOpenChannel(clock=fake_clock)
     envelope = make_envelope()
     channel.slow(envelope.key, 100.0)
-    policy = DeliveryPolicy(concurrency=1, call_timeout=200, max_attempts=1, budget=5.0, drain=0.5)
+    policy = DeliveryLimits(concurrency=1, call_timeout=200, max_attempts=1, budget=5.0, drain=0.5)
     (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
     assert result.outcome is Outcome.CANCELLED
     assert result.error == "stopped (budget of 5s used up) while call 1 was in flight"
@@ -530,7 +530,7 @@ def test_a_retry_that_would_start_exactly_at_the_deadline_is_not_waited_for(
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(seconds=2))
     channel.fail(envelope.key, TransientError("busy"))
-    policy = DeliveryPolicy(concurrency=1, call_timeout=1, max_attempts=3, backoff_base=2, jitter=0)
+    policy = DeliveryLimits(concurrency=1, call_timeout=1, max_attempts=3, backoff_base=2, jitter=0)
     (result,) = asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock))
     assert result.outcome is Outcome.TRANSIENT
     assert result.error == (
@@ -567,7 +567,7 @@ def test_a_clearance_that_arrives_after_the_budget_ran_out_starts_no_call(
     channel.fail(waiting.key, TransientError("busy"))
     gate = Gate(max_age=0.5, clock=fake_clock)
     gate.publish({}, taken_at=fake_clock.monotonic())
-    policy = DeliveryPolicy(
+    policy = DeliveryLimits(
         concurrency=2,
         call_timeout=10,
         max_attempts=3,
@@ -615,7 +615,7 @@ def test_a_bug_below_the_engine_fails_one_envelope_logs_it_and_the_batch_goes_on
 ):
     channel = MemoryChannel(clock=fake_clock)
     broken, fine = make_envelope(), make_envelope()
-    policy = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(concurrency=2, call_timeout=5, max_attempts=1)
     gate = _BrokenGate(broken.reminder_id, fake_clock)
     with caplog.at_level("ERROR", logger="delivery"):
         failed, sent = asyncio.run(
@@ -635,7 +635,7 @@ def test_a_broken_limiter_is_logged_with_the_reminder_and_the_error(
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()
     limiter = _RecordingLimiter(fail=RuntimeError("redis down"))
-    policy = DeliveryPolicy(concurrency=1, call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
     with caplog.at_level("WARNING", logger="delivery"):
         asyncio.run(deliver([envelope], channel, policy=policy, clock=fake_clock, limiter=limiter))
     assert (

@@ -11,7 +11,7 @@ from datetime import timedelta
 import pytest
 
 from delivery import (
-    DeliveryPolicy,
+    DeliveryLimits,
     Outcome,
     OutcomeUnknownError,
     PermanentError,
@@ -56,7 +56,7 @@ def test_each_call_is_reported_with_how_it_ended_and_how_long_it_took(fake_clock
     channel.fail(envelopes[3].key, RateLimitedError("HTTP 429", retry_after=0.5))
     channel.fail(envelopes[4].key, OutcomeUnknownError("connection lost after sending"))
     channel.slow(envelopes[5].key, 100.0, 100.0)
-    policy = DeliveryPolicy(concurrency=6, call_timeout=2.0, max_attempts=2, backoff_base=1)
+    policy = DeliveryLimits(concurrency=6, call_timeout=2.0, max_attempts=2, backoff_base=1)
     recorder = Recorder()
 
     results = run(deliver(envelopes, channel, policy=policy, clock=fake_clock, observer=recorder))
@@ -86,7 +86,7 @@ def test_a_send_reports_its_slack_before_the_deadline(fake_clock, make_envelope)
     envelope = make_envelope(deadline_at=fake_clock.now() + timedelta(hours=1))
     recorder = Recorder()
 
-    run(deliver([envelope], channel, policy=DeliveryPolicy(), clock=fake_clock, observer=recorder))
+    run(deliver([envelope], channel, policy=DeliveryLimits(), clock=fake_clock, observer=recorder))
 
     assert recorder.sends == [("memory", pytest.approx(3599.75))]
 
@@ -101,7 +101,7 @@ def test_each_wait_for_the_limiter_is_reported(fake_clock, make_envelope):
         deliver(
             [make_envelope() for _ in range(3)],
             channel,
-            policy=DeliveryPolicy(concurrency=3),
+            policy=DeliveryLimits(concurrency=3),
             clock=fake_clock,
             limiter=limiter,
             observer=recorder,
@@ -123,7 +123,7 @@ def test_a_call_cut_off_by_a_stop_is_reported_as_maybe_delivered(fake_clock, mak
             deliver(
                 [envelope],
                 channel,
-                policy=DeliveryPolicy(drain=0),
+                policy=DeliveryLimits(drain=0),
                 clock=fake_clock,
                 stop=stop,
                 observer=recorder,
@@ -152,7 +152,7 @@ def test_an_observer_that_fails_changes_no_outcome_and_is_logged_once(
     envelopes = [make_envelope() for _ in range(5)]
 
     results = run(
-        deliver(envelopes, channel, policy=DeliveryPolicy(), clock=fake_clock, observer=_Broken())
+        deliver(envelopes, channel, policy=DeliveryLimits(), clock=fake_clock, observer=_Broken())
     )
 
     assert [r.outcome for r in results] == [Outcome.SENT] * 5

@@ -7,13 +7,13 @@ import socket
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, deliver
+from delivery import DeliveryLimits, Outcome, deliver
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.redact import redact_text, redact_url
 from loopback.http_sink import HttpSink
 from tests.delivery.conftest import run
 
-QUICK = DeliveryPolicy(concurrency=2, call_timeout=5, max_attempts=2, backoff_base=0.01)
+QUICK = DeliveryLimits(concurrency=2, call_timeout=5, max_attempts=2, backoff_base=0.01)
 TOKEN = "Tk-9f3a7c1e"
 
 

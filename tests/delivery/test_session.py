@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, Session, deliver_sync
+from delivery import DeliveryLimits, Outcome, Session, deliver_sync
 from delivery.channels import MemoryChannel
 from delivery.engine import Interrupted
 from delivery.limiter import LocalRateLimiter
@@ -58,7 +58,7 @@ def test_a_sessions_batches_share_one_loop_channel_and_limiter_each_opened_and_c
     with Session(channel_factory, clock=system_clock, limiter_factory=limiter_factory) as session:
         for _ in range(3):
             results = session.deliver(
-                [make_real_envelope() for _ in range(4)], policy=DeliveryPolicy()
+                [make_real_envelope() for _ in range(4)], policy=DeliveryLimits()
             )
             assert [r.outcome for r in results] == [Outcome.SENT] * 4
         # Still open between and after the batches: closing is the session's.
@@ -85,11 +85,11 @@ def test_the_loop_does_not_run_between_a_sessions_batches(system_clock, make_rea
             return await super().send(envelope)
 
     with Session(lambda: Scheduling(clock=system_clock), clock=system_clock) as session:
-        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        session.deliver([make_real_envelope()], policy=DeliveryLimits())
         between = system_clock.monotonic()
         system_clock.sleep_blocking(0.3)  # the callback is due 0.05 s after the first send
         assert ran == []
-        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        session.deliver([make_real_envelope()], policy=DeliveryLimits())
 
     # It ran at the next batch, not while the caller slept.
     assert len(ran) >= 1 and ran[0] >= between + 0.3
@@ -109,8 +109,8 @@ def test_a_channel_that_fails_to_open_is_tried_again_at_the_next_batch(
 
     channel = Flaky(clock=system_clock)
     with Session(lambda: channel, clock=system_clock) as session:
-        [first] = session.deliver([make_real_envelope()], policy=DeliveryPolicy())
-        [second] = session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        [first] = session.deliver([make_real_envelope()], policy=DeliveryLimits())
+        [second] = session.deliver([make_real_envelope()], policy=DeliveryLimits())
 
     assert first.outcome is Outcome.TRANSIENT and "could not be opened" in first.error
     assert not first.provider_reached
@@ -119,13 +119,13 @@ def test_a_channel_that_fails_to_open_is_tried_again_at_the_next_batch(
 
 
 def test_each_batch_runs_in_its_callers_context(system_clock, make_real_envelope):
-    """The claim a log line carries (reminders/logcontext.py) is the chunk's, not the first's."""
+    """The claim a log line carries (reminders/worker/logcontext.py) is the chunk's, not the first's."""
     channel = _Recording(clock=system_clock)
     with Session(lambda: channel, clock=system_clock) as session:
         for name in ("first", "second"):
             token = CHUNK.set(name)
             try:
-                session.deliver([make_real_envelope() for _ in range(2)], policy=DeliveryPolicy())
+                session.deliver([make_real_envelope() for _ in range(2)], policy=DeliveryLimits())
             finally:
                 CHUNK.reset(token)
 
@@ -151,7 +151,7 @@ def test_an_interruption_in_one_batch_stops_it_and_the_session_still_closes(
         with pytest.raises(Interrupted) as caught:
             session.deliver(
                 envelopes,
-                policy=DeliveryPolicy(call_timeout=20, drain=0.1),
+                policy=DeliveryLimits(call_timeout=20, drain=0.1),
                 tick=tick,
                 tick_interval=0.05,
             )
@@ -193,7 +193,7 @@ def test_a_stop_flag_set_while_a_call_waits_ends_the_batch_at_the_next_tick(
 
     flag = threading.Event()
     timer = threading.Timer(0.2, flag.set)
-    policy = DeliveryPolicy(call_timeout=5, max_attempts=3, backoff_base=20, jitter=0)
+    policy = DeliveryLimits(call_timeout=5, max_attempts=3, backoff_base=20, jitter=0)
     begun = system_clock.monotonic()
     with Session(lambda: channel, clock=system_clock, limiter_factory=limiter_factory) as session:
         timer.start()
@@ -222,7 +222,7 @@ def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock):
 def test_deliver_needs_the_session_open(system_clock, make_real_envelope):
     session = Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock)
     with pytest.raises(RuntimeError, match="use 'with Session"):
-        session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+        session.deliver([make_real_envelope()], policy=DeliveryLimits())
 
 
 def test_an_interruption_while_the_channel_closes_still_hands_back_the_results(
@@ -250,7 +250,7 @@ def test_an_interruption_while_the_channel_closes_still_hands_back_the_results(
             deliver_sync(
                 [make_real_envelope()],
                 lambda: channel,
-                policy=DeliveryPolicy(),
+                policy=DeliveryLimits(),
                 clock=system_clock,
             )
     finally:
@@ -283,8 +283,8 @@ def test_a_limiter_that_fails_to_build_never_leaves_a_batch_without_its_limit(
     channel = MemoryChannel(clock=system_clock)
     with Session(lambda: channel, clock=system_clock, limiter_factory=limiter_factory) as session:
         with pytest.raises(ConnectionError):
-            session.deliver([make_real_envelope()], policy=DeliveryPolicy())
-        results = session.deliver([make_real_envelope() for _ in range(3)], policy=DeliveryPolicy())
+            session.deliver([make_real_envelope()], policy=DeliveryLimits())
+        results = session.deliver([make_real_envelope() for _ in range(3)], policy=DeliveryLimits())
 
     assert [r.outcome for r in results] == [Outcome.SENT] * 3
     assert len(built) == 2 and len(starts) == 3  # the second batch was limited
@@ -306,7 +306,7 @@ def test_a_task_the_open_channel_owns_survives_the_batches_and_ends_with_the_ses
     with caplog.at_level(logging.ERROR, logger="delivery"):
         with Session(lambda: Owning(clock=system_clock), clock=system_clock) as session:
             for _ in range(2):
-                session.deliver([make_real_envelope()], policy=DeliveryPolicy())
+                session.deliver([make_real_envelope()], policy=DeliveryLimits())
                 assert not owned[0].done()
 
     assert caplog.records == []  # not reported as left over by either batch

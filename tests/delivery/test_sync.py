@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, deliver_sync
+from delivery import DeliveryLimits, Outcome, deliver_sync
 from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
 from tests.delivery.conftest import run
@@ -28,7 +28,7 @@ def test_deliver_sync_runs_a_batch_on_a_fresh_event_loop(system_clock, make_real
     results = deliver_sync(
         [make_real_envelope() for _ in range(3)],
         channel_factory,
-        policy=DeliveryPolicy(),
+        policy=DeliveryLimits(),
         clock=system_clock,
     )
 
@@ -41,7 +41,7 @@ def test_deliver_sync_refuses_to_run_inside_a_running_event_loop(system_clock, m
         deliver_sync(
             [make_real_envelope()],
             lambda: MemoryChannel(clock=system_clock),
-            policy=DeliveryPolicy(),
+            policy=DeliveryLimits(),
             clock=system_clock,
         )
 
@@ -71,7 +71,7 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
             results = deliver_sync(
                 envelopes,
                 channel_factory,
-                policy=DeliveryPolicy(concurrency=3, call_timeout=30),
+                policy=DeliveryLimits(concurrency=3, call_timeout=30),
                 clock=system_clock,
                 stop=stop,
             )
@@ -100,7 +100,7 @@ def test_deliver_sync_builds_and_closes_the_limiter_inside_the_loop(
     results = deliver_sync(
         [make_real_envelope()],
         lambda: MemoryChannel(clock=system_clock),
-        policy=DeliveryPolicy(),
+        policy=DeliveryLimits(),
         clock=system_clock,
         limiter_factory=lambda: TrackedLimiter(5, clock=system_clock),
     )
@@ -127,7 +127,7 @@ def test_a_real_channel_batch_through_deliver_sync_leaves_no_task_behind(
         results = deliver_sync(
             [make_real_envelope() for _ in range(20)],
             factory,
-            policy=DeliveryPolicy(concurrency=10),
+            policy=DeliveryLimits(concurrency=10),
             clock=system_clock,
         )
 

@@ -5,7 +5,7 @@ from datetime import timedelta
 
 import pytest
 
-from delivery import DeliveryPolicy, Outcome, deliver
+from delivery import DeliveryLimits, Outcome, deliver
 from delivery.channels.memory import MemoryChannel
 from delivery.errors import TransientError
 
@@ -33,7 +33,7 @@ def test_backoff_waits_the_same_monotonic_time_when_the_wall_clock_steps(
     channel = MemoryChannel(clock=fake_clock)
     envelope = make_envelope()  # deadline hours away: a 10-minute step does not reach it
     channel.fail(envelope.key, TransientError("busy"), TransientError("busy"))
-    policy = DeliveryPolicy(max_attempts=3, backoff_base=4, backoff_max=60, jitter=0)
+    policy = DeliveryLimits(max_attempts=3, backoff_base=4, backoff_max=60, jitter=0)
     batch = deliver([envelope], channel, policy=policy, clock=fake_clock, random=lambda: 0.0)
 
     [result] = run(_step_wall_while(fake_clock, batch, after=1, step=step))
@@ -48,7 +48,7 @@ def test_call_timeout_fires_after_the_same_monotonic_time_when_the_wall_clock_st
     channel = MemoryChannel(clock=fake_clock, honours_idempotency_keys=False)
     envelope = make_envelope()
     channel.slow(envelope.key, 600)
-    policy = DeliveryPolicy(call_timeout=5, max_attempts=1)
+    policy = DeliveryLimits(call_timeout=5, max_attempts=1)
     batch = deliver([envelope], channel, policy=policy, clock=fake_clock)
 
     [result] = run(_step_wall_while(fake_clock, batch, after=1, step=timedelta(hours=-1)))

@@ -17,9 +17,9 @@ import pytest
 from django.db import connection
 
 from clock import SystemClock
-from reminders import pipeline
 from reminders.models import Reminder, StaffDecision
-from reminders.replay import reminder_replay_later
+from reminders.services.replay import reminder_replay_later
+from reminders.worker import pipeline
 from tests.support.processes import celery_worker, process_env
 from tests.support.races import held_rows, wait_until
 

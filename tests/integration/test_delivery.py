@@ -16,9 +16,9 @@ import pytest
 import redis
 
 from clock import SystemClock
-from reminders import pipeline
 from reminders.models import Reminder
 from reminders.services import reminders_reap
+from reminders.worker import pipeline
 from tests.support.processes import Proc, celery_worker, process_env
 from workshops.services import enrollment_cancel, workshop_cancel
 
@@ -169,7 +169,7 @@ def test_redelivered_message_still_sends_one_message_per_pair(
     shorter, so the test delivers the message a second time itself: the
     duplicate and the original run at once, in the worker's two processes."""
     from config.celery import app
-    from reminders.publish import DELIVER_TASK
+    from reminders.queue import DELIVER_TASK
 
     enrol(make_workshop(starts_in=timedelta(hours=3)), count=15)
     smtp_sink.data_delay = 1.0
@@ -254,7 +254,7 @@ def test_two_beat_processes_send_nothing_twice(
     )
     # Both beats published (one beat alone must not pass this test), and every
     # published scan ran, or was dropped while a newer one waited behind it (two
-    # beats publish each scan twice, often back to back: reminders/scanlane.py).
+    # beats publish each scan twice, often back to back: reminders/worker/scanlane.py).
     dropped = [line for line in worker.lines if "dropped a scan with a newer one" in line]
     assert min(per_beat) >= 1, per_beat
     assert len(scans) + len(dropped) >= published

@@ -10,9 +10,9 @@ from django.db import OperationalError, connection
 from clock import SystemClock
 from delivery.results import Outcome
 from loopback.http_sink import HttpSink
-from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from reminders.worker import pipeline
 from tests.reminders.test_claim import _result
 from tests.support.races import race
 from workshops.services import enrollment_cancel, workshop_cancel, workshop_update

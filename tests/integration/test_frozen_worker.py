@@ -20,9 +20,9 @@ import pytest
 
 from clock import SystemClock
 from loopback.http_sink import HttpSink
-from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.services import reminders_reap
+from reminders.worker import pipeline
 from tests.support.processes import celery_worker, process_env
 from tests.support.races import wait_until
 
@@ -141,7 +141,7 @@ def test_a_worker_frozen_past_the_deadline_starts_no_call_after_it(
     the database's clock and end missed; no call reaches the provider after the SIGCONT."""
     cutoff = timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES)
     # Time for the first chunk's calls to start (none starts under 2 s before the
-    # deadline, DeliveryPolicy.min_call_window), not for the rest.
+    # deadline, DeliveryLimits.min_call_window), not for the rest.
     enrol(make_workshop(starts_in=cutoff + timedelta(seconds=12)), count=6)
     with _provider("smtp", smtp_sink) as (provider_env, arrivals):
         env = process_env(

@@ -13,8 +13,8 @@ import pytest
 
 from clock import SystemClock
 from loopback.http_sink import HttpSink
-from reminders import pipeline
 from reminders.models import Reminder
+from reminders.worker import pipeline
 
 pytestmark = [pytest.mark.django_db, pytest.mark.slow]
 

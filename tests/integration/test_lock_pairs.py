@@ -108,8 +108,8 @@ def test_a_plan_racing_an_erasure_neither_waits_on_the_other_and_leaves_nothing_
     (attendee FOR UPDATE, then its enrollment's cancel) does not see that row and does not
     wait for it; the plan then commits (its FOR KEY SHARE on the attendee no longer waits).
     The row it leaves ``pending`` in a cancelled enrollment is cancelled by the next settle."""
-    from reminders.erasure import attendees_erase
     from reminders.services import reminders_plan, reminders_settle
+    from reminders.services.erasure import attendees_erase
     from workshops.models import Attendee
 
     workshop = make_workshop(starts_in=timedelta(days=2))

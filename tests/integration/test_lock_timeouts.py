@@ -1,4 +1,4 @@
-"""No worker or scan waits without bound behind a long transaction (config/locks.py).
+"""No worker or scan waits without bound behind a long transaction (reminders/locks.py).
 
 A thread holds rows in a transaction that does not end (a staff member's
 shell, a stuck request); the worker's claim gives up after its lock timeout
@@ -12,10 +12,10 @@ from __future__ import annotations
 import pytest
 from django.db import connection
 
-from config import locks
-from reminders import pipeline
+from reminders import locks
 from reminders.models import Reminder
-from reminders.pipeline import DatabaseUnavailable
+from reminders.worker import pipeline
+from reminders.worker.pipeline import DatabaseUnavailable
 from tests.support.races import held_rows
 from workshops.models import Workshop
 

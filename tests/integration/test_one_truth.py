@@ -20,9 +20,9 @@ from datetime import timedelta
 import pytest
 from django.db import transaction
 
-from reminders import pipeline
 from reminders.models import Reminder
 from reminders.services import reasons, reminders_plan
+from reminders.worker import pipeline
 from tests.support.races import Step, blocked_or_done
 from workshops.models import Enrollment, Workshop
 from workshops.services import (

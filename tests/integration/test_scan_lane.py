@@ -3,7 +3,7 @@
 A real worker started as operators start it (``celery -A config worker``,
 no -Q), one pool process, a real beat scanning every 5 s, and a backlog of
 SMTP batches that keeps the pool process busy for more than five intervals.
-The scan runs in the worker's own lane (reminders/scanlane.py) and records
+The scan runs in the worker's own lane (reminders/worker/scanlane.py) and records
 each completion (ScanRun); the gaps between completions stay within two
 intervals. Before the lane, the scan waited behind the batches, expired
 after 4 s and never ran while the backlog lasted.
@@ -19,8 +19,8 @@ from pathlib import Path
 import pytest
 
 from clock import SystemClock
-from reminders import pipeline
 from reminders.models import Reminder, ScanRun
+from reminders.worker import pipeline
 from tests.support.processes import Proc, celery_worker, process_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

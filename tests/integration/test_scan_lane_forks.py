@@ -17,9 +17,9 @@ import pytest
 
 from clock import SystemClock
 from config.celery import app
-from reminders import pipeline
 from reminders.models import Reminder
 from reminders.schedule import SCAN_QUEUE, SCAN_TASK
+from reminders.worker import pipeline
 from tests.support.processes import celery_worker, process_env
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]

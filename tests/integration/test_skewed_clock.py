@@ -15,9 +15,9 @@ import pytest
 from django.conf import settings
 
 from clock import SystemClock
-from reminders import pipeline
 from reminders.models import Reminder
 from reminders.services import reminder_claim_batch, reminders_reap, reminders_settle
+from reminders.worker import pipeline
 from workshops.models import Workshop
 
 pytestmark = pytest.mark.django_db

@@ -20,8 +20,8 @@ from billiard.exceptions import SoftTimeLimitExceeded
 from django.db import connection
 
 from clock import SystemClock
-from reminders import pipeline
 from reminders.models import DeliveryAttempt, Reminder
+from reminders.worker import pipeline
 
 # Autocommit, as in a worker: the signal may land inside a query, and no test
 # transaction may hide (or suffer) what that does to the connection.
@@ -59,7 +59,7 @@ def test_a_soft_time_limit_mid_batch_records_what_is_known(
         # a refresh during the batch, or as it takes the claim's own read as the
         # first snapshot, before any call of its chunk (the chunk is then
         # handed back).
-        from reminders.bridge import ClaimWatch
+        from reminders.services.watch import ClaimWatch
 
         fired = threading.Event()
         step = "refresh" if lands == "inside_the_claim_watch" else "seed"

@@ -18,10 +18,10 @@ from django.db import connections
 
 from clock import SystemClock
 from loopback.http_sink import HttpSink
-from reminders import pipeline
-from reminders.bridge import REVOCATION_WINDOW
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
+from reminders.services.watch import REVOCATION_WINDOW
+from reminders.worker import pipeline
 from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
@@ -213,7 +213,7 @@ def test_an_attendee_erased_while_waiting_in_the_limiter_is_never_sent_to(
     """Staff erase an attendee whose reminder is claimed and waiting in the limiter: the
     claim loaded the old address, but no request carrying it starts after the window; the
     row ends ``cancelled`` and no text quotes the address."""
-    from reminders.erasure import attendees_erase
+    from reminders.services.erasure import attendees_erase
     from workshops.models import Attendee
 
     workshop = make_workshop(starts_in=timedelta(hours=3))

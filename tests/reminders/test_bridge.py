@@ -7,9 +7,9 @@ import pytest
 
 from clock import SystemClock
 from loopback.smtp_sink import SmtpSink
-from reminders import pipeline
-from reminders.bridge import check_channel
 from reminders.models import Reminder
+from reminders.worker import pipeline
+from reminders.worker.bridge import check_channel
 from workshops.services import attendee_get_or_create, enrollment_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -167,8 +167,8 @@ def test_the_claim_watch_withdraws_a_message_whose_place_link_or_organiser_chang
     clock, due_reminders, change
 ):
     """A call not yet started would carry what the workshop no longer says."""
-    from reminders.bridge import ClaimWatch
     from reminders.services import reminder_claim_batch
+    from reminders.services.watch import ClaimWatch
     from workshops.services import workshop_update
 
     ids = due_reminders(2)

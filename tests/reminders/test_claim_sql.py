@@ -13,10 +13,10 @@ import pytest
 from django.db import connection
 
 from delivery.results import DeliveryResult, Outcome
-from reminders.bridge import ClaimWatch
 from reminders.models import Reminder
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminder_release
 from reminders.services._sql import RowsWithRelated, array_literal, one_of, rows_cte
+from reminders.services.watch import ClaimWatch
 
 pytestmark = pytest.mark.django_db
 

@@ -19,9 +19,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 def _dispatch(**kwargs):
     """Dispatch through the publisher the scan uses (the ``published`` fixture records it)."""
-    from reminders import publish
+    from reminders import queue
 
-    kwargs.setdefault("publish", publish.publish_batch)
+    kwargs.setdefault("publish", queue.publish_batch)
     return reminders_dispatch(**kwargs)
 
 
@@ -60,7 +60,7 @@ def test_a_backlog_past_the_earliest_deadline_strands_no_reminder_with_time_left
     dropped unrun; every scan queues what is due. Before the fix the message expired
     with its earliest deadline and the 4.5-minute row stayed queued until its own
     deadline: missed with minutes left."""
-    from reminders.pipeline import deliver, scan
+    from reminders.worker.pipeline import deliver, scan
 
     settings.REMINDERS_BATCH_SIZE = 10
     soon = due_reminders(1, starts_in=timedelta(minutes=32))
@@ -129,7 +129,7 @@ def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_
     due_reminders(3)
     script = (
         "import django; django.setup()\n"
-        "from reminders.pipeline import scan\n"
+        "from reminders.worker.pipeline import scan\n"
         "print('dispatched', scan()['dispatched'])\n"
     )
     real = SystemClock()

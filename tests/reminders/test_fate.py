@@ -525,8 +525,8 @@ def test_one_key_carries_byte_identical_bodies_across_a_reaped_retry(
     the reaper handed the reminder back minutes later, are the same bytes."""
     from delivery.channels.http import encode_body
     from loopback.http_sink import HttpSink
-    from reminders import pipeline
     from reminders.content import reminder_envelope
+    from reminders.worker import pipeline
 
     (reminder_id,) = due_reminders(1)
     first = reminder_claim_batch(ids=[reminder_id], channel="http", clock=live_clock)
@@ -697,8 +697,8 @@ def _sent_again_by_staff_then_late(clock, row, published):
     copy); it is not claimed before its deadline, and the expiry finds it late."""
     from django.contrib.auth.models import User
 
-    from reminders.replay import reminder_resolve_unknown
     from reminders.services import reminders_settle
+    from reminders.services.replay import reminder_resolve_unknown
 
     result = reminder_resolve_unknown(
         reminders=Reminder.objects.filter(pk=row.pk),
@@ -774,7 +774,7 @@ def test_a_refusal_after_a_call_that_got_no_answer_in_an_earlier_claim_is_unknow
         reminder_record_batch(claim=claim, results=[_transient(row, **_NO_ANSWER)], clock=clock)
         from django.contrib.auth.models import User
 
-        from reminders.replay import reminder_resolve_unknown
+        from reminders.services.replay import reminder_resolve_unknown
 
         reminder_resolve_unknown(
             reminders=Reminder.objects.filter(pk=row.pk), decision="send_again",

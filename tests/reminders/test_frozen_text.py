@@ -12,8 +12,8 @@ from django.db import connections
 from delivery.results import Outcome
 from reminders.content import reminder_envelope
 from reminders.models import MessageText, Reminder, StaffDecision
-from reminders.replay import reminder_replay, reminder_replay_later, replay_step
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
+from reminders.services.replay import reminder_replay, reminder_replay_later, replay_step
 from tests.reminders.test_claim import _result
 from workshops.models import WorkshopText
 from workshops.services import enrollment_create, workshop_update

@@ -4,8 +4,8 @@ from collections import Counter
 
 import pytest
 
-from reminders import bridge, pipeline
 from reminders.models import Reminder
+from reminders.worker import bridge, pipeline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -100,11 +100,11 @@ def test_the_pool_process_shutdown_hook_closes_the_kept_connections(
     three_batches, clock, smtp_sink
 ):
     from clock import SystemClock
-    from config.celery import _close_kept_connections
+    from reminders.worker.hooks import close_kept_connections
 
     pipeline.deliver(three_batches[0], clock=clock)
     assert smtp_sink.open_connections == 4
-    _close_kept_connections()
+    close_kept_connections()
     assert bridge._kept is None
     real = SystemClock()  # the sink notices the QUITs on its own thread
     until = real.monotonic() + 2

@@ -11,8 +11,8 @@ import pytest
 from django.conf import settings as django_settings
 
 from config.reporting import JsonLines
-from reminders.logcontext import ReminderFields
 from reminders.models import DeliveryAttempt, Reminder
+from reminders.worker.logcontext import ReminderFields
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -36,14 +36,16 @@ def _json_handler() -> tuple[logging.Handler, io.StringIO]:
 def test_the_console_handler_adds_the_reminder_fields():
     logging_config = django_settings.LOGGING
     assert "reminder" in logging_config["handlers"]["console"]["filters"]
-    assert logging_config["filters"]["reminder"]["()"] == "reminders.logcontext.ReminderFields"
+    assert (
+        logging_config["filters"]["reminder"]["()"] == "reminders.worker.logcontext.ReminderFields"
+    )
 
 
 def test_a_failed_send_is_logged_with_its_reminder_claim_worker_and_attempt(
     live_clock, due_reminders, settings
 ):
     from loopback.http_sink import HttpSink
-    from reminders import pipeline
+    from reminders.worker import pipeline
 
     settings.REMINDERS_RATE_LIMIT = 0
     ids = due_reminders(3, per_workshop=3)

@@ -9,9 +9,9 @@ from zoneinfo import ZoneInfo
 import pytest
 from django.db import connections
 
-from reminders import pipeline
 from reminders.models import Reminder
 from reminders.services import reasons, reminders_reap
+from reminders.worker import pipeline
 from workshops.services import attendee_get_or_create, enrollment_create, workshop_update
 
 pytestmark = pytest.mark.django_db(transaction=True)

@@ -41,7 +41,7 @@ def part(obj, name):
 orm = {r.pk: r for r in Reminder.objects.select_related("attendee", "workshop", "text")}
 loaded = [[values(part(r, name)) == values(part(orm[r.pk], name))
            for name in ("self", "attendee", "workshop", "text")] for r in claim.reminders]
-from reminders.bridge import ClaimWatch
+from reminders.services.watch import ClaimWatch
 from workshops.services import workshop_update
 watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
 watch.refresh()

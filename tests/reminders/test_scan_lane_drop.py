@@ -7,8 +7,8 @@ import redis
 
 from clock import SystemClock
 from config.celery import app
-from reminders import scanlane
 from reminders.schedule import SCAN_QUEUE, SCAN_TASK
+from reminders.worker import scanlane
 
 
 @pytest.fixture

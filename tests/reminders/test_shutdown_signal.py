@@ -4,8 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from config import celery as celery_config
-from reminders import scanlane, shutdown
+from reminders.worker import hooks, scanlane, shutdown
 
 
 def test_the_shutdown_signal_returns_while_a_scan_runs_and_the_worker_shutdown_waits(
@@ -19,7 +18,7 @@ def test_the_shutdown_signal_returns_while_a_scan_runs_and_the_worker_shutdown_w
     lane._thread.start()  # a scan in progress
     monkeypatch.setattr(scanlane, "_lane", lane)
     monkeypatch.setattr(shutdown, "_flag", threading.Event())
-    handler = threading.Thread(target=celery_config._announce_shutdown, kwargs={"sender": None})
+    handler = threading.Thread(target=hooks.announce_shutdown, kwargs={"sender": None})
     handler.start()
     handler.join(10)
     try:
@@ -27,7 +26,7 @@ def test_the_shutdown_signal_returns_while_a_scan_runs_and_the_worker_shutdown_w
         assert shutdown.flag().is_set(), "running batches were not told to stop"
         assert lane._stopping.is_set(), "the lane was not told to take no more scans"
         assert lane._thread.is_alive()
-        waiter = threading.Thread(target=celery_config._finish_scan, kwargs={"sender": None})
+        waiter = threading.Thread(target=hooks.finish_scan, kwargs={"sender": None})
         waiter.start()
         waiter.join(0.2)
         assert waiter.is_alive(), "the worker's shutdown did not wait for the running scan"

@@ -30,7 +30,8 @@ def test_a_database_outage_inside_a_claim_retries_with_that_claims_token(monkeyp
     """The retry's message names the claim the outage cut off, so the retry releases it."""
     import uuid
 
-    from reminders import pipeline, tasks
+    from reminders import tasks
+    from reminders.worker import pipeline
 
     token = uuid.uuid4()
     calls = []
@@ -80,7 +81,7 @@ def test_missing_sent_and_cancelled_ids_are_a_no_op(clock, due_reminders, outbox
     from workshops.services import workshop_cancel
 
     ids = due_reminders(3, starts_in=timedelta(hours=2))
-    from reminders import pipeline
+    from reminders.worker import pipeline
 
     pipeline.deliver([ids[0]], clock=clock)
     workshop_cancel(workshop=Reminder.objects.get(pk=ids[1]).workshop)

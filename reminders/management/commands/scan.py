@@ -2,7 +2,7 @@
 
 from django.core.management.base import BaseCommand
 
-from reminders import pipeline
+from reminders.worker import pipeline
 
 
 class Command(BaseCommand):

@@ -48,7 +48,7 @@ from django.db.models import (
 )
 
 from clock import Clock, default_clock
-from reminders import publish as publishing
+from reminders import queue
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.selectors import (
@@ -332,7 +332,7 @@ def reminder_replay_later(
             use_edited_text=use_edited_text,
             heartbeat_at=database_now(clock),
         )
-        publish = publish_task or publishing.publish_replay
+        publish = publish_task or queue.publish_replay
         transaction.on_commit(lambda: publish(audit.pk))
     logger.info(
         "Replay by %s of %s reminders handed to a worker (decision %s)",
@@ -365,7 +365,7 @@ def replay_step(
     transaction, under the decision row's lock: a worker killed mid-way, a
     time limit or a redelivered task resumes after the last committed chunk
     and never re-arms a chunk twice. Each chunk is its own task
-    (reminders.staff_tasks.replay_selection), so one lost costs that chunk's
+    (reminders.tasks.replay_selection), so one lost costs that chunk's
     transaction only, and the scan hands a replay whose heartbeat stopped to a
     worker again (reminders.services.dispatch.replays_resume).
     """
@@ -407,7 +407,7 @@ def replay_step(
 def _dispatch(ids: list[int], *, clock: Clock, publish: Publish | None) -> int:
     if not ids:
         return 0
-    return reminders_dispatch(ids=ids, clock=clock, publish=publish or publishing.publish_batch)
+    return reminders_dispatch(ids=ids, clock=clock, publish=publish or queue.publish_batch)
 
 
 def _audit(

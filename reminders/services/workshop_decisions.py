@@ -1,6 +1,6 @@
 """Staff decisions on workshops: cancel and reinstate, each previewed, reasoned and audited.
 
-The admin's synchronous bridge for workshop decisions, beside reminders.replay
+The admin's synchronous bridge for workshop decisions, beside reminders.services.replay
 for reminder decisions. Each service, in one durable transaction:
 
 1. counts what the decision would do (the preview the confirmation page shows),
@@ -13,7 +13,7 @@ for reminder decisions. Each service, in one durable transaction:
 
 A reminder already ``sent`` is never touched. Cancelling leaves ``sending``
 reminders to their worker: its gate stops further calls within
-reminders.bridge.REVOCATION_WINDOW and its record re-derives the fate (the
+reminders.services.watch.REVOCATION_WINDOW and its record re-derives the fate (the
 attendee may still receive a call that was already under way). Reinstating
 brings back each cancelled reminder whose enrollment is active: ``pending``
 with the current window and deadline and a fresh attempt count, or ``missed``
@@ -33,7 +33,7 @@ from django.db.models import Count, Q, QuerySet
 from clock import Clock, default_clock
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
-from reminders.replay import clean_reason
+from reminders.services.replay import clean_reason
 from workshops.models import Enrollment, Workshop
 from workshops.services import workshop_cancel, workshop_reinstate
 

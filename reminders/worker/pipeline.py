@@ -17,13 +17,11 @@ from django.conf import settings
 from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
-from config.locks import gave_up_waiting
 from delivery.engine import Interrupted
 from delivery.results import DeliveryResult, Outcome
-from reminders import bridge
-from reminders import publish as publishing
+from reminders import queue
 from reminders.content import reminder_envelope
-from reminders.logcontext import claim_context
+from reminders.locks import gave_up_waiting
 from reminders.services import (
     dispatches_prune,
     reminder_claim_batch,
@@ -38,6 +36,9 @@ from reminders.services import (
     replays_resume,
     scan_completed,
 )
+from reminders.services.watch import ClaimWatch
+from reminders.worker import bridge
+from reminders.worker.logcontext import claim_context
 
 logger = logging.getLogger(__name__)
 
@@ -96,13 +97,13 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
     counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock), 0)
     counts["dispatched"] = timed(
         "dispatch",
-        lambda: reminders_dispatch(clock=clock, publish=publish or publishing.publish_batch),
+        lambda: reminders_dispatch(clock=clock, publish=publish or queue.publish_batch),
         0,
     )
     timed("prune", lambda: dispatches_prune(clock=clock), 0)
     resumed = timed(
         "resume",
-        lambda: replays_resume(clock=clock, publish=publishing.publish_replay),
+        lambda: replays_resume(clock=clock, publish=queue.publish_replay),
         0,
     )
     if resumed:
@@ -286,7 +287,7 @@ def _send(
                 # Bad data in one row is that reminder's permanent failure,
                 # recorded with the reason, not a crash of the batch.
                 results.append(_unbuildable(reminder.pk, reminder.key, exc))
-        watch = bridge.ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+        watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
         # The claim's read is the first snapshot; deliver_envelopes reads again
         # before any call if rendering outlasted REVOCATION_WINDOW.
         watch.seed(claim.read_at)

@@ -36,8 +36,8 @@ from django.db.models import Q, QuerySet
 
 from clock import Clock, default_clock
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.replay import clean_reason
 from reminders.services.personal import personal_words, scrubber
+from reminders.services.replay import clean_reason
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
 

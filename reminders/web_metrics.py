@@ -29,8 +29,7 @@ from prometheus_client.registry import Collector
 from clock import default_clock
 from reminders.models import Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
-from reminders.schedule import SCAN_TASK_NAME
-from reminders.services.dispatch import SCAN_NAME
+from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 
 # The queues whose depth is reported, and the priority suffixes kombu's Redis
 # transport gives a queue's lists (a message waits in one of them).

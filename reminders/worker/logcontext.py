@@ -1,6 +1,6 @@
 """What every log line about a reminder carries: its id, key, claim token, worker and attempt.
 
-``reminders.pipeline.deliver`` sets the claim's context around each chunk it
+``reminders.worker.pipeline.deliver`` sets the claim's context around each chunk it
 sends and records (``claim_context``). ``ReminderFields``, a filter on the
 console handler (config/settings.py ``LOGGING``), then adds to every record
 logged in that context the claim token and the worker, and to a record that

@@ -10,7 +10,7 @@ consumes ``scan`` with its own broker connection and runs each scan itself.
 Each message is a Celery ``reminders.scan`` task message as beat publishes
 it: one with another scan waiting behind it in the queue is dropped (only the
 newest of scans piled up while workers were down is worth running); any other
-runs ``reminders.pipeline.scan`` and is acknowledged afterwards (a scan is
+runs ``reminders.worker.pipeline.scan`` and is acknowledged afterwards (a scan is
 idempotent, so a redelivered one costs only its queries). Several workers
 share the queue: each message runs once. No clock decides the drop: beat's
 ``expires`` stamp is the beat host's time, and comparing it with this host's
@@ -112,7 +112,7 @@ class ScanLane:
         return declared.message_count > 0
 
     def _scan(self) -> None:
-        from reminders import pipeline
+        from reminders.worker import pipeline
 
         close_old_connections()
         try:

@@ -26,7 +26,6 @@ from dataclasses import dataclass
 
 from django.conf import settings
 from django.core.mail import EmailMultiAlternatives, get_connection
-from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock
 from delivery.addresses import address_problem, clean_header_text
@@ -37,25 +36,16 @@ from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_
 from delivery.channels.threaded import ThreadedChannel
 from delivery.engine import Session
 from delivery.envelope import Envelope
-from delivery.gate import Gate
 from delivery.limiter import RateLimiter, RedisRateLimiter
+from delivery.limits import DeliveryLimits
 from delivery.message import message_id_for
-from delivery.policy import DeliveryPolicy
 from delivery.results import DeliveryResult
-from reminders import telemetry
 from reminders.content import sender_domain
-from reminders.models import Reminder
-from reminders.services._sql import claim_token_param, one_of, rows_cte
-from workshops.models import Enrollment, Workshop
+from reminders.services.watch import WATCH_INTERVAL, ClaimWatch
+from reminders.worker import telemetry
 
 RATE_LIMIT_ACCOUNT = "reminders:provider"
 LIMITER_MARGIN = 0.03
-# No provider call starts more than this many seconds after staff commit a
-# cancel or a move (plus the calls already in flight): the claim watch's
-# snapshot must be at most this old when a call starts.
-REVOCATION_WINDOW = 1.0
-# How often the claim watch re-reads the claimed rows while a batch runs.
-WATCH_INTERVAL = 0.25
 
 logger = logging.getLogger(__name__)
 
@@ -192,7 +182,7 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
     )
 
 
-def delivery_policy(*, budget: float) -> DeliveryPolicy:
+def delivery_limits(*, budget: float) -> DeliveryLimits:
     """Return the engine's policy from settings, bounded by what is left of the batch budget.
 
     At the budget (or a stop) no new call starts, and calls already in flight
@@ -202,160 +192,13 @@ def delivery_policy(*, budget: float) -> DeliveryPolicy:
     and the lease are derived to sit above them.
     """
     bounds = settings.REMINDERS_TIME_BOUNDS
-    return DeliveryPolicy(
+    return DeliveryLimits(
         concurrency=settings.REMINDERS_CONCURRENCY,
         call_timeout=settings.REMINDERS_CALL_TIMEOUT,
         max_attempts=settings.REMINDERS_ENGINE_ATTEMPTS,
         budget=max(1.0, budget),
         drain=bounds.drain,
         close_timeout=bounds.close,
-    )
-
-
-class ClaimWatch:
-    """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
-
-    Runs in the calling (synchronous) thread, between the engine's loop
-    turns: the engine session calls ``refresh`` every ``WATCH_INTERVAL``
-    seconds. Each refresh is one query over the claimed reminders, their
-    workshops and enrollments; an envelope is withdrawn when its reminder is
-    no longer ``sending`` under this claim (reaped), its workshop or
-    enrollment is cancelled, or its workshop's title, time, zone, location,
-    join link or organiser differ from what was rendered. With snapshots at
-    most ``REVOCATION_WINDOW`` seconds old, no call starts later than that
-    after staff commit a change.
-    """
-
-    def __init__(self, *, token, reminders, clock: Clock) -> None:
-        self._token = token
-        # What each claimed reminder's message showed of its workshop, once per workshop.
-        self._workshop_of = {reminder.pk: reminder.workshop_id for reminder in reminders}
-        self._shown = {reminder.workshop_id: _rendered(reminder.workshop) for reminder in reminders}
-        self._clock = clock
-        self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
-
-    def seed(self, read_at: float) -> None:
-        """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot.
-
-        The claim took only rows ``sending`` under it with their workshop
-        scheduled and their enrollment active, and the messages are rendered
-        from the workshops it read: nothing is withdrawn as of ``read_at``.
-        The first ``refresh`` then comes ``WATCH_INTERVAL`` into the batch,
-        or before the first call if rendering took the snapshot past
-        ``REVOCATION_WINDOW``: a chunk sent within a quarter of a second reads
-        its rows once, in the claim.
-        """
-        self.gate.publish({}, taken_at=read_at)
-
-    def refresh(self) -> None:
-        """Read the rows once and publish the withdrawals; a database error leaves the gate stale.
-
-        The common case, nothing changed, is one statement that returns the ids
-        still as rendered; only when some are missing from it does a second
-        read say why each one is withdrawn.
-        """
-        taken_at = self._clock.monotonic()
-        try:
-            unchanged = self._unchanged()
-            changed = [pk for pk in self._workshop_of if pk not in unchanged]
-            withdrawn = self._reasons(changed) if changed else {}
-        except (OperationalError, InterfaceError) as exc:
-            # No fresh snapshot: calls wait for one rather than guess.
-            logger.warning("Claim watch could not read the database: %s", exc)
-            connection.close()
-            return
-        self.gate.publish(withdrawn, taken_at=taken_at)
-
-    def _unchanged(self) -> set[int]:
-        """Return the ids still ``sending`` under this claim, with their workshop and
-        enrollment live and the workshop as it was rendered (one statement, ids only)."""
-        quote = connection.ops.quote_name
-        stamp = connection.ops.adapt_datetimefield_value
-        shown_rows = [
-            (workshop_id, title, stamp(starts), stamp(ends), zone, *details)
-            for workshop_id, (title, starts, ends, zone, *details) in self._shown.items()
-        ]
-        shown, params = rows_cte(connection, "shown", _SHOWN_COLUMNS, shown_rows)
-        among, among_params = one_of(connection, "r.id", list(self._workshop_of))
-        sql = (
-            f"WITH {shown} "
-            f"SELECT r.id FROM {quote(Reminder._meta.db_table)} r "
-            f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
-            f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
-            "JOIN shown ON shown.id = w.id "
-            f"WHERE {among} AND r.status = %s "
-            "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
-            "AND w.title = shown.title AND w.starts_at = shown.starts_at "
-            "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone "
-            "AND w.location = shown.location AND w.join_url = shown.join_url "
-            "AND w.contact_name = shown.contact_name AND w.contact_email = shown.contact_email"
-        )
-        token = claim_token_param(self._token)
-        params += among_params
-        params += [Reminder.Status.SENDING.value, token, Workshop.Status.SCHEDULED.value]
-        params += [Enrollment.Status.ACTIVE.value]
-        with connection.cursor() as cursor:
-            cursor.execute(sql, params)
-            return {row[0] for row in cursor.fetchall()}
-
-    def _reasons(self, ids: list[int]) -> dict[int, str]:
-        """Say why each of ``ids`` is withdrawn."""
-        rows = Reminder.objects.filter(pk__in=ids).values_list(
-            "pk",
-            "status",
-            "claim_token",
-            "workshop__status",
-            "enrollment__status",
-            "workshop__title",
-            "workshop__starts_at",
-            "workshop__ends_at",
-            "workshop__timezone",
-            "workshop__location",
-            "workshop__join_url",
-            "workshop__contact_name",
-            "workshop__contact_email",
-        )
-        withdrawn = dict.fromkeys(ids, "the reminder no longer exists")
-        for pk, status, token, w_status, e_status, *shown in rows:
-            if status != "sending" or token != self._token:
-                withdrawn[pk] = "the claim was lost (lease expired)"
-            elif w_status != "scheduled":
-                withdrawn[pk] = "workshop cancelled"
-            elif e_status != "active":
-                withdrawn[pk] = "enrollment cancelled"
-            elif tuple(shown) != self._shown[self._workshop_of[pk]]:
-                withdrawn[pk] = "workshop changed after the message was rendered"
-            else:
-                # Changed and changed back between the two reads: as rendered again.
-                del withdrawn[pk]
-        return withdrawn
-
-
-# The columns of ``_rendered`` with the workshop's id first, and their PostgreSQL types.
-_SHOWN_COLUMNS = {
-    "id": "bigint",
-    "title": "text",
-    "starts_at": "timestamptz",
-    "ends_at": "timestamptz",
-    "timezone": "text",
-    "location": "text",
-    "join_url": "text",
-    "contact_name": "text",
-    "contact_email": "text",
-}
-
-
-def _rendered(workshop) -> tuple:
-    """What a message shows of its workshop: a change to any of it withdraws unsent calls."""
-    return (
-        workshop.title,
-        workshop.starts_at,
-        workshop.ends_at,
-        workshop.timezone,
-        workshop.location,
-        workshop.join_url,
-        workshop.contact_name,
-        workshop.contact_email,
     )
 
 
@@ -479,7 +322,7 @@ def deliver_envelopes(
 def _deliver_on(session: Session, envelopes, *, budget: float, stop, watch) -> list:
     return session.deliver(
         envelopes,
-        policy=delivery_policy(budget=budget),
+        policy=delivery_limits(budget=budget),
         stop=stop,
         gate=watch.gate if watch is not None else None,
         tick=watch.refresh if watch is not None else None,

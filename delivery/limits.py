@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-__all__ = ["DeliveryPolicy"]
+__all__ = ["DeliveryLimits"]
 
 DEFAULT_CONCURRENCY = 10
 DEFAULT_CALL_TIMEOUT = 10.0
@@ -20,7 +20,7 @@ DEFAULT_MIN_CALL_WINDOW = 2.0
 
 def _check_int(name: str, value: object, hint: str) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-        raise ValueError(f"DeliveryPolicy.{name} must be an integer >= 1 (got {value!r}); {hint}")
+        raise ValueError(f"DeliveryLimits.{name} must be an integer >= 1 (got {value!r}); {hint}")
 
 
 def _check_seconds(name: str, value: object, *, allow_zero: bool, hint: str) -> None:
@@ -33,13 +33,13 @@ def _check_seconds(name: str, value: object, *, allow_zero: bool, hint: str) -> 
     )
     if not ok:
         raise ValueError(
-            f"DeliveryPolicy.{name} must be a finite number of seconds {bound} (got {value!r}); "
+            f"DeliveryLimits.{name} must be a finite number of seconds {bound} (got {value!r}); "
             f"{hint}"
         )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class DeliveryPolicy:
+class DeliveryLimits:
     """How hard and how fast to try.
 
     ``concurrency`` caps provider calls in flight; ``call_timeout`` bounds one
@@ -85,7 +85,7 @@ class DeliveryPolicy:
         )
         if self.backoff_max < self.backoff_base:
             raise ValueError(
-                f"DeliveryPolicy.backoff_max ({self.backoff_max}) is below backoff_base "
+                f"DeliveryLimits.backoff_max ({self.backoff_max}) is below backoff_base "
                 f"({self.backoff_base}); raise backoff_max or lower backoff_base."
             )
         if (
@@ -94,7 +94,7 @@ class DeliveryPolicy:
             or not 0 <= self.jitter <= 1
         ):
             raise ValueError(
-                f"DeliveryPolicy.jitter must be a fraction between 0 and 1 (got {self.jitter!r}); "
+                f"DeliveryLimits.jitter must be a fraction between 0 and 1 (got {self.jitter!r}); "
                 "0.2 shortens each wait by up to 20%."
             )
         _check_seconds(

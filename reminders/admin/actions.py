@@ -1,0 +1,269 @@
+"""What every confirmed staff action shares: the preview page, the permission check, the messages."""
+
+from __future__ import annotations
+
+from django import forms
+from django.conf import settings
+from django.contrib import messages
+from django.contrib.admin import helpers
+from django.core.exceptions import PermissionDenied
+from django.db.models import QuerySet
+from django.http import HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import reverse
+from django.utils.html import format_html
+
+from reminders.admin.columns import plural
+from reminders.admin.forms import ReplayForm
+from reminders.models import Reminder, StaffDecision
+from reminders.selectors import (
+    SKIP_REASONS,
+    SelectionPreview,
+    reminder_replay_preview,
+    selection_of,
+)
+from reminders.services.replay import (
+    StaffActionResult,
+    reminder_replay,
+    reminder_replay_later,
+)
+
+Status = Reminder.Status
+CONFIRM = "post"
+
+
+# Why selected items were left alone, in the order staff read them.
+SKIP_LABELS = {**SKIP_REASONS, "workshops_not_found": "selected workshops no longer exist"}
+
+
+def skipped_text(skipped: dict[str, int]) -> str:
+    """Return " Skipped: 2 already sent, 1 past the cutoff." in SKIP_LABELS order, or ""."""
+    parts = [f"{skipped[key]} {label}" for key, label in SKIP_LABELS.items() if skipped.get(key)]
+    return f" Skipped: {', '.join(parts)}." if parts else ""
+
+
+def replay_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
+    """Return the message staff read after a replay: what was queued and what was left alone."""
+    skipped = {**result.skipped, **not_found}
+    if result.running:
+        url = reverse("admin:reminders_staffdecision_change", args=[result.audit_id])
+        return format_html(
+            "Replaying {} in the background: a worker re-arms and queues them in chunks. "
+            'Follow its progress and final counts in <a href="{}">staff decision {}</a>.{}',
+            plural(result.selected, "selected reminder"),
+            url,
+            result.audit_id,
+            skipped_text(skipped),
+        )
+    if not result.changed:
+        return "Nothing was replayed." + skipped_text(skipped)
+    text = f"Replayed {plural(result.changed, 'reminder')}: {result.queued} queued for delivery"
+    if result.later:
+        text += f", {result.later} queued by the next scan"
+    if result.waiting:
+        text += f", {result.waiting} waiting for their send window"
+    return text + "." + skipped_text(skipped)
+
+
+def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
+    """Return the message staff read after deciding reminders of unknown outcome."""
+    skipped = {**result.skipped, **not_found}
+    if not result.changed:
+        return "No reminder was changed." + skipped_text(skipped)
+    if result.action == StaffDecision.Action.MARK_SENT:
+        text = f"Marked {plural(result.changed, 'reminder')} as sent"
+    else:
+        text = f"Sending {plural(result.changed, 'reminder')} again: {result.queued} queued"
+        if result.later:
+            text += f", {result.later} queued by the next scan"
+        if result.waiting:
+            text += f", {result.waiting} waiting for their send window"
+    return text + "." + skipped_text(skipped)
+
+
+class StaffActionsMixin:
+    """Confirmation pages, permission checks and id validation for staff actions on a changelist."""
+
+    def has_replay_permission(self, request) -> bool:
+        return request.user.has_perm("reminders.replay_reminder")
+
+    def has_resolve_unknown_permission(self, request) -> bool:
+        return request.user.has_perm("reminders.resolve_unknown_reminder")
+
+    def changelist_view(self, request, extra_context=None):
+        if request.method == "POST":
+            self._refuse_forbidden_action(request)
+        return super().changelist_view(request, extra_context)
+
+    def _refuse_forbidden_action(self, request) -> None:
+        """Raise PermissionDenied for a POST naming an action the user may not run.
+
+        Django would only answer "No action selected." (the action is not in
+        the user's choices); a forged request deserves a 403.
+        """
+        for name in request.POST.getlist("action"):
+            func = getattr(self, name, None) if name in (self.actions or ()) else None
+            needed = getattr(func, "allowed_permissions", ())
+            if needed and not any(
+                getattr(self, f"has_{permission}_permission")(request) for permission in needed
+            ):
+                raise PermissionDenied
+
+    def response_action(self, request, queryset):
+        invalid = [
+            value
+            for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
+            if not (value.isascii() and value.isdigit() and 0 < int(value) < 2**63)
+        ]
+        if invalid:
+            shown = ", ".join(repr(value[:20]) for value in invalid[:3])
+            self.message_user(
+                request,
+                f"The selection held values that are not ids ({shown}); nothing was changed. "
+                "Select the items again.",
+                messages.ERROR,
+            )
+            return HttpResponseRedirect(request.get_full_path())
+        return super().response_action(request, queryset)
+
+    def _selection_state(self, request) -> dict:
+        return {
+            "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
+            "select_across": request.POST.get("select_across") in ("1", "True", "true", "on"),
+        }
+
+    def _missing(self, request, *, found: int, key: str = "not_found") -> dict[str, int]:
+        """Return how many ticked ids matched nothing, as a skip count (none with "select all")."""
+        state = self._selection_state(request)
+        if state["select_across"]:
+            return {}
+        missing = len(set(state["selected_ids"])) - found
+        return {key: missing} if missing > 0 else {}
+
+    def _confirmation(
+        self,
+        request,
+        *,
+        action: str,
+        title: str,
+        intro: str,
+        preview: SelectionPreview,
+        missing: dict[str, int],
+        eligible_label: str,
+        submit_label: str,
+        form: forms.Form | None = None,
+    ) -> TemplateResponse:
+        skipped = {**preview.skipped, **missing}
+        rows = [(label, skipped[key]) for key, label in SKIP_LABELS.items() if skipped.get(key)]
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + (form.media if form is not None else forms.Media()),
+            "action": action,
+            "intro": intro,
+            "preview": preview,
+            "eligible_label": eligible_label,
+            "submit_label": submit_label,
+            "skipped_rows": rows,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(request, "admin/reminders/staff_action_confirmation.html", context)
+
+    def _decision_page(
+        self,
+        request,
+        *,
+        title: str,
+        action: str,
+        noun: str,
+        explanation: str,
+        preview,
+        eligible_label: str,
+        effect_rows: list[tuple[str, int]],
+        skipped_rows: list[tuple[str, int]],
+        submit_label: str,
+        form: forms.Form,
+    ) -> TemplateResponse:
+        """Render the confirmation of a decision on workshops or attendees, with its reason."""
+        opts = self.model._meta
+        context = {
+            **self.admin_site.each_context(request),
+            "title": title,
+            "subtitle": None,
+            "opts": opts,
+            "app_label": opts.app_label,
+            "media": self.media + form.media,
+            "action": action,
+            "noun": noun,
+            "explanation": explanation,
+            "preview": preview,
+            "eligible_label": eligible_label,
+            "effect_rows": effect_rows,
+            "skipped_rows": skipped_rows,
+            "submit_label": submit_label,
+            "form": form,
+            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
+            "confirm_field": CONFIRM,
+            "changelist_url": request.get_full_path(),
+            **self._selection_state(request),
+        }
+        return TemplateResponse(
+            request, "admin/reminders/workshop_decision_confirmation.html", context
+        )
+
+    def _replay(
+        self,
+        request,
+        *,
+        reminders: QuerySet[Reminder],
+        action: str,
+        title: str,
+        intro: str,
+        missing: dict[str, int] | None = None,
+    ):
+        """Preview a replay on a confirmation page, or run it once confirmed.
+
+        ``missing`` counts ticked ids that matched nothing; None means they
+        are reminder ids, counted from the preview without another query.
+        """
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = ReplayForm(request.POST if confirming else None)
+        if not confirming or not form.is_valid():
+            preview = reminder_replay_preview(reminders=reminders)
+            if missing is None:
+                missing = self._missing(request, found=preview.selected)
+            return self._confirmation(
+                request,
+                action=action,
+                title=title,
+                intro=intro,
+                preview=preview,
+                missing=missing,
+                eligible_label="Will be queued for delivery again",
+                submit_label=f"Yes, replay {plural(preview.eligible, 'reminder')}",
+                form=form,
+            )
+        options = {
+            "reason": form.cleaned_data["reason"],
+            "use_edited_text": form.cleaned_data["use_edited_text"],
+        }
+        if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT:
+            result = reminder_replay_later(reminders=reminders, actor=request.user, **options)
+        else:
+            result = reminder_replay(reminders=reminders, actor=request.user, **options)
+        if missing is None:
+            missing = self._missing(request, found=result.selected)
+        self.message_user(
+            request,
+            replay_message(result, not_found=missing),
+            messages.SUCCESS if result.changed or result.running else messages.WARNING,
+        )
+        return None

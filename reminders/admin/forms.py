@@ -1,0 +1,248 @@
+"""The admin's forms: workshops with wall-clock times in their own zone, enrollments, and the reasons staff decisions ask for."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+from django import forms
+from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
+from django.core.exceptions import ValidationError
+
+from clock import default_clock
+from reminders.models import StaffDecision
+from reminders.services.replay import (
+    REASON_MAX_LENGTH,
+)
+from workshops.models import Enrollment, Workshop
+from workshops.validators import zone_choices
+
+ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin."
+
+
+class LocalSplitDateTime(AdminSplitDateTime):
+    """The admin's date picker, and the time typed as HH:MM with no "Now" shortcut.
+
+    "Now" fills in the server's clock, while the field is read as wall-clock
+    time in the workshop's zone: a start far from where it was meant.
+    """
+
+    template_name = "admin/widgets/split_datetime.html"
+
+    def __init__(self, attrs=None) -> None:
+        widgets = [AdminDateWidget, forms.TimeInput(attrs={"size": "8"}, format="%H:%M")]
+        forms.MultiWidget.__init__(self, widgets, attrs)
+
+
+def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
+    """Return the UTC instant of the wall-clock time ``local`` in ``zone``.
+
+    Raise ValidationError when that wall time does not exist in the zone (the
+    clocks jump over it) or happens twice (the clocks go back over it): the
+    start of a workshop must be one unambiguous instant.
+    """
+    first, second = local.replace(tzinfo=zone, fold=0), local.replace(tzinfo=zone, fold=1)
+    if first.utcoffset() != second.utcoffset():
+        shown = local.strftime("%Y-%m-%d %H:%M")
+        if first.astimezone(UTC).astimezone(zone).replace(tzinfo=None) != local:
+            raise ValidationError(
+                f"{shown} does not exist in {zone.key}: the clocks jump forward over it. "
+                "Choose a time outside the daylight-saving gap.",
+                code="nonexistent_time",
+            )
+        raise ValidationError(
+            f"{shown} happens twice in {zone.key}: the clocks go back over it. "
+            "Choose a time outside the daylight-saving overlap.",
+            code="ambiguous_time",
+        )
+    return first.astimezone(UTC)
+
+
+class LocalDateTimeField(forms.SplitDateTimeField):
+    """A date and a time typed as wall-clock time; the form attaches the workshop's zone."""
+
+    def __init__(self, **kwargs) -> None:
+        kwargs.setdefault("widget", LocalSplitDateTime)
+        super().__init__(**kwargs)
+
+    def compress(self, data_list):
+        if not data_list:
+            return None
+        day, time = data_list
+        if day in self.empty_values:
+            raise ValidationError(self.error_messages["invalid_date"], code="invalid_date")
+        if time in self.empty_values:
+            raise ValidationError(self.error_messages["invalid_time"], code="invalid_time")
+        return datetime.combine(day, time)
+
+
+class WorkshopForm(forms.ModelForm):
+    """Validate everything workshop_create / workshop_update would refuse, as field errors."""
+
+    timezone = forms.ChoiceField(
+        choices=zone_choices,
+        error_messages={"invalid_choice": ZONE_ERROR},
+        help_text="IANA zone the workshop is held in; the times below are in it.",
+    )
+    starts_at = LocalDateTimeField(
+        label="Start (in the workshop's zone)",
+        help_text="Wall-clock time where the workshop is held.",
+    )
+    ends_at = LocalDateTimeField(label="End (in the workshop's zone)")
+    join_url = forms.URLField(
+        label="Join link",
+        required=False,
+        max_length=500,
+        assume_scheme="https",
+        help_text="The link attendees open to join (https), if it is held online.",
+    )
+
+    class Meta:
+        model = Workshop
+        fields = (
+            "title", "timezone", "starts_at", "ends_at",
+            "location", "join_url", "contact_name", "contact_email",
+            "language", "reminder_subject", "reminder_intro",
+        )  # fmt: skip
+        widgets = {"reminder_intro": forms.Textarea(attrs={"rows": 5, "cols": 80})}
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        instance = self.instance
+        if instance.pk and instance.timezone:
+            zone = instance.zone
+            for name in ("starts_at", "ends_at"):
+                value = getattr(instance, name)
+                if value is not None:
+                    self.initial[name] = value.astimezone(zone).replace(tzinfo=None)
+
+    def clean(self):
+        cleaned = super().clean()
+        try:
+            zone = ZoneInfo(cleaned["timezone"]) if cleaned.get("timezone") else None
+        except (ZoneInfoNotFoundError, ValueError):
+            zone = None
+        for name in ("starts_at", "ends_at"):
+            local = cleaned.get(name)
+            if local is None:
+                continue
+            if zone is None:
+                # The zone has its own error; keep the times aware so the model
+                # does not add a second, misleading one.
+                cleaned[name] = local.replace(tzinfo=UTC)
+                continue
+            try:
+                cleaned[name] = aware_in_zone(local, zone)
+            except ValidationError as error:
+                self.add_error(name, error)
+        starts_at = cleaned.get("starts_at")
+        if (
+            self.instance.pk is None
+            and zone is not None
+            and starts_at is not None
+            and starts_at <= default_clock().now()
+        ):
+            self.add_error(
+                "starts_at",
+                ValidationError(
+                    "The start is in the past; give a future start time.", code="past_start"
+                ),
+            )
+        return cleaned
+
+
+class EnrollmentInlineForm(forms.ModelForm):
+    class Meta:
+        model = Enrollment
+        fields = ("attendee", "status")
+
+    def clean(self):
+        cleaned = super().clean()
+        if self.instance.pk and "attendee" in self.changed_data:
+            self.add_error(
+                "attendee",
+                "An enrollment cannot move to another attendee: cancel it and enrol the other "
+                "attendee in a new row.",
+            )
+        return cleaned
+
+
+class EnrollmentInlineFormSet(forms.BaseInlineFormSet):
+    def clean(self) -> None:
+        super().clean()
+        workshop = self.instance
+        if workshop.pk is None or self.save_as_new or workshop.is_scheduled:
+            return
+        for form in self.forms:
+            adds = form.instance.pk is None and form.has_changed()
+            revives = form.instance.pk and "status" in form.changed_data
+            if (adds or revives) and form.cleaned_data.get("status") == Enrollment.Status.ACTIVE:
+                raise ValidationError(
+                    "This workshop is cancelled; enrol attendees in a scheduled workshop.",
+                    code="workshop_cancelled",
+                )
+
+
+class EnrollmentForm(forms.ModelForm):
+    class Meta:
+        model = Enrollment
+        fields = ("attendee", "workshop", "status")
+
+    def clean(self):
+        cleaned = super().clean()
+        workshop = cleaned.get("workshop") or getattr(self.instance, "workshop", None)
+        activates = cleaned.get("status") == Enrollment.Status.ACTIVE and (
+            self.instance.pk is None or "status" in self.changed_data
+        )
+        if activates and workshop is not None and not workshop.is_scheduled:
+            self.add_error(
+                "workshop" if self.instance.pk is None else "status",
+                "This workshop is cancelled; enrol the attendee in a scheduled workshop.",
+            )
+        return cleaned
+
+
+class ReplayForm(forms.Form):
+    reason = forms.CharField(
+        required=False,
+        widget=forms.Textarea(attrs={"rows": 2, "cols": 60}),
+        max_length=REASON_MAX_LENGTH,
+        help_text="Optional; recorded with the replay.",
+    )
+    use_edited_text = forms.BooleanField(
+        required=False,
+        label="Use the edited text",
+        help_text="Off: each reminder sends the text it was frozen with when first claimed, "
+        "the same as before. On: it takes the workshop's text as it is now. Recorded with "
+        "the replay.",
+    )
+
+
+class ResolveUnknownForm(forms.Form):
+    decision = forms.ChoiceField(
+        label="Decision",
+        choices=[
+            (StaffDecision.Action.MARK_SENT, "Mark as sent: the attendee received it"),
+            (
+                StaffDecision.Action.SEND_AGAIN,
+                "Send again: re-arm and deliver (the attendee may receive it twice)",
+            ),
+        ],
+        widget=forms.RadioSelect,
+        error_messages={"required": "Choose 'mark as sent' or 'send again'."},
+    )
+    reason = forms.CharField(
+        label="Reason",
+        max_length=REASON_MAX_LENGTH,
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        help_text="Recorded with the decision, e.g. 'provider log shows it was delivered'.",
+        error_messages={"required": "Give a reason: it is recorded with the decision."},
+    )
+
+
+class WorkshopDecisionForm(forms.Form):
+    reason = forms.CharField(
+        widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
+        max_length=REASON_MAX_LENGTH,
+        help_text="Recorded with the decision, with your name and the time.",
+    )

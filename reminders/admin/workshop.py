@@ -1,0 +1,450 @@
+"""Workshops: wall-clock times in the workshop's zone, reminder counts, the preview, cancel, reinstate and replay."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import models
+from django.db.models import Count, Q
+from django.http import Http404, HttpResponseRedirect
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html, format_html_join
+from django.utils.http import urlencode
+
+from clock import default_clock
+from reminders.admin.actions import (
+    CONFIRM,
+    SKIP_LABELS,
+    StaffActionsMixin,
+)
+from reminders.admin.columns import (
+    format_local,
+    format_utc,
+    has_enrollments,
+    kept_text,
+    plural,
+    utc_column,
+    without_bulk_delete,
+)
+from reminders.admin.forms import (
+    EnrollmentInlineForm,
+    EnrollmentInlineFormSet,
+    WorkshopDecisionForm,
+    WorkshopForm,
+)
+from reminders.content import language_name, reminder_preview
+from reminders.models import Reminder
+from reminders.selectors import (
+    workshop_text_reach,
+)
+from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
+from reminders.services.workshop_decisions import (
+    WORKSHOP_EFFECT_LABELS,
+    WORKSHOP_SKIP_LABELS,
+    WorkshopDecisionResult,
+    WorkshopPreview,
+    workshop_cancel_preview,
+    workshop_reinstate_preview,
+    workshops_cancel,
+    workshops_reinstate,
+)
+from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
+from workshops.placeholders import PLACEHOLDERS
+from workshops.services import (
+    TEXT_FIELDS,
+    enrollment_cancel,
+    enrollment_create,
+    workshop_create,
+    workshop_update,
+)
+
+Status = Reminder.Status
+
+
+class EnrollmentInline(admin.TabularInline):
+    model = Enrollment
+    form = EnrollmentInlineForm
+    formset = EnrollmentInlineFormSet
+    extra = 0
+    can_delete = False
+    fields = ("attendee", "status", "created_at_utc")
+    readonly_fields = ("created_at_utc",)
+    autocomplete_fields = ("attendee",)
+    show_change_link = True
+    created_at_utc = utc_column("created_at", "Enrolled")
+
+
+class WorkshopTextInline(admin.StackedInline):
+    """The workshop's reminder text in other languages (saved as they are: nothing follows)."""
+
+    model = WorkshopText
+    extra = 0
+    fields = ("language", "reminder_subject", "reminder_intro")
+    formfield_overrides = {
+        models.TextField: {"widget": forms.Textarea(attrs={"rows": 4, "cols": 80})}
+    }
+
+
+def placeholder_help() -> str:
+    """The placeholders staff may use, as the admin lists them next to the text fields."""
+    return format_html_join(
+        ", ", "<code>{{{}}}</code> ({})", ((name, what) for name, what in PLACEHOLDERS.items())
+    )
+
+
+@admin.register(Workshop)
+class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
+    """Workshops with their reminders counted by status, the reminder preview and the decisions."""
+
+    form = WorkshopForm
+    list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
+    actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
+    change_form_template = "admin/reminders/workshop/change_form.html"
+    list_filter = ("status", ("starts_at", admin.DateFieldListFilter), "timezone")
+    search_fields = ("title",)
+    date_hierarchy = "starts_at"
+    inlines = [WorkshopTextInline, EnrollmentInline]
+    save_as = True
+    readonly_fields = (
+        "status",
+        "start_local",
+        "start_utc",
+        "created_at_utc",
+        "updated_at_utc",
+        "reminder_counts",
+        "text_reach",
+    )
+    fieldsets = (
+        (
+            None,
+            {"fields": ("title", "timezone", "starts_at", "ends_at", "start_local", "start_utc")},
+        ),
+        (
+            "What reminders show",
+            {
+                "fields": ("location", "join_url", "contact_name", "contact_email"),
+                "description": "Shown in every reminder not yet sent, and in its calendar file. "
+                "Replies to a reminder go to the organiser's email.",
+            },
+        ),
+        (
+            "Reminder text",
+            {
+                "fields": ("language", "reminder_subject", "reminder_intro", "text_reach"),
+                "description": format_html(
+                    "Written in the workshop's language; texts in other languages go below. "
+                    "A change reaches only reminders not yet claimed: each reminder keeps the "
+                    "text it had when a worker first took it. Placeholders: {}.",
+                    placeholder_help(),
+                ),
+            },
+        ),
+        (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
+    )
+    created_at_utc = utc_column("created_at", "Created")
+    updated_at_utc = utc_column("updated_at", "Updated")
+
+    @admin.display(description="Start (workshop's zone)", ordering="starts_at")
+    def start_local(self, obj: Workshop) -> str:
+        return format_local(obj.starts_at, obj.zone) if obj.starts_at else "-"
+
+    @admin.display(description="Start (UTC)", ordering="starts_at")
+    def start_utc(self, obj: Workshop) -> str:
+        return format_utc(obj.starts_at)
+
+    def save_model(self, request, obj: Workshop, form, change: bool) -> None:
+        """Save through workshop_create / workshop_update, never ``obj.save()``."""
+        values = {name: form.cleaned_data[name] for name in WorkshopForm.Meta.fields}
+        if change:
+            saved = workshop_update(workshop=obj, **values)
+        else:
+            # Also "Save as new": the copy is a new workshop with nothing of the
+            # original but the form's fields; its reminders are planned fresh.
+            saved = workshop_create(**values)
+        # The admin carries on with ``obj`` (inlines, change log, redirect).
+        for model_field in Workshop._meta.concrete_fields:
+            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
+        obj._state.adding = False
+        obj._state.db = saved._state.db
+        if change and set(form.changed_data) & TEXT_FIELDS:
+            _rows, unclaimed, frozen = workshop_text_reach(obj)
+            self.message_user(
+                request,
+                f"The new text reaches {plural(unclaimed, 'reminder')} not yet claimed; "
+                f"{kept_text(frozen)}.",
+                messages.INFO,
+            )
+
+    def save_formset(self, request, form, formset, change: bool) -> None:
+        if formset.model is not Enrollment:
+            return super().save_formset(request, form, formset, change)
+        workshop = form.instance
+        formset.save(commit=False)
+        for enrollment in formset.new_objects:
+            # A cancelled row in a copy ("Save as new") is not carried over.
+            if enrollment.status == Enrollment.Status.ACTIVE:
+                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+        for enrollment, changed in formset.changed_objects:
+            if "status" not in changed:
+                continue
+            if enrollment.status == Enrollment.Status.CANCELLED:
+                enrollment_cancel(enrollment=enrollment)
+            else:
+                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+        return None
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        # Staff cancel a workshop instead; one with enrollments (and so reminders and
+        # their history) is never deleted.
+        return super().has_delete_permission(request, obj) and not has_enrollments(obj)
+
+    def get_actions(self, request):
+        return without_bulk_delete(super().get_actions(request))
+
+    @admin.display(description="Who gets which text")
+    def text_reach(self, obj: Workshop) -> str:
+        """Per language of the enrolled attendees, the text they get; and what an edit reaches."""
+        if obj.pk is None:
+            return "-"
+        rows, unclaimed, frozen = workshop_text_reach(obj)
+        summary = format_html(
+            '<p id="text-reach-summary">Saving a changed text reaches <strong>{}</strong>; {}.</p>',
+            plural(unclaimed, "reminder") + " not yet claimed",
+            kept_text(frozen),
+        )
+        if not rows:
+            return summary
+        table = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (r.language_name, r.attendees, r.unclaimed, r.subject_source, r.intro_source)
+                for r in rows
+            ),
+        )
+        return format_html(
+            '{}<table id="text-reach"><thead><tr><th>Language</th><th>Attendees</th>'
+            "<th>Not yet claimed</th><th>Subject</th><th>Intro</th></tr></thead>"
+            "<tbody>{}</tbody></table>",
+            summary,
+            table,
+        )
+
+    def get_urls(self):
+        preview = path(
+            "<path:object_id>/preview/",
+            self.admin_site.admin_view(self.preview_view),
+            name="workshops_workshop_preview",
+        )
+        return [preview, *super().get_urls()]
+
+    def preview_view(self, request, object_id):
+        """Show the reminder a chosen enrolled attendee would get: headers, text, HTML and .ics.
+
+        Read only, and with the view permission: nothing is sent, claimed or
+        stored. A POST ("Send me a test", permission ``send_test_reminder``)
+        queues a test of it to the staff member's own address
+        (reminders.services.testsend) and comes back here.
+        """
+        workshop = self.get_object(request, object_id)
+        if workshop is None:
+            raise Http404("No such workshop.")
+        if not self.has_view_permission(request, workshop):
+            raise PermissionDenied
+        if request.method == "POST":
+            return self._send_test(request, workshop)
+        enrolled = list(
+            Attendee.objects.filter(
+                enrollments__workshop=workshop, enrollments__status=Enrollment.Status.ACTIVE
+            ).order_by("name", "pk")
+        )
+        chosen = None
+        wanted = request.GET.get("attendee", "")
+        if wanted.isdigit():
+            chosen = next((a for a in enrolled if a.pk == int(wanted)), None)
+        error = ""
+        if wanted and chosen is None:
+            error = NOT_ENROLLED
+        chosen = chosen or (enrolled[0] if enrolled else None)
+        preview = (
+            reminder_preview(workshop=workshop, attendee=chosen, now=default_clock().now())
+            if chosen is not None
+            else None
+        )
+        envelope = preview.envelope if preview else None
+        context = {
+            **self.admin_site.each_context(request),
+            "text": preview.text if preview else None,
+            "text_language": language_name(preview.text.language) if preview else "",
+            "frozen": preview.frozen if preview else False,
+            "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
+            "title": f"Preview of the reminder for {workshop.title}",
+            "subtitle": None,
+            "opts": self.model._meta,
+            "original": workshop,
+            "enrolled": enrolled,
+            "chosen": chosen,
+            "error": error,
+            "envelope": envelope,
+            "ics": envelope.attachments[0].content.decode() if envelope else "",
+        }
+        return TemplateResponse(request, "admin/reminders/workshop/preview.html", context)
+
+    def _send_test(self, request, workshop):
+        if not request.user.has_perm("reminders.send_test_reminder"):
+            raise PermissionDenied
+        wanted = request.POST.get("attendee", "")
+        back = reverse("admin:workshops_workshop_preview", args=[workshop.pk])
+        attendee = Attendee.objects.filter(pk=int(wanted)).first() if wanted.isdigit() else None
+        if attendee is None:
+            self.message_user(request, "Choose an attendee to test.", messages.ERROR)
+            return HttpResponseRedirect(back)
+        back += f"?{urlencode({'attendee': attendee.pk})}"
+        try:
+            decision = reminder_send_test_request(
+                workshop=workshop, attendee=attendee, actor=request.user
+            )
+        except ValidationError as error:
+            self.message_user(request, " ".join(error.messages), messages.ERROR)
+            return HttpResponseRedirect(back)
+        audit = reverse("admin:reminders_staffdecision_change", args=[decision.pk])
+        self.message_user(
+            request,
+            format_html(
+                "A test of {}'s reminder is on its way to {}; its outcome is on "
+                '<a href="{}">the staff decision</a>.',
+                attendee.name,
+                request.user.email,
+                audit,
+            ),
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(back)
+
+    def get_queryset(self, request):
+        # One query for the whole page: a filtered COUNT per status.
+        return (
+            super()
+            .get_queryset(request)
+            .annotate(
+                **{
+                    f"reminders_{status}": Count("reminders", filter=Q(reminders__status=status))
+                    for status in Status.values
+                }
+            )
+        )
+
+    @admin.display(description="Reminders")
+    def reminder_counts(self, obj: Workshop) -> str:
+        """Link each non-zero status count to the reminders changelist, filtered."""
+        changelist = reverse("admin:reminders_reminder_changelist")
+        counts = [(status, getattr(obj, f"reminders_{status}", 0)) for status in Status.values]
+        links = [
+            (f"{changelist}?{urlencode({'workshop__id__exact': obj.pk, 'status__exact': status})}",
+             count, status)
+            for status, count in counts
+            if count
+        ]  # fmt: skip
+        return format_html_join(", ", '<a href="{}">{}&nbsp;{}</a>', links) if links else "-"
+
+    @admin.action(description="Replay reminders for selected workshops", permissions=["replay"])
+    def replay_for_selected(self, request, queryset):
+        """Preview, then replay the replayable reminders of every selected workshop."""
+        found = 0 if self._selection_state(request)["select_across"] else queryset.count()
+        return self._replay(
+            request,
+            reminders=Reminder.objects.filter(workshop__in=queryset.order_by().values("pk")),
+            action="replay_for_selected",
+            title="Replay reminders of the selected workshops",
+            intro="the reminders of the selected workshops",
+            missing=self._missing(request, found=found, key="workshops_not_found"),
+        )
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm("workshops.cancel_workshop")
+
+    @admin.action(description="Cancel selected workshops", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        """Preview, ask for a reason, then cancel the selected workshops and their reminders."""
+        return self._workshop_decision(
+            request,
+            queryset,
+            action="cancel_selected",
+            preview=workshop_cancel_preview,
+            run=workshops_cancel,
+            title="Cancel the selected workshops",
+            eligible_label="Scheduled workshops that will be cancelled",
+            verb="cancel",
+            explanation="Attendees get no reminder for a cancelled workshop. You can reinstate "
+            "it later: its reminders are then planned again, unless the cutoff has passed.",
+        )
+
+    @admin.action(description="Reinstate selected workshops", permissions=["cancel"])
+    def reinstate_selected(self, request, queryset):
+        """Preview, ask for a reason, then reinstate cancelled workshops and re-plan reminders."""
+        return self._workshop_decision(
+            request,
+            queryset,
+            action="reinstate_selected",
+            preview=workshop_reinstate_preview,
+            run=workshops_reinstate,
+            title="Reinstate the selected workshops",
+            eligible_label="Cancelled workshops that will be scheduled again",
+            verb="reinstate",
+            explanation="Reinstated workshops are scheduled again; a reminder already sent is "
+            "never sent twice.",
+        )
+
+    def _workshop_decision(
+        self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation
+    ):
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = WorkshopDecisionForm(request.POST if confirming else None)
+        if confirming and form.is_valid():
+            result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
+            missing = self._missing(request, found=result.selected, key="workshops_not_found")
+            self.message_user(
+                request,
+                _workshop_message(result, verb=verb, missing=missing),
+                messages.SUCCESS if result.changed else messages.WARNING,
+            )
+            return None
+        counted: WorkshopPreview = preview(workshops=queryset)
+        missing = self._missing(request, found=counted.selected, key="workshops_not_found")
+        skipped = {**counted.skipped, **missing}
+        return self._decision_page(
+            request,
+            title=title,
+            action=action,
+            noun="workshop",
+            explanation=explanation,
+            preview=counted,
+            eligible_label=eligible_label,
+            effect_rows=[
+                (label, counted.effects[key])
+                for key, label in WORKSHOP_EFFECT_LABELS.items()
+                if key in counted.effects
+            ],
+            skipped_rows=[
+                (label, skipped[key])
+                for key, label in {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}.items()
+                if skipped.get(key)
+            ],
+            submit_label=f"Yes, {verb} {plural(counted.eligible, 'workshop')}",
+            form=form,
+        )
+
+
+def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dict) -> str:
+    done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
+    what = {"cancel": "cancelled", "reinstate": "planned again or marked missed or unknown"}[verb]
+    text = (
+        f"{done} {plural(result.changed, 'workshop')}; "
+        f"{plural(result.reminders, 'reminder')} {what}. The decision is recorded."
+    )
+    skipped = {**result.skipped, **missing}
+    labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
+    parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
+    return text + (f" Skipped: {', '.join(parts)}." if parts else "")

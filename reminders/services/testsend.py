@@ -1,0 +1,74 @@
+"""Ask for a test of one attendee's reminder, sent to the staff member asking.
+
+``reminder_send_test_request`` checks the staff member's address, records a
+StaffDecision (``send_test``, ``running``) and queues it after commit; a
+worker sends it (reminders/worker/testsend.py). The attendee's real reminder
+is untouched.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from django.core.exceptions import ValidationError
+from django.db import transaction
+
+from clock import Clock, default_clock
+from delivery.addresses import address_problem
+from reminders import queue
+from reminders.models import StaffDecision
+from workshops.models import Enrollment
+
+# Also the preview's answer to an attendee not enrolled (the reminder preview).
+NOT_ENROLLED = "That attendee is not enrolled in this workshop; choose one from the list."
+
+# A test send may take this long on the worker, limiter wait included.
+TEST_SEND_BUDGET = 60.0
+# Written on the decision while the worker that claimed it sends.
+SENDING = "sending"
+
+
+def reminder_send_test_request(
+    *,
+    workshop,
+    attendee,
+    actor,
+    clock: Clock | None = None,
+    publish_task: Callable[[int], object] | None = None,
+) -> StaffDecision:
+    """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
+
+    Raise ``ValidationError`` saying what to do when the staff member has no
+    usable address or the attendee is not enrolled; nothing is recorded then.
+    """
+    clock = clock or default_clock()
+    address = (actor.email or "").strip()
+    problem = address_problem(address) if address else "it is empty"
+    if problem is not None:
+        raise ValidationError(
+            f"Your user's email address cannot receive a test ({problem}); set it on your "
+            "user in the admin (Users) and try again.",
+            code="no_staff_address",
+        )
+    enrolled = Enrollment.objects.filter(
+        workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
+    ).exists()
+    if not enrolled:
+        raise ValidationError(NOT_ENROLLED, code="not_enrolled")
+    with transaction.atomic(durable=True):
+        decision = StaffDecision.objects.create(
+            action=StaffDecision.Action.SEND_TEST,
+            state=StaffDecision.State.RUNNING,
+            actor=actor if actor.pk else None,
+            actor_name=actor.get_username(),
+            created_at=clock.now(),
+            reason=f"test of attendee {attendee.pk}'s reminder, to {address}",
+            selected=1,
+            changed=0,
+            queued=1,
+            workshop_ids=[workshop.pk],
+            selection_ids=[attendee.pk],
+        )
+        publish = publish_task or queue.publish_test
+        transaction.on_commit(lambda: publish(decision.pk))
+    return decision

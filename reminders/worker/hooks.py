@@ -1,0 +1,72 @@
+"""The worker's signal handlers, connected when config/celery.py imports this module.
+
+Each handler imports what it needs when it runs, so loading the Celery app
+loads no Django model.
+"""
+
+from __future__ import annotations
+
+from celery.signals import (
+    worker_init,
+    worker_process_shutdown,
+    worker_ready,
+    worker_shutdown,
+    worker_shutting_down,
+)
+
+
+@worker_init.connect
+def prepare_main_process(sender, **kwargs) -> None:
+    """Before the pool forks: the shutdown flag, the metrics server, lock timeouts, a warm send path.
+
+    Pool processes share the pages loaded here with the parent; ``gc.freeze``
+    keeps the collector from touching (and so copying) them.
+    """
+    import gc
+
+    import aiohttp  # noqa: F401  (the http channel's client)
+    import aiosmtplib  # noqa: F401  (the smtp channel's client)
+    import redis.asyncio  # noqa: F401  (the limiter's client)
+
+    from reminders import content, locks
+    from reminders.worker import pipeline, shutdown, telemetry  # noqa: F401  (the send path)
+
+    shutdown.prepare()
+    telemetry.start(getattr(sender, "hostname", "") or "")
+    locks.serve_as_worker()
+    content.warm_up()
+    gc.collect()
+    gc.freeze()
+
+
+@worker_ready.connect
+def start_scan_lane(sender, **kwargs) -> None:
+    """Run scans in a thread of the main process, never behind delivery (scanlane.py)."""
+    from reminders.worker import scanlane
+
+    scanlane.start(sender.app, hostname=getattr(sender, "hostname", "") or "")
+
+
+@worker_shutting_down.connect
+def announce_shutdown(sender, **kwargs) -> None:
+    """Stop running batches from starting new calls; runs in a signal handler, so only sets flags."""
+    from reminders.worker import scanlane, shutdown
+
+    shutdown.announce()
+    scanlane.stop()
+
+
+@worker_shutdown.connect
+def finish_scan(sender, **kwargs) -> None:
+    """Let a running scan finish before the main process exits (up to 30 s)."""
+    from reminders.worker import scanlane
+
+    scanlane.join()
+
+
+@worker_process_shutdown.connect
+def close_kept_connections(**kwargs) -> None:
+    """Close a pool process's kept provider connections as it exits (bridge.py)."""
+    from reminders.worker import bridge
+
+    bridge.close_kept_session()

@@ -1,0 +1,84 @@
+"""Send the test a staff member asked for (reminders/services/testsend.py), on a worker.
+
+Addressed to the staff member under a key of its own (``test-<decision id>``),
+through the one sync/async crossing (bridge.py); it never touches a reminder
+row. A redelivered task sends nothing more: one conditional UPDATE claims the
+decision before the send.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import timedelta
+
+from django.conf import settings
+
+from clock import Clock, default_clock
+from reminders.content import preview_envelope
+from reminders.models import StaffDecision
+from reminders.services.testsend import SENDING, TEST_SEND_BUDGET
+from reminders.worker import bridge
+from workshops.models import Attendee, Enrollment, Workshop
+
+logger = logging.getLogger(__name__)
+
+
+def reminder_send_test_run(*, decision_id: int, clock: Clock | None = None) -> StaffDecision:
+    """Send the test a decision asks for, once, and write how it ended on the decision."""
+    clock = clock or default_clock()
+    claimed = StaffDecision.objects.filter(
+        pk=decision_id,
+        action=StaffDecision.Action.SEND_TEST,
+        state=StaffDecision.State.RUNNING,
+        outcome="",
+    ).update(outcome=SENDING)
+    decision = StaffDecision.objects.select_related("actor").get(pk=decision_id)
+    if not claimed:
+        return decision  # sent (or being sent) by an earlier delivery of the task
+    sent, outcome = _send(decision, clock=clock)
+    StaffDecision.objects.filter(pk=decision_id).update(
+        outcome=outcome, state=StaffDecision.State.DONE, changed=int(sent)
+    )
+    logger.info("Test send %s by %s: %s", decision_id, decision.actor_name, outcome)
+    decision.refresh_from_db()
+    return decision
+
+
+def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
+    """Send the test; return whether the provider accepted it, and what to write down."""
+    try:
+        workshop = Workshop.objects.get(pk=decision.workshop_ids[0])
+        attendee = Attendee.objects.get(pk=decision.selection_ids[0])
+    except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
+        return False, "not sent: the workshop or the attendee no longer exists"
+    # Judged as they are now, not as they were when the test was asked for: a
+    # preview of a reminder that will never go out would mislead the tester.
+    if workshop.status != Workshop.Status.SCHEDULED:
+        return False, "not sent: the workshop is cancelled, so its reminders will not go out"
+    enrolled = Enrollment.objects.filter(
+        workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
+    ).exists()
+    if not enrolled:
+        return False, "not sent: the attendee is no longer enrolled in this workshop"
+    address = decision.actor.email.strip() if decision.actor else ""
+    if not address:
+        return False, "not sent: the staff member's user is gone or has no email address"
+    now = clock.now()
+    real = preview_envelope(workshop=workshop, attendee=attendee, now=now)
+    envelope = dataclasses.replace(
+        real,
+        reminder_id=0,
+        key=f"test-{decision.pk}",
+        recipient=address,
+        recipient_name=decision.actor_name,
+        subject=f"[Test] {real.subject}",
+        deadline_at=now + timedelta(seconds=TEST_SEND_BUDGET),
+        payload={**real.payload, "test": "true", "reminder_id": "0"},
+    )
+    [result] = bridge.deliver_envelopes(
+        [envelope], channel=settings.REMINDERS_CHANNEL, clock=clock, budget=TEST_SEND_BUDGET
+    )
+    if result.ok:
+        return True, f"sent to {address} as {result.message_id or 'the provider accepted it'}"
+    return False, f"not sent ({result.outcome}): {result.error}"[:2000]
