@@ -1,13 +1,7 @@
 """Render a claimed reminder into a delivery envelope (sync, before any async work).
 
-A message is the reminder's frozen text (reminders.models.MessageText: the
-language, subject and intro chosen at the first claim, placeholders still in
-braces) filled with the workshop's and attendee's facts as they are now, and
-the fixed lines (when, where, join link, organiser) in the same language,
-built here in Python with every value escaped in the HTML part. Times are shown in the attendee's zone (else the workshop's)
-with the zone's abbreviation for that date, so a reminder for a workshop on a
-daylight-saving day says CEST or CET correctly. An iCalendar file with the
-start in UTC is attached.
+The body is the reminder's frozen text (MessageText) filled with the facts as
+they are now. Times are in the attendee's zone, else the workshop's.
 """
 
 from __future__ import annotations
@@ -33,8 +27,7 @@ from reminders.models import MessageText, Reminder, reminder_key
 from reminders.policy import ReminderPolicy
 from workshops.placeholders import fill
 
-# The built-in subject and intro, in braces like staff text; translated in
-# locale/ and frozen, as they read at the first claim, into MessageText.
+# Translated in locale/; frozen into MessageText as they read at the first claim.
 DEFAULT_SUBJECT = gettext_noop("Reminder: {workshop_title} starts {start_local}")
 DEFAULT_INTRO = gettext_noop(
     'Hello {attendee_name},\n\nthis is a reminder that "{workshop_title}" starts on {start_local}.'
@@ -43,8 +36,7 @@ Source = MessageText.Source
 
 
 def warm_up() -> None:
-    """Look up every language's words now (a worker's parent does it before the pool forks,
-    so the children share them instead of each loading the catalogs)."""
+    """Load every language's words (before a worker's pool forks, so children share them)."""
     for code, _name in settings.LANGUAGES:
         _words(code)
 
@@ -53,23 +45,18 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())
 
 
-# Mail readers show plain text as it comes; lines are wrapped here (RFC 5322
-# asks for 78 characters at most; 72 leaves room for a reply's quoting).
+# RFC 5322 asks for 78 characters at most; 72 leaves room for a reply's quoting.
 TEXT_WIDTH = 72
 
 
 def wrap_text(text: str) -> str:
-    """Wrap each line of ``text`` at TEXT_WIDTH, never inside a word or a link.
-
-    Blank lines (paragraph breaks) stay; a word longer than the width, such as
-    a join link, stays whole on a line of its own.
-    """
+    """Wrap each line at TEXT_WIDTH, never inside a word: a long link keeps a line of its own."""
     wrapped = []
     for line in text.splitlines():
         if len(line) <= TEXT_WIDTH:
             wrapped.append(line)
             continue
-        # Greedy, word by word: textwrap's chunking cost about 0.1 ms a reminder.
+        # Greedy, word by word: textwrap is too slow per reminder.
         current = ""
         for word in line.split():
             if not current:
@@ -102,18 +89,15 @@ def reminder_language(*, workshop, attendee) -> str:
 
 
 def language_name(code: str) -> str:
-    """The name settings.LANGUAGES gives a language code (the code itself if it has none)."""
+    """Return the name settings.LANGUAGES gives ``code``, else the code itself."""
     return dict(settings.LANGUAGES).get(code, code)
 
 
 def choose_text(*, workshop, attendee, texts=None) -> MessageText:
-    """Return the text ``attendee`` gets for ``workshop`` if its reminder were claimed now,
-    as an unsaved MessageText with its digest.
+    """Return the unsaved MessageText ``attendee`` would get for ``workshop`` if claimed now.
 
-    ``texts`` maps language codes to the workshop's WorkshopText rows (read
-    from the database when not given). The attendee's language picks a text
-    of that language if the workshop has one, else the workshop's own text; a
-    blank subject or intro is the built-in one in the attendee's language.
+    The workshop's text in the attendee's language, else its own; a blank subject
+    or intro is the built-in one. ``texts`` maps languages to WorkshopText rows.
     """
     language = reminder_language(workshop=workshop, attendee=attendee)
     if texts is None:
@@ -138,13 +122,11 @@ def choose_text(*, workshop, attendee, texts=None) -> MessageText:
 
 
 def local_start(moment: datetime, zone: ZoneInfo, language: str = "en") -> str:
-    """Return ``moment`` as a reminder shows a start: the date and time where ``zone`` is,
-    and the zone's abbreviation for that date, in ``language``."""
+    """Return ``moment`` as a reminder shows a start: local to ``zone``, with its abbreviation."""
     return _when(moment.astimezone(zone), _words(language))
 
 
-# The fixed lines' labels: each language's are looked up once per process
-# (_words), not once per reminder.
+# The fixed lines' labels, looked up once per language and process (_words).
 LABELS = {
     "when": gettext_noop("When:"),
     "until": gettext_noop("Until:"),
@@ -160,8 +142,7 @@ ELSEWHERE = gettext_noop(", which is %(start_workshop)s where it is held (%(work
 
 @dataclass(frozen=True, slots=True)
 class _Words:
-    """One language's texts, labels, date formats and day and month names, looked up once
-    per process (and before the fork in a worker: reminders.content.warm_up)."""
+    """One language's texts, labels, date formats and names, looked up once per process."""
 
     default_subject: str
     default_intro: str
@@ -200,10 +181,9 @@ _CODES = frozenset("ldjFYHi")
 
 
 def _parse(fmt: str) -> tuple[tuple[str, str], ...]:
-    """Split a Django date format into (code, "") and ("", literal) parts, once per language.
+    """Split a Django date format into (code, "") and ("", literal) parts.
 
-    Only l, d, j, F, Y, H and i are understood; a backslash quotes the next
-    character, and any other character stands for itself.
+    Only the _CODES are understood; a backslash quotes the next character.
     """
     parts: list[tuple[str, str]] = []
     quoted = False
@@ -222,8 +202,7 @@ def _parse(fmt: str) -> tuple[tuple[str, str], ...]:
 
 
 def _format(local: datetime, parts: tuple[tuple[str, str], ...], words: _Words) -> str:
-    """Format ``local`` by parsed parts (Django's dateformat.format costs about 70 us a call,
-    most of it resolving lazy day and month names; these come from ``words``)."""
+    """Format ``local`` by parsed parts, with day and month names from ``words``."""
     fields = {
         "l": words.weekdays[local.weekday()],
         "d": f"{local.day:02d}",
@@ -247,8 +226,7 @@ def _until(local_end: datetime, local_start: datetime, words: _Words) -> str:
 
 
 def _bdi(value: str) -> str:
-    """A filled value in the HTML part: escaped and isolated, so a right-to-left name cannot
-    reorder its line."""
+    """Escape and isolate a value, so a right-to-left name cannot reorder its line."""
     return f"<bdi>{escape(value)}</bdi>"
 
 
@@ -268,11 +246,7 @@ def _organiser_line(values: dict[str, str], *, html: bool) -> str:
 
 
 def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
-    """The plain text part: the filled intro, then the fixed lines in the message's language.
-
-    Built in Python, not by a template: Django's template engine cost about
-    60 % of a reminder's rendering, and these lines have no logic to share.
-    """
+    """Return the plain text part: the filled intro, then the fixed lines."""
     label = words.labels
     lines = [
         fill(text.intro, values),
@@ -292,7 +266,7 @@ def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
 
 
 def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
-    """The HTML part: inline styles only, everything escaped, names and titles in <bdi>."""
+    """Return the HTML part: inline styles only, everything escaped, names in <bdi>."""
     label = words.html_labels
     details = [
         f"<strong>{label['when']}</strong> {escape(values['start_local'])} "
@@ -327,14 +301,12 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
 def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
     """Return the envelope for a reminder whose attendee and workshop are loaded.
 
-    The text is ``text`` if given, else the reminder's frozen one, else (a
-    reminder never claimed) the one it would be frozen with now. ``send_by``
-    is the claim's deadline on this host's clock (``Claim.send_by``), which the
-    engine enforces; it is not part of the content.
-    Deterministic: the same rows give byte-identical content, whenever it runs.
+    The text is ``text``, else the frozen one, else the one a claim would freeze
+    now. ``send_by`` (``Claim.send_by``) is not content. Deterministic: the same
+    rows give byte-identical content, whenever it runs.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
-    # From the start the claim's own statement read: no copy on the row.
+    # From the workshop's start, as the claim judges it: no row stores a copy.
     deadline = ReminderPolicy.from_settings().deadline_at(workshop.starts_at)
     if text is None:
         text = reminder.text if reminder.text_id else None
@@ -427,19 +399,14 @@ def list_id() -> str:
     return f"Workshop reminders <reminders.{sender_domain()}>"
 
 
-# Every line break Python's str.splitlines() knows, as one escaped "\\n" each.
+# Every line break str.splitlines() knows.
 _ICS_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
-# Other control characters are not allowed in a TEXT value (RFC 5545, 3.1): dropped.
+# Other controls are not allowed in a TEXT value (RFC 5545, 3.1).
 _ICS_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
 
 
 def _ics_text(value: str) -> str:
-    """Escape text for an iCalendar property value (RFC 5545, 3.3.11).
-
-    Every kind of line break, Unicode's line and paragraph separators included,
-    becomes the escaped ``\\n``; other control characters are dropped (a tab
-    stays), so no value can end its line or start a property of its own.
-    """
+    """Escape text for an iCalendar value (RFC 5545, 3.3.11): no value can break its line."""
     value = value.replace("\\", "\\\\").replace(";", "\\;").replace(",", "\\,")
     return _ICS_CONTROLS.sub("", _ICS_BREAKS.sub("\\\\n", value))
 
@@ -453,7 +420,7 @@ def _ics_param(value: str) -> str:
 def _fold(line: str) -> str:
     """Fold a content line at 75 octets without splitting a UTF-8 character."""
     if len(line) <= 75 and (line.isascii() or len(line.encode()) <= 75):
-        return line  # most lines: nothing to fold
+        return line
     out, current = [], ""
     for char in line:
         limit = 75 if not out else 74
@@ -471,10 +438,7 @@ def _ics_time(moment: datetime) -> str:
 
 
 def workshop_ics(*, reminder: Reminder, language: str | None = None) -> bytes:
-    """Return an iCalendar (.ics) invitation for the reminder's workshop (deterministic).
-
-    Its one sentence is in ``language``, the message's (default: the project's).
-    """
+    """Return the .ics invitation for the reminder's workshop, its sentence in ``language``."""
     workshop = reminder.workshop
     words = _words(language or settings.LANGUAGE_CODE)
     held_in = words.held_in.replace("{zone}", workshop.timezone)
@@ -486,9 +450,7 @@ def workshop_ics(*, reminder: Reminder, language: str | None = None) -> bytes:
         "BEGIN:VEVENT",
         # One event per attendee's copy, stable under its idempotency key.
         f"UID:{key_digest(reminder.key)}@workshop-reminders",
-        # When this reminder's invitation was first made: the same on every
-        # retry, requeue and replay, so one idempotency key always carries
-        # byte-identical content (a receiver may compare key and body).
+        # Fixed at creation, so one idempotency key always carries identical bytes.
         f"DTSTAMP:{_ics_time(reminder.created_at)}",
         f"DTSTART:{_ics_time(workshop.starts_at)}",
         f"DTEND:{_ics_time(workshop.ends_at)}",
@@ -519,13 +481,10 @@ class Preview:
 
 
 def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
-    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now``.
+    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only).
 
-    Read only. The planned reminder is used when there is one (its key,
-    creation time and frozen text, so the .ics and body are the ones that
-    would be sent; frozen: it keeps that text whatever staff edit); otherwise
-    an unsaved one with the key it would get, made ``now``, and the text its
-    first claim would freeze.
+    The planned reminder is used if there is one, so the bytes are those that
+    would be sent; else an unsaved one with the key it would get, made ``now``.
     """
     reminder = (
         Reminder.objects.filter(workshop=workshop, attendee=attendee).select_related("text").first()
@@ -535,7 +494,6 @@ def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
             pk=0,
             key=reminder_key(attendee_id=attendee.pk, workshop_id=workshop.pk),
             created_at=now,
-            deadline_at=ReminderPolicy.from_settings().deadline_at(workshop.starts_at),
         )
     reminder.workshop, reminder.attendee = workshop, attendee
     frozen = reminder.text_id is not None

@@ -4,6 +4,7 @@ receive, in their zone, with nothing sent, claimed or stored."""
 from __future__ import annotations
 
 import html
+from datetime import timedelta
 
 import pytest
 
@@ -88,3 +89,21 @@ def test_the_change_page_links_to_the_preview(client, viewer, workshop):
     client.force_login(viewer)
     page = client.get(f"/admin/workshops/workshop/{workshop.pk}/change/").content.decode()
     assert _url(workshop) in page
+
+
+def test_the_preview_of_an_attendee_whose_reminder_is_not_planned_yet_shows_it(
+    client, viewer, make_workshop
+):
+    """A workshop beyond the planning lead has no reminder rows yet: the preview still shows
+    the message its attendee will get, with the deadline the policy gives its start."""
+    workshop = make_workshop(title="Glazing", starts_in=timedelta(days=30))
+    person, _ = attendee_get_or_create(email="p@example.com", name="Pia")
+    enrollment_create(attendee=person, workshop=workshop)
+    assert not Reminder.objects.filter(workshop=workshop).exists()
+    client.force_login(viewer)
+
+    page = client.get(_url(workshop, attendee=person.pk))
+
+    assert page.status_code == 200
+    assert "Reminder: Glazing starts" in page.content.decode()
+    assert not Reminder.objects.filter(workshop=workshop).exists()
