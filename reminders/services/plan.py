@@ -1,11 +1,7 @@
 """Plan reminders, and keep unsent ones in step with their workshop and enrollment.
 
-``reminders_plan`` creates rows; ``reminders_follow_workshop`` and
-``reminders_follow_enrollment`` run inside the workshops app's transactions
-(through workshops.signals) when staff cancel, move or re-enrol. Rows that a
-worker holds (``sending``) are left to that worker: it learns of the change
-before its next provider call (reminders.worker.bridge's claim watch) and its record
-re-derives the row's fate (reminders.services.fate).
+``sending`` rows are left to their worker: its claim watch stops further calls
+and its record re-derives the row's fate (reminders.services.fate).
 """
 
 from __future__ import annotations
@@ -60,16 +56,11 @@ _PLAN_COLUMNS = (
 
 
 def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet | None:
-    """Return the enrollments of the workshops in the lead window, by an explicit id list.
+    """Return the enrollments of the workshops in the lead window, or None if there are none.
 
-    The scan's plan reads those workshops first (``workshop_status_start``)
-    and hands PostgreSQL their ids as one array, so the INSERT's plan starts
-    from the window's enrollments (``enrollment_workshop_status``) whatever
-    ANALYZE sampled. Joined instead, the planner sometimes read every
-    enrollment and looked each workshop up by primary key: 2-3 s at a million
-    enrollments instead of a few hundred ms (docs/benchmarks.md,
-    bench/scan_million.py). Return None when no workshop is in the window.
-    On SQLite (the local run) the join stays.
+    On PostgreSQL the workshops' ids go as one array, so the INSERT's plan starts
+    from their enrollments whatever ANALYZE sampled (joined, the planner may read
+    every enrollment).
     """
     if connection.vendor != "postgresql":
         return Enrollment.objects.all()
@@ -152,17 +143,15 @@ def reminders_plan(
 ) -> int:
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
-    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING`` statement, whatever the
-    number of workshops (for the scan, after one read of the ids of the
-    workshops in the window: ``_in_window_workshops``); the unique constraint
-    on (attendee, workshop) decides
-    between concurrent scans, so two overlapping plans create each row once.
-    Reminders whose deadline has already passed are created as ``missed``
-    with ``late_reason``, never as sendable. Return how many rows were created.
+    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: the unique constraint on
+    (attendee, workshop) makes overlapping plans create each row once. Rows past
+    their deadline are created ``missed`` with ``late_reason``. Return how many
+    were created.
     """
     clock = clock or default_clock()
     policy = policy or ReminderPolicy.from_settings()
     now = database_now(clock)
+    scanning = enrollments is None
     if enrollments is None:
         enrollments = _in_window_workshops(now=now, policy=policy)
         if enrollments is None:
@@ -177,9 +166,7 @@ def reminders_plan(
         )
         created = cursor.rowcount
     if created:
-        logger.log(
-            logging.INFO if enrollments is None else logging.DEBUG, "Planned %s reminders", created
-        )
+        logger.log(logging.INFO if scanning else logging.DEBUG, "Planned %s reminders", created)
     return created
 
 
@@ -189,13 +176,7 @@ def reminders_follow_workshop(
     """Bring a workshop's unsent reminders in line with its new state, at once.
 
     Runs inside the workshop service's transaction (workshops.signals), which
-    has already written the workshop row and holds its lock until commit, so
-    the settle reads the workshop as it commits. It is for the admin's sake:
-    the scan's settle would reach the same rows within a scan, and the claim
-    judges each row again from the workshop when it takes it. ``sending``
-    rows are their worker's: it learns of the change before its next
-    provider call (reminders.worker.bridge's claim watch) and its record re-derives
-    the row's fate (reminders.services.fate).
+    holds the workshop row's lock until commit.
     """
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
     reminders_settle(clock=clock, scope=Q(workshop=workshop), late_reason=late_reason)
@@ -204,13 +185,7 @@ def reminders_follow_workshop(
 
 
 def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None = None) -> None:
-    """Cancel, revive or plan the reminder of one enrollment, inside its transaction.
-
-    Re-enrolled after cancelling, the cancelled reminder becomes sendable
-    again if the workshop's start allows it, else it says why it will not be
-    sent; judged by the settle from the workshop row, not from the caller's
-    copy of it.
-    """
+    """Cancel, revive or plan the reminder of one enrollment, inside its transaction."""
     reminders_settle(clock=clock, scope=Q(enrollment=enrollment))
     if enrollment.status == Enrollment.Status.ACTIVE:
         reminders_plan(
