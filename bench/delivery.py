@@ -8,7 +8,7 @@ Runs, against ``loopback.http_sink`` in its own process (answering after
 
 1. baseline: sends one at a time with a blocking client, as one Celery task
    per reminder would;
-2. fan-out: ``--count`` envelopes through ``deliver_sync`` and the http
+2. fan-out: ``--count`` envelopes through a ``Session`` and the http
    channel with ``--concurrency`` calls in flight; the bound is
    concurrency / delay;
 3. rate-limited: ``--rate-count`` envelopes at ``--rate`` starts per second
@@ -41,7 +41,7 @@ from pathlib import Path
 import httpx
 
 from clock import SystemClock
-from delivery import DeliveryLimits, Envelope, Outcome, deliver_sync
+from delivery import DeliveryLimits, Envelope, Outcome, Session
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.channels.http import encode_body, signed_headers
 from delivery.limiter import DEFAULT_MARGIN, LocalRateLimiter, RedisRateLimiter
@@ -142,13 +142,10 @@ def run_fan_out(
     settings = HttpSettings(url=sink.url, secret=SECRET, max_connections=concurrency)
     policy = DeliveryLimits(concurrency=concurrency, call_timeout=10, max_attempts=3, budget=600)
     began = clock.monotonic()
-    results = deliver_sync(
-        batch,
-        lambda: HttpChannel(settings, clock=clock),
-        policy=policy,
-        clock=clock,
-        limiter_factory=limiter_factory,
-    )
+    with Session(
+        lambda: HttpChannel(settings, clock=clock), clock=clock, limiter_factory=limiter_factory
+    ) as session:
+        results = session.deliver(batch, policy=policy)
     elapsed = clock.monotonic() - began
     sent = sum(result.outcome is Outcome.SENT for result in results)
     return count / elapsed, sent
@@ -251,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             import redis
 
             with redis.Redis.from_url(args.redis_url) as client:
-                client.delete(cleanup.starts_key, cleanup.pause_key, cleanup.due_key)
+                client.delete(cleanup.next_key, cleanup.pause_key)
         else:
             print(f"redis limiter  skipped: no Redis at {args.redis_url}")
             verdicts.append(False)

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -89,15 +88,3 @@ def env_list(name: str, default: Iterable[str] = ()) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def env_zone(name: str, default: str) -> str:
-    """Return the variable if it names an IANA time zone."""
-    value = env_str(name, default)
-    try:
-        ZoneInfo(value)
-    except (ZoneInfoNotFoundError, ValueError):
-        raise ImproperlyConfigured(
-            f"{name} must be an IANA time zone name such as 'Europe/Berlin'; got {value!r}."
-        ) from None
-    return value

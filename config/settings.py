@@ -283,8 +283,6 @@ try:
     )
 except ValueError as exc:
     raise ImproperlyConfigured(str(exc)) from None
-# A batch's longest healthy run: budget, then drain, close and record.
-REMINDERS_BATCH_MAX_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.work)
 # The claim lease outlasts Celery's hard time limit (below), so a live worker
 # never loses a claim it still holds; only a dead one's claims are reaped.
 REMINDERS_LEASE_SECONDS = math.ceil(REMINDERS_TIME_BOUNDS.lease)

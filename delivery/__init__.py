@@ -5,11 +5,8 @@ contract enforces it). Its only crossing between synchronous and
 asynchronous code is this one, in a Celery task:
 
 1. prepare envelopes with the ORM (claim rows, build ``Envelope`` values);
-2. call ``deliver_sync(envelopes, channel_factory, policy=..., clock=...)``,
-   which runs one fresh event loop for the batch and returns when every task
-   of it has ended; or, for a job delivered in chunks, open one
-   ``Session(channel_factory, clock=...)`` and call its ``deliver`` per
-   chunk, so the chunks share one loop, channel and limiter;
+2. open one ``Session(channel_factory, clock=...)`` (delivery.session) and call
+   its ``deliver`` per chunk, so the chunks share one loop, channel and limiter;
 3. record the ``DeliveryResult`` values with the ORM afterwards.
 
 No ORM call happens inside the loop (a session's loop runs only inside
@@ -20,7 +17,7 @@ Public API
 ``Envelope``, ``Attachment``           the input (frozen)
 ``DeliveryLimits``                     concurrency, timeouts, retries, budget
 ``Channel``                            protocol; implementations in ``delivery.channels``
-``deliver`` / ``deliver_sync``         run a batch (async / from sync code)
+``deliver``                            run a batch inside an event loop
 ``Session``                            several batches from sync code on one loop and channel
 ``DeliveryResult``, ``Outcome``        the output, one per envelope, in order
 ``summarise`` -> ``Summary``           successes / failures / unfinished by reminder id
@@ -49,8 +46,8 @@ traceback, and counted as possibly delivered. The engine's own call timeout
 ends a call ``TIMED_OUT``; it is retried only where keys make that safe.
 
 ``deliver`` itself raises only when the batch cannot run at all: the same
-reminder id twice (``ValueError``). ``deliver_sync`` also raises
-``RuntimeError`` when called inside a running event loop.
+reminder id twice (``ValueError``). A ``Session`` raises ``RuntimeError``
+when opened inside a running event loop.
 
 Where cancellation lands
 ------------------------
@@ -68,7 +65,7 @@ deadlines, monotonic time for timeouts, backoff and rate windows.
 """
 
 from delivery.channel import Channel
-from delivery.engine import Session, deliver, deliver_sync
+from delivery.engine import deliver
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.errors import (
     DeliveryError,
@@ -83,6 +80,7 @@ from delivery.errors import (
 )
 from delivery.limits import DeliveryLimits
 from delivery.results import DeliveryResult, Outcome, Summary, summarise
+from delivery.session import Session
 
 __all__ = [
     "Attachment",
@@ -104,6 +102,5 @@ __all__ = [
     "Summary",
     "TransientError",
     "deliver",
-    "deliver_sync",
     "summarise",
 ]

@@ -22,12 +22,31 @@ from typing import Any
 import pytest
 
 from clock import Clock, FakeClock, SystemClock
-from delivery import Envelope
+from delivery import DeliveryLimits, DeliveryResult, Envelope, Session
 from loopback.http_sink import HttpSink
 from loopback.smtp_sink import SmtpSink
 
 START = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 CLOCK_TASKS = {"FakeClock.autojump"}
+
+
+def deliver_once(
+    envelopes,
+    channel_factory,
+    *,
+    policy: DeliveryLimits,
+    clock: Clock,
+    limiter_factory=None,
+    **kwargs,
+) -> list[DeliveryResult]:
+    """Run one batch from synchronous code on a Session of its own, then close it."""
+    with Session(
+        channel_factory,
+        clock=clock,
+        limiter_factory=limiter_factory,
+        close_timeout=policy.close_timeout,
+    ) as session:
+        return session.deliver(envelopes, policy=policy, **kwargs)
 
 
 def run(coroutine: Coroutine[Any, Any, Any]) -> Any:

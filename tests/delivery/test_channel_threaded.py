@@ -7,9 +7,10 @@ import threading
 
 import pytest
 
-from delivery import DeliveryLimits, Outcome, PermanentError, TransientError, deliver_sync
+from delivery import DeliveryLimits, Outcome, PermanentError, TransientError
 from delivery.channels import ThreadedChannel
 from delivery.channels.smtp import translate_smtplib_error
+from tests.delivery.conftest import deliver_once
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -33,7 +34,7 @@ def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
 
     envelopes = [make_real_envelope() for _ in range(12)]
 
-    results = deliver_sync(
+    results = deliver_once(
         envelopes,
         lambda: ThreadedChannel("django-mail", send),
         policy=DeliveryLimits(concurrency=4),
@@ -62,7 +63,7 @@ def test_a_timed_out_thread_is_reported_and_left_to_finish_in_the_background(
         return channels[-1]
 
     began = system_clock.monotonic()
-    [result] = deliver_sync(
+    [result] = deliver_once(
         [make_real_envelope()],
         factory,
         policy=DeliveryLimits(call_timeout=0.2),
@@ -95,7 +96,7 @@ def test_errors_raised_in_the_thread_are_classified_like_any_channel_error(
     def send(envelope):
         raise error
 
-    [result] = deliver_sync(
+    [result] = deliver_once(
         [make_real_envelope()],
         lambda: ThreadedChannel("django-mail", send),
         policy=DeliveryLimits(max_attempts=3, backoff_base=0.01),
@@ -125,7 +126,7 @@ def test_smtplib_errors_from_a_blocking_sender_are_translated_by_reply_code(
                 raise translate_smtplib_error(exc) from exc
             return "ok"
 
-        results = deliver_sync(
+        results = deliver_once(
             [refused, greylisted],
             lambda: ThreadedChannel("django-mail", send),
             policy=DeliveryLimits(max_attempts=3, backoff_base=0.01),

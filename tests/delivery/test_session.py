@@ -5,15 +5,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import signal
 import threading
 
 import pytest
 
-from delivery import DeliveryLimits, Outcome, Session, deliver_sync
+from delivery import DeliveryLimits, Outcome, Session
 from delivery.channels import MemoryChannel
-from delivery.engine import Interrupted
 from delivery.limiter import LocalRateLimiter
+from delivery.session import Interrupted
 from tests.delivery.conftest import run
 
 pytestmark = pytest.mark.timeout(30)
@@ -223,43 +222,6 @@ def test_deliver_needs_the_session_open(system_clock, make_real_envelope):
     session = Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock)
     with pytest.raises(RuntimeError, match="use 'with Session"):
         session.deliver([make_real_envelope()], policy=DeliveryLimits())
-
-
-def test_an_interruption_while_the_channel_closes_still_hands_back_the_results(
-    system_clock, make_real_envelope
-):
-    """deliver_sync closes its session after the batch: a soft time limit landing in the
-    QUIT must not lose outcomes that are already known."""
-
-    class SlowToClose(MemoryChannel):
-        async def __aexit__(self, *exc_info):
-            await asyncio.sleep(0.6)
-            return await super().__aexit__(*exc_info)
-
-    class Alarm(Exception):
-        pass
-
-    def raise_alarm(signum, frame):
-        raise Alarm
-
-    channel = SlowToClose(clock=system_clock)
-    previous = signal.signal(signal.SIGALRM, raise_alarm)
-    try:
-        signal.setitimer(signal.ITIMER_REAL, 0.3)  # the send takes milliseconds
-        with pytest.raises(Interrupted) as caught:
-            deliver_sync(
-                [make_real_envelope()],
-                lambda: channel,
-                policy=DeliveryLimits(),
-                clock=system_clock,
-            )
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-    assert isinstance(caught.value.cause, Alarm)
-    assert [r.outcome for r in caught.value.results] == [Outcome.SENT]
-    assert channel.closed == 1  # the close ran to its end all the same
 
 
 def test_a_limiter_that_fails_to_build_never_leaves_a_batch_without_its_limit(

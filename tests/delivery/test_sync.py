@@ -1,4 +1,4 @@
-"""deliver_sync: the one sync/async crossing, used by the Celery task."""
+"""A Session run for one batch from synchronous code: the crossing the Celery task uses."""
 
 from __future__ import annotations
 
@@ -8,15 +8,15 @@ import threading
 
 import pytest
 
-from delivery import DeliveryLimits, Outcome, deliver_sync
+from delivery import DeliveryLimits, Outcome
 from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
-from tests.delivery.conftest import run
+from tests.delivery.conftest import deliver_once, run
 
 pytestmark = pytest.mark.timeout(30)
 
 
-def test_deliver_sync_runs_a_batch_on_a_fresh_event_loop(system_clock, make_real_envelope):
+def test_a_session_runs_a_batch_on_an_event_loop_of_its_own(system_clock, make_real_envelope):
     """The channel is built inside the batch's loop and closed before the call returns."""
     built: list[MemoryChannel] = []
 
@@ -25,7 +25,7 @@ def test_deliver_sync_runs_a_batch_on_a_fresh_event_loop(system_clock, make_real
         built.append(MemoryChannel(clock=system_clock))
         return built[-1]
 
-    results = deliver_sync(
+    results = deliver_once(
         [make_real_envelope() for _ in range(3)],
         channel_factory,
         policy=DeliveryLimits(),
@@ -36,9 +36,9 @@ def test_deliver_sync_runs_a_batch_on_a_fresh_event_loop(system_clock, make_real
     assert (built[0].opened, built[0].closed) == (1, 1)
 
 
-def test_deliver_sync_refuses_to_run_inside_a_running_event_loop(system_clock, make_real_envelope):
+def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock, make_real_envelope):
     async def inside_a_loop():
-        deliver_sync(
+        deliver_once(
             [make_real_envelope()],
             lambda: MemoryChannel(clock=system_clock),
             policy=DeliveryLimits(),
@@ -68,7 +68,7 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
     began = system_clock.monotonic()
     try:
         with caplog.at_level(logging.ERROR, logger="delivery"):
-            results = deliver_sync(
+            results = deliver_once(
                 envelopes,
                 channel_factory,
                 policy=DeliveryLimits(concurrency=3, call_timeout=30),
@@ -88,16 +88,14 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
     assert "left" not in caplog.text  # the leftover-task guard found nothing
 
 
-def test_deliver_sync_builds_and_closes_the_limiter_inside_the_loop(
-    system_clock, make_real_envelope
-):
+def test_a_session_builds_and_closes_the_limiter_inside_its_loop(system_clock, make_real_envelope):
     closed: list[bool] = []
 
     class TrackedLimiter(LocalRateLimiter):
         async def aclose(self):
             closed.append(True)
 
-    results = deliver_sync(
+    results = deliver_once(
         [make_real_envelope()],
         lambda: MemoryChannel(clock=system_clock),
         policy=DeliveryLimits(),
@@ -110,7 +108,7 @@ def test_deliver_sync_builds_and_closes_the_limiter_inside_the_loop(
 
 
 @pytest.mark.parametrize("kind", ["http", "smtp"])
-def test_a_real_channel_batch_through_deliver_sync_leaves_no_task_behind(
+def test_a_real_channel_batch_through_a_session_leaves_no_task_behind(
     kind, system_clock, make_real_envelope, http_sink, smtp_sink, caplog
 ):
     """The guard that reaps leftover tasks finds none after a real network batch."""
@@ -124,7 +122,7 @@ def test_a_real_channel_batch_through_deliver_sync_leaves_no_task_behind(
         return SmtpChannel(settings, clock=system_clock)
 
     with caplog.at_level(logging.ERROR, logger="delivery"):
-        results = deliver_sync(
+        results = deliver_once(
             [make_real_envelope() for _ in range(20)],
             factory,
             policy=DeliveryLimits(concurrency=10),

@@ -1,0 +1,383 @@
+"""The synchronous side of the crossing: a Session runs batches on an event loop of its own.
+
+A worker keeps one Session for a whole job (claim, send, record, next chunk):
+the chunks share the loop, the provider connections and the rate limiter's
+client. The loop runs only while ``deliver`` runs, so the caller's
+synchronous work (the ORM) never overlaps it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import queue
+import random as _random
+import threading
+from collections.abc import Callable, Iterable
+
+from clock import Clock
+from delivery.channel import Channel
+from delivery.engine import Flag, deliver
+from delivery.envelope import Envelope
+from delivery.gate import Gate
+from delivery.limiter import RateLimiter
+from delivery.limits import DeliveryLimits
+from delivery.observer import Observer
+from delivery.results import DeliveryResult
+
+__all__ = ["Interrupted", "Session"]
+
+logger = logging.getLogger("delivery")
+
+# The FakeClock's helper task may outlive a batch by a few loop turns.
+_CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
+# The names of the tasks a batch itself starts (delivery.hedge names its own).
+_ENGINE_TASK_PREFIXES = ("delivery.", "hedge:")
+
+
+class Interrupted(Exception):
+    """The calling thread was interrupted (e.g. a soft time limit) while a batch ran.
+
+    The batch was stopped as by a stop signal and ran to its end; ``results``
+    holds its outcomes, to be recorded before ``cause`` is raised again.
+    """
+
+    def __init__(self, results: list[DeliveryResult], cause: BaseException) -> None:
+        super().__init__(f"batch interrupted by {cause!r}; {len(results)} results kept")
+        self.results = results
+        self.cause = cause
+
+
+class Session:
+    """One event loop, channel and rate limiter kept for several batches run from synchronous code.
+
+    The synchronous side of the crossing: a caller that delivers a large job
+    in chunks (claim, send, record, next chunk) opens one session for the
+    job, so the chunks share one event loop, one set of provider
+    connections (SMTP sessions, an HTTP connection pool) and one rate
+    limiter client instead of opening and closing them per chunk. The loop
+    runs only while ``deliver`` runs: between chunks nothing asynchronous
+    happens, so the caller's synchronous work (the ORM) never overlaps it.
+
+    Use it as a context manager; leaving it closes the channel (bounded by
+    ``close_timeout``) and the limiter inside the loop, then the loop. The
+    channel is opened at the first chunk that needs it and, if that fails,
+    tried again at the next. Not for use from inside a running event loop
+    (``RuntimeError``), nor from two threads at once.
+    """
+
+    def __init__(
+        self,
+        channel_factory: Callable[[], Channel],
+        *,
+        clock: Clock,
+        limiter_factory: Callable[[], RateLimiter] | None = None,
+        close_timeout: float = 5.0,
+    ) -> None:
+        self._channel_factory = channel_factory
+        self._limiter_factory = limiter_factory
+        self._clock = clock
+        self._close_timeout = close_timeout
+        self._jobs: queue.SimpleQueue | None = None
+        self._thread: threading.Thread | None = None
+        # Built inside the loop at the first chunk (their connections belong to it).
+        self._channel: _KeptOpen | None = None
+        self._limiter: RateLimiter | None = None
+
+    def __enter__(self) -> Session:
+        _refuse_inside_a_loop("Session")
+        self._jobs = queue.SimpleQueue()
+        self._stopped = threading.Event()  # set when the loop's thread ends
+        # The loop has a thread of its own: the calling thread stays free to tick.
+        self._thread = threading.Thread(target=self._serve, name="delivery-loop", daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc_type is None:
+            self.close()
+            return
+        # Leaving on an exception: that one goes on; a failure to close is logged.
+        try:
+            self.close()
+        except BaseException:
+            logger.warning("Delivery session did not close cleanly", exc_info=True)
+
+    def close(self) -> None:
+        """Close the channel and the limiter inside the loop, then end the loop (idempotent).
+
+        An exception raised into the calling thread meanwhile (a soft time
+        limit) is raised once everything is closed and the loop's thread
+        has ended.
+        """
+        if self._thread is None:
+            return
+        cause: BaseException | None = None
+        try:
+            self._run(self._close_resources, stop=None, tick=None, tick_interval=0.25)
+        except BaseException as exc:
+            cause = exc  # raised into the wait: the close ran to its end all the same
+        assert self._jobs is not None
+        self._jobs.put(None)
+        while True:
+            # As in _run: an Event, which an exception raised into the wait
+            # cannot leave half-updated, as it can a Thread.join.
+            try:
+                self._stopped.wait()
+                break
+            except BaseException as exc:
+                cause = cause or exc
+        self._thread.join()
+        self._thread = None
+        if cause is not None:
+            raise cause
+
+    def deliver(
+        self,
+        envelopes: Iterable[Envelope],
+        *,
+        policy: DeliveryLimits,
+        stop: Flag | None = None,
+        random: Callable[[], float] = _random.random,
+        gate: Gate | None = None,
+        tick: Callable[[], None] | None = None,
+        tick_interval: float = 0.25,
+        observer: Observer | None = None,
+    ) -> list[DeliveryResult]:
+        """Run one batch on the session's loop and return one result per envelope (blocking).
+
+        The calling thread waits for the loop and, every ``tick_interval``
+        seconds meanwhile, calls ``tick`` (the caller's chance to refresh
+        ``gate`` with its own, synchronous, resources). ``stop`` is any object
+        with ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event``
+        set by another process); it is bridged into the loop. The batch runs
+        in the caller's context (its context variables, such as the claim
+        its log lines carry: reminders/worker/logcontext.py).
+
+        An exception raised in the calling thread while it waits (a Celery
+        soft time limit, KeyboardInterrupt) stops the batch as ``stop`` would;
+        once the batch has ended, ``Interrupted`` is raised with its results
+        and the cause.
+        """
+        if self._thread is None:
+            raise RuntimeError("Session.deliver() needs the session open: use 'with Session(...)'.")
+        envelopes = list(envelopes)
+        interrupt = threading.Event()
+        stops = [flag for flag in (stop, interrupt) if flag is not None]
+        # The batch's loop and its stop event, once it runs: the calling thread
+        # sets that event when it finds a flag set, at each tick and when it is
+        # interrupted, so the loop needs no timer of its own to look.
+        running: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
+
+        async def batch() -> list[DeliveryResult]:
+            channel, limiter = self._resources()
+            async_stop = asyncio.Event()
+            running.append((asyncio.get_running_loop(), async_stop))
+            return await _deliver_with_stops(
+                envelopes,
+                channel,
+                policy=policy,
+                clock=self._clock,
+                limiter=limiter,
+                stops=stops,
+                async_stop=async_stop,
+                random=random,
+                gate=gate,
+                observer=observer,
+            )
+
+        def wake() -> None:
+            if running and any(flag.is_set() for flag in stops):
+                loop, async_stop = running[0]
+                loop.call_soon_threadsafe(async_stop.set)
+
+        return self._run(batch, stop=interrupt, tick=tick, tick_interval=tick_interval, wake=wake)
+
+    def _resources(self) -> tuple[_KeptOpen, RateLimiter | None]:
+        if self._channel is None:
+            # Both or neither: a limiter that failed to build must never leave
+            # later batches running with the channel and no limit.
+            limiter = self._limiter_factory() if self._limiter_factory is not None else None
+            channel = _KeptOpen(self._channel_factory())
+            self._channel, self._limiter = channel, limiter
+        return self._channel, self._limiter
+
+    async def _close_resources(self) -> None:
+        channel, self._channel = self._channel, None
+        limiter, self._limiter = self._limiter, None
+        try:
+            if channel is not None:
+                await channel.close(self._clock, self._close_timeout)
+        finally:
+            if limiter is not None:
+                try:
+                    await limiter.aclose()
+                except Exception:
+                    logger.warning("Rate limiter did not close cleanly", exc_info=True)
+            await _reap_leftovers(engine_only=False)
+
+    def _run(self, job, *, stop, tick, tick_interval: float, wake=None):
+        """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking.
+
+        ``wake`` is called after each tick and after ``stop`` is set: the batch's
+        chance to learn of a stop flag set meanwhile.
+        """
+        assert self._jobs is not None
+        outcome: dict[str, object] = {}
+        # Waiting on an Event, not on a queue or a join: an exception raised into
+        # the wait by a signal handler leaves the Event's state true.
+        finished = threading.Event()
+        queued = False
+        cause: BaseException | None = None
+        while True:
+            # Every statement from the hand-over to the end of the wait sits inside
+            # the try: an exception raised by a signal handler can land on any of them.
+            try:
+                if not queued:
+                    self._jobs.put((job, contextvars.copy_context(), outcome, finished))
+                    queued = True
+                while not finished.wait(tick_interval):
+                    if tick is not None:
+                        tick()
+                    if wake is not None:
+                        wake()
+                break
+            except BaseException as exc:
+                if not queued:
+                    raise  # nothing was handed over
+                # Stop the batch, let it finish (drain and all), then report.
+                if stop is not None:
+                    stop.set()
+                if wake is not None:
+                    wake()
+                cause = cause or exc
+        if "error" in outcome:
+            raise outcome["error"]  # type: ignore[misc]
+        result = outcome["result"]
+        if cause is not None:
+            if result is None:  # the close: no results to hand back
+                raise cause
+            raise Interrupted(result, cause)  # type: ignore[arg-type]
+        return result
+
+    def _serve(self) -> None:
+        assert self._jobs is not None
+        try:
+            with asyncio.Runner() as runner:
+                while (job := self._jobs.get()) is not None:
+                    coroutine_function, context, outcome, finished = job
+                    try:
+                        outcome["result"] = runner.run(coroutine_function(), context=context)
+                    except BaseException as exc:  # handed to the calling thread
+                        outcome["error"] = exc
+                    finally:
+                        finished.set()
+        finally:
+            self._stopped.set()
+
+
+class _KeptOpen:
+    """A channel opened once for a session: a batch's enter and exit leave it open."""
+
+    def __init__(self, channel: Channel) -> None:
+        self.channel = channel
+        self.name = getattr(channel, "name", type(channel).__name__)
+        self.honours_idempotency_keys = bool(getattr(channel, "honours_idempotency_keys", False))
+        self.max_concurrency = getattr(channel, "max_concurrency", None)
+        self.is_open = False
+
+    async def __aenter__(self) -> _KeptOpen:
+        if not self.is_open:
+            await self.channel.__aenter__()
+            self.is_open = True
+        return self
+
+    async def __aexit__(self, exc_type, exc, tb) -> None:
+        return None
+
+    async def send(self, envelope: Envelope) -> str:
+        return await self.channel.send(envelope)
+
+    async def close(self, clock: Clock, seconds: float) -> None:
+        if not self.is_open:
+            return
+        self.is_open = False
+        try:
+            async with clock.timeout(seconds):
+                await self.channel.__aexit__(None, None, None)
+        except Exception:
+            # The results are already decided; a failed QUIT must not lose them.
+            logger.warning("Channel %s did not close cleanly", self.name, exc_info=True)
+
+
+def _refuse_inside_a_loop(what: str) -> None:
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        return
+    raise RuntimeError(
+        f"{what} was used from inside a running event loop, which it would block; "
+        "await delivery.deliver() there instead."
+    )
+
+
+async def _deliver_with_stops(
+    envelopes: list[Envelope],
+    channel: Channel,
+    *,
+    policy: DeliveryLimits,
+    clock: Clock,
+    limiter: RateLimiter | None,
+    stops: list[Flag],
+    async_stop: asyncio.Event,
+    random: Callable[[], float],
+    gate: Gate | None,
+    observer: Observer | None,
+) -> list[DeliveryResult]:
+    if any(flag.is_set() for flag in stops):
+        async_stop.set()
+    results = await deliver(
+        envelopes,
+        channel,
+        policy=policy,
+        clock=clock,
+        limiter=limiter,
+        stop=async_stop,
+        random=random,
+        gate=gate,
+        observer=observer,
+        flags=stops,
+    )
+    await _reap_leftovers()
+    return results
+
+
+async def _reap_leftovers(*, engine_only: bool = True) -> None:
+    """Cancel and await any task still running that should not be; the engine leaves none.
+
+    After each batch of a session only the engine's own tasks count (named
+    ``delivery.*`` and ``hedge:*``): the channel stays open and may own tasks of its own,
+    such as a DNS lookup aiohttp shields from a cancelled request. When the
+    session closes, every task does.
+    """
+    current = asyncio.current_task()
+    leftovers = [
+        task
+        for task in asyncio.all_tasks()
+        if task is not current
+        and task.get_name() not in _CLOCK_TASK_NAMES
+        and (not engine_only or task.get_name().startswith(_ENGINE_TASK_PREFIXES))
+    ]
+    if not leftovers:
+        return
+    if engine_only:
+        logger.error("Delivery left %d tasks running; cancelling them", len(leftovers))
+    else:
+        # The channel's own, still running after it closed: its cleanup, not ours.
+        logger.warning(
+            "%d tasks still ran when the session closed; cancelling them", len(leftovers)
+        )
+    for task in leftovers:
+        task.cancel()
+    await asyncio.gather(*leftovers, return_exceptions=True)
