@@ -1,18 +1,10 @@
 """The one place where synchronous and asynchronous code meet.
 
-Everything above this module is synchronous: the admin, the services, the
-ORM, the Celery task. Everything below it is asyncio: the delivery engine and
-its channels (package ``delivery``, which never imports Django). The crossing
-is ``deliver_envelopes``: a Celery task that has claimed reminders and built
-their envelopes with the ORM calls it, it runs the chunk on the batch's event
-loop (a ``delivery.Session`` from ``delivery_session``, which keeps the loop,
-the provider connections and the limiter's client from one chunk to the next)
-and returns plain results, which the task then records with the ORM. No ORM
-call happens while the loop runs (between chunks it does not run at all); no
-coroutine escapes it.
-
-This module also turns Django settings into the engine's plain values
-(channel settings, policy, rate limiter), so the engine never reads settings.
+Above it: the admin, the services, the ORM, the Celery tasks. Below it: the
+asyncio delivery engine (package ``delivery``, which never imports Django).
+``deliver_envelopes`` runs a chunk on the batch's event loop and returns plain
+results: no ORM call happens while the loop runs, and no coroutine escapes it.
+It also turns Django settings into the engine's plain values.
 """
 
 from __future__ import annotations
@@ -34,12 +26,12 @@ from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
 from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_error
 from delivery.channels.threaded import ThreadedChannel
-from delivery.engine import Session
 from delivery.envelope import Envelope
 from delivery.limiter import RateLimiter, RedisRateLimiter
 from delivery.limits import DeliveryLimits
 from delivery.message import message_id_for
 from delivery.results import DeliveryResult
+from delivery.session import Session
 from reminders.content import sender_domain
 from reminders.services.watch import WATCH_INTERVAL, ClaimWatch
 from reminders.worker import telemetry
@@ -92,9 +84,7 @@ def send_with_django(envelope: Envelope) -> str:
         with get_connection(fail_silently=False) as connection:
             sent = connection.send_messages([message])
     except Exception as exc:
-        # smtplib errors become the engine's transient or permanent errors, so
-        # a refused recipient is "failed", not an unknown outcome (unless an
-        # earlier call of it got no answer: reminder_verdict).
+        # Mapped to the engine's errors, a refused recipient is "failed", not unknown.
         raise translate_smtplib_error(exc) from exc
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")
@@ -148,10 +138,8 @@ def _channel_values(name: str):
 def check_channel(name: str, *, clock: Clock) -> int:
     """Build the named channel once, so a bad setting fails before any reminder is claimed.
 
-    Raise ``ValueError`` naming the setting (channel constructors do no I/O).
-    Return how many provider calls may really be in flight at once: the
-    smaller of REMINDERS_CONCURRENCY and the channel's own limit (an SMTP
-    connection carries one message at a time).
+    Raise ``ValueError`` naming the setting. Return how many calls may really be
+    in flight at once: REMINDERS_CONCURRENCY, capped by the channel's own limit.
     """
     channel = channel_factory(name, clock=clock)()
     own_limit = getattr(channel, "max_concurrency", None)
@@ -169,10 +157,8 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 
         return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     url = settings.REMINDERS_REDIS_URL
-    # 30 ms of margin per window: a start granted at the edge of a window can
-    # reach a provider on a loaded host that much later. A start its process
-    # wakes for more than one interval late is not made (RedisRateLimiter), so
-    # the margin covers the network and the provider, not long stalls.
+    # The margin covers the network and the provider, not long stalls: the limiter
+    # makes no start its process woke for too late.
     return lambda: RedisRateLimiter(
         url=url,
         account=RATE_LIMIT_ACCOUNT,
@@ -185,11 +171,8 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 def delivery_limits(*, budget: float) -> DeliveryLimits:
     """Return the engine's policy from settings, bounded by what is left of the batch budget.
 
-    At the budget (or a stop) no new call starts, and calls already in flight
-    may finish (the drain), so their outcome is known instead of ``unknown``
-    (a call cut off on SMTP may have reached the server). The drain and the
-    channel's close come from config/timing.py, where Celery's time limits
-    and the lease are derived to sit above them.
+    At the budget no new call starts, and calls in flight may finish within the
+    drain; config/timing.py derives Celery's time limits and the lease above it.
     """
     bounds = settings.REMINDERS_TIME_BOUNDS
     return DeliveryLimits(
@@ -206,20 +189,13 @@ def delivery_limits(*, budget: float) -> DeliveryLimits:
 def delivery_session(*, channel: str, clock: Clock) -> Iterator[Session]:
     """Yield the engine session a Celery batch delivers its chunks on.
 
-    With ``REMINDERS_KEEP_CONNECTIONS`` seconds (the default), the pool
-    process keeps one session from batch to batch: its event loop, its
-    provider connections (SMTP sessions, the HTTP connection pool: on
-    ``https`` a TLS handshake each) and the limiter's Redis client. A
-    session idle for longer than that, or built for other settings, or
-    inherited from another process, is replaced; one left by a batch that
-    raised is closed. With 0, or in any thread but the process's main
-    thread, each batch opens and closes its own. Either
-    way the loop runs only inside ``deliver_envelopes``, so the ORM work
-    between chunks and between batches never overlaps it.
+    With ``REMINDERS_KEEP_CONNECTIONS`` seconds, the process's main thread keeps
+    one session (event loop, provider connections, limiter client) from batch to
+    batch, replaced when idle longer, built for other settings or inherited, and
+    closed when a batch raises; otherwise each batch opens its own.
     """
     keep = float(settings.REMINDERS_KEEP_CONNECTIONS)
-    # Kept by the process's main thread only (a prefork pool process runs its
-    # tasks there); a session serves one thread at a time.
+    # A session serves one thread at a time; a prefork pool process runs tasks in its main one.
     if not keep or threading.current_thread() is not threading.main_thread():
         with _new_session(channel=channel, clock=clock) as session:
             yield session
@@ -299,15 +275,10 @@ def deliver_envelopes(
 ) -> list[DeliveryResult]:
     """Deliver a chunk on the event loop and return one result per envelope (blocking).
 
-    With ``session``, on that session's loop, channel and limiter; without
-    (a staff test send), on one from ``delivery_session`` for this call alone:
-    the process's kept session where it keeps one.
-    ``stop`` is anything with ``is_set()`` (reminders.worker's shutdown flag
-    in a worker). With ``watch``, the claim's rows are read once before the
-    first call and every ``WATCH_INTERVAL`` seconds after, and the engine
-    starts no call for an envelope the watch withdrew. Raises
-    ``delivery.engine.Interrupted`` (with the results) when this thread is
-    interrupted mid-chunk, e.g. by Celery's soft time limit.
+    Without ``session`` (a staff test send), on one from ``delivery_session``.
+    With ``watch``, no call starts for an envelope it withdrew. Raise
+    ``delivery.session.Interrupted`` (with the results) when interrupted
+    mid-chunk, e.g. by Celery's soft time limit.
     """
     if not envelopes:
         return []

@@ -17,8 +17,8 @@ from django.conf import settings
 from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
-from delivery.engine import Interrupted
 from delivery.results import DeliveryResult, Outcome
+from delivery.session import Interrupted
 from reminders import queue
 from reminders.content import reminder_envelope
 from reminders.locks import gave_up_waiting
