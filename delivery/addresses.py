@@ -1,11 +1,7 @@
 """Check recipient addresses and make display text safe for one header line.
 
-Two different rules, on purpose:
-
-- display text (a name, a subject) is data a person typed; a line break in a
-  workshop title is a nuisance, not an attack, so it is folded to a space;
-- an address is an identifier; one with a line break or control character is
-  never "fixed up", the envelope fails permanently instead.
+Display text with a line break is folded to one line; an address with one is
+never fixed up, and its envelope fails permanently.
 """
 
 from __future__ import annotations
@@ -21,18 +17,17 @@ MAX_LOCAL_PART_LENGTH = 64
 
 _ATOM_CHARS = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~.\-\u0080-\U0010ffff]+$")
 _LABEL = re.compile(r"^(?!-)[A-Za-z0-9-]{1,63}(?<!-)$")
-# Unicode's control characters (category Cc: U+0000-U+001F, U+007F-U+009F, NEL
-# included) and the line and paragraph separators.
+# Control characters (category Cc) and the line and paragraph separators.
 _BREAKING = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 
 def clean_header_text(text: str) -> str:
-    """Return ``text`` on one line: control characters become spaces, runs collapse."""
+    """Return ``text`` on one line, control characters turned into spaces."""
     return " ".join(_BREAKING.sub(" ", text).split())
 
 
 def idna_domain(domain: str) -> str | None:
-    """Return ``domain`` in ASCII (punycode), or None when it cannot be encoded."""
+    """Return ``domain`` in punycode, or None if it cannot be encoded."""
     try:
         return domain.encode("idna").decode("ascii")
     except UnicodeError:
@@ -40,11 +35,7 @@ def idna_domain(domain: str) -> str | None:
 
 
 def address_problem(address: str) -> str | None:
-    """Return why ``address`` cannot receive mail, or None when it looks deliverable.
-
-    The check is syntactic (dot-atom local part, a dotted domain of valid
-    labels, RFC 5321 lengths); whether the mailbox exists is the provider's call.
-    """
+    """Return why ``address`` is syntactically undeliverable, or None."""
     if not address:
         return "recipient address is empty"
     if any(ch.isspace() or unicodedata.category(ch) == "Cc" for ch in address):

@@ -1,10 +1,8 @@
-"""The immutable input of a delivery: one message for one recipient, with its deadline.
+"""The immutable input of a delivery: one message for one recipient.
 
-Construction rejects programming errors (a naive deadline, a key with a line
-break, a payload value that is not text) with ``TypeError``/``ValueError``.
-Bad *data* (an empty or malformed recipient address) is accepted here and
-becomes a ``PERMANENT`` result when delivered, so one bad row never stops the
-caller from building the rest of its batch.
+Programming errors raise at construction; bad data (a malformed recipient)
+is accepted and becomes a ``PERMANENT`` result, so one bad row never stops
+the rest of a batch.
 """
 
 from __future__ import annotations
@@ -101,21 +99,11 @@ class Attachment:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Envelope:
-    """One message to deliver, built by the caller from database rows.
+    """One message to deliver.
 
-    ``key`` is the stable idempotency key of the reminder, derived by the
-    caller from (attendee, workshop): it becomes the ``Idempotency-Key`` header,
-    the SMTP ``Message-ID`` and the file name, so a re-send is recognisable.
-    ``deadline_at`` is an aware wall-clock instant, part of the content (the
-    http body carries it). No provider call starts at or after ``stop_at``:
-    ``send_by`` when given, else ``deadline_at``. ``send_by`` is the same
-    deadline on the sending host's clock (the caller counts it from what the
-    database's clock said was left), so it is kept out of the content: a
-    retry on another host sends the same bytes. ``payload`` carries extra text fields for the http channel.
-    ``reply_to`` (with ``reply_to_name``) is where a reply goes, and
-    ``list_id`` names the stream of messages (RFC 2919) so readers can filter
-    it; mail channels write them as headers, on one line each, and leave out
-    a ``reply_to`` that is not a usable address.
+    ``send_by`` is the deadline on the sending host's clock, kept out of the
+    content so a retry on another host sends the same bytes. Mail channels
+    leave out a ``reply_to`` that is not a usable address.
     """
 
     reminder_id: int
@@ -135,7 +123,7 @@ class Envelope:
 
     @property
     def stop_at(self) -> datetime:
-        """Return the instant from which no call for this envelope may start."""
+        """Return the instant from which no call may start."""
         return self.send_by or self.deadline_at
 
     def __post_init__(self) -> None:

@@ -1,18 +1,14 @@
-"""Failures a channel reports, and which of them are worth another attempt.
+"""Delivery failures, and which of them the engine retries.
 
-The tree, with what the engine does for each (see ``delivery`` for the whole story)::
-
-    DeliveryError                  base; a channel's account of a failed send
+    DeliveryError                  base
     ├── TransientError             retried with backoff within the deadline
-    │   ├── RateLimitedError       the provider's rate limit (HTTP 429); also pauses the limiter
-    │   ├── OutcomeUnknownError    the request may have been accepted, the answer was lost;
-    │   │                          retried only on channels that honour idempotency keys
+    │   ├── RateLimitedError       provider rate limit (HTTP 429); also pauses the limiter
+    │   ├── OutcomeUnknownError    answer lost; retried only where keys are honoured
     │   └── HedgeTransientError    every hedged endpoint failed, at least one transiently
-    └── PermanentError             never retried (bad address, rejected by the provider)
+    └── PermanentError             never retried
         └── HedgePermanentError    every hedged endpoint failed permanently
 
-``HedgeRefusedError`` (a ``ValueError``) is a programming error, not a delivery
-failure: hedging was asked for across a channel that does not honour keys.
+``HedgeRefusedError`` (a ``ValueError``) is a programming error.
 """
 
 from __future__ import annotations
@@ -33,12 +29,10 @@ __all__ = [
 
 
 class DeliveryError(Exception):
-    """Describe a send that did not succeed.
+    """A failed send.
 
-    ``reached`` is False only when the channel is certain the provider never
-    saw the request (the connection was refused, the input was rejected
-    locally). ``maybe_delivered`` is True when the provider may have accepted
-    the message although the call failed (the answer was lost).
+    ``reached`` is False only when the provider certainly never saw the
+    request; ``maybe_delivered`` is True when it may have accepted it anyway.
     """
 
     def __init__(self, message: str, *, reached: bool = True, maybe_delivered: bool = False):
@@ -52,7 +46,7 @@ class DeliveryError(Exception):
 
 
 class TransientError(DeliveryError):
-    """Report a failure that may succeed later; ``retry_after`` is the provider's hint."""
+    """A failure worth retrying; ``retry_after`` is the provider's hint."""
 
     def __init__(
         self,
@@ -71,26 +65,18 @@ class TransientError(DeliveryError):
 
 
 class RateLimitedError(TransientError):
-    """Report that the provider's account-wide rate limit refused the call.
-
-    The engine pauses the shared rate limiter for ``retry_after`` seconds (one
-    window when absent) so every worker slows down, not just this envelope.
-    """
+    """The provider's rate limit refused the call; the engine pauses the shared limiter."""
 
 
 class OutcomeUnknownError(TransientError):
-    """Report that the request was sent but its answer was lost.
-
-    The provider may have accepted it, so a retry is safe only where the
-    provider deduplicates by idempotency key.
-    """
+    """The request was sent and its answer lost; retry only where keys are honoured."""
 
     def __init__(self, message: str, retry_after: float | None = None):
         super().__init__(message, retry_after, reached=True, maybe_delivered=True)
 
 
 class PermanentError(DeliveryError):
-    """Report a failure that another attempt would repeat."""
+    """A failure that another attempt would repeat."""
 
     def __init__(self, message: str, *, reached: bool = True):
         super().__init__(message, reached=reached, maybe_delivered=False)
@@ -102,11 +88,7 @@ def _describe(failures: tuple[tuple[str, BaseException], ...]) -> str:
 
 
 class HedgeError(DeliveryError):
-    """Base of the errors raised when every hedged endpoint failed.
-
-    ``failures`` holds ``(endpoint name, exception)`` for every endpoint, in the
-    order the endpoints were given.
-    """
+    """Every hedged endpoint failed; ``failures`` holds ``(name, exception)`` pairs in order."""
 
     failures: tuple[tuple[str, BaseException], ...]
 

@@ -1,17 +1,8 @@
-"""The caller's word, kept fresh, on which envelopes may still be sent.
+"""Snapshots of which envelopes were withdrawn since they were claimed.
 
-A batch can run for minutes; meanwhile staff may cancel a workshop or an
-enrollment, or move a workshop so that a rendered message carries the wrong
-time. The caller (which owns the database) re-reads that state in its own
-thread and publishes a snapshot here: the envelopes withdrawn since they were
-claimed, each with a reason. The engine asks the gate right before every
-provider call.
-
-The promise is about time: a call may start only under a snapshot whose read
-began at most ``max_age`` seconds before (on the monotonic clock). A read
-sees every change committed before it began, so no call starts later than
-``max_age`` after a change is committed. When no fresh snapshot is at hand
-(the caller's reads fail or lag), calls wait for one instead of guessing.
+A call may start only under a snapshot whose read began at most ``max_age``
+seconds before, so no call starts later than ``max_age`` after a withdrawal
+is committed. Without a fresh snapshot, calls wait instead of guessing.
 """
 
 from __future__ import annotations
@@ -23,12 +14,11 @@ from clock import Clock
 
 __all__ = ["Gate"]
 
-# How often a call waiting for a fresh snapshot looks again.
 WAIT_POLL_SECONDS = 0.02
 
 
 class Gate:
-    """Withdrawals published from any thread; read by the engine inside its event loop."""
+    """Withdrawals published from any thread, read on the engine's event loop."""
 
     def __init__(self, *, max_age: float, clock: Clock) -> None:
         if not max_age > 0:
@@ -37,15 +27,13 @@ class Gate:
             )
         self.max_age = max_age
         self._clock = clock
-        # One tuple, replaced whole: a reader in another thread sees the old
-        # snapshot or the new one, never half of each.
+        # Replaced whole, so another thread never sees half of each snapshot.
         self._snapshot: tuple[float, Mapping[int, str]] | None = None
 
     def publish(self, withdrawn: Mapping[int, str], *, taken_at: float) -> None:
-        """Record which envelopes may no longer be sent, as read from ``taken_at`` (monotonic).
+        """Record ``withdrawn`` from a read that began at ``taken_at`` (monotonic).
 
-        ``taken_at`` is when the read *began*: anything committed before it
-        is in ``withdrawn``. An older snapshot never replaces a newer one.
+        An older snapshot never replaces a newer one.
         """
         current = self._snapshot
         if current is not None and current[0] > taken_at:
@@ -53,7 +41,7 @@ class Gate:
         self._snapshot = (taken_at, MappingProxyType(dict(withdrawn)))
 
     def withdrawn(self, reminder_id: int) -> str | None:
-        """Return why the envelope was withdrawn in the latest snapshot, fresh or not."""
+        """Return the withdrawal reason in the latest snapshot, fresh or not."""
         current = self._snapshot
         return None if current is None else current[1].get(reminder_id)
 
@@ -62,10 +50,9 @@ class Gate:
         return current is not None and self._clock.monotonic() - current[0] <= self.max_age
 
     async def clearance(self, reminder_id: int) -> str | None:
-        """Wait for a fresh snapshot; return why the envelope is withdrawn, or None to go ahead.
+        """Wait for a fresh snapshot; return the withdrawal reason, or None to go ahead.
 
-        Waits as long as no fresh snapshot arrives: the caller bounds the
-        wait (by the envelope's deadline) and may cancel it.
+        The wait is unbounded; the caller bounds or cancels it.
         """
         while True:
             current = self._snapshot

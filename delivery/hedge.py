@@ -1,14 +1,7 @@
-"""First result wins: send one message to several endpoints, keep the first success.
+"""Send one message to several endpoints and keep the first success.
 
-Hedging trades extra requests for latency and availability, and it is only
-safe where the provider deduplicates by idempotency key: two endpoints may
-both accept the message, and without keys that is two emails. So
-``hedged_send`` refuses unless every channel honours keys, and plain SMTP
-never hedges.
-
-The losers are cancelled as soon as a winner returns: their cleanup runs,
-and they never report "finished". When every endpoint fails, the error lists
-each failure; it is transient when any failure was, permanent otherwise.
+Two endpoints may both accept the message, so hedging is refused unless
+every channel honours idempotency keys.
 """
 
 from __future__ import annotations
@@ -57,12 +50,10 @@ async def hedged_send(
     clock: Clock,
     stagger: float = 0.0,
 ) -> str:
-    """Send ``envelope`` through every channel; return the first message id.
+    """Send ``envelope`` through every open channel; return the first message id.
 
-    With ``stagger`` > 0, channel *i* starts only ``stagger`` seconds after
-    channel *i-1* started, or as soon as it failed, whichever is first: most
-    calls then cost one request, and a slow or failing endpoint is covered.
-    Channels must already be open.
+    Channel *i* starts ``stagger`` seconds after channel *i-1*, or as soon as
+    that one failed.
     """
     check_hedgeable(channels)
     count = len(channels)

@@ -13,7 +13,7 @@ DEFAULT_MAX_ATTEMPTS = 3
 DEFAULT_BACKOFF_BASE = 0.5
 DEFAULT_BACKOFF_MAX = 30.0
 DEFAULT_JITTER = 0.2
-# Below a typical Celery soft time limit (300 s), so a batch stops itself first.
+# Below Celery's soft time limit, so a batch stops itself first.
 DEFAULT_BUDGET = 240.0
 DEFAULT_MIN_CALL_WINDOW = 2.0
 
@@ -40,14 +40,7 @@ def _check_seconds(name: str, value: object, *, allow_zero: bool, hint: str) -> 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeliveryLimits:
-    """How hard and how fast to try.
-
-    ``concurrency`` caps provider calls in flight; ``call_timeout`` bounds one
-    call; ``max_attempts`` caps calls per envelope; the n-th retry waits
-    ``min(backoff_max, backoff_base * 2**(n-1))`` reduced by up to ``jitter``
-    (a fraction) at random, and at least the provider's ``retry_after``;
-    ``budget`` bounds the whole batch, after which it stops like a stop signal.
-    """
+    """How hard and how fast to try; ``budget`` bounds the whole batch."""
 
     concurrency: int = DEFAULT_CONCURRENCY
     call_timeout: float = DEFAULT_CALL_TIMEOUT
@@ -56,19 +49,14 @@ class DeliveryLimits:
     backoff_max: float = DEFAULT_BACKOFF_MAX
     jitter: float = DEFAULT_JITTER
     budget: float = DEFAULT_BUDGET
-    #: Seconds that calls already in flight may still take once the budget is
-    #: used up (no new call starts meanwhile); 0 cancels them at once. On a
-    #: channel without idempotency keys a cancelled call is an unknown outcome,
-    #: so letting it finish (within ``call_timeout``) keeps outcomes known.
+    #: Seconds calls in flight may still take once the budget is used up; 0
+    #: cancels them, which leaves their outcome unknown on keyless channels.
     drain: float = 0.0
-    #: Seconds the channel may take to close (SMTP QUIT, HTTP pool shutdown)
-    #: once the batch has ended; the results are decided before it.
+    #: Seconds the channel may take to close; results are decided before it.
     close_timeout: float = DEFAULT_CALL_TIMEOUT
-    #: A call is not started with less than this many seconds left before the
-    #: reminder's deadline: a provider slower than what is left cuts it off at
-    #: the deadline, when it may have reached the provider and cannot be
-    #: repeated (after the deadline not even under an idempotency key). The
-    #: reminder ends not sent (missed), and known, instead. 0 disables it.
+    #: No call starts with less than this many seconds before the deadline, as
+    #: a call cut off there has an unknown outcome that cannot be retried. 0
+    #: disables it.
     min_call_window: float = DEFAULT_MIN_CALL_WINDOW
 
     def __post_init__(self) -> None:
@@ -114,11 +102,10 @@ class DeliveryLimits:
         )
 
     def backoff(self, retry: int, *, draw: float, retry_after: float | None = None) -> float:
-        """Return the wait before retry number ``retry`` (1 for the first retry).
+        """Return the wait before retry number ``retry`` (1 for the first).
 
-        ``draw`` is a number in [0, 1) from the injected random source. Jitter
-        only shortens the wait, so ``backoff_max`` is never exceeded and
-        workers that failed together do not retry together.
+        ``draw`` is in [0, 1); jitter only shortens the wait, so ``backoff_max``
+        is never exceeded.
         """
         exponent = min(max(retry - 1, 0), 62)
         delay = min(self.backoff_max, self.backoff_base * 2.0**exponent)

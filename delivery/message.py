@@ -1,22 +1,8 @@
-"""Write RFC 5322 messages from envelopes, safely, as 7-bit bytes.
+"""Write RFC 5322 messages from envelopes as 7-bit CRLF bytes.
 
-The message is written directly, not through the stdlib ``email`` package,
-whose header objects and generator cost more than everything else a worker
-does per reminder (35 % of a pool process's samples on smtp). What it wrote
-is kept: the same headers, the same MIME tree (``multipart/mixed`` around
-``multipart/alternative`` around the text and HTML parts), CRLF line
-endings, and nothing but 7-bit ASCII. ``tests/delivery/test_message.py``
-parses what this module writes with the ``email`` package and compares it,
-header by header and part by part, with the ``email`` package's own build.
-
-Header injection is impossible by construction: display text (names,
-subjects) is folded onto one line by ``clean_header_text`` before it reaches
-a header, addresses were checked by ``address_problem``, and non-ASCII text
-becomes RFC 2047 encoded words (bodies quoted-printable, attachments base64).
-
-The ``Message-ID`` is derived from the envelope's key, so every attempt and
-every re-send of one reminder carries the same id and a duplicate is
-recognisable downstream.
+Header text is folded onto one line and non-ASCII text encoded, so no header
+can be injected. The output matches the stdlib ``email`` package's build
+(tests/delivery/test_message.py).
 """
 
 from __future__ import annotations
@@ -46,8 +32,7 @@ __all__ = [
 CRLF = "\r\n"
 # RFC 5322 2.1.1: lines SHOULD be at most 78 characters; an encoded word at most 75.
 LINE = 78
-# Raw bytes per base64 encoded word: "=?utf-8?b?" + 56 characters + "?=" is 68, so
-# "Reply-To: " (the longest name that carries one) and a word fit in 78.
+# Raw bytes per base64 encoded word, so "Reply-To: " and one word fit in LINE.
 _WORD_BYTES = 42
 # Characters a display name may carry bare (RFC 5322 atext and spaces).
 _BARE_PHRASE = re.compile(r"^[A-Za-z0-9!#$%&'*+/=?^_`{|}~ -]*$")
@@ -56,7 +41,7 @@ _QP_LINE = 76
 
 
 def key_digest(key: str) -> str:
-    """Return a short, stable, file-name-safe digest of an idempotency key."""
+    """Return a short, stable, file-name-safe digest of ``key``."""
     return hashlib.sha256(key.encode("utf-8")).hexdigest()[:32]
 
 
@@ -97,7 +82,7 @@ def parse_sender(from_email: str, *, setting: str) -> Sender:
 
 @dataclass(frozen=True, slots=True)
 class Message:
-    """A written message: its bytes (CRLF, 7-bit) and the ASCII recipient for RCPT TO."""
+    """A written message and the ASCII recipient for RCPT TO."""
 
     data: bytes
     recipient: str
@@ -112,13 +97,13 @@ def _ascii_recipient(address: str) -> tuple[str, str]:
             reached=False,
         )
     ascii_domain = idna_domain(domain)
-    if ascii_domain is None:  # address_problem already rejected this in the engine
+    if ascii_domain is None:  # already rejected by address_problem
         raise PermanentError(f"recipient {address!r} has an invalid domain", reached=False)
     return local, ascii_domain
 
 
 def _reply_to(envelope: Envelope) -> str | None:
-    """Return the Reply-To mailbox, or None when there is none or it cannot be written."""
+    """Return the Reply-To mailbox, or None when there is none usable."""
     if not envelope.reply_to or address_problem(envelope.reply_to) is not None:
         return None
     local, _, domain = envelope.reply_to.rpartition("@")
@@ -132,12 +117,7 @@ _last_date: tuple[tuple[datetime, object], str] | None = None
 
 
 def _date(date: datetime) -> str:
-    """Return ``format_datetime(date)``, computed once per second and offset.
-
-    The text is the wall time to the second and the offset, exactly what the
-    key holds, and a busy channel writes many messages in the same second
-    (it was a tenth of the writer's CPU).
-    """
+    """Return ``format_datetime(date)``, cached per second and offset."""
     global _last_date
     key = (date.replace(microsecond=0, tzinfo=None), date.utcoffset())
     last = _last_date  # one read: another thread may replace it meanwhile
@@ -155,8 +135,8 @@ def write_message(
 ) -> Message:
     """Return the email for ``envelope``.
 
-    Raise ``PermanentError(reached=False)`` for a recipient that cannot be
-    written as ASCII (plain SMTP without SMTPUTF8).
+    Raise ``PermanentError(reached=False)`` for a recipient not writable in
+    ASCII (no SMTPUTF8).
     """
     local, domain = _ascii_recipient(envelope.recipient)
     recipient = f"{local}@{domain}"
@@ -190,7 +170,7 @@ def write_message(
 
 
 def _header(name: str, value: str) -> str:
-    """Return ``name: value`` folded at spaces so that lines stay within ``LINE`` where they can."""
+    """Return ``name: value`` folded at spaces to fit ``LINE`` where possible."""
     line = f"{name}: {value}"
     if len(line) <= LINE:
         return line
@@ -208,12 +188,10 @@ def _header(name: str, value: str) -> str:
 
 
 def _encoded_words(text: str) -> list[str]:
-    """Return ``text`` as base64 encoded words of at most 75 characters each.
+    """Return ``text`` as base64 encoded words of at most 75 characters.
 
-    Split between characters, after a space where the word holds one:
-    RFC 2047 readers join adjacent encoded words without the space between
-    them, and Python's reader of display names, which keeps that space, then
-    shows the name with one space too many rather than a word cut in two.
+    Split after a space where possible: readers join adjacent encoded words,
+    and a stray space is better than a word cut in two.
     """
     data = text.encode("utf-8")
     if len(data) <= _WORD_BYTES:
@@ -245,11 +223,7 @@ def _needs_encoding(word: str) -> bool:
 
 
 def _unstructured(text: str) -> str:
-    """Return header text (RFC 5322 unstructured) with each run of non-ASCII words encoded.
-
-    Adjacent encoded words are read back without the space between them
-    (RFC 2047 6.2), so a run of words is encoded together, spaces included.
-    """
+    """Return header text with each run of non-ASCII words encoded as one (RFC 2047 6.2)."""
     if not _needs_encoding(text):
         return text
     out: list[str] = []
@@ -268,7 +242,7 @@ def _unstructured(text: str) -> str:
 
 
 def _list_id(text: str) -> str:
-    """Return a List-Id (RFC 2919: ``phrase <id>``) with only the phrase ever encoded."""
+    """Return a List-Id (``phrase <id>``) with only the phrase encoded."""
     phrase, bracket, rest = text.rpartition(" <")
     if not bracket or not rest.endswith(">"):
         return _unstructured(text)
@@ -288,10 +262,9 @@ def _mailbox(name: str, address: str) -> str:
 
 
 def _text_part(subtype: str, text: str, boundary: str) -> str:
-    """Return a text part: 7bit when it is short-lined ASCII, else quoted-printable or base64.
+    """Return a text part: 7bit, quoted-printable or base64, whichever fits.
 
-    Lines are split as the ``email`` package splits them (CR, LF or CRLF
-    only) and end with CRLF; the body ends with a line break.
+    Lines split on CR, LF or CRLF only, as the ``email`` package does.
     """
     data = text.encode("utf-8")
     lines = data.splitlines()
@@ -303,9 +276,7 @@ def _text_part(subtype: str, text: str, boundary: str) -> str:
     ):
         encoding, written = "7bit", body.decode("ascii")
     elif len(body.translate(None, _ASCII_BYTES)) * 6 > len(body):
-        # Quoted-printable writes each byte above 127 as three characters, base64
-        # every 3 bytes as 4: past one such byte in six (Greek, Cyrillic,
-        # Chinese...), base64 is the shorter.
+        # Past one non-ASCII byte in six, base64 is shorter than quoted-printable.
         encoding = "base64"
         written = base64.encodebytes(body).decode("ascii").replace("\n", CRLF)
     else:
@@ -321,11 +292,10 @@ _ASCII_BYTES = bytes(range(128))
 
 
 def _quoted_printable(body: bytes) -> str:
-    """Return ``body`` (CRLF lines) quoted-printable, every line at most 76 characters.
+    """Return ``body`` quoted-printable with lines of at most 76 characters.
 
-    ``binascii.b2a_qp`` breaks lines at 76, but a line that ends in a space
-    or tab it writes as ``=20``/``=09`` after the break point, one character
-    over; such a line gets one more soft break before that last escape.
+    ``b2a_qp`` can leave a trailing ``=20``/``=09`` past 76; such a line gets
+    one more soft break.
     """
     written = binascii.b2a_qp(body, istext=True).decode("ascii")
     lines = written.split(CRLF)
@@ -351,8 +321,7 @@ def _attachment_part(attachment) -> str:
 
 
 def _multipart(subtype: str, parts: list[str], boundary: str) -> str:
-    """Return a multipart body; each part keeps its last line break (RFC 2046 5.1.1:
-    the CRLF before a delimiter belongs to the delimiter)."""
+    """Return a multipart body; a part's last CRLF belongs to the delimiter."""
     return (
         f'Content-Type: multipart/{subtype}; boundary="{boundary}"{CRLF}{CRLF}'
         + "".join(f"--{boundary}{CRLF}{part}{CRLF}" for part in parts)

@@ -1,4 +1,4 @@
-"""What a delivery returns: exactly one result per envelope, and a summary of them."""
+"""Delivery results, one per envelope, and their summary."""
 
 from __future__ import annotations
 
@@ -14,21 +14,17 @@ __all__ = ["Outcome", "DeliveryResult", "Summary", "summarise"]
 class Outcome(StrEnum):
     """How the delivery of one envelope ended."""
 
-    #: The provider accepted the message.
     SENT = "sent"
-    #: Transient failures until attempts or time ran out (read ``provider_reached``).
+    #: Attempts or time ran out on transient failures.
     TRANSIENT = "transient"
-    #: The provider or the input refused the message; another attempt would repeat it.
     PERMANENT = "permanent"
-    #: The last call exceeded ``call_timeout``; the provider may have accepted it.
+    #: The last call exceeded ``call_timeout``; the provider may have the message.
     TIMED_OUT = "timed_out"
-    #: A stop signal or the batch budget ended the envelope before it finished.
+    #: A stop signal or the batch budget ended the envelope.
     CANCELLED = "cancelled"
-    #: The deadline passed before any provider call started; the provider was never called.
+    #: The deadline passed before any call started.
     EXPIRED = "expired"
-    #: The caller's gate withdrew the envelope before a call started (the workshop or
-    #: enrollment was cancelled, or the message content changed): no call was made for it
-    #: after the withdrawal; ``attempts`` counts the calls made before it.
+    #: The gate withdrew the envelope; no call started after the withdrawal.
     WITHDRAWN = "withdrawn"
 
 
@@ -36,13 +32,9 @@ class Outcome(StrEnum):
 class DeliveryResult:
     """The outcome of one envelope.
 
-    ``attempts`` counts ``channel.send`` calls started. ``provider_reached`` is
-    False only when it is certain that no call reached the provider (nothing
-    started, or every call failed before connecting): the message can then be
-    sent again without any risk of a duplicate. ``maybe_delivered`` is True when
-    the provider may hold the message: it is True for ``SENT``, and for a
-    failure when some call ended without a definite answer (timed out,
-    cancelled in flight, connection lost after sending, unexpected error).
+    ``provider_reached`` is False only when it is certain no call reached the
+    provider, so a re-send cannot duplicate. ``maybe_delivered`` is True for
+    ``SENT`` and for a failure where some call ended without a definite answer.
     """
 
     reminder_id: int
@@ -64,12 +56,9 @@ class DeliveryResult:
 class Summary:
     """A batch's results grouped by reminder id.
 
-    ``CANCELLED`` results go to ``unfinished``, neither success nor failure:
-    a stop signal says nothing about the message, so the caller must release
-    those reminders for a later batch (or mark them unknown when
-    ``maybe_delivered``) instead of recording a failure that never happened.
-    Counting cancellation as a failure would turn every warm shutdown into
-    a wave of false ``failed`` statuses.
+    ``CANCELLED`` and ``WITHDRAWN`` results are ``unfinished``, not failures:
+    the caller releases them for a later batch (or marks them unknown when
+    ``maybe_delivered``).
     """
 
     successes: Mapping[int, DeliveryResult]
@@ -84,11 +73,7 @@ class Summary:
 
 
 def summarise(results: Iterable[DeliveryResult]) -> Summary:
-    """Group ``results`` into successes, failures and unfinished, keyed by reminder id.
-
-    Raise ``ValueError`` when a reminder id appears twice: keyed results would
-    silently lose one of them.
-    """
+    """Group ``results`` by reminder id; raise ``ValueError`` on a repeated id."""
     successes: dict[int, DeliveryResult] = {}
     failures: dict[int, DeliveryResult] = {}
     unfinished: dict[int, DeliveryResult] = {}

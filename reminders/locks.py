@@ -1,15 +1,8 @@
 """How long this process's database sessions wait for a row lock, and what staff see then.
 
-A worker's claim or record, or a scan, must never wait without bound behind a
-long staff transaction, and a staff request must not hang behind a batch. So
-every PostgreSQL session sets ``lock_timeout`` when it opens: workers (the
-pool and the scan lane; ``config.celery`` marks the process before the pool
-forks) wait ``REMINDERS_WORKER_LOCK_TIMEOUT``, every other process (web,
-management commands) ``REMINDERS_STAFF_LOCK_TIMEOUT``. When it fires,
-PostgreSQL cancels the statement (``lock_not_available``): the claim hands
-its batch back to Celery for a retry, the record retries for up to 30 s
-(fenced), a scan phase is skipped until the next scan, and a staff request
-gets ``LockBusyMiddleware``'s message and changes nothing.
+Every PostgreSQL session sets ``lock_timeout`` on connect, so neither workers nor
+staff wait without bound behind each other: workers use REMINDERS_WORKER_LOCK_TIMEOUT,
+other processes REMINDERS_STAFF_LOCK_TIMEOUT.
 """
 
 from __future__ import annotations
@@ -73,11 +66,7 @@ BUSY_MESSAGE = (
 
 
 class LockBusyMiddleware:
-    """Answer a request whose statement gave up waiting for a row lock with a message.
-
-    The request's transaction rolled back, so nothing changed; the staff
-    member is sent back to the page they were on with ``BUSY_MESSAGE``.
-    """
+    """Send a request that gave up waiting for a row lock back to its page with BUSY_MESSAGE."""
 
     def __init__(self, get_response) -> None:
         self.get_response = get_response

@@ -1,10 +1,8 @@
 """Reminders and their delivery attempts.
 
-``Reminder`` is one row per (attendee, workshop), enforced by a database unique
-constraint: that constraint is the sent marker the design rests on. Plans,
-scans, retries, redeliveries and replays can only ever touch the one row, and a
-status changes only through a guarded UPDATE in ``reminders.services`` (never
-``save()``), whose row count says which caller won.
+One Reminder per (attendee, workshop), enforced by a unique constraint: the
+sent marker the design rests on. A status changes only through a guarded
+UPDATE in ``reminders.services`` (never ``save()``), whose row count says who won.
 """
 
 from __future__ import annotations
@@ -19,9 +17,8 @@ from workshops.models import Attendee, Enrollment, Workshop
 def reminder_key(*, attendee_id: int, workshop_id: int, prefix: str | None = None) -> str:
     """Return the stable idempotency key of the reminder for (attendee, workshop).
 
-    The plan builds the same text in SQL (reminders.services.reminders_plan);
-    REMINDERS_KEY_PREFIX keeps two deployments (or a rebuilt database whose ids
-    start again) from sharing keys at a provider that deduplicates by key.
+    reminders_plan builds the same text in SQL. The prefix keeps two deployments
+    (or a rebuilt database) from sharing keys at a provider.
     """
     prefix = settings.REMINDERS_KEY_PREFIX if prefix is None else prefix
     return f"{prefix}-w{workshop_id}-a{attendee_id}"
@@ -127,8 +124,7 @@ class Reminder(models.Model):
             ),
         ]
         indexes = [
-            # The open rows by workshop: the dispatch and the settle judge them
-            # by their workshop's start, read from the workshop row.
+            # Open rows by workshop: dispatch and settle judge them by its start.
             models.Index(
                 fields=["workshop", "id"],
                 name="reminder_open_by_workshop",
@@ -140,7 +136,7 @@ class Reminder(models.Model):
                 name="reminder_reopenable",
                 condition=models.Q(status__in=["missed", "cancelled"]),
             ),
-            # The health view's and the metrics' counts by status.
+            # Counts by status (health page, metrics).
             models.Index(fields=["status"], name="reminder_status"),
             models.Index(
                 fields=["lease_expires_at"],
@@ -157,8 +153,7 @@ class Reminder(models.Model):
     def __str__(self) -> str:
         return f"Reminder {self.key} ({self.status})"
 
-    # No row stores when its window opens or closes: both follow the workshop's
-    # start as it is now (ReminderPolicy), so no copy can outrank it.
+    # Never stored: both follow the workshop's start as it is now (ReminderPolicy).
     @property
     def window_opens_at(self):
         return ReminderPolicy.from_settings().window_opens_at(self.workshop.starts_at)
@@ -171,13 +166,9 @@ class Reminder(models.Model):
 class MessageText(models.Model):
     """One language, subject and intro that a reminder was frozen with (immutable).
 
-    Written by the claim (reminders.services.claim) the first time it takes a
-    reminder: the text staff wrote for the attendee's language, else the
-    workshop's own, else the built-in text as it read then, each with its
-    placeholders still unfilled. Rows are shared by content (``digest`` is
-    unique), so a workshop's thousand reminders point at one row. Every
-    retry, requeue, reaped retry and replay renders from it, so an edit by
-    staff never changes the bytes sent under a key.
+    Written by the first claim, placeholders unfilled, and shared by content
+    (``digest`` is unique). Every later send renders from it, so a staff edit
+    never changes the bytes sent under a key.
     """
 
     class Source(models.TextChoices):
@@ -238,16 +229,10 @@ class DeliveryAttempt(models.Model):
 
 
 class StaffDecision(models.Model):
-    """One staff decision: a replay, the resolution of unknown outcomes, or the
-    cancellation or reinstatement of workshops.
+    """One staff decision on reminders, workshops or attendees (append-only).
 
-    Append-only, written by the service that makes the change (reminders.services.replay,
-    reminders.services.workshop_decisions) in the same transaction, so an audit row exists
-    exactly when the change committed. ``reminder_ids`` lists the reminders the
-    decision changed (its count is ``changed`` for replays and resolutions);
-    ``workshop_ids`` the workshops it cancelled or reinstated; ``skipped``
-    counts the rest of the selection by reason. ``selected`` counts reminders
-    for reminder decisions and workshops for workshop decisions.
+    Written by the service in the transaction that makes the change, so a row
+    exists exactly when the change committed.
     """
 
     class Action(models.TextChoices):
@@ -356,10 +341,8 @@ class StaffDecision(models.Model):
 class ScanRun(models.Model):
     """The last completed scan of one kind: when it finished, how long it took, what it did.
 
-    Written by the scan itself at its end (reminders.worker.pipeline.scan), one row
-    per ``name``, updated in place. Beat's own ``last_run_at`` says when a scan
-    was *published*; this row says when one *finished*: a scan can be published
-    and then expire unrun in a busy queue, which only this row shows.
+    Beat's ``last_run_at`` says when a scan was published; this row, when one
+    finished (a published scan can expire unrun).
     """
 
     name = models.CharField(max_length=64, unique=True, editable=False)
@@ -381,13 +364,8 @@ class ScanRun(models.Model):
 class Dispatch(models.Model):
     """One batch message the dispatch queued: which reminders, when, and until when.
 
-    Written by reminders.services.reminders_dispatch in the transaction that
-    queues the rows, so a record exists exactly when they were queued; the
-    message is published after that commit. It is history for
-    ``manage.py reminder_trace`` and the admin's timeline, not state: nothing
-    decides a reminder's fate from it, and the scan deletes records older
-    than REMINDERS_DISPATCH_HISTORY_DAYS. On PostgreSQL a GIN index on
-    ``reminder_ids`` finds a reminder's dispatches (migration 0009).
+    Written in the transaction that queues the rows. History, not state: nothing
+    decides a reminder's fate from it, and the scan deletes old records.
     """
 
     queued_at = models.DateTimeField(db_index=True, editable=False)

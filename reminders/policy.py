@@ -1,15 +1,8 @@
 """The one deadline rule: when a reminder's send window opens and when it closes.
 
-Both instants are computed here, from the workshop's absolute start (UTC), and
-nowhere else. Computing from the aware UTC start, never from local wall time,
-keeps the rule right across daylight-saving transitions: "30 minutes before a
-09:00 start in Berlin" is the same UTC instant whatever the clocks did overnight.
-
-No reminder row stores either instant: every decision computes them from the
-workshop's start as it is now, so a move by any path (the admin, a bulk
-``update()``, a race) is what the next decision sees. The rule is *enforced*
-at the claim (reminders.services.reminder_claim_batch), which refuses to hand
-a reminder to a worker once its workshop starts within the cutoff.
+Both are computed only here, in UTC (so daylight saving cannot shift them), from
+the workshop's start as it is now: no row stores them. The claim enforces the
+rule (reminders.services.reminder_claim_batch).
 """
 
 from __future__ import annotations
@@ -49,11 +42,8 @@ class ReminderPolicy:
         """Return True once nothing may be sent: the deadline is the first late instant."""
         return deadline_at <= now
 
-    # The rule as filters and SQL, on the workshop's start (``deadline <= now``
-    # with ``deadline = start - cutoff`` is ``start <= now + cutoff``): every
-    # set-based decision reads the workshop row as it is when the statement
-    # runs, never a copy. ``through`` is the path to the workshop
-    # (``"workshop__"`` from a reminder or an enrollment).
+    # The rule on the workshop's start (deadline <= now is start <= now + cutoff),
+    # read when the statement runs. ``through`` is the path to the workshop.
 
     def late_start_q(self, now: datetime, *, through: str = "") -> Q:
         """Return ``is_late`` as a filter on the workshop's start."""
@@ -72,10 +62,7 @@ class ReminderPolicy:
     def late_sql(self, column: str, now_plus) -> tuple[str, list]:
         """Return ``late_start_q`` as ``(sql, params)`` on ``column``, a workshop's start.
 
-        For statements written by hand (the claim). ``now_plus(delta)`` gives
-        ``(sql, params)`` of the statement's "now" plus ``delta``
-        (reminders.services._sql.StatementNow.plus: the database's clock in
-        production); the boundary test holds it to the filter form.
+        ``now_plus(delta)`` gives ``(sql, params)`` of the statement's "now" plus ``delta``.
         """
         bound, params = now_plus(self.cutoff)
         return f"{column} <= {bound}", params
@@ -92,12 +79,7 @@ class ReminderPolicy:
 
 
 def _utc(moment: datetime) -> datetime:
-    """Return ``moment`` in UTC, so subtraction counts elapsed time, not wall time.
-
-    Python subtracts a timedelta from a zone-aware datetime on the *wall
-    clock*: 03:15 EDT minus 30 minutes gives 02:45, a time that does not exist
-    on a spring-forward day. In UTC the same subtraction is exact.
-    """
+    """Return ``moment`` in UTC, where subtraction counts elapsed time, not wall time."""
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("The deadline rule needs an aware datetime; got a naive one.")
     return moment.astimezone(UTC)

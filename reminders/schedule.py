@@ -1,8 +1,6 @@
-"""The beat-owned schedule of the scan: one interval task, kept in the database.
+"""The scan's schedule: one interval task in django-celery-beat's table.
 
-Only celery-beat (django-celery-beat's DatabaseScheduler) decides when a scan
-runs. Workshops and reminders never see timers or polling: they are rows that
-the scan reads.
+Only beat decides when a scan runs; workshops and reminders are rows it reads.
 """
 
 from __future__ import annotations
@@ -21,11 +19,8 @@ SCAN_NAME = "scan"
 def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
     """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL.
 
-    Idempotent: run by the data migration and at every beat start, before
-    the scheduler's first read (reminders.beat.ScanScheduler), so changing the
-    variable and restarting beat is enough. Safe for two beats starting at
-    once: IntervalSchedule has no unique key, so two may both create the same
-    interval; any one of them serves. Return the PeriodicTask.
+    Idempotent; run by the data migration and at every beat start. Two beats may
+    both create the interval (no unique key): any one serves. Return the task.
     """
     if interval_model is None or task_model is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
@@ -41,8 +36,7 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
             "task": SCAN_TASK,
             "interval": interval,
             "queue": SCAN_QUEUE,
-            # No expiry: it would be judged by a host's clock. The scan lane drops
-            # a scan that has a newer one behind it (reminders/worker/scanlane.py).
+            # No expiry (a host's clock): the scan lane drops a scan with a newer one behind.
             "expire_seconds": None,
             "args": json.dumps([]),
             "kwargs": json.dumps({}),

@@ -1,15 +1,8 @@
 """Reads for the staff surface: scheduler health, and what a replay or resolution would do.
 
-Nothing here is cached. The health counts are one aggregate over indexed
-columns and the last scan time is one row of django-celery-beat's table: cheap
-enough to read on every admin page view, and a cache would be one more thing
-that could claim beat is alive when it is not. The send path
-(reminders.worker.pipeline, services, tasks, publish, bridge) never imports this
-module: every delivery decision is a guarded UPDATE on the reminder rows
-themselves, never a read taken earlier (tests/admin/test_health.py enforces it).
-
-Each selection a staff member makes is passed in as an unevaluated queryset
-and used as a subquery, so a preview costs one query whatever its size.
+Nothing is cached: a cache could claim beat is alive when it is not. The send
+path never imports this module: every delivery decision is a guarded UPDATE on
+the rows, never an earlier read (tests/admin/test_health.py enforces it).
 """
 
 from __future__ import annotations
@@ -32,9 +25,8 @@ Status = Reminder.Status
 
 # A scan older than this many intervals means beat is not running (FAULTS T8).
 STALE_AFTER_INTERVALS = 3
-# celery.beat.Scheduler.sync_every: unless CELERY_BEAT_SYNC_EVERY is 1, beat
-# writes PeriodicTask.last_run_at to the database only this often, so the
-# stored time may lag the real last scan by that much while beat is healthy.
+# celery.beat.Scheduler.sync_every: unless CELERY_BEAT_SYNC_EVERY is 1, the stored
+# last_run_at may lag a healthy beat by this much.
 BEAT_SYNC_SECONDS = 3 * 60
 
 REPLAYABLE_STATUSES = (Status.FAILED, Status.MISSED)
@@ -53,22 +45,12 @@ SKIP_REASONS = {
 
 
 def selection_of(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
-    """Return the reminders of ``reminders`` as a plain queryset filtered by a subquery.
-
-    Strips the admin's ordering, joins and annotations, so the selection can
-    feed an aggregate or a guarded UPDATE in one statement.
-    """
+    """Return the selection as a plain subquery filter, fit for one aggregate or UPDATE."""
     return Reminder.objects.filter(pk__in=reminders.order_by().values("pk"))
 
 
 def on_time_now_q(now: datetime) -> Q:
-    """Return "before the deadline", computed from the workshop's current start.
-
-    The policy's one rule (``ReminderPolicy.late_start_q``), judged by where
-    the workshop starts now: a preview must not trust a closed reminder's
-    stored deadline, or a workshop moved earlier would be counted as
-    replayable past its real deadline.
-    """
+    """Return "before the deadline", judged on the workshop's start as it is now."""
     return ~ReminderPolicy.from_settings().late_start_q(now, through="workshop__")
 
 
@@ -102,10 +84,9 @@ class SelectionPreview:
 def reminder_replay_preview(
     *, reminders: QuerySet[Reminder], clock: Clock | None = None
 ) -> SelectionPreview:
-    """Count, in one query, how many selected reminders a replay would re-arm and why not the rest.
+    """Count, in one query, the reminders a replay would re-arm and why it skips the rest.
 
-    Replayable: ``failed``, or ``missed``, while still before the deadline, of a
-    scheduled workshop and an active enrollment. Never ``sent``.
+    Replayable: failed or missed, and still sendable (``sendable_q``). Never sent.
     """
     now = (clock or default_clock()).now()
     replayable = Q(status__in=REPLAYABLE_STATUSES)
@@ -135,10 +116,9 @@ def reminder_replay_preview(
 def reminder_resolve_preview(
     *, reminders: QuerySet[Reminder], send_again: bool, clock: Clock | None = None
 ) -> SelectionPreview:
-    """Count how many selected reminders of unknown outcome can be resolved as asked.
+    """Count the selected reminders of unknown outcome that can be resolved as asked.
 
-    Any ``unknown`` reminder can be marked as sent; only one still before its
-    deadline, of a scheduled workshop and an active enrollment, can be sent again.
+    Any can be marked as sent; only a still sendable one can be sent again.
     """
     now = (clock or default_clock()).now()
     unknown = Q(status=Status.UNKNOWN)
@@ -157,9 +137,6 @@ def reminder_resolve_preview(
         eligible=eligible,
         skipped={reason: count for reason, count in counts.items() if count},
     )
-
-
-# --- Scheduler health ---------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
@@ -245,12 +222,7 @@ class SchedulerHealth:
 
 
 def stale_after(*, interval: int | None = None) -> timedelta:
-    """Return how old the stored last scan may be before beat counts as down.
-
-    Three scan intervals, plus the time beat may hold a new ``last_run_at``
-    in memory before writing it (BEAT_SYNC_SECONDS) unless
-    CELERY_BEAT_SYNC_EVERY = 1 makes it write after every scan.
-    """
+    """Return how old the stored last scan may be before beat counts as down."""
     interval = interval or settings.REMINDERS_SCAN_INTERVAL
     lag = 0 if getattr(settings, "CELERY_BEAT_SYNC_EVERY", 0) == 1 else BEAT_SYNC_SECONDS
     return timedelta(seconds=STALE_AFTER_INTERVALS * interval + lag)
@@ -310,9 +282,8 @@ class TextReach:
 
 
 def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
-    """Return, per language of the workshop's enrolled attendees, the text they get now;
-    and how many of its reminders an edit would still reach (not yet claimed, still open)
-    and how many keep the text they were frozen with. Four queries.
+    """Return the text each language's attendees get now, and the reminders an edit
+    would reach (unclaimed and open) and not (frozen).
     """
     texts = {text.language: text for text in workshop.texts.all()}
     enrolled = Counter()

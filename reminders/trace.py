@@ -1,10 +1,7 @@
-"""One reminder's history, read back from what the database keeps (``manage.py reminder_trace``).
+"""One reminder's history, read back from the database (``manage.py reminder_trace``).
 
-Read only. Every line comes from a durable record: the row's own creation
-and current state, each Dispatch that carried it (kept for
-REMINDERS_DISPATCH_HISTORY_DAYS), each DeliveryAttempt (claim, outcome, the
-reaper's ``lease_expired``), and each StaffDecision that names the reminder,
-its workshop or its attendee.
+Read only: every line comes from a durable record (the row, its Dispatches,
+DeliveryAttempts and the StaffDecisions that name it).
 """
 
 from __future__ import annotations
@@ -37,8 +34,7 @@ def reminder_lookup(identifier: str) -> Reminder:
 def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
     """Return the reminder's events, oldest first.
 
-    Events at the same instant (a replay and the dispatch it makes) keep this
-    order: planned, attempts, staff decisions, dispatches.
+    Events at the same instant keep this order: planned, attempts, decisions, dispatches.
     """
     workshop = reminder.workshop
     events = [
@@ -90,12 +86,11 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
 
 
 def _dispatches_of(reminder: Reminder) -> list[Dispatch]:
-    """The dispatch records whose batch carried this reminder, oldest first."""
     dispatches = Dispatch.objects.order_by("queued_at", "pk")
     if connection.features.supports_json_field_contains:
         # reminder_ids @> '[id]', answered by the GIN index (migration 0009).
         return list(dispatches.filter(reminder_ids__contains=[reminder.pk]))
-    # SQLite (the local run): read them, from the reminder's creation on.
+    # SQLite (the local run) cannot search inside JSON lists.
     return [
         dispatch
         for dispatch in dispatches.filter(queued_at__gte=reminder.created_at)
@@ -104,7 +99,6 @@ def _dispatches_of(reminder: Reminder) -> list[Dispatch]:
 
 
 def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:
-    """The staff decisions whose recorded ids include this reminder, its workshop or attendee."""
     fields = (
         ("reminder_ids", reminder.pk),
         ("workshop_ids", reminder.workshop_id),
@@ -151,7 +145,7 @@ def _utc(moment: datetime | None) -> str:
 
 
 def trace_lines(reminder: Reminder) -> list[str]:
-    """One line per event: the time in UTC and in the workshop's zone, then what happened."""
+    """Return one line per event: the time in UTC and in the workshop's zone, then what."""
     zone = ZoneInfo(reminder.workshop.timezone)
     lines = []
     for event in reminder_timeline(reminder):

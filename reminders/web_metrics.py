@@ -1,13 +1,8 @@
 """``/metrics`` on the web process: what the database and the broker say, for Prometheus.
 
-Every series here is read at scrape time from PostgreSQL and Redis, not kept
-in this process's memory, so any web process answers the same and nothing
-is lost when one restarts (gunicorn's workers need no multiprocess mode for
-them). The cost of a scrape is fixed: five queries and one Redis pipeline,
-whatever the number of reminders (``tests/admin/test_metrics.py``).
-
-Off unless ``METRICS_TOKEN`` is set (404); then only a request with
-``Authorization: Bearer <token>`` gets the page (401 otherwise).
+Every series is read at scrape time, never kept in memory, so any web process
+answers the same, at a cost that does not grow with the reminders. Off (404)
+unless METRICS_TOKEN is set; then ``Authorization: Bearer <token>`` is required.
 """
 
 from __future__ import annotations
@@ -31,17 +26,13 @@ from reminders.models import Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 
-# The queues whose depth is reported, and the priority suffixes kombu's Redis
-# transport gives a queue's lists (a message waits in one of them).
+# The queues reported, and the priority suffixes kombu's Redis transport gives their lists.
 QUEUES = ("reminders", "scan")
 _PRIORITY_SUFFIXES = ("", "\x06\x163", "\x06\x166", "\x06\x169")
-# The statuses whose oldest row's age is reported, each from the moment a row got
-# there: how long work has waited. A queued row's ``updated_at`` moves with every
-# workshop move or edit and every new message, so the queue's age is ``queued_at``;
-# nothing but its worker writes a ``sending`` row, so its ``updated_at`` is its claim.
+# Age of the oldest row from when it got there: a queued row's updated_at moves on
+# edits; a sending row is written only by its worker, so updated_at is its claim.
 AGED = {Reminder.Status.QUEUED: "queued_at", Reminder.Status.SENDING: "updated_at"}
-# Reminders not yet with a worker whose deadline is this close (or past) are
-# counted: the alert ReminderNearDeadlineNotSent (deploy/prometheus/alerts.yml).
+# For the alert ReminderNearDeadlineNotSent (deploy/prometheus/alerts.yml).
 NEAR_DEADLINE = timedelta(minutes=10)
 WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
 
@@ -59,8 +50,7 @@ class ReminderCollector(Collector):
             by_status.add_metric([status.value], counts.get(status.value, 0))
         yield by_status
 
-        # One statement for the ages and the near-deadline counts.
-        # Deadline before the horizon: the workshop starts before it plus the cutoff.
+        # Deadline before now + NEAR_DEADLINE: the start before that plus the cutoff.
         horizon = now + NEAR_DEADLINE + ReminderPolicy.from_settings().cutoff
         oldest = Reminder.objects.aggregate(
             **{status.value: Min(since, filter=Q(status=status)) for status, since in AGED.items()},
@@ -149,11 +139,9 @@ class ReminderCollector(Collector):
 
 
 def _beat_series():
-    """When beat last published the scan, and its interval, from django-celery-beat's row.
+    """Yield when beat last published the scan, and its interval, from django-celery-beat.
 
-    Beat writes the row's ``last_run_at`` at every publish
-    (CELERY_BEAT_SYNC_EVERY = 1), so its age tells "beat is not publishing"
-    apart from "scans are published but not completed".
+    Its age tells "beat is not publishing" apart from "scans are not completing".
     """
     from django_celery_beat.models import PeriodicTask
 
@@ -188,8 +176,7 @@ _PERIOD_SECONDS = {
 def _queue_depths() -> dict[str, int]:
     """Return the messages waiting in each of QUEUES, in one Redis round trip.
 
-    On the local run's filesystem broker, a message is a file named
-    ``<time>_<uuid>.<queue>.msg`` in the queue folder (kombu's own naming).
+    On the filesystem broker (local run) a message is a ``<time>_<uuid>.<queue>.msg`` file.
     """
     url = settings.CELERY_BROKER_URL
     if url.startswith("filesystem://"):
@@ -207,11 +194,7 @@ def _queue_depths() -> dict[str, int]:
 
 @functools.cache
 def _redis(url: str):
-    """Return one client per broker URL, whose pool keeps its connection between scrapes.
-
-    redis-py's pool notices a fork and opens new connections in the child, so
-    each gunicorn worker gets its own.
-    """
+    """Return one client per broker URL (redis-py's pool reconnects after a fork)."""
     import redis
 
     return redis.Redis.from_url(url, socket_connect_timeout=2, socket_timeout=2)

@@ -1,12 +1,7 @@
-"""Channels: ways of handing a message to a provider.
+"""Ways of handing a message to a provider.
 
-| channel          | honours idempotency keys | notes                                          |
-|------------------|--------------------------|------------------------------------------------|
-| ``SmtpChannel``  | no                       | pooled aiosmtplib connections; never hedged    |
-| ``HttpChannel``  | yes                      | signed JSON, ``Idempotency-Key``; may hedge    |
-| ``ThreadedChannel`` | as declared           | runs a blocking callable in a thread per call  |
-| ``FileChannel``  | yes                      | one ``.eml`` per key, written atomically       |
-| ``MemoryChannel``| as declared              | scriptable test double                         |
+``HttpChannel`` and ``FileChannel`` honour idempotency keys, ``SmtpChannel``
+does not; ``ThreadedChannel`` and ``MemoryChannel`` do as declared.
 """
 
 from delivery.channels.file import FileChannel

@@ -1,9 +1,7 @@
-"""Write each message as an ``.eml`` file: a provider for development and demos.
+"""Write each message as an ``.eml`` file, for development and demos.
 
-The file name is derived from the envelope's key, so a re-send replaces the
-file instead of adding a second one: the channel honours idempotency keys.
-Each file is written to a temporary name in the same directory, flushed to
-disk and renamed over the target, so a reader never sees half a message.
+The file name derives from the key, so a re-send replaces the file; files
+are written atomically, so a reader never sees half a message.
 """
 
 from __future__ import annotations

@@ -1,17 +1,7 @@
-"""POST each envelope as signed JSON to a provider's HTTP endpoint (see HTTP_CONTRACT.md).
+"""POST each envelope as signed JSON to a provider (see HTTP_CONTRACT.md).
 
-Status codes: 2xx sent; 429 rate limited (transient, ``Retry-After``
-honoured and the limiter paused); 408, 409, 425 and 5xx transient
-(``Retry-After`` honoured); every other status permanent, redirects
-included (a moved endpoint is a configuration error, not something to follow
-with a signed body). A connection that cannot be opened is transient and
-certainly not delivered; a request whose answer is lost (read timeout,
-connection reset) has an unknown outcome, which the engine retries because
-the provider deduplicates by ``Idempotency-Key``.
-
-With ``hedge_urls``, every send goes to ``url`` and each hedge URL (after
-``hedge_stagger`` seconds, or at once when the previous one failed) and the
-first success wins; safe because every request carries the same key.
+Redirects are permanent errors, never followed with a signed body. The
+provider deduplicates by ``Idempotency-Key``, so lost answers are retried.
 """
 
 from __future__ import annotations
@@ -60,7 +50,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-# 2: the signature covers the Idempotency-Key too (HTTP_CONTRACT.md, "Changes").
+# Version 2 signs the Idempotency-Key too.
 CONTRACT_VERSION = 2
 SIGNATURE_HEADER = "X-Reminders-Signature"
 TIMESTAMP_HEADER = "X-Reminders-Timestamp"
@@ -71,7 +61,7 @@ _MAX_ERROR_TEXT = 300
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class HttpSettings:
-    """The endpoint and its shared secret, as plain values."""
+    """The endpoint and its shared secret."""
 
     url: str
     secret: str = field(repr=False)
@@ -120,11 +110,7 @@ class HttpSettings:
 
 
 def encode_body(envelope: Envelope) -> bytes:
-    """Return the JSON body for ``envelope``: compact, sorted keys, UTF-8.
-
-    The same envelope always encodes to the same bytes, so every retry of one
-    key carries an identical body.
-    """
+    """Return the JSON body for ``envelope``, the same bytes on every retry."""
     document = {
         "version": CONTRACT_VERSION,
         "key": envelope.key,
@@ -161,11 +147,10 @@ def _loopback(parts: SplitResult) -> bool:
 
 
 def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
-    """Return the signature header value (contract version 2).
+    """Return the HMAC-SHA256 signature of ``timestamp LF key LF body``.
 
-    HMAC-SHA256, keyed by ``secret``, over ``timestamp LF key LF body``: the
-    timestamp is digits and a header value holds no line break, so the three
-    parts cannot be shifted into one another.
+    Neither the timestamp (digits) nor the key holds a line break, so the
+    parts cannot shift into one another.
     """
     if not key.isascii() or "\r" in key or "\n" in key:
         raise ValueError(f"An idempotency key must be ASCII on one line; got {key!r}.")
@@ -175,7 +160,7 @@ def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
 
 
 def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dict[str, str]:
-    """Return the contract's request headers for one body, signed at ``timestamp``."""
+    """Return the contract's request headers for ``body``, signed at ``timestamp``."""
     return {
         "Content-Type": "application/json; charset=utf-8",
         "Accept": "application/json",
@@ -186,7 +171,7 @@ def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dic
 
 
 def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
-    """Return seconds to wait from a ``Retry-After`` value (seconds or HTTP date)."""
+    """Return the seconds a ``Retry-After`` value (seconds or HTTP date) asks for."""
     if not value:
         return None
     value = value.strip()
@@ -218,7 +203,7 @@ def _error_text(body: bytes) -> str:
 
 
 class _Endpoint:
-    """One URL of an ``HttpChannel``, shaped like a channel so it can be hedged."""
+    """One URL of an ``HttpChannel``, shaped like a channel for hedging."""
 
     honours_idempotency_keys = True
     max_concurrency = None
@@ -233,15 +218,7 @@ class _Endpoint:
 
 
 class HttpChannel:
-    """Deliver envelopes by POSTing signed JSON, deduplicated by ``Idempotency-Key``.
-
-    One batch opens one ``aiohttp`` session whose pool keeps up to
-    ``settings.max_connections`` keep-alive connections, and closes it
-    afterwards. aiohttp parses HTTP in C: a request costs about a tenth of
-    the CPU httpx spent on it (docs/benchmarks.md). Redirects are never
-    followed, cookies never kept, and proxies are not read from the
-    environment.
-    """
+    """Deliver envelopes by POSTing signed JSON, one ``aiohttp`` session per batch."""
 
     honours_idempotency_keys = True
     max_concurrency = None
@@ -256,7 +233,6 @@ class HttpChannel:
     async def __aenter__(self) -> Self:
         settings = self.settings
         urls = (settings.url, *settings.hedge_urls)
-        # Plain-http endpoints never use TLS; skip building a context for them.
         tls = ssl.create_default_context() if any(u.startswith("https:") for u in urls) else None
         connector = aiohttp.TCPConnector(
             limit=settings.max_connections, limit_per_host=0, ssl=tls if tls is not None else False
@@ -303,14 +279,14 @@ class HttpChannel:
                 status, answer = response.status, await response.read()
                 retry_after = response.headers.get("Retry-After")
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
-            # The connection was never opened: nothing was sent.
+            # Never connected: nothing was sent.
             raise TransientError(
                 f"could not connect to {redact_url(url)}: {type(exc).__name__}: "
                 f"{redact_text(str(exc))}",
                 reached=False,
             ) from exc
         except (aiohttp.ClientError, TimeoutError) as exc:
-            # Sent, or partly sent, and the answer is lost: the provider may have it.
+            # The answer is lost: the provider may have the message.
             raise OutcomeUnknownError(
                 f"request to {redact_url(url)} failed after it was sent: {type(exc).__name__}: "
                 f"{redact_text(str(exc)) or 'no answer in time'}"
@@ -338,7 +314,7 @@ class HttpChannel:
         message_id = document.get("message_id") if isinstance(document, dict) else None
         if isinstance(message_id, str) and message_id:
             return message_id
-        # Accepted is accepted: failing here would invite a duplicate send.
+        # Accepted is accepted: failing here would invite a duplicate.
         logger.warning(
             "%s accepted reminder %s without a message_id in its answer",
             redact_url(url),

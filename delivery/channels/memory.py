@@ -1,9 +1,6 @@
-"""An in-memory channel for unit tests: scriptable, observable, driven by the clock.
+"""A scriptable in-memory channel for tests.
 
-It behaves like a provider that deduplicates by key when
-``honours_idempotency_keys`` is True (a repeat returns the first message id
-and counts a duplicate) and like plain SMTP when it is False (a repeat is a
-new message).
+With ``honours_idempotency_keys`` a repeated key returns its first message id.
 """
 
 from __future__ import annotations
@@ -22,7 +19,7 @@ __all__ = ["MemoryChannel", "MemoryCall"]
 
 @dataclass(slots=True)
 class MemoryCall:
-    """One ``send`` as the channel saw it; times are the clock's monotonic seconds."""
+    """One ``send`` as the channel saw it, timed on the monotonic clock."""
 
     key: str
     reminder_id: int
@@ -62,14 +59,12 @@ class MemoryChannel:
         self.closed = 0
         self._ids = 0
 
-    # -- scripting -----------------------------------------------------------
-
     def fail(self, key: str, *errors: BaseException) -> None:
         """Make the next calls for ``key`` raise ``errors`` in order, then succeed."""
         self._failures[key].extend(errors)
 
     def slow(self, key: str, *seconds: float) -> None:
-        """Make the next calls for ``key`` take ``seconds`` (in order) on the clock."""
+        """Make the next calls for ``key`` take ``seconds``, in order."""
         self._delays[key].extend(seconds)
 
     def hang(self, key: str) -> None:
@@ -80,18 +75,14 @@ class MemoryChannel:
         """Let hanging calls for ``key`` go on."""
         self._hangs.pop(key).set()
 
-    # -- reading -------------------------------------------------------------
-
     def calls_for(self, key: str) -> list[MemoryCall]:
         """Return the calls made for ``key``, in start order."""
         return [call for call in self.calls if call.key == key]
 
     @property
     def start_times(self) -> list[float]:
-        """Return the monotonic start time of every call, in order."""
+        """Return the start time of every call, in order."""
         return [call.started_at for call in self.calls]
-
-    # -- Channel -------------------------------------------------------------
 
     async def __aenter__(self) -> Self:
         self.opened += 1

@@ -1,24 +1,8 @@
-"""Send through an SMTP server with aiosmtplib, reusing connections within a batch.
+"""Send through an SMTP server with aiosmtplib, pooling connections within a batch.
 
-Replies are classified by their code: 4xx is transient (greylisting, a full
-queue), 5xx permanent (no such user, policy). A connection refused or lost
-before the message was handed over is transient and certainly not delivered;
-a connection lost or timed out *during* DATA leaves the outcome unknown
-(``OutcomeUnknownError``), and since plain SMTP has no idempotency keys the
-engine does not retry it: the caller records it as unknown.
-
-Each send runs one transaction on a pooled connection (at most
-``max_connections``, which is also the channel's ``max_concurrency``). A
-pooled connection the server has dropped is replaced once, transparently,
-before anything was sent on it. A connection whose send was cancelled or
-failed mid-transaction is closed, never reused.
-
-When the server offers PIPELINING (RFC 2920, as Postfix, Exim and the big
-providers do), MAIL FROM, RCPT TO and DATA go in one write and their three
-replies are read together, then the message: two round trips per message
-instead of four. aiosmtplib sets the session up (connect, EHLO, STARTTLS,
-login) and then hands its transport to ``_Pipeline``, because it pairs each
-reply with one command it wrote and drops replies it did not wait for.
+4xx replies are transient, 5xx permanent. A failure during DATA leaves the
+outcome unknown, never retried as SMTP has no idempotency keys. A connection
+whose send was cancelled or failed mid-transaction is never reused.
 """
 
 from __future__ import annotations
@@ -49,16 +33,11 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SmtpSettings:
-    """Where and how to connect; plain values, e.g. copied from Django's EMAIL_* settings.
+    """Where and how to connect, e.g. from Django's EMAIL_* settings.
 
-    ``use_tls`` is implicit TLS (port 465, Django's EMAIL_USE_SSL).
-    ``starttls`` upgrades a plain connection: ``None`` (the default) whenever
-    the server offers it, ``True`` always (Django's EMAIL_USE_TLS, port 587:
-    a server without it is an error), ``False`` never.
-
-    A login is only made over an encrypted connection: a server that offers
-    no TLS gets no password unless ``allow_plaintext_auth`` is set (a relay
-    on a trusted network; EMAIL_ALLOW_PLAINTEXT_AUTH).
+    ``use_tls`` is implicit TLS; ``starttls`` is None to upgrade whenever
+    offered, True to require it, False never. No password is sent without
+    TLS unless ``allow_plaintext_auth`` is set.
     """
 
     host: str
@@ -113,9 +92,9 @@ def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentEr
     return PermanentError(message)
 
 
-# RFC 5321 4.5.2: a line of the message that begins with a period gets one more.
+# RFC 5321 4.5.2: dot-stuffing.
 _LEADING_PERIOD = re.compile(rb"(?m)^\.")
-# Longer than any reply a server sends (RFC 5321 4.5.3.1.5: 512 per line), lines together.
+# Longer than any real SMTP reply, all its lines together.
 _MAX_REPLY_BYTES = 32 * 1024
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
@@ -125,16 +104,10 @@ class _ReplyError(Exception):
 
 
 class _Pipeline(asyncio.Protocol):
-    """An SMTP session after its set-up, reading every reply the server sends, in order.
+    """A pipelined SMTP session after set-up (aiosmtplib drops unawaited replies).
 
-    Commands are written in groups (``write``, saying how many replies the
-    group asks for); each ``reply`` returns the next complete reply, ``(code,
-    text)``, whether it arrived alone or in one packet with the others. Every
-    reply must answer a command: one that arrives when none is owed (a ``421``
-    on an idle connection, a stray line after a ``354``) ends the session, as
-    do a session that closed, a line that is not an SMTP reply, a reply longer
-    than any server sends, and a reply not there within ``timeout``; after any
-    of them ``reply`` and ``write`` raise ``_ReplyError``.
+    Any reply not owed, malformed or late ends the session; ``reply`` and
+    ``write`` then raise ``_ReplyError``.
     """
 
     def __init__(self, transport: asyncio.Transport, *, timeout: float, clock: Clock) -> None:
@@ -143,9 +116,9 @@ class _Pipeline(asyncio.Protocol):
         self._clock = clock
         self._buffer = bytearray()
         self._lines: list[str] = []
-        self._code = b""  # the code of the reply whose lines are in _lines
-        self._size = 0  # bytes of the reply being read
-        self._owed = 0  # replies the commands written so far still ask for
+        self._code = b""
+        self._size = 0
+        self._owed = 0  # replies still due for the commands written
         self._replies: deque[tuple[int, str]] = deque()
         self._arrived: asyncio.Event = asyncio.Event()
         self._writable: asyncio.Event = asyncio.Event()
@@ -155,13 +128,11 @@ class _Pipeline(asyncio.Protocol):
 
     @classmethod
     def take_over(cls, connection: aiosmtplib.SMTP, *, timeout: float, clock: Clock) -> _Pipeline:
-        """Take the transport of ``connection``, whose set-up is done and whose replies were read."""
+        """Take over the transport of a set-up ``connection``."""
         transport = connection.transport
         if transport is None or transport.is_closing():
             raise _ReplyError("the connection closed during its set-up")
         return cls(transport, timeout=timeout, clock=clock)
-
-    # -- asyncio.Protocol ------------------------------------------------------
 
     def data_received(self, data: bytes) -> None:
         if self.ended is not None:
@@ -215,11 +186,9 @@ class _Pipeline(asyncio.Protocol):
             self.transport.close()
         self._arrived.set()
 
-    # -- the session -----------------------------------------------------------
-
     @property
     def idle(self) -> bool:
-        """Open, owed nothing and holding nothing unread: in a state to start a transaction."""
+        """Return True when open with nothing owed or unread, ready for a transaction."""
         return (
             self.ended is None
             and self._owed == 0
@@ -229,7 +198,7 @@ class _Pipeline(asyncio.Protocol):
         )
 
     async def write(self, data: bytes, *, replies: int) -> None:
-        """Write ``data``, commands that ask for ``replies`` replies in all."""
+        """Write commands that ask for ``replies`` replies in all."""
         if self.ended is not None:
             raise _ReplyError(self.ended)
         self._owed += replies
@@ -282,7 +251,6 @@ class SmtpChannel:
         self._domain = settings.message_id_domain or self._sender.domain
         self._idle: list[aiosmtplib.SMTP | _Pipeline] = []
         self._slots: asyncio.Semaphore | None = None
-        #: Connections opened during the batch (observability, tests).
         self.connections_opened = 0
 
     async def __aenter__(self) -> Self:
@@ -303,12 +271,12 @@ class SmtpChannel:
                 except (aiosmtplib.SMTPException, OSError):
                     connection.close()
         finally:
-            for connection in idle:  # cancelled meanwhile: close the rest without QUIT
+            for connection in idle:  # if cancelled, close the rest without QUIT
                 connection.close()
         return None
 
     async def _open(self) -> aiosmtplib.SMTP | _Pipeline:
-        """Connect; a server offering PIPELINING gets its transactions pipelined."""
+        """Connect, pipelining when the server offers PIPELINING."""
         connection = await self._connect()
         if not connection.supports_extension("pipelining"):
             return connection
@@ -324,7 +292,7 @@ class SmtpChannel:
 
     async def _connect(self) -> aiosmtplib.SMTP:
         settings = self.settings
-        # The login is ours, after the TLS decision, not aiosmtplib's on connect.
+        # No credentials here: we log in ourselves, after checking for TLS.
         connection = aiosmtplib.SMTP(
             hostname=settings.host,
             port=settings.port,
@@ -339,9 +307,8 @@ class SmtpChannel:
             if settings.username:
                 self._refuse_plaintext_login(connection)
                 await connection.login(settings.username, settings.password)
-            if connection.is_ehlo_or_helo_needed:  # no STARTTLS check or login said EHLO yet
-                # Its extensions say whether to pipeline; a server without EHLO gets
-                # HELO from aiosmtplib before the first MAIL FROM.
+            if connection.is_ehlo_or_helo_needed:
+                # EHLO tells whether to pipeline; aiosmtplib falls back to HELO later.
                 with contextlib.suppress(aiosmtplib.SMTPHeloError):
                     await connection.ehlo()
         except asyncio.CancelledError:
@@ -403,7 +370,7 @@ class SmtpChannel:
                 except aiosmtplib.SMTPServerDisconnected:
                     if not reused:
                         raise
-                    # The server dropped an idle pooled connection: replace it once.
+                    # A dropped idle connection is replaced once.
                     logger.info(
                         "SMTP connection to %s was dropped; reconnecting", self.settings.host
                     )
@@ -413,9 +380,8 @@ class SmtpChannel:
                 await self._data(connection, data)
                 reusable = True
             except (aiosmtplib.SMTPException, OSError) as exc:
-                # Everything here happened before DATA (``_data`` translates its own
-                # errors), so the server cannot have accepted the message.
-                if isinstance(exc, aiosmtplib.SMTPResponseException):  # MAIL/RCPT refused
+                # Before DATA (``_data`` translates its own errors): not accepted.
+                if isinstance(exc, aiosmtplib.SMTPResponseException):
                     reusable = await self._reset(connection)
                     command = (
                         "RCPT TO"
@@ -437,11 +403,10 @@ class SmtpChannel:
     async def _send_pipelined(
         self, connection: _Pipeline, reused: bool, recipient: str, data: bytes
     ) -> None:
-        """One transaction in two round trips; a connection left idle goes back to the pool.
+        """Run one transaction in two round trips.
 
-        Until the message's first byte is written the server cannot have it:
-        any failure is a ``TransientError``. After that, only a reply says
-        what happened; without one the outcome is unknown.
+        A failure before the message is written is transient; after that,
+        without a reply, the outcome is unknown.
         """
         if _CONTROL.search(self._sender.address) or _CONTROL.search(recipient):
             self._release(connection)
@@ -452,11 +417,11 @@ class SmtpChannel:
             except _ReplyError:
                 if not reused:
                     raise
-                # The server dropped an idle pooled connection: replace it once.
+                # A dropped idle connection is replaced once.
                 logger.info("SMTP connection to %s was dropped; reconnecting", self.settings.host)
                 connection.close()
                 replacement = await self._open()
-                if not isinstance(replacement, _Pipeline):  # it no longer offers PIPELINING
+                if not isinstance(replacement, _Pipeline):
                     replacement.close()
                     raise _ReplyError("the server no longer offers PIPELINING") from None
                 connection = replacement
@@ -473,10 +438,9 @@ class SmtpChannel:
             if refused is not None:
                 await self._abandon(connection, data_accepted=start == 354)
             elif not connection.idle:
-                # It ended, or sent more than its three replies, before the message.
                 raise _ReplyError(connection.ended or "the server sent more than was asked")
         except _ReplyError as exc:
-            # Nothing but the envelope was written: the server cannot have the message.
+            # Only the envelope was written: the server cannot have the message.
             connection.close()
             raise TransientError(
                 f"SMTP connection to {self.settings.host} failed before the message was sent: {exc}"
@@ -485,7 +449,7 @@ class SmtpChannel:
             connection.close()
             raise
         if refused is not None:
-            raise refused  # the connection is pooled or closed already
+            raise refused
         try:
             body = _LEADING_PERIOD.sub(b"..", data)
             if not body.endswith(b"\r\n"):
@@ -505,7 +469,7 @@ class SmtpChannel:
             self._release(connection)
             return
         if 400 <= code < 600:
-            # A definite refusal of the message; the transaction is over.
+            # A definite refusal: the transaction is over, the connection reusable.
             self._release(connection)
             raise _from_reply(code, text, "DATA")
         connection.close()
@@ -535,7 +499,7 @@ class SmtpChannel:
         return [await connection.reply() for _ in range(3)]
 
     async def _abandon(self, connection: _Pipeline, *, data_accepted: bool) -> None:
-        """End a refused transaction; pool the connection if the server reset it, else close it."""
+        """End a refused transaction; pool the connection if the server reset it."""
         try:
             if data_accepted:
                 # RFC 2920 3.1: DATA accepted without a valid recipient; end it empty.
@@ -559,7 +523,6 @@ class SmtpChannel:
         try:
             await connection.data(data)
         except aiosmtplib.SMTPResponseException as exc:
-            # A definite refusal of the message; the transaction is over.
             raise _from_reply(exc.code, exc.message, "DATA") from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise OutcomeUnknownError(
@@ -568,7 +531,7 @@ class SmtpChannel:
             ) from exc
 
     async def _reset(self, connection: aiosmtplib.SMTP) -> bool:
-        """End a refused transaction so the connection can be reused; False if it cannot."""
+        """End a refused transaction; return whether the connection can be reused."""
         try:
             await connection.rset()
         except (aiosmtplib.SMTPException, OSError):
@@ -577,13 +540,10 @@ class SmtpChannel:
 
 
 def translate_smtplib_error(exc: BaseException) -> BaseException:
-    """Map a stdlib ``smtplib``/socket error to a delivery error; return others unchanged.
+    """Map an ``smtplib``/socket error to a delivery error; return others unchanged.
 
-    For blocking senders run by ``ThreadedChannel`` (e.g. Django's SMTP
-    backend), which raise ``smtplib`` exceptions: ``except Exception as exc:
-    raise translate_smtplib_error(exc) from exc``. Without it every
-    ``smtplib`` error is an ``OSError`` to the engine, so a refused recipient
-    would look like a lost connection.
+    For blocking senders under ``ThreadedChannel``: otherwise every ``smtplib``
+    error is an ``OSError`` and a refused recipient looks like a lost connection.
     """
     if isinstance(exc, smtplib.SMTPAuthenticationError):
         return PermanentError(
@@ -605,7 +565,7 @@ def translate_smtplib_error(exc: BaseException) -> BaseException:
     if isinstance(exc, ConnectionRefusedError | socket.gaierror):
         return TransientError(f"could not connect to the SMTP server: {exc}", reached=False)
     if isinstance(exc, smtplib.SMTPServerDisconnected | TimeoutError):
-        # The phase is unknown: the message may already have been accepted.
+        # The phase is unknown: the message may have been accepted.
         return OutcomeUnknownError(f"SMTP connection lost: {exc}")
     return exc
 

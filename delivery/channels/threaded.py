@@ -1,21 +1,10 @@
-"""Run a blocking send callable (e.g. Django's mail API) inside the async limits.
+"""Run a blocking send callable, one thread per call, within the engine's limits.
 
-Each call runs in its own thread, so the engine's concurrency limit, rate
-limiter, deadline checks and call timeout all apply to blocking code too.
-
-A thread cannot be force-cancelled. When a call times out or the batch is
-stopped, the engine reports it ``TIMED_OUT``/``CANCELLED`` with
-``provider_reached=True`` and ``maybe_delivered=True`` (it may still
-succeed), returns without waiting, and the thread finishes in the
-background; its late outcome is only logged. Threads are not daemons, so a
-process exiting normally lets them finish rather than cutting a send short.
-A thread per call (not a fixed pool) means an abandoned call never makes a
-later one queue, where a timeout could not tell "never sent" from "sent".
-
-The callable should raise ``TransientError``/``PermanentError``; anything
-else is classified by the engine (``OSError`` as outcome unknown, other
-exceptions as permanent). It runs outside the caller's thread: it must not
-touch the ORM (prepare everything in the envelope before the batch).
+A thread cannot be cancelled: a call cut off may still succeed, so it is
+reported maybe delivered and its late outcome only logged. A thread per call
+(not a pool) keeps an abandoned call from making a later one queue. The
+callable should raise ``TransientError``/``PermanentError`` and must not
+touch the ORM.
 """
 
 from __future__ import annotations
@@ -56,7 +45,7 @@ class ThreadedChannel:
 
     @property
     def running_threads(self) -> int:
-        """Return how many send threads are still running (including abandoned ones)."""
+        """Return how many send threads are running, abandoned ones included."""
         with self._lock:
             return self._running
 

@@ -1,9 +1,7 @@
-"""The staff surface: every admin of the project, workshops' included.
+"""Every admin of the project, the workshops app's included.
 
-The workshops app never imports reminders, so the admins that show reminder
-features on workshop and attendee pages live here, one class per model, each
-registered once. Staff act through confirmed actions (actions.py) that call
-the services; the admin decides nothing itself.
+workshops never imports reminders, so its admins live here. Staff change things
+only through confirmed actions (actions.py) that call the services.
 """
 
 from reminders.admin import attendee, decision, enrollment, reminder, workshop  # noqa: F401

@@ -96,11 +96,7 @@ class StaffActionsMixin:
         return super().changelist_view(request, extra_context)
 
     def _refuse_forbidden_action(self, request) -> None:
-        """Raise PermissionDenied for a POST naming an action the user may not run.
-
-        Django would only answer "No action selected." (the action is not in
-        the user's choices); a forged request deserves a 403.
-        """
+        """Answer a forged POST naming a forbidden action with 403, not "No action selected."."""
         for name in request.POST.getlist("action"):
             func = getattr(self, name, None) if name in (self.actions or ()) else None
             needed = getattr(func, "allowed_permissions", ())
@@ -231,8 +227,7 @@ class StaffActionsMixin:
     ):
         """Preview a replay on a confirmation page, or run it once confirmed.
 
-        ``missing`` counts ticked ids that matched nothing; None means they
-        are reminder ids, counted from the preview without another query.
+        ``missing=None`` means the ticked ids are reminder ids, counted from the preview.
         """
         confirming = request.POST.get(CONFIRM) == "yes"
         form = ReplayForm(request.POST if confirming else None)

@@ -23,24 +23,21 @@ def without_bulk_delete(actions: dict) -> dict:
 
 
 def format_local(moment, zone) -> str:
-    """Render an aware datetime in ``zone`` with its abbreviation."""
     if moment is None:
         return "-"
     return moment.astimezone(zone).strftime("%Y-%m-%d %H:%M %Z")
 
 
 def format_utc(moment) -> str:
-    """Render an aware datetime in UTC."""
     if moment is None:
         return "-"
     return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
 
 
 def utc_column(field: str, label: str):
-    """Return an admin display method showing ``field`` in UTC with its zone, never bare.
+    """Return an admin display method showing ``field`` in UTC, labelled as such.
 
-    Django renders a datetime in TIME_ZONE without saying which; staff compare
-    these times with workshops held in many zones.
+    Django shows TIME_ZONE unlabelled; staff compare times across many zones.
     """
 
     @admin.display(description=f"{label} (UTC)", ordering=field)

@@ -31,11 +31,10 @@ class EnrollmentAdmin(admin.ModelAdmin):
     created_at_utc = utc_column("created_at", "Enrolled")
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        return False  # an enrollment is cancelled, never deleted
+        return False
 
     def get_readonly_fields(self, request, obj=None):
-        # An enrollment is a fact about one attendee and one workshop: to move
-        # someone, cancel this one and enrol them elsewhere.
+        # To move someone, cancel this enrollment and enrol them elsewhere.
         return ("attendee", "workshop", "created_at_utc") if obj else ("created_at_utc",)
 
     def save_model(self, request, obj: Enrollment, form, change: bool) -> None:

@@ -1,4 +1,4 @@
-"""The admin's forms: workshops with wall-clock times in their own zone, enrollments, and the reasons staff decisions ask for."""
+"""Admin forms: workshops in their zone's wall-clock time, enrollments, decision reasons."""
 
 from __future__ import annotations
 
@@ -21,10 +21,9 @@ ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europ
 
 
 class LocalSplitDateTime(AdminSplitDateTime):
-    """The admin's date picker, and the time typed as HH:MM with no "Now" shortcut.
+    """The admin's date picker and an HH:MM time, without the "Now" shortcut.
 
-    "Now" fills in the server's clock, while the field is read as wall-clock
-    time in the workshop's zone: a start far from where it was meant.
+    "Now" is the server's clock, but the field is read in the workshop's zone.
     """
 
     template_name = "admin/widgets/split_datetime.html"
@@ -35,12 +34,7 @@ class LocalSplitDateTime(AdminSplitDateTime):
 
 
 def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
-    """Return the UTC instant of the wall-clock time ``local`` in ``zone``.
-
-    Raise ValidationError when that wall time does not exist in the zone (the
-    clocks jump over it) or happens twice (the clocks go back over it): the
-    start of a workshop must be one unambiguous instant.
-    """
+    """Return the UTC instant of ``local`` in ``zone``; refuse a time DST skips or repeats."""
     first, second = local.replace(tzinfo=zone, fold=0), local.replace(tzinfo=zone, fold=1)
     if first.utcoffset() != second.utcoffset():
         shown = local.strftime("%Y-%m-%d %H:%M")
@@ -127,8 +121,7 @@ class WorkshopForm(forms.ModelForm):
             if local is None:
                 continue
             if zone is None:
-                # The zone has its own error; keep the times aware so the model
-                # does not add a second, misleading one.
+                # The zone has its own error; stay aware so the model adds no second one.
                 cleaned[name] = local.replace(tzinfo=UTC)
                 continue
             try:

@@ -87,7 +87,7 @@ class DeadlineFilter(admin.SimpleListFilter):
         now = default_clock().now()
         policy = ReminderPolicy.from_settings()
 
-        def by(moment):  # the deadline is at or before ``moment``: judged on the start
+        def by(moment):  # the deadline is at or before ``moment``
             return policy.late_start_q(moment, through="workshop__")
 
         bounds = {
@@ -163,7 +163,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="Text")
     def frozen_text(self, obj: Reminder) -> str:
-        """The language and text the first claim froze, or that it would freeze now."""
+        """Show the text the first claim froze, or that it is not frozen yet."""
         if obj.text_id is None:
             return (
                 "Not frozen yet: the first claim fixes the language and text; until then an "
@@ -180,7 +180,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="What it says")
     def message(self, obj: Reminder) -> str:
-        """The subject and text part as sent (or as they would be sent), from the frozen text."""
+        """Show the subject and text part as sent, or as they would be sent."""
         envelope = reminder_envelope(reminder=obj)
         preview = reverse("admin:workshops_workshop_preview", args=[obj.workshop_id])
         changed = ""
@@ -202,7 +202,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="What happened (UTC, then the workshop's zone)")
     def timeline(self, obj: Reminder):
-        """The same lines as ``manage.py reminder_trace``, one per event."""
+        """Show the lines of ``manage.py reminder_trace``, one per event."""
         return format_html(
             '<ol class="reminder-timeline" style="margin:0;padding-left:1.5em">{}</ol>',
             format_html_join(
@@ -243,7 +243,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         return super().changelist_view(request, extra_context)
 
     def health_view(self, request):
-        """Show beat's last publish, the last completed scan, and how many reminders wait or failed."""
+        """Show beat's last publish, the last completed scan, and the counts by state."""
         if not self.has_view_permission(request):
             raise PermissionDenied
         health = scheduler_health()
@@ -351,7 +351,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     @admin.display(description="Last provider error")
     def short_error(self, obj: Reminder) -> str:
-        """The provider's last error only: a staff note or status reason is not an error."""
+        """Show the provider's last error, shortened (never a staff note or status reason)."""
         text = obj.last_error
         if not text:
             return "-"

@@ -1,4 +1,4 @@
-"""Workshops: wall-clock times in the workshop's zone, reminder counts, the preview, cancel, reinstate and replay."""
+"""Workshops: times in their own zone, reminder counts, the preview and staff decisions."""
 
 from __future__ import annotations
 
@@ -77,7 +77,7 @@ class EnrollmentInline(admin.TabularInline):
 
 
 class WorkshopTextInline(admin.StackedInline):
-    """The workshop's reminder text in other languages (saved as they are: nothing follows)."""
+    """The workshop's reminder text in other languages."""
 
     model = WorkshopText
     extra = 0
@@ -88,7 +88,7 @@ class WorkshopTextInline(admin.StackedInline):
 
 
 def placeholder_help() -> str:
-    """The placeholders staff may use, as the admin lists them next to the text fields."""
+    """Return the placeholders staff may use, as HTML."""
     return format_html_join(
         ", ", "<code>{{{}}}</code> ({})", ((name, what) for name, what in PLACEHOLDERS.items())
     )
@@ -96,8 +96,6 @@ def placeholder_help() -> str:
 
 @admin.register(Workshop)
 class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
-    """Workshops with their reminders counted by status, the reminder preview and the decisions."""
-
     form = WorkshopForm
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
@@ -160,8 +158,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         if change:
             saved = workshop_update(workshop=obj, **values)
         else:
-            # Also "Save as new": the copy is a new workshop with nothing of the
-            # original but the form's fields; its reminders are planned fresh.
+            # Also "Save as new": a fresh workshop from the form's fields alone.
             saved = workshop_create(**values)
         # The admin carries on with ``obj`` (inlines, change log, redirect).
         for model_field in Workshop._meta.concrete_fields:
@@ -196,8 +193,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         return None
 
     def has_delete_permission(self, request, obj=None) -> bool:
-        # Staff cancel a workshop instead; one with enrollments (and so reminders and
-        # their history) is never deleted.
+        # Staff cancel instead; a workshop with enrollments (so history) is never deleted.
         return super().has_delete_permission(request, obj) and not has_enrollments(obj)
 
     def get_actions(self, request):
@@ -241,12 +237,9 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         return [preview, *super().get_urls()]
 
     def preview_view(self, request, object_id):
-        """Show the reminder a chosen enrolled attendee would get: headers, text, HTML and .ics.
+        """Show the reminder an enrolled attendee would get: headers, text, HTML and .ics.
 
-        Read only, and with the view permission: nothing is sent, claimed or
-        stored. A POST ("Send me a test", permission ``send_test_reminder``)
-        queues a test of it to the staff member's own address
-        (reminders.services.testsend) and comes back here.
+        Read only. A POST queues a test to the staff member's own address.
         """
         workshop = self.get_object(request, object_id)
         if workshop is None:

@@ -1,23 +1,10 @@
 """Writes to reminders, one module per stage of a reminder's life.
 
-- ``plan``: create rows; follow workshop and enrollment changes (cancel, move,
-  re-enrol) inside their transactions.
-- ``settle``: put unsent rows where their workshop and enrollment, as they are
-  now, say (cancelled, missed, or pending again).
-- ``dispatch``: queue due rows and publish them in batches after commit.
-- ``claim``: one guarded UPDATE makes one worker the owner of a chunk.
-- ``record``: write each outcome, or release what was never sent, fenced by
-  the claim.
-- ``reap``: resolve claims whose worker vanished.
-- ``fate``: the one rule for a reminder handed back towards delivery, derived
-  from its workshop and enrollment as they are now.
-
 Each status change is a guarded, set-based UPDATE whose ``WHERE`` names the
-statuses it may leave; the rows it reports changed say which caller won, so
-two processes racing on the same reminder cannot both succeed. The only other
-writer of ``Reminder.status`` is ``reminders.services.replay`` (staff decisions), which
-uses the same fate and guards. These modules never import the Celery task
-module or the publisher: the dispatcher is handed its ``publish`` function.
+statuses it may leave; the rows it changed say which of two racing callers
+won. ``reminders.services.replay`` (staff decisions) uses the same fate and
+guards. These modules never import the Celery tasks or the publisher: the
+dispatcher is handed its ``publish`` function.
 """
 
 from reminders.services import reasons

@@ -1,6 +1,4 @@
-"""SQL that Django's ORM does not write for us: an UPDATE that reports the rows it changed,
-and the pieces of the hand-written statements (lists of ids, rows of values, the claim
-token as a parameter)."""
+"""SQL the ORM does not write: UPDATE ... RETURNING, and parts of hand-written statements."""
 
 from __future__ import annotations
 
@@ -13,13 +11,10 @@ from django.db.models.sql import UpdateQuery
 
 
 def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
-    """Run ``queryset.update(**values)`` as one ``UPDATE ... RETURNING id, status``.
+    """Run ``queryset.update(**values)`` and return ``(id, new status)`` of each changed row.
 
-    Return ``(id, new status)`` of every row the UPDATE changed, so callers count
-    what happened in the database, not what they asked for. Built by Django's own
-    update compiler (as ``QuerySet.update`` is), so a filter across relations
-    becomes ``pk IN (subquery)`` in the same statement; only RETURNING is added.
-    PostgreSQL and SQLite (3.35 and newer) both support it.
+    Built by Django's update compiler, so a filter across relations becomes
+    ``pk IN (subquery)``; only RETURNING is added.
     """
     query = queryset.query.chain(UpdateQuery)
     query.add_update_values(values)
@@ -39,22 +34,16 @@ def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
 
 
 def reads_database_clock(clock) -> bool:
-    """Return whether statements should read the database's clock instead of ``clock``.
-
-    Production's clock says so (``SystemClock.database_now``) on PostgreSQL; a
-    FakeClock, or SQLite (the one-host local run, which has no statement
-    clock), hands ``clock.now()`` to the statement as a literal.
-    """
+    """Return whether statements should read the database's clock instead of ``clock``."""
     return getattr(clock, "database_now", False) and connections["default"].vendor == "postgresql"
 
 
 def database_now(clock) -> datetime.datetime:
     """Return the time by the database server's clock (``clock.now()`` under a FakeClock).
 
-    One round trip. Phases that run several statements (the settle, the
-    dispatch, the reaper) read it once at their start: a later statement then
-    judges by a time a little behind the database's, which only delays what it
-    decides (a row marked missed, a lease reaped), never brings it early.
+    Phases of several statements read it once at their start: a later statement
+    then judges by a time a little behind, which only delays what it decides,
+    never brings it early.
     """
     if not reads_database_clock(clock):
         return clock.now()
@@ -64,12 +53,10 @@ def database_now(clock) -> datetime.datetime:
 
 
 class StatementNow:
-    """The time a hand-written statement decides by, as SQL: the database's clock, or a literal.
+    """The time a hand-written statement decides by, as SQL.
 
-    ``plus(delta)`` is that time plus ``delta``. On PostgreSQL under the
-    system clock it is ``STATEMENT_TIMESTAMP()`` (the statement's own start,
-    not the transaction's, as ``now()`` would be); otherwise ``now`` as a
-    parameter (a FakeClock's time, or SQLite).
+    ``STATEMENT_TIMESTAMP()`` (not the transaction's ``now()``) on PostgreSQL
+    under the system clock; otherwise ``now`` as a parameter.
     """
 
     def __init__(self, clock, now: datetime.datetime) -> None:
@@ -85,36 +72,25 @@ class StatementNow:
 
 
 def placeholders(count: int) -> str:
-    """Return ``%s, %s, ...`` with ``count`` placeholders: the body of an ``IN (...)`` list."""
+    """Return ``%s, %s, ...`` with ``count`` placeholders."""
     return ", ".join(["%s"] * count)
 
 
 def values_rows(rows: list[tuple]) -> str:
-    """Return ``(%s, ...), ...`` for ``rows`` of equal length: the body of a VALUES list."""
+    """Return the body of a VALUES list for ``rows`` of equal length."""
     row = f"({placeholders(len(rows[0]))})"
     return ", ".join([row] * len(rows))
 
 
-# On PostgreSQL a list of values goes as one array parameter per column: the
-# statement's text is then the same for a chunk of any size, so psycopg parses
-# it once (it caches statements of at most 50 parameters) and PostgreSQL reads
-# one array literal instead of hundreds of parameters. SQLite has no arrays.
-#
-# The array goes as the text of its literal, written here, not as a Python list:
-# Django binds parameters on the client, and psycopg's list dumper quotes each
-# element in Python (three quarters of a chunk's statement time on smtp, where
-# a chunk is 8 reminders); one string is quoted by libpq in C.
+# On PostgreSQL a list of values goes as one array parameter per column, so a
+# statement's text is the same for a chunk of any size. The array is sent as the
+# text of its literal: psycopg would quote a Python list element by element.
 
 _ARRAY_NUMBER_KINDS = frozenset({"bigint", "integer"})
 
 
 def array_literal(values, kind: str) -> str:
-    """Return the PostgreSQL literal of the array of ``values``, to be cast ``::<kind>[]``.
-
-    ``None`` is ``NULL``; numbers go bare; every other element is double-quoted
-    with its backslashes and double quotes escaped (a datetime as its ISO 8601
-    text), so commas, braces, spaces and the word NULL arrive as given.
-    """
+    """Return the PostgreSQL literal of the array of ``values``, to be cast ``::<kind>[]``."""
     if kind in _ARRAY_NUMBER_KINDS:
         return "{" + ",".join(["NULL" if v is None else str(int(v)) for v in values]) + "}"
     parts = []
@@ -131,12 +107,7 @@ def array_literal(values, kind: str) -> str:
 
 
 def one_of(connection, column: str, values: list, kind: str = "bigint") -> tuple[str, list]:
-    """Return ``(sql, params)`` for "``column`` is one of ``values``" (``values`` not empty).
-
-    ``column = ANY(%s::<kind>[])`` with one array on PostgreSQL, ``kind`` the
-    PostgreSQL type of the values (``bigint`` for ids, ``text``);
-    ``column IN (...)`` elsewhere.
-    """
+    """Return ``(sql, params)`` for "``column`` is one of ``values``" (``values`` not empty)."""
     if connection.vendor == "postgresql":
         return f"{column} = ANY(%s::{kind}[])", [array_literal(values, kind)]
     return f"{column} IN ({placeholders(len(values))})", list(values)
@@ -145,9 +116,7 @@ def one_of(connection, column: str, values: list, kind: str = "bigint") -> tuple
 def rows_cte(connection, name: str, columns: dict[str, str], rows: list[tuple]) -> tuple[str, list]:
     """Return ``(sql, params)`` for the CTE ``name (columns...) AS (...)`` holding ``rows``.
 
-    ``columns`` maps each column's name to its PostgreSQL type (``bigint``,
-    ``integer``, ``text``, ``timestamptz``). On PostgreSQL the rows go as one
-    array per column, zipped back by ``unnest``; elsewhere as a VALUES list.
+    ``columns`` maps each column's name to its PostgreSQL type.
     """
     names = ", ".join(columns)
     if connection.vendor == "postgresql":
@@ -174,12 +143,8 @@ def claim_token_param(token):
 def _compiled_timestamps(cursor) -> None:
     """Read this cursor's ``timestamptz`` columns with psycopg's compiled loader.
 
-    Django installs a loader of its own, written in Python, that parses the
-    text and then sets the tzinfo to the connection's zone (a tenth of the
-    claim's CPU, at a dozen timestamps per claimed row). When that zone is
-    UTC the session's TimeZone is UTC too, and psycopg's loader already
-    returns the same value, tzinfo ``datetime.timezone.utc`` included; any
-    other zone keeps Django's loader.
+    Only when the connection's zone is UTC, where it returns what Django's
+    Python loader would.
     """
     connection = cursor.db
     if connection.vendor == "postgresql" and connection.timezone is datetime.UTC:
@@ -189,16 +154,10 @@ def _compiled_timestamps(cursor) -> None:
 
 
 class RowsWithRelated:
-    """A hand-written SELECT of ``model`` rows joined to some of their foreign keys' rows.
+    """What ``select_related(*related)`` returns, with the SQL built once per database alias.
 
-    What ``QuerySet.select_related`` returns, without compiling the query
-    again for every call (the ORM's compiler was most of the claim's CPU):
-    the column list and joins are built once per database alias, and each
-    row becomes model instances through ``Model.from_db`` with the backend's
-    and fields' converters applied, as the ORM does. ``related`` names
-    foreign keys of ``model``; a nullable one is a LEFT JOIN and caches
-    ``None`` when the row has none. The base table's alias in ``where`` and
-    ``order`` is ``r``.
+    Rows become instances through ``Model.from_db``, converters applied, as in the
+    ORM. The base table's alias in ``where`` and ``order`` is ``r``.
     """
 
     def __init__(self, model, related: tuple[str, ...]) -> None:
@@ -224,9 +183,8 @@ class RowsWithRelated:
         """Return ``(instance, (extra values...))`` per row, in ``order``.
 
         ``prefix`` goes before the SELECT (a ``WITH``), ``source`` replaces the
-        base table in its FROM (a name the WITH defines, with the table's
-        columns), ``extra`` adds columns after the rows' own; ``params`` are
-        the prefix's and the where's, in that order.
+        base table in its FROM, ``extra`` adds columns; ``params`` are the
+        prefix's, then the where's.
         """
         connection = cursor.db
         columns, joins, parts = self._plan(connection)
@@ -257,8 +215,7 @@ class RowsWithRelated:
         return found
 
     def _plan(self, connection) -> tuple[str, str, list]:
-        # Per database alias and backend: the converters are the backend's, and
-        # some read the alias's settings (SQLite's, its TIME_ZONE).
+        # Per alias and backend: some converters read the alias's settings.
         key = (connection.alias, type(connection.ops))
         plan = self._built.get(key)
         if plan is None:

@@ -26,20 +26,16 @@ Status = Reminder.Status
 Publish = Callable[[list[int], datetime], object]
 
 
-# The statements each transaction of the dispatch runs: the locking SELECT, the
-# queueing UPDATE and the INSERT of its Dispatch records (bench/scan*.py count them).
+# Per dispatch transaction: the locking SELECT, the queueing UPDATE, the Dispatch INSERT.
 STATEMENTS_PER_TRANSACTION = 3
 
 
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
     """Return when a batch message carrying reminders with these deadlines stops being useful.
 
-    At the *latest* deadline of the batch, or ``requeue_after`` from now if
-    that comes first: while any of its reminders can still be sent, the
-    message is worth running (the claim marks the late ones ``missed`` and
-    sends the rest). Every row of the batch is queued until that same
-    instant, so when the message expires, all of its rows are due again at
-    the next scan: an expiry never strands a row that still has time.
+    At the batch's *latest* deadline, or ``requeue_after`` from now if sooner.
+    Its rows are queued until that same instant, so an expiry never strands a
+    row that still has time.
     """
     return min(now + requeue_after, max(deadlines))
 
@@ -52,25 +48,14 @@ def reminders_dispatch(
     limit: int | None = None,
     ids: list[int] | None = None,
 ) -> int:
-    """Queue due reminders and publish them by id in batches, after commit.
+    """Queue due reminders and publish them by id in batches after commit; return how many.
 
-    Due: its workshop scheduled with a start that opens the window and
-    leaves the deadline ahead (read from the workshop row, never a copy), its
-    enrollment active, retry time reached, and either never queued or queued under a message that has since expired (lost in a
-    broker restart, dropped unpublished): this is the reconciler. A reminder
-    whose message is still live is left alone, so a slow queue is not flooded.
-    Batches follow the deadline order; see ``message_expiry`` for when each
-    message and its rows expire. ``ids`` restricts the dispatch to those
-    reminders (replay uses it); the same due rule applies. ``publish`` sends
-    one batch (reminders.queue.publish_batch in production). Guarantee: a
-    row is queued only by the UPDATE that finds it ``pending`` or queued
-    under an expired message, so two dispatchers never both publish it.
-    Rows are locked and queued ``ROWS_PER_TRANSACTION`` at a time, each
-    transaction publishing its own whole batches after it commits, so a claim
-    that meets a row being dispatched waits for one short transaction, not
-    for the whole dispatch (called inside a transaction, it takes them all in
-    that one). Each batch leaves a ``Dispatch`` record, written in the
-    transaction that queues its rows. Return how many reminders were queued.
+    Due: workshop scheduled with its window open, enrollment active, retry time
+    reached, and never queued or queued under an expired message (so this is
+    also the reconciler). A row is queued only by the UPDATE that finds it due,
+    so two dispatchers never both publish it. Rows are locked and queued
+    ``ROWS_PER_TRANSACTION`` at a time, so a claim waits for one short
+    transaction at most. ``ids`` restricts the dispatch to those reminders.
     """
     clock = clock or default_clock()
     now = database_now(clock)
@@ -89,19 +74,12 @@ def reminders_dispatch(
     if ids is not None:
         due = due.filter(id__in=ids)
     if connection.in_atomic_block:
-        # Inside a caller's transaction (a staff replay) every lock lasts until
-        # that one commits: smaller transactions would only add statements.
+        # Inside a caller's transaction (a replay) every lock lasts until it commits.
         chunks = [due[:limit]]
     else:
-        # One read, without locks, picks the rows in deadline order; then each
-        # transaction locks whole batches of them by id (re-checking the due
-        # rule under the lock) and queues them, so none holds its locks for
-        # longer than queueing ROWS_PER_TRANSACTION rows takes. The lock has no
-        # ORDER BY or LIMIT (the ids are already chosen): with them, PostgreSQL
-        # read the whole partial index of open rows for each transaction
-        # (49-51 ms at 97,000 open rows, bench/scan_million.py); without, it
-        # looks the ids up by primary key. The rows are put back in deadline
-        # order in Python.
+        # Pick the rows in deadline order without locks, then lock each share by
+        # id alone (the due rule re-checked under the lock): with ORDER BY or
+        # LIMIT, PostgreSQL reads the whole partial index of open rows.
         per_transaction = max(batch_size, ROWS_PER_TRANSACTION // batch_size * batch_size)
         candidates = list(due.values_list("id", flat=True)[:limit])
         unordered = due.order_by()
@@ -152,12 +130,8 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
         )
         batches.append(([pk for pk, _ in batch], expires_at))
         by_expiry[expires_at].extend(pk for pk, _ in batch)
-    # One statement whatever the number of batches: each row is queued
-    # until its batch's expiry (usually one value for all of them). On
-    # PostgreSQL this transaction's FOR UPDATE re-checked the due rule against
-    # each row it locked, so the rows are matched by id alone: with the rule
-    # repeated, the planner scanned every open row through the partial index
-    # (50-70 ms per statement at 97,000 open rows, bench/scan_million.py). SQLite
+    # On PostgreSQL the FOR UPDATE re-checked the due rule, so rows match by id
+    # alone (repeating the rule makes the planner scan every open row). SQLite
     # takes no row locks, so there the UPDATE re-checks the rule itself.
     target = Reminder.objects.filter(id__in=[pk for pk, _ in rows])
     if connection.vendor != "postgresql":
@@ -171,8 +145,7 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
                 *[When(id__in=pks, then=Value(expiry)) for expiry, pks in by_expiry.items()],
                 output_field=DateTimeField(),
             ),
-            # A row queued again because its message expired has waited since it
-            # first entered the queue (reminders_oldest_seconds): keep that time.
+            # A requeued row keeps when it first entered the queue (reminders_oldest_seconds).
             queued_at=Case(
                 When(status=Status.QUEUED, queued_at__isnull=False, then=F("queued_at")),
                 default=Value(now),
@@ -186,15 +159,10 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
 
 
 def dispatches_prune(*, clock: Clock | None = None) -> int:
-    """Delete dispatch records older than REMINDERS_DISPATCH_HISTORY_DAYS; return how many.
-
-    One statement through the ``queued_at`` index; run by every scan, so each
-    deletes about one scan's worth.
-    """
+    """Delete dispatch records older than REMINDERS_DISPATCH_HISTORY_DAYS; return how many."""
     clock = clock or default_clock()
     cutoff = clock.now() - timedelta(days=settings.REMINDERS_DISPATCH_HISTORY_DAYS)
-    # A bare DELETE: nothing points at a Dispatch, and QuerySet.delete() would
-    # wrap the one statement in a transaction of its own (BEGIN and COMMIT).
+    # A bare DELETE: nothing points at a Dispatch, and QuerySet.delete() adds a transaction.
     table = connection.ops.quote_name(Dispatch._meta.db_table)
     with connection.cursor() as cursor:
         cursor.execute(
@@ -205,7 +173,6 @@ def dispatches_prune(*, clock: Clock | None = None) -> int:
 
 
 def _publish(publish: Publish, ids: list[int], expires_at: datetime) -> None:
-    """Publish one batch after commit; one that did not go out is due again at the next scan."""
     if publish(ids, expires_at) is False:
         reminders_unpublished(ids=ids)
 
@@ -221,14 +188,10 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
 def replays_resume(*, publish: Callable[[int], object], clock: Clock | None = None) -> int:
     """Hand each background replay whose heartbeat stopped to a worker again; return how many.
 
-    A replay is ``running`` with a heartbeat (``StaffDecision.heartbeat_at``,
-    the database's clock) that each committed chunk moves on. One whose
-    heartbeat is older than the claim lease has no live task behind it (its
-    worker was lost, a time limit ended its chunk, the next chunk's message
-    was not published): its heartbeat is moved to now by a guarded UPDATE, so
-    one scan of two resumes it, and a task is published after commit. A
-    replay that was only slow is then run by two tasks, which is harmless:
-    each chunk is taken under the decision row's lock.
+    A heartbeat older than the claim lease means no live task. A guarded UPDATE
+    moves it to now, so only one of two scans resumes the replay; one that was
+    merely slow then runs in two tasks, harmlessly, as each chunk is taken under
+    the decision row's lock.
     """
     now = database_now(clock or default_clock())
     stalled = StaffDecision.objects.filter(
@@ -254,10 +217,7 @@ def scan_completed(
     worker: str = "",
     clock: Clock | None = None,
 ) -> None:
-    """Record that a scan finished now, what it did and how long it and each phase took.
-
-    One UPDATE of the scan's row (an INSERT the first time).
-    """
+    """Record that a scan finished now, what it did and how long it and each phase took."""
     now = (clock or default_clock()).now()
     values = {
         "finished_at": now,

@@ -1,28 +1,9 @@
 """Erase an attendee's personal data (GDPR), keeping what stops a second send.
 
-``attendee_erase`` runs in one durable transaction:
-
-1. cancels the attendee's active enrollments through workshops.services, so
-   their unsent reminders are cancelled and in-flight ones withdrawn by the
-   same path as any cancellation;
-2. replaces the name with ``(erased)`` and the email with a unique address
-   under the reserved ``.invalid`` domain, and clears the time zone;
-3. removes the old email and name from the texts that could quote them:
-   each reminder's ``last_error`` and ``status_reason`` (an SMTP server
-   often echoes the address), each attempt's ``error``, and the reasons of
-   earlier staff decisions;
-4. writes one StaffDecision (action ``erase``) with ids and counts only.
-
-A worker that claimed one of the attendee's reminders before the erasure
-holds the old address: its claim watch withdraws the calls not yet started
-(the enrollment is cancelled), and its record scrubs the address and name
-from whatever outcome it writes afterwards
-(``reminders.services.personal.erased_among`` orders the two).
-
-The reminder rows stay, with their status: a ``sent`` row is the durable
-sent marker, so nothing is sent to the person again for those workshops,
-and the history keeps its counts. The ``.eml`` files the ``file`` channel
-wrote for this attendee (a demo and test channel) are not touched.
+The reminder rows stay: a ``sent`` row is the durable sent marker. A worker that
+claimed a reminder before the erasure withdraws its calls not yet started, and
+its record scrubs what it writes (``personal.erased_among`` orders the two). The
+``file`` channel's ``.eml`` files are not touched.
 """
 
 from __future__ import annotations

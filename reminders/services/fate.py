@@ -1,30 +1,11 @@
 """A reminder's fate, re-derived from its workshop and enrollment as they are now.
 
-Every transition that hands a reminder back towards delivery (the record of a
-non-final outcome, a release, the reaper's requeue, a replay) decides the new
-status here, never from the row's own copies of the deadline and window:
-
-- ``cancelled`` when the workshop or the enrollment is cancelled now;
-- ``missed``, with the caller's reason, when the deadline computed from the
-  workshop's current start has passed (or will have by the next retry);
-  ``unknown`` instead when the caller says the provider may hold it (a keyed
-  call that got no definite answer): past its deadline it is never tried
-  again, and "missed" would claim it was not delivered. The row keeps that
-  fact in ``maybe_sent`` across claims, and the fate reads it from there too;
-- ``failed`` at the attempt cap (``unknown`` there too when it may be held);
-- otherwise ``pending``, with the window and deadline of the current start.
-
-``sources_locked`` reads the workshop and enrollment with ``FOR SHARE``: a
-cancel or a move (which updates those rows, then the reminders, in one
-transaction) either committed before the read, and the fate sees it, or waits
-until the returning transaction commits, and then finds the row ``pending``
-and treats it like any open reminder. Lock order everywhere: attendee (the
-record, when an outcome's text may quote an erased attendee), workshop,
-enrollment, reminder, delivery attempt. Writers that may meet on the same
-``sending`` rows (the record, a release, the reaper) first lock those rows in
-id order with ``reminders_locked`` (``claimed_locked`` for a claim's own rows):
-an UPDATE locks rows in whatever order its plan reads them, and two such
-orders over the same rows deadlock.
+``sources_locked`` reads those ``FOR SHARE``: a cancel or a move either committed
+first and is seen, or waits until the returning transaction commits. Lock order
+everywhere: attendee, workshop, enrollment, reminder, delivery attempt. Writers
+that may meet on the same ``sending`` rows first lock them in id order
+(``reminders_locked``, ``claimed_locked``): two UPDATEs locking the same rows in
+their plans' orders can deadlock.
 """
 
 from __future__ import annotations
@@ -63,8 +44,7 @@ class Source:
     workshop_status: str
     enrollment_status: str
     starts_at: datetime
-    #: The row's own durable mark: an earlier call, in this claim or any before it,
-    #: got no definite answer (Reminder.maybe_sent).
+    #: An earlier call, in any claim, got no definite answer (Reminder.maybe_sent).
     maybe_sent: bool = False
 
 
@@ -92,17 +72,11 @@ def reminder_fate(
 ) -> Fate:
     """Return the fate of a reminder going back towards delivery (pure).
 
-    ``retry_at`` is the earliest moment it may be tried again; a reminder
-    whose current deadline falls at or before it is missed now rather than
-    left to wait for a retry that could never be sent. ``maybe_sent``: the
-    provider may already hold it, so a reminder that cannot be tried again
-    before its deadline is ``unknown``, for staff to read, not ``missed``.
-    ``gave_up``: the attempt cap was reached, and this says so; the reminder is
-    not tried again: ``failed`` with it (``unknown`` if ``maybe_sent``). A
-    cancel still ends it ``cancelled``, at the cap too: staff asked for no more
-    sends, and its attempts show the call that was in flight. The row's own
-    mark (``source.maybe_sent``) counts as ``maybe_sent``: a call that timed
-    out in an earlier claim may have been accepted as much as one in this.
+    ``cancelled`` when its workshop or enrollment is, even at the cap; ``failed``
+    with ``gave_up`` at the attempt cap; ``missed`` with ``late_reason`` when the
+    deadline passes by ``retry_at``; else ``pending``. When the provider may hold
+    it (``maybe_sent``, or the row's own mark) ``unknown`` replaces ``failed`` and
+    ``missed``.
     """
     deadline = policy.deadline_at(source.starts_at)
     maybe_sent = maybe_sent or source.maybe_sent
@@ -124,14 +98,9 @@ def reminder_fate(
 
 
 def late_values(reason: str | Expression) -> dict[str, Expression]:
-    """SET values for open rows whose deadline passed, in SQL: what ``reminder_fate`` says
-    for a late row whose workshop and enrollment are still on.
+    """Return SET values giving late open rows with live sources their ``reminder_fate``.
 
-    ``missed`` with ``reason``, or ``unknown`` with the maybe-sent reason for a
-    row whose ``maybe_sent`` is set (a call of an earlier claim got no definite
-    answer). For the writers that mark many rows in one UPDATE without handing
-    them back (the expiry sweep, a move inside the cutoff, a late re-enrolment);
-    the claim's own refusal writes the same in raw SQL (``late_sql_values``).
+    ``missed`` with ``reason``, or ``unknown`` where ``maybe_sent`` is set.
     """
     if isinstance(reason, str):
         reason = Value(reason)
@@ -154,14 +123,10 @@ def late_values(reason: str | Expression) -> dict[str, Expression]:
 def refusal_sql(late_reason: str, *, now) -> tuple[str, list]:
     """Return ``(sql, params)`` of an UPDATE giving rows that can never be sent their fate.
 
-    What ``reminder_fate`` says, in one statement joined to the workshop and
-    enrollment rows as the statement reads them: ``cancelled`` when either is,
-    else, when the workshop now starts within the cutoff, ``missed`` with
-    ``late_reason`` (``unknown`` with the maybe-sent reason for a row whose
-    ``maybe_sent`` is set). Rows that match none of these are left as they
-    are. ``now`` is the statement's clock (reminders.services._sql.StatementNow).
-    The reminder table's alias is ``r``; the caller appends
-    ``AND ...`` conditions on it (and their parameters).
+    As ``reminder_fate``, joined to the workshop and enrollment: ``cancelled``,
+    else ``missed`` (or ``unknown``) within the cutoff; other rows are left alone.
+    ``now`` is a ``StatementNow``. The reminder's alias is ``r``; the caller
+    appends ``AND ...`` conditions on it.
     """
     quote = connection.ops.quote_name
     stamp = connection.ops.adapt_datetimefield_value
@@ -203,10 +168,8 @@ def refusal_sql(late_reason: str, *, now) -> tuple[str, list]:
 def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
     """Return the current workshop and enrollment facts of each reminder in ``ids``.
 
-    On PostgreSQL the workshop and enrollment rows are locked ``FOR SHARE``
-    until the caller's transaction ends (call it inside ``atomic``), so they
-    cannot change between this read and the UPDATE that acts on it. SQLite
-    (the local run) serialises writers, so a plain read is enough there.
+    On PostgreSQL those rows stay locked ``FOR SHARE`` until the caller's
+    transaction ends (call it inside ``atomic``); SQLite serialises writers.
     """
     ids = sorted(set(ids))
     if not ids:
@@ -233,7 +196,6 @@ def reminders_locked(ids: Iterable[int], guard: Q) -> None:
     """Lock the reminders of ``ids`` that match ``guard``, ``FOR UPDATE`` in id order.
 
     Call it inside ``atomic``, after ``sources_locked`` and before the UPDATEs.
-    On SQLite, which serialises writers, it sends nothing.
     """
     ids = sorted(set(ids))
     if ids and connection.vendor == "postgresql":
@@ -246,12 +208,10 @@ def reminders_locked(ids: Iterable[int], guard: Q) -> None:
 
 
 def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str = "UPDATE"):
-    """Return ``(sql, params)`` of the SELECT that locks the reminders of ``ids`` matching
-    ``where``, sorted by id, then ``FOR <mode>`` one by one in that order (PostgreSQL).
+    """Return ``(sql, params)`` locking the reminders of ``ids`` matching ``where``, in id order.
 
-    The one lock order every writer keeps. Run alone inside a transaction
-    (``claimed_locked``), or as a ``MATERIALIZED`` CTE that a one-statement
-    writer in autocommit joins, so that it writes only rows it holds already.
+    Run it alone inside a transaction, or as a ``MATERIALIZED`` CTE that a
+    one-statement writer joins, so it writes only rows it holds already.
     """
     table = connection.ops.quote_name(Reminder._meta.db_table)
     sql = f"SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) AND {where} ORDER BY id FOR {mode}"
@@ -259,15 +219,11 @@ def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str 
 
 
 def claimed_locked(ids: Iterable[int], token) -> None:
-    """``reminders_locked`` for the rows still ``sending`` under the claim ``token``.
-
-    The same lock in the same order, in SQL written once: the record and the
-    release take it for every chunk, and the ORM compiled it again each time.
-    """
+    """``reminders_locked`` for the rows still ``sending`` under the claim ``token``, in raw SQL."""
     ids = sorted(set(ids))
     if ids and connection.vendor == "postgresql":
         if not connection.in_atomic_block:
-            # As select_for_update says: outside a transaction the lock would end at once.
+            # Outside a transaction the lock would end at once.
             raise TransactionManagementError("claimed_locked() must run inside atomic()")
         with connection.cursor() as cursor:
             cursor.execute(
@@ -290,15 +246,10 @@ def reminders_return(
 ) -> dict[int, str]:
     """Write each reminder's fate with a guarded UPDATE; return ``{id: status}`` of rows changed.
 
-    Guarantee: a row changes only while it still matches ``guard`` (the
-    caller's fence: its claim token, the expired lease, the statuses a replay
-    may leave), re-checked by PostgreSQL against the committed row after any
-    lock wait. Rows sharing the same status, reason and retry time go in one
-    statement, so a chunk costs a statement per distinct fate, not per
-    reminder or per workshop. ``errors``
-    sets ``last_error``; ``refund`` gives back the attempt a claim counted;
-    a fate's ``maybe_sent`` sets the row's (never clears it); ``extra`` adds
-    the same values to every row (a replay resets ``attempts``).
+    A row changes only while it still matches ``guard`` (the caller's fence),
+    re-checked by PostgreSQL against the committed row after any lock wait. One
+    statement per distinct fate. ``refund`` gives back the attempt a claim
+    counted; ``extra`` adds the same values to every row.
     """
     errors = errors or {}
     refund = set(refund)

@@ -1,10 +1,7 @@
 """Remove an attendee's address and name from texts staff can read (provider errors, reasons).
 
-Shared by the erasure (reminders.services.erasure), which scrubs what is already
-stored, and the record (reminders.services.record), which scrubs what a
-worker that claimed a reminder before the erasure would write after it: the
-claim loaded the attendee's old address, and a provider's error often echoes
-it ("550 5.1.1 <ada@example.org>: mailbox unavailable").
+Used by the erasure, and by the record of a worker that claimed a reminder
+before the erasure: a provider's error often echoes the old address.
 """
 
 from __future__ import annotations
@@ -41,12 +38,9 @@ def scrubber(words: list[str]):
 def erased_among(attendee_ids: Iterable[int]) -> set[int]:
     """Return which of ``attendee_ids`` are erased, holding their rows until the transaction ends.
 
-    On PostgreSQL the rows are locked ``FOR KEY SHARE``, which the erasure's
-    ``FOR UPDATE`` waits for: either the erasure committed before this read
-    (and the caller scrubs what it writes), or it starts after the caller
-    commits and scrubs the caller's text itself. Call it inside ``atomic``,
-    before any reminder row is locked (lock order: attendee, workshop,
-    enrollment, reminder, attempt).
+    The erasure's ``FOR UPDATE`` waits for this ``FOR KEY SHARE``: either it
+    committed first (the caller scrubs) or it scrubs the caller's text after.
+    Call it inside ``atomic``, before any reminder row is locked.
     """
     ids = sorted(set(attendee_ids))
     if not ids:

@@ -27,24 +27,16 @@ Status = Reminder.Status
 
 
 def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
-    """Resolve reminders whose claim lease expired: the worker holding them is gone.
+    """Resolve reminders whose claim lease expired; return counts by what happened.
 
-    A channel that honours idempotency keys gets the reminder back with the
-    same key (the provider drops a duplicate), its fate re-derived from the
-    workshop and enrollment as they are now: ``cancelled`` if either is; after
-    the attempt cap or past its deadline ``unknown``, like a reminder of any
-    other channel: the lost worker may have reached the provider, so it is left
-    for staff to decide. Never silently
-    re-sent, never silently dropped. The lease is longer than Celery's hard
-    time limit, so a live worker never loses a claim it still holds.
-
-    Guarantee: rows change only while ``sending`` with an expired lease, and
-    their attempts only after them (the lock order of every writer:
-    attendee, workshop, enrollment, reminder, attempt), so a record racing the reaper
-    either wins whole or changes nothing. Return counts by what happened.
+    A keyed channel's reminder goes back with the same key, its fate re-derived
+    (``unknown`` past its deadline or the cap); any other becomes ``unknown``:
+    the lost worker may have reached the provider. Rows change only while
+    ``sending`` with an expired lease, so a racing record wins whole or changes
+    nothing. The lease outlasts Celery's hard time limit.
     """
     clock = clock or default_clock()
-    # The lease was stamped by the database's clock (the claim): judged by it too.
+    # The claim stamped the lease by the database's clock: judge it by that too.
     now = database_now(clock)
     expired = Q(status=Status.SENDING, lease_expires_at__lte=now)
     rows = list(

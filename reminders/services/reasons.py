@@ -1,7 +1,4 @@
-"""Why a reminder has the status it has: the ``status_reason`` texts staff read.
-
-Kept in one place so the admin, the tests and the docs quote the same words.
-"""
+"""Why a reminder has the status it has: the ``status_reason`` texts staff read."""
 
 from __future__ import annotations
 
@@ -20,9 +17,8 @@ LATE_IN_RETRY = "deadline passed while retrying: {error}"
 GAVE_UP = "gave up after {attempts} attempts: {error}"
 MAYBE_SENT = "{what}; the provider may have accepted it (channel {channel} has no idempotency key)"
 LEASE_LOST = "worker lost during the send (lease expired)"
-# A keyed channel's reminder that will not be tried again (its deadline passed, or the
-# attempt cap) after a call with no definite answer: it may have been delivered, so it is
-# not called missed or failed. First, so that a long error cannot cut it off (200 chars).
+# Not tried again after a call with no definite answer: maybe delivered, so neither
+# missed nor failed. It leads, so a long error cannot cut it off at 200 characters.
 MAYBE_SENT_NOT_RETRIED = (
     "the provider may have accepted it (no definite answer); not tried again: {why}"
 )

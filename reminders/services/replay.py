@@ -1,34 +1,11 @@
 """Staff decisions on reminders: replay, and the resolution of unknown outcomes.
 
-The synchronous bridge from the admin to delivery. Each service, in one
-durable transaction:
-
-1. counts the selection (one aggregate, reminders.selectors),
-2. changes the eligible rows with one guarded, set-based
-   ``UPDATE ... WHERE status IN (...) RETURNING id``,
-3. queues the changed ids with ``reminders_dispatch(ids=...)``, whose
-   publish is registered with ``transaction.on_commit`` (FAULTS S3),
-4. writes one StaffDecision row,
-
-and returns counts at once: workers deliver. The query count does not depend
-on the size of the selection, and the broker receives one message per
-REMINDERS_BATCH_SIZE reminders.
-
-Concurrency guarantee relied on: the UPDATE's WHERE names the statuses it
-may leave (``failed``/``missed`` for a replay, ``unknown`` for a resolution).
-Under PostgreSQL's READ COMMITTED, a concurrent replay of the same rows blocks
-on their row locks, then re-evaluates the WHERE against the committed rows
-(now ``pending`` or ``queued``) and changes nothing: each reminder is re-armed
-and published once, whoever clicks twice (FAULTS D3). ``sent`` is never in a
-replay's WHERE (D3), and the automatic path only ever holds ``pending``,
-``queued`` or ``sending`` rows, which no replay touches (D4).
-
-Re-arming resets ``attempts``: a replayed reminder gets the full
-REMINDERS_MAX_ATTEMPTS again. The DeliveryAttempt history keeps every earlier
-claim, numbered on from the last one.
-
-Raises ``django.core.exceptions.ValidationError`` for a missing reason or an
-unknown decision; nothing else is expected.
+Each runs in one durable transaction: a guarded ``UPDATE ... WHERE status IN
+(...)``, a dispatch published after commit (FAULTS S3), one StaffDecision row.
+Under READ COMMITTED a concurrent replay of the same rows waits on their locks,
+re-checks the WHERE and changes nothing: each reminder is re-armed and published
+once (D3). No replay leaves ``sent`` (D3) or touches the ``pending``, ``queued``
+or ``sending`` rows of the automatic path (D4).
 """
 
 from __future__ import annotations
@@ -82,12 +59,9 @@ class StaffActionResult:
     queued: int
     skipped: dict[str, int] = field(default_factory=dict)
     audit_id: int | None = None
-    #: Re-armed with their window open but not queued now (beyond
-    #: REMINDERS_DISPATCH_LIMIT, or taken by a concurrent dispatch): the next
-    #: scan queues them.
+    #: Re-armed with their window open but not queued now: the next scan queues them.
     later: int = 0
-    #: The replay was handed to a worker (REMINDERS_REPLAY_INLINE_LIMIT): the
-    #: counts grow on its StaffDecision row as the worker goes.
+    #: Handed to a worker: the counts grow on its StaffDecision row.
     running: bool = False
 
     @property
@@ -109,15 +83,9 @@ def reminder_replay(
 ) -> StaffActionResult:
     """Re-arm the replayable reminders of a selection and queue them for delivery after commit.
 
-    Replayable: ``failed``, or ``missed`` while still before the deadline, of
-    a scheduled workshop and an active enrollment. They go back to
-    ``pending`` with no retry time, and are dispatched at once when their
-    window is open. Everything else is counted and left alone.
-
-    A replayed reminder keeps the text it was frozen with at its first claim,
-    so it sends what it would have sent. With ``use_edited_text`` staff choose
-    otherwise: its frozen text is dropped, its next claim freezes the
-    workshop's text as it is then, and the decision records the choice.
+    Replayable: ``failed``, or ``missed`` before the deadline, with a scheduled
+    workshop and an active enrollment. A replayed reminder keeps its frozen
+    text unless ``use_edited_text``: then its next claim freezes the current one.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -165,11 +133,9 @@ def reminder_resolve_unknown(
 ) -> StaffActionResult:
     """Decide the reminders of a selection whose outcome is ``unknown``, recording why.
 
-    ``decision`` is StaffDecision.Action.MARK_SENT (the attendee got it: status
-    ``sent``; ``sent_at`` stays empty because nobody knows when it went out)
-    or StaffDecision.Action.SEND_AGAIN (re-armed and dispatched like a replay,
-    only while before the deadline; the attendee may receive it twice, which
-    is the risk staff accept by choosing it).
+    ``MARK_SENT`` makes them ``sent`` (``sent_at`` stays empty: nobody knows
+    when); ``SEND_AGAIN`` re-arms them like a replay, before the deadline only,
+    at the risk, which staff accept, of a second delivery.
     """
     reason = clean_reason(reason)
     if decision not in (StaffDecision.Action.MARK_SENT, StaffDecision.Action.SEND_AGAIN):
@@ -240,13 +206,9 @@ def clean_reason(reason: str | None) -> str:
 def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
     """Return the rows of ``candidates`` still matching ``guard``, with the guard on the row itself.
 
-    The guard must be a condition on the updated table, not only inside a
-    subquery: when a concurrent transaction changed the row first, PostgreSQL
-    re-checks the UPDATE's own WHERE against the new row version, but keeps
-    a subquery's (or a join's) answer from the statement's snapshot. Django
-    moves the whole WHERE of an update that filters across relations into
-    ``pk IN (subquery)``; keeping the relations inside ``candidates`` and the
-    guard outside leaves ``WHERE status IN (...) AND id IN (...)``.
+    After a concurrent change PostgreSQL re-checks an UPDATE's own WHERE against
+    the new row, but not a subquery's answer; and Django moves a filter across
+    relations into ``pk IN (subquery)``. So the relations stay in ``candidates``.
     """
     return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
 
@@ -261,12 +223,8 @@ def _rearm(
 ) -> list[int]:
     """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is still ``pending``.
 
-    The fate comes from the workshop and enrollment as they are now, read
-    under ``FOR SHARE`` (reminders.services.fate): a reminder of a workshop
-    cancelled or moved inside the cutoff meanwhile is left as it is. The
-    re-armed rows get the current window and deadline and a fresh attempt
-    count; with ``use_edited_text`` also no frozen text (the next claim
-    freezes the current one). Return the ids the guarded UPDATE changed.
+    They get a fresh attempt count, and no frozen text with ``use_edited_text``.
+    Return the ids the guarded UPDATE changed.
     """
     ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
@@ -307,10 +265,8 @@ def reminder_replay_later(
 ) -> StaffActionResult:
     """Record a replay of a large selection and hand it to a worker after commit.
 
-    The preview is counted now, exactly, and the selection's ids are kept on
-    the StaffDecision row (state ``running``), so the worker replays what
-    staff confirmed whatever the filters match later. Nothing is re-armed in
-    the request: ``replay_step`` does it, one chunk per task, on a worker.
+    The selection's ids are kept on the StaffDecision row, so the worker replays
+    what staff confirmed whatever the filters match later.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -360,14 +316,9 @@ def replay_step(
 ) -> StaffDecision:
     """Re-arm and queue the next chunk of a background replay, or close it when none is left.
 
-    The chunk re-arms and queues its reminders exactly as a replay in the
-    request does, and moves ``progress`` and ``heartbeat_at`` on in the same
-    transaction, under the decision row's lock: a worker killed mid-way, a
-    time limit or a redelivered task resumes after the last committed chunk
-    and never re-arms a chunk twice. Each chunk is its own task
-    (reminders.tasks.replay_selection), so one lost costs that chunk's
-    transaction only, and the scan hands a replay whose heartbeat stopped to a
-    worker again (reminders.services.dispatch.replays_resume).
+    ``progress`` and ``heartbeat_at`` move on in the chunk's transaction, under
+    the decision row's lock, so a lost or redelivered task resumes after the
+    last committed chunk and never re-arms one twice.
     """
     clock = clock or default_clock()
     chunk = chunk or settings.REMINDERS_REPLAY_CHUNK
@@ -422,8 +373,7 @@ def _audit(
     use_edited_text: bool = False,
 ) -> StaffActionResult:
     skipped = dict(preview.skipped)
-    # Counted eligible a moment ago, but a concurrent replay or a worker took
-    # them first: the guarded UPDATE's row count is what happened.
+    # Counted eligible, but taken first by a concurrent replay or a worker.
     raced = preview.eligible - len(changed)
     if raced > 0:
         skipped["raced"] = raced

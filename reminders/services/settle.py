@@ -1,26 +1,16 @@
 """Keep unsent reminders in step with their workshop and enrollment as they are now.
 
-A row stores no copy of its workshop's time or status: each rule below is one
-guarded UPDATE whose WHERE reads the workshop and enrollment rows when the
-statement runs. Whatever changed them (a staff action, a bulk ``update()`` in
-a shell, a load, a race that overtook another writer's read), the next settle
-puts every unsent row where the facts say:
+Each rule is one guarded UPDATE whose WHERE reads the workshop and enrollment
+when it runs, so whatever changed them, the next settle puts every unsent row
+where they say:
 
-1. open (``pending``, ``queued``) in a cancelled workshop or enrollment:
-   ``cancelled``;
-2. open with the workshop starting within the cutoff: ``missed`` (``unknown``
-   when a call may have reached the provider: fate.late_values);
+1. open in a cancelled workshop or enrollment: ``cancelled``;
+2. open, starting within the cutoff: ``missed`` (``unknown`` if maybe sent);
 3. ``cancelled`` for its workshop or enrollment, both live again: ``pending``,
    or late as in 2;
-4. ``missed`` (never maybe sent) with live sources and the deadline of the
-   current start ahead: ``pending`` again (FAULTS S7).
+4. ``missed``, never maybe sent, with the deadline ahead again: ``pending`` (S7).
 
-The scan runs it over every row, 3 and 4 over the workshops that start
-within a lead of now either side (``ROWS_PER_TRANSACTION`` at a time, skipping
-rows a claim holds: the claim decides those itself); a staff change runs it
-for its own workshop or enrollment inside its transaction, so the admin
-shows the result at once. Nothing here can lead to a late send: the claim
-judges every row again, from the workshop's start, when it takes it.
+Nothing here can lead to a late send: the claim judges every row again.
 """
 
 from __future__ import annotations
@@ -39,9 +29,7 @@ from workshops.models import Enrollment, Workshop
 
 Status = Reminder.Status
 
-# The most rows one transaction of the scan's settle locks. A claim that meets a
-# row the scan holds waits for that transaction, so this bounds the wait
-# (bench/scan_million.py measures it).
+# The most rows one transaction of the scan's settle locks: it bounds a claim's wait.
 ROWS_PER_TRANSACTION = 250
 
 _LIVE = Q(workshop__status=Workshop.Status.SCHEDULED, enrollment__status=Enrollment.Status.ACTIVE)
@@ -73,10 +61,8 @@ def reminders_settle(
 ) -> dict[str, int]:
     """Apply the module's four rules to the rows of ``scope`` (all rows by default).
 
-    ``late_reason`` names why rows are late (a staff move inside the cutoff);
-    by default it is read from each row (retrying, queued, or neither).
-    Return how many rows were ``cancelled``, ``missed`` (or ``unknown``) and
-    ``reopened``.
+    ``late_reason`` overrides the reason read from each row. Return how many rows
+    were ``cancelled``, ``missed`` (or ``unknown``) and ``reopened``.
     """
     now = database_now(clock or default_clock())
     policy = ReminderPolicy.from_settings()
@@ -97,8 +83,7 @@ def reminders_settle(
         **late_values(late_reason if late_reason is not None else _late_reason()),
         **closed,
     )
-    # Over every row (the scan), only workshops that start within a lead of now
-    # either side, as the plan does: older rows stay as they ended.
+    # The scan, like the plan, looks only a lead either side of now: older rows stay as they ended.
     recent = (
         rows.filter(
             workshop__starts_at__gt=now - policy.lead, workshop__starts_at__lte=now + policy.lead
@@ -143,20 +128,18 @@ def reminders_settle(
 def _update(rows: QuerySet[Reminder], **values) -> int:
     """Run ``rows.update(**values)``: inside a caller's transaction at once, else in chunks.
 
-    Alone (the scan), each transaction locks at most ``ROWS_PER_TRANSACTION``
-    rows, skipping those another transaction holds, so a claim never waits
-    long behind the settle; the UPDATE repeats the rule under the lock.
+    Alone, each transaction locks at most ``ROWS_PER_TRANSACTION`` rows, skipping
+    those another holds; the UPDATE repeats the rule under the lock.
     """
     if connection.in_atomic_block:
-        # A staff change's transaction: lock the rows in id order first, as the
-        # claim does, so the two never hold each other's rows (a deadlock).
+        # Lock in id order first, as the claim does, so the two cannot deadlock.
         ids = list(rows.select_for_update(of=("self",)).order_by("id").values_list("id", flat=True))
         return rows.filter(id__in=ids).update(**values) if ids else 0
     total = 0
     while True:
         with transaction.atomic():
-            # The ids first, then the UPDATE: as a subquery of the UPDATE, PostgreSQL
-            # may run a LIMIT ... SKIP LOCKED once per row and take every row.
+            # Ids first: as a subquery of the UPDATE, PostgreSQL may run the
+            # LIMIT ... SKIP LOCKED once per row and take every row.
             chunk = list(
                 rows.select_for_update(skip_locked=True, of=("self",))
                 .order_by("id")

@@ -1,9 +1,6 @@
 """Ask for a test of one attendee's reminder, sent to the staff member asking.
 
-``reminder_send_test_request`` checks the staff member's address, records a
-StaffDecision (``send_test``, ``running``) and queues it after commit; a
-worker sends it (reminders/worker/testsend.py). The attendee's real reminder
-is untouched.
+A worker sends it (reminders.worker.testsend); the attendee's reminder is untouched.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ from reminders import queue
 from reminders.models import StaffDecision
 from workshops.models import Enrollment
 
-# Also the preview's answer to an attendee not enrolled (the reminder preview).
+# Also the reminder preview's answer to an attendee not enrolled.
 NOT_ENROLLED = "That attendee is not enrolled in this workshop; choose one from the list."
 
 # A test send may take this long on the worker, limiter wait included.
@@ -38,8 +35,8 @@ def reminder_send_test_request(
 ) -> StaffDecision:
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
-    Raise ``ValidationError`` saying what to do when the staff member has no
-    usable address or the attendee is not enrolled; nothing is recorded then.
+    Raise ``ValidationError``, recording nothing, when the staff member has no
+    usable address or the attendee is not enrolled.
     """
     clock = clock or default_clock()
     address = (actor.email or "").strip()

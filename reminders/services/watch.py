@@ -12,9 +12,8 @@ from reminders.models import Reminder
 from reminders.services._sql import claim_token_param, one_of, rows_cte
 from workshops.models import Enrollment, Workshop
 
-# No provider call starts more than this many seconds after staff commit a
-# cancel or a move (plus the calls already in flight): the claim watch's
-# snapshot must be at most this old when a call starts.
+# No provider call starts more than this many seconds after staff commit a cancel
+# or a move: the claim watch's snapshot is at most this old when a call starts.
 REVOCATION_WINDOW = 1.0
 # How often the claim watch re-reads the claimed rows while a batch runs.
 WATCH_INTERVAL = 0.25
@@ -25,15 +24,9 @@ logger = logging.getLogger(__name__)
 class ClaimWatch:
     """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
 
-    Runs in the calling (synchronous) thread, between the engine's loop
-    turns: the engine session calls ``refresh`` every ``WATCH_INTERVAL``
-    seconds. Each refresh is one query over the claimed reminders, their
-    workshops and enrollments; an envelope is withdrawn when its reminder is
-    no longer ``sending`` under this claim (reaped), its workshop or
-    enrollment is cancelled, or its workshop's title, time, zone, location,
-    join link or organiser differ from what was rendered. With snapshots at
-    most ``REVOCATION_WINDOW`` seconds old, no call starts later than that
-    after staff commit a change.
+    Runs in the calling thread, between the engine's loop turns. An envelope is
+    withdrawn when its reminder is no longer ``sending`` under this claim, its
+    workshop or enrollment is cancelled, or what it shows of the workshop changed.
     """
 
     def __init__(self, *, token, reminders, clock: Clock) -> None:
@@ -47,23 +40,13 @@ class ClaimWatch:
     def seed(self, read_at: float) -> None:
         """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot.
 
-        The claim took only rows ``sending`` under it with their workshop
-        scheduled and their enrollment active, and the messages are rendered
-        from the workshops it read: nothing is withdrawn as of ``read_at``.
-        The first ``refresh`` then comes ``WATCH_INTERVAL`` into the batch,
-        or before the first call if rendering took the snapshot past
-        ``REVOCATION_WINDOW``: a chunk sent within a quarter of a second reads
-        its rows once, in the claim.
+        The claim took only live rows and rendered what it read, so nothing is
+        withdrawn as of ``read_at``.
         """
         self.gate.publish({}, taken_at=read_at)
 
     def refresh(self) -> None:
-        """Read the rows once and publish the withdrawals; a database error leaves the gate stale.
-
-        The common case, nothing changed, is one statement that returns the ids
-        still as rendered; only when some are missing from it does a second
-        read say why each one is withdrawn.
-        """
+        """Read the rows once and publish the withdrawals; a database error leaves the gate stale."""
         taken_at = self._clock.monotonic()
         try:
             unchanged = self._unchanged()
@@ -77,8 +60,7 @@ class ClaimWatch:
         self.gate.publish(withdrawn, taken_at=taken_at)
 
     def _unchanged(self) -> set[int]:
-        """Return the ids still ``sending`` under this claim, with their workshop and
-        enrollment live and the workshop as it was rendered (one statement, ids only)."""
+        """Return the ids still ``sending`` under this claim, live and as rendered."""
         quote = connection.ops.quote_name
         stamp = connection.ops.adapt_datetimefield_value
         shown_rows = [
@@ -109,7 +91,7 @@ class ClaimWatch:
             return {row[0] for row in cursor.fetchall()}
 
     def _reasons(self, ids: list[int]) -> dict[int, str]:
-        """Say why each of ``ids`` is withdrawn."""
+        """Return why each of ``ids`` is withdrawn."""
         rows = Reminder.objects.filter(pk__in=ids).values_list(
             "pk",
             "status",

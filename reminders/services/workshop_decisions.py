@@ -1,24 +1,9 @@
 """Staff decisions on workshops: cancel and reinstate, each previewed, reasoned and audited.
 
-The admin's synchronous bridge for workshop decisions, beside reminders.services.replay
-for reminder decisions. Each service, in one durable transaction:
-
-1. counts what the decision would do (the preview the confirmation page shows),
-2. locks the selected workshops that can change and changes each through the
-   workshops service (workshop_cancel, workshop_reinstate), whose signal
-   brings the reminders in line inside the same transaction
-   (reminders.services.plan.reminders_follow_workshop),
-3. writes one StaffDecision row with the reason, the workshops changed and
-   the reminders cancelled or planned again.
-
-A reminder already ``sent`` is never touched. Cancelling leaves ``sending``
-reminders to their worker: its gate stops further calls within
-reminders.services.watch.REVOCATION_WINDOW and its record re-derives the fate (the
-attendee may still receive a call that was already under way). Reinstating
-brings back each cancelled reminder whose enrollment is active: ``pending``
-with the current window and deadline and a fresh attempt count, or ``missed``
-once the cutoff has passed (``unknown`` if a call of it may have reached the
-provider).
+Each runs in one durable transaction: it locks the selected workshops, changes
+each through the workshops service, whose signal settles their reminders in the
+same transaction, and writes one StaffDecision row. A ``sent`` reminder is never
+touched; ``sending`` ones are left to their worker.
 """
 
 from __future__ import annotations
@@ -203,8 +188,11 @@ def _decide(
 
 
 def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:
-    """Lock, in id order, the selected workshops still in ``status`` (FOR NO KEY UPDATE: a
-    plan committing reminders of them takes FOR KEY SHARE, which must not wait for this)."""
+    """Lock, in id order, the selected workshops still in ``status``.
+
+    ``FOR NO KEY UPDATE``: a plan inserting their reminders takes ``FOR KEY SHARE``,
+    which must not wait for this.
+    """
     return list(
         _selection(workshops)
         .filter(status=status)

@@ -19,8 +19,7 @@ from celery.signals import (
 def prepare_main_process(sender, **kwargs) -> None:
     """Before the pool forks: the shutdown flag, the metrics server, lock timeouts, a warm send path.
 
-    Pool processes share the pages loaded here with the parent; ``gc.freeze``
-    keeps the collector from touching (and so copying) them.
+    ``gc.freeze`` keeps the collector from copying the pages pool processes share.
     """
     import gc
 

@@ -1,16 +1,8 @@
 """What every log line about a reminder carries: its id, key, claim token, worker and attempt.
 
-``reminders.worker.pipeline.deliver`` sets the claim's context around each chunk it
-sends and records (``claim_context``). ``ReminderFields``, a filter on the
-console handler (config/settings.py ``LOGGING``), then adds to every record
-logged in that context the claim token and the worker, and to a record that
-names a ``reminder_id`` (the delivery engine passes it in ``extra``) that
-reminder's key and DeliveryAttempt number. With ``LOG_FORMAT=json`` they are
-fields of the line's object (``manage.py reminder_trace`` shows the same
-token, worker and number); the text format shows the message only.
-
-Async tasks copy the context they are created in, so the engine's tasks, on
-the event loop the bridge starts for the chunk, see the chunk's claim.
+``claim_context`` sets the claim around each chunk; ``ReminderFields``, a filter on
+the console handler, adds its fields to every record logged inside it. Async tasks
+copy the context they are created in, so the engine's tasks see the chunk's claim.
 """
 
 from __future__ import annotations

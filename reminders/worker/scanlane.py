@@ -1,20 +1,9 @@
 """The scan's own lane: a thread in every worker's main process that consumes the scan queue.
 
-Delivery batches may keep every pool process busy for minutes; a scan queued
-behind them would wait, expire and never run, and with it would go expiry,
-reaping, planning and dispatch. So the pool consumes only the delivery queue,
-and this thread, started when the worker is ready (config/celery.py),
-consumes ``scan`` with its own broker connection and runs each scan itself.
-``celery -A config worker`` with no flags is still all an operator runs.
-
-Each message is a Celery ``reminders.scan`` task message as beat publishes
-it: one with another scan waiting behind it in the queue is dropped (only the
-newest of scans piled up while workers were down is worth running); any other
-runs ``reminders.worker.pipeline.scan`` and is acknowledged afterwards (a scan is
-idempotent, so a redelivered one costs only its queries). Several workers
-share the queue: each message runs once. No clock decides the drop: beat's
-``expires`` stamp is the beat host's time, and comparing it with this host's
-dropped every scan on a host whose clock ran two minutes fast.
+Delivery batches may keep every pool process busy for minutes, and a scan queued
+behind them would expire unrun; so the pool consumes only delivery. A scan with
+another waiting behind it is dropped (only the newest is worth running), judged
+by the queue, never by beat's clock.
 """
 
 from __future__ import annotations
@@ -52,10 +41,8 @@ class ScanLane:
     def stop(self) -> None:
         """Stop taking scans, and return at once: a scan already running goes on.
 
-        Called from Celery's ``worker_shutting_down``, which runs inside the
-        main process's signal handler: waiting there would hold up the acks
-        and heartbeats of that process. ``join`` waits, from the worker's
-        own shutdown.
+        Runs inside the main process's signal handler, where waiting would hold
+        up its acks and heartbeats; ``join`` waits.
         """
         self._stopping.set()
 
@@ -102,7 +89,7 @@ class ScanLane:
             message.ack()
 
     def _newer_waiting(self) -> bool:
-        """Return whether another scan message waits in the queue (asked on a connection of its own)."""
+        """Return whether another scan message waits in the queue."""
         try:
             with self._app.connection_for_read() as connection:
                 declared = connection.default_channel.queue_declare(queue=SCAN_QUEUE, passive=True)

@@ -1,13 +1,8 @@
 """The worker's warm-shutdown flag, shared by the main process and its pool processes.
 
-Celery handles SIGTERM in the worker's main process, which stops taking
-messages and waits for running tasks; its pool processes are not told. Left
-alone, a running batch would go on starting calls until its budget ran out.
-So the main process creates this flag before it forks the pool
-(``worker_init``, config/celery.py) and sets it when shutdown begins
-(``worker_shutting_down``); a batch reads it between chunks and, through the
-engine's stop, before every call: no new call starts, calls in flight finish
-within the drain, and the ids not yet claimed go back for the next scan.
+Celery tells only the main process of a SIGTERM. It creates this flag before the
+pool forks and sets it when shutdown begins; a batch reads it before every call,
+so no new call starts and the ids not yet claimed go back for the next scan.
 """
 
 from __future__ import annotations

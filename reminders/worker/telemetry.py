@@ -1,35 +1,9 @@
 """A worker's own series for Prometheus: provider calls, slack before the deadline, limiter waits.
 
-Off unless ``REMINDERS_METRICS_PORT`` is set. Then, at ``worker_init``, in
-the worker's main process and before the pool forks (config/celery.py),
-``start`` does three things:
-
-1. empties a directory the worker owns, ``<REMINDERS_VAR_DIR>/metrics/<nodename>``
-   (or ``PROMETHEUS_MULTIPROC_DIR`` when the environment names one), of the
-   ``*.db`` files an earlier run left;
-2. points prometheus-client's multiprocess mode at it, so each pool process
-   writes its counts to a mapped file of its own there;
-3. serves the sum over all those files on
-   ``REMINDERS_METRICS_BIND:REMINDERS_METRICS_PORT`` (127.0.0.1 by default),
-   from a thread of the main process.
-
-A pool process that exits (``--max-tasks-per-child``, a kill) leaves its file
-behind, so a worker's totals never go backwards while it runs. A restarted
-worker starts from zero, which Prometheus reads as a counter reset.
-
-The series (names are a contract: deploy/prometheus/alerts.yml and
-docs/operations.md use them):
-
-- ``reminders_provider_calls_total{channel,outcome}``: every call, with the
-  outcomes of ``delivery.observer.CALL_OUTCOMES``; ``outcome="throttled"``
-  counts the provider's 429s.
-- ``reminders_provider_call_seconds{channel}``: how long each call took.
-- ``reminders_send_slack_seconds{channel}``: how long before its deadline
-  each accepted message was accepted.
-- ``reminders_limiter_wait_seconds``: each wait for the rate limiter's grant.
-
-The observer is called on the batch's event loop; each call is a dictionary
-lookup and a write to the mapped file, never I/O that waits.
+Off unless ``REMINDERS_METRICS_PORT`` is set. Each pool process writes its counts
+to a file of its own in a directory the worker owns, and the main process serves
+their sum. The series' names are a contract (deploy/prometheus/alerts.yml,
+docs/operations.md).
 """
 
 from __future__ import annotations
@@ -46,8 +20,8 @@ from delivery.observer import CALL_OUTCOMES
 logger = logging.getLogger(__name__)
 
 MULTIPROC_ENV = "PROMETHEUS_MULTIPROC_DIR"
-# Seconds; the call buckets straddle the provider's usual answer (0.1 s) and the
-# call timeout; the slack buckets the cutoff alert's 5 minutes and the lead.
+# Seconds: call buckets span the provider's usual answer to the call timeout; slack
+# buckets span the cutoff alert's 5 minutes to the lead.
 CALL_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 SLACK_BUCKETS = (
     60.0, 120.0, 300.0, 600.0, 900.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0,
@@ -59,10 +33,9 @@ _observer: WorkerObserver | None = None
 
 
 class WorkerObserver:
-    """The engine's observer (delivery.observer.Observer), counting into prometheus-client."""
+    """The engine's observer, counting into prometheus-client; it never waits on I/O."""
 
     def __init__(self, *, registry=None) -> None:
-        """Make the series, in ``registry`` (prometheus-client's default one when None)."""
         from prometheus_client import REGISTRY, Counter, Histogram
 
         registry = REGISTRY if registry is None else registry
@@ -140,12 +113,10 @@ def metrics_directory(nodename: str) -> Path:
 
 
 def start(nodename: str) -> Path | None:
-    """Set up multiprocess mode and serve this worker's series; return the directory.
+    """Set up multiprocess mode and serve this worker's series; return the directory, or None.
 
-    Called once in the worker's main process before the pool forks. Return
-    None when REMINDERS_METRICS_PORT is unset. Raise ``SystemExit`` with a
-    message naming the fix when the port cannot be bound (Celery would
-    otherwise log the error and go on without metrics).
+    Call once in the main process before the pool forks. Raise ``SystemExit``
+    when the port cannot be bound (Celery would go on without metrics).
     """
     global _observer
     port = settings.REMINDERS_METRICS_PORT
@@ -161,10 +132,8 @@ def start(nodename: str) -> Path | None:
     from prometheus_client import CollectorRegistry, start_http_server, values
     from prometheus_client.multiprocess import MultiProcessCollector
 
-    # prometheus-client picks its value class when first imported, and the
-    # celery command has imported it already (Flower's plugin does, to load its
-    # own counters). Pick again now that the directory is set: the series made
-    # below, and so every pool process's counts, go to the mapped files.
+    # prometheus-client picked its value class at import, before the directory was
+    # set (Flower's plugin imports it): pick again, so counts go to the mapped files.
     values.ValueClass = values.get_value_class()
 
     registry = CollectorRegistry()

@@ -1,9 +1,7 @@
-"""Send the test a staff member asked for (reminders/services/testsend.py), on a worker.
+"""Send the test a staff member asked for (reminders.services.testsend), on a worker.
 
-Addressed to the staff member under a key of its own (``test-<decision id>``),
-through the one sync/async crossing (bridge.py); it never touches a reminder
-row. A redelivered task sends nothing more: one conditional UPDATE claims the
-decision before the send.
+It never touches a reminder row. One conditional UPDATE claims the decision
+before the send, so a redelivered task sends nothing more.
 """
 
 from __future__ import annotations
@@ -52,8 +50,7 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         attendee = Attendee.objects.get(pk=decision.selection_ids[0])
     except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
         return False, "not sent: the workshop or the attendee no longer exists"
-    # Judged as they are now, not as they were when the test was asked for: a
-    # preview of a reminder that will never go out would mislead the tester.
+    # Judged as they are now: a test of a reminder that will not go out would mislead.
     if workshop.status != Workshop.Status.SCHEDULED:
         return False, "not sent: the workshop is cancelled, so its reminders will not go out"
     enrolled = Enrollment.objects.filter(
