@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django import forms
-from django.conf import settings
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -20,12 +19,10 @@ from reminders.selectors import (
     SKIP_REASONS,
     SelectionPreview,
     reminder_replay_preview,
-    selection_of,
 )
 from reminders.services.replay import (
     StaffActionResult,
-    reminder_replay,
-    reminder_replay_later,
+    reminder_replay_selection,
 )
 
 Status = Reminder.Status
@@ -246,14 +243,12 @@ class StaffActionsMixin:
                 submit_label=f"Yes, replay {plural(preview.eligible, 'reminder')}",
                 form=form,
             )
-        options = {
-            "reason": form.cleaned_data["reason"],
-            "use_edited_text": form.cleaned_data["use_edited_text"],
-        }
-        if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT:
-            result = reminder_replay_later(reminders=reminders, actor=request.user, **options)
-        else:
-            result = reminder_replay(reminders=reminders, actor=request.user, **options)
+        result = reminder_replay_selection(
+            reminders=reminders,
+            actor=request.user,
+            reason=form.cleaned_data["reason"],
+            use_edited_text=form.cleaned_data["use_edited_text"],
+        )
         if missing is None:
             missing = self._missing(request, found=result.selected)
         self.message_user(

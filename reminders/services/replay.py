@@ -249,6 +249,23 @@ def _left_for_scan(ids: list[int], *, now: datetime) -> int:
     ).count()
 
 
+def reminder_replay_selection(
+    *,
+    reminders: QuerySet[Reminder],
+    actor: AbstractBaseUser,
+    reason: str = "",
+    use_edited_text: bool = False,
+) -> StaffActionResult:
+    """Replay a staff selection: in this request up to REMINDERS_REPLAY_INLINE_LIMIT
+    reminders, on a worker beyond (``reminder_replay_later``)."""
+    replay = (
+        reminder_replay_later
+        if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT
+        else reminder_replay
+    )
+    return replay(reminders=reminders, actor=actor, reason=reason, use_edited_text=use_edited_text)
+
+
 # --- Replays too large for one request ------------------------------------------
 
 PublishTask = Callable[[int], object]
