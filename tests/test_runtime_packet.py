@@ -33,9 +33,9 @@ OWN_PACKAGES = {"clock", "config", "delivery", "loopback", "reminders", "worksho
 # The least each doc must name, so a check that finds nothing cannot pass unnoticed:
 # (code references, test references).
 AT_LEAST = {
-    "packet": (40, 20),
+    "packet": (40, 17),  # one test per row of its ownership table; the rest are in faults.md
     "operations": (5, 2),
-    "faults": (0, 80),
+    "faults": (0, 180),
     "readme": (0, 0),  # its defaults are checked instead (at least 20)
     "staff": (1, 0),
 }
