@@ -12,7 +12,7 @@ TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
 TEST_PROCESS_REDIS_URL ?= redis://127.0.0.1:6379/14
 MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
-.PHONY: run test test-units test-processes test-chaos lint venv bench clean mutate messages
+.PHONY: prereqs run test test-units test-processes test-chaos lint venv bench clean mutate messages
 
 $(UV):
 	python3 -m pip install --user --quiet uv
@@ -32,6 +32,10 @@ run: venv
 	echo "Starting web (http://127.0.0.1:8000/admin/), worker and beat; Ctrl-C stops all three." && \
 	exec $(VENV)/bin/honcho start
 
+# Before anything else, `make test` names each missing server or tool and how to get it.
+prereqs:
+	@bin/check-test-prereqs $(TEST_DATABASE_URL) $(TEST_REDIS_URL) $(TEST_PROCESS_REDIS_URL)
+
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
@@ -50,7 +54,7 @@ define pytest_in  # $(1) database URL, $(2) Redis URL, $(3) var dir under var/, 
 	$(VENV)/bin/pytest $(4)
 endef
 
-test: lint
+test: prereqs lint
 ifneq ($(strip $(PYTEST_ARGS)),)
 	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test,$(PYTEST_ARGS))
 else
