@@ -13,6 +13,18 @@ from django.db import models
 from reminders.policy import ReminderPolicy
 from workshops.models import Attendee, Enrollment, Workshop
 
+# The largest primary key the database holds (BigAutoField: signed 64-bit).
+MAX_ID = 2**63 - 1
+
+
+def id_from_text(value: str) -> int | None:
+    """Return the primary key ``value`` spells in ASCII digits, or None if it names none."""
+    value = value.strip()
+    if not (value.isascii() and value.isdigit()) or len(value) > len(str(MAX_ID)):
+        return None
+    number = int(value)
+    return number if 0 < number <= MAX_ID else None
+
 
 def reminder_key(*, attendee_id: int, workshop_id: int, prefix: str | None = None) -> str:
     """Return the stable idempotency key of the reminder for (attendee, workshop).

@@ -19,7 +19,7 @@ from django.conf import settings
 from django.db import OperationalError
 
 from reminders import queue
-from reminders.models import StaffDecision
+from reminders.models import MAX_ID, StaffDecision
 from reminders.services.replay import replay_step
 from reminders.worker import pipeline, shutdown
 from reminders.worker.testsend import reminder_send_test_run
@@ -28,11 +28,6 @@ logger = logging.getLogger(__name__)
 
 # Retries of a batch whose claim could not reach the database (1, 2, 4, 8, 16 s).
 DATABASE_RETRIES = 5
-
-
-# The largest primary key the database can hold (BigAutoField: a signed 64-bit
-# integer on PostgreSQL and SQLite). A larger id names no reminder that can exist.
-MAX_ID = 2**63 - 1
 
 
 def parse_ids(value: object) -> list[int] | None:

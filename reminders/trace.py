@@ -13,7 +13,7 @@ from zoneinfo import ZoneInfo
 from django.db import connection
 from django.db.models import Q
 
-from reminders.models import DeliveryAttempt, Dispatch, Reminder, StaffDecision
+from reminders.models import DeliveryAttempt, Dispatch, Reminder, StaffDecision, id_from_text
 
 
 @dataclass(frozen=True, slots=True)
@@ -26,8 +26,8 @@ def reminder_lookup(identifier: str) -> Reminder:
     """Return the reminder whose id or key is ``identifier``; raise ``Reminder.DoesNotExist``."""
     identifier = identifier.strip()
     query = Q(key=identifier)
-    if identifier.isdigit():
-        query |= Q(pk=int(identifier))
+    if (pk := id_from_text(identifier)) is not None:
+        query |= Q(pk=pk)
     return Reminder.objects.select_related("workshop", "attendee").get(query)
 
 

@@ -14,7 +14,7 @@ from django.utils.html import format_html
 
 from reminders.admin.columns import plural
 from reminders.admin.forms import ReplayForm
-from reminders.models import Reminder, StaffDecision
+from reminders.models import Reminder, StaffDecision, id_from_text
 from reminders.selectors import (
     SKIP_REASONS,
     SelectionPreview,
@@ -106,7 +106,7 @@ class StaffActionsMixin:
         invalid = [
             value
             for value in request.POST.getlist(helpers.ACTION_CHECKBOX_NAME)
-            if not (value.isascii() and value.isdigit() and 0 < int(value) < 2**63)
+            if id_from_text(value) is None
         ]
         if invalid:
             shown = ", ".join(repr(value[:20]) for value in invalid[:3])

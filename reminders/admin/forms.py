@@ -35,6 +35,12 @@ class LocalSplitDateTime(AdminSplitDateTime):
 
 def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
     """Return the UTC instant of ``local`` in ``zone``; refuse a time DST skips or repeats."""
+    if not 1971 <= local.year <= 9998:
+        # Past the calendar's ends a zone's offset overflows (9999-12-31 in Etc/GMT+12).
+        raise ValidationError(
+            f"{local:%Y-%m-%d} is out of range: enter a date between 1971 and 9998.",
+            code="out_of_range",
+        )
     first, second = local.replace(tzinfo=zone, fold=0), local.replace(tzinfo=zone, fold=1)
     if first.utcoffset() != second.utcoffset():
         shown = local.strftime("%Y-%m-%d %H:%M")

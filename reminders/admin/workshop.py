@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
 from django.db.models import Count, Q
@@ -35,7 +36,7 @@ from reminders.admin.forms import (
     WorkshopForm,
 )
 from reminders.content import language_name, reminder_preview
-from reminders.models import Reminder
+from reminders.models import Reminder, id_from_text
 from reminders.selectors import (
     workshop_text_reach,
 )
@@ -255,8 +256,8 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         )
         chosen = None
         wanted = request.GET.get("attendee", "")
-        if wanted.isdigit():
-            chosen = next((a for a in enrolled if a.pk == int(wanted)), None)
+        if (pk := id_from_text(wanted)) is not None:
+            chosen = next((a for a in enrolled if a.pk == pk), None)
         error = ""
         if wanted and chosen is None:
             error = NOT_ENROLLED
@@ -290,7 +291,8 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             raise PermissionDenied
         wanted = request.POST.get("attendee", "")
         back = reverse("admin:workshops_workshop_preview", args=[workshop.pk])
-        attendee = Attendee.objects.filter(pk=int(wanted)).first() if wanted.isdigit() else None
+        pk = id_from_text(wanted)
+        attendee = Attendee.objects.filter(pk=pk).first() if pk is not None else None
         if attendee is None:
             self.message_user(request, "Choose an attendee to test.", messages.ERROR)
             return HttpResponseRedirect(back)
@@ -315,6 +317,13 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             messages.SUCCESS,
         )
         return HttpResponseRedirect(back)
+
+    def changelist_view(self, request, extra_context=None):
+        year = request.GET.get("starts_at__year", "")
+        if year and not (year.isascii() and year.isdigit() and 1971 <= int(year[:6]) <= 9998):
+            # The date hierarchy computes the year after: 9999 overflows into a 500.
+            return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
+        return super().changelist_view(request, extra_context)
 
     def get_queryset(self, request):
         # One query for the whole page: a filtered COUNT per status.

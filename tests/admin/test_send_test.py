@@ -161,3 +161,28 @@ def test_the_task_refuses_a_malformed_decision_id_and_sends_nothing(malformed, s
 
     assert send_test(malformed) == {"rejected": 1}
     assert smtp_sink.received() == []
+
+
+@pytest.mark.parametrize("wanted", ["²", "9" * 5000, ""])
+def test_an_attendee_that_is_not_an_id_is_asked_for_again_and_nothing_is_queued(
+    client, enrolled, make_staff, monkeypatch, wanted
+):
+    workshop, _ = enrolled
+    published: list[int] = []
+    monkeypatch.setattr("reminders.queue.publish_test", published.append)
+    client.force_login(_tester(make_staff))
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+
+    answer = client.post(url, {"attendee": wanted}, follow=True)
+
+    assert answer.status_code == 200
+    assert "Choose an attendee to test." in answer.content.decode()
+    assert (published, StaffDecision.objects.exists()) == ([], False)
+
+
+@pytest.mark.parametrize("identifier", ["²", "9" * 5000])
+def test_the_trace_lookup_of_something_that_is_not_an_id_finds_nothing(identifier, db):
+    from reminders.trace import reminder_lookup
+
+    with pytest.raises(Reminder.DoesNotExist):
+        reminder_lookup(identifier)

@@ -312,3 +312,25 @@ def test_staff_set_the_place_link_and_organiser_and_an_http_link_is_refused(admi
     assert Workshop.objects.count() == 1
     page = admin_client.get(f"{CHANGELIST}{workshop.pk}/change/").content.decode()
     assert "What reminders show" in page
+
+
+@pytest.mark.parametrize(
+    ("starts", "ends"),
+    [("9999-12-31 20:00", "9999-12-31 21:00"), ("0001-01-01 01:00", "0001-01-01 02:00")],
+)
+def test_a_time_at_the_edge_of_the_calendar_is_a_field_error_not_a_500(
+    admin_client, starts, ends
+):
+    """9999-12-31 20:00 in Etc/GMT+12 is in the year 10000 in UTC: refused with a reason."""
+    response = admin_client.post(
+        f"{CHANGELIST}add/", form_data(zone="Etc/GMT+12", starts=starts, ends=ends)
+    )
+    assert response.status_code == 200
+    assert "enter a date between 1971 and 9998" in str(field_errors(response))
+    assert not Workshop.objects.exists()
+
+
+@pytest.mark.parametrize("year", ["9999", "0", "99999", "x"])
+def test_a_date_hierarchy_link_to_no_real_year_is_not_a_500(admin_client, year):
+    response = admin_client.get(CHANGELIST, {"starts_at__year": year})
+    assert response.status_code in (200, 302)

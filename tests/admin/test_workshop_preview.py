@@ -107,3 +107,17 @@ def test_the_preview_of_an_attendee_whose_reminder_is_not_planned_yet_shows_it(
     assert page.status_code == 200
     assert "Reminder: Glazing starts" in page.content.decode()
     assert not Reminder.objects.filter(workshop=workshop).exists()
+
+
+@pytest.mark.parametrize("wanted", ["²", "٣", "9" * 5000, "-1", "1e3"])
+def test_an_attendee_parameter_that_is_not_an_id_is_an_error_on_the_page_not_a_500(
+    client, viewer, workshop, wanted
+):
+    person, _ = attendee_get_or_create(email="a@example.com", name="Anna")
+    enrollment_create(attendee=person, workshop=workshop)
+    client.force_login(viewer)
+
+    page = client.get(_url(workshop), {"attendee": wanted})
+
+    assert page.status_code == 200
+    assert "That attendee is not enrolled in this workshop" in page.content.decode()
