@@ -15,7 +15,9 @@ def _compose():
 
 def _check_command(argv: list[str]) -> None:
     program = Path(argv[0]).name
-    if program == "celery":
+    if program == "celery" and argv[1] == "flower":
+        importlib.import_module("flower")  # no project code: only the broker
+    elif program == "celery":
         assert argv[1:3] == ["-A", "config"]
         assert importlib.import_module("config").celery_app.main == "reminders"
         assert argv[3] in {"worker", "beat", "flower"}
@@ -38,10 +40,11 @@ def test_every_app_service_command_refers_to_existing_modules():
     services = _compose()["services"]
     app_services = {name: spec for name, spec in services.items() if spec.get("build")}
     assert set(app_services) == {"migrate", "web", "worker", "beat", "flower"}
-    for spec in app_services.values():
+    for name, spec in app_services.items():
         _check_command(spec["command"])
-        assert spec["environment"]["DATABASE_URL"].startswith("postgres://")
         assert spec["environment"]["CELERY_BROKER_URL"].startswith("redis://")
+        if name != "flower":
+            assert spec["environment"]["DATABASE_URL"].startswith("postgres://")
 
 
 def test_compose_has_exactly_one_beat_and_the_backing_services():
@@ -77,6 +80,23 @@ def test_flower_listens_on_this_machine_only_and_refuses_to_start_without_basic_
     # It reads the same broker as the workers, so their events need no extra setting.
     worker = _compose()["services"]["worker"]
     assert flower["environment"]["CELERY_BROKER_URL"] == worker["environment"]["CELERY_BROKER_URL"]
+
+
+def test_flower_gets_the_broker_and_no_other_secret():
+    """Least privilege (issue 34, item 19): Flower loads no project code, so it needs
+    neither SECRET_KEY nor the database password."""
+    flower = _compose()["services"]["flower"]
+    assert "-A" not in flower["command"]
+    assert set(flower["environment"]) == {
+        "CELERY_BROKER_URL", "FLOWER_BASIC_AUTH", "FLOWER_PURGE_OFFLINE_WORKERS",
+    }  # fmt: skip
+
+
+def test_the_mail_relays_tls_mode_and_login_reach_the_app():
+    """Issue 34, item 11: a real relay's settings can be given to compose at all."""
+    environment = _compose()["x-app"]["environment"]
+    for name in ("EMAIL_USE_TLS", "EMAIL_USE_SSL", "EMAIL_HOST_USER", "EMAIL_HOST_PASSWORD"):
+        assert environment[name].startswith(f"${{{name}:-"), name
 
 
 def test_workers_serve_their_metrics_on_the_compose_network_and_publish_no_port():

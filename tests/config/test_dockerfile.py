@@ -53,3 +53,4 @@ def test_secrets_and_local_state_stay_out_of_the_build_context():
         if line.strip() and not line.startswith("#")
     }
     assert {".env", ".env.*", ".venv", "var", ".git"} <= ignored
+    assert {"**/.env", "**/.env.*"} <= ignored  # a nested one too (issue 34, item 19)

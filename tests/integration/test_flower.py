@@ -5,6 +5,7 @@ is on by default), and Flower answers only with the basic-auth credentials it
 was given.
 """
 
+import os
 import socket
 
 import httpx
@@ -60,10 +61,15 @@ def test_flower_shows_the_workers_delivery_batches_and_asks_for_its_password(red
     )
     port = _free_port()
     base = f"http://127.0.0.1:{port}"
-    # The command and the variable docker-compose.yml gives Flower.
+    # The command and the only variables docker-compose.yml gives Flower: no project
+    # code, no SECRET_KEY, no database.
     flower = Proc(
-        [CELERY, "-A", "config", "flower", "--address=127.0.0.1", f"--port={port}"],
-        {**env, "FLOWER_BASIC_AUTH": ":".join(AUTH)},
+        [CELERY, "flower", "--address=127.0.0.1", f"--port={port}"],
+        {
+            "PATH": os.environ["PATH"],
+            "CELERY_BROKER_URL": env["CELERY_BROKER_URL"],
+            "FLOWER_BASIC_AUTH": ":".join(AUTH),
+        },
         "flower",
     )
     try:
