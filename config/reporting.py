@@ -26,14 +26,25 @@ from pythonjsonlogger.json import JsonFormatter
 from delivery.redact import redact_text
 
 
+# What every LogRecord carries; anything else on a record came from a caller's ``extra``.
+_RECORD_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
+    "message",
+    "asctime",
+}
+
+
 class RedactSecrets(logging.Filter):
-    """Rewrite each record's message with its URLs' credentials masked; drop none."""
+    """Mask the credentials of every URL in a record: its message, its ``extra`` fields
+    and its traceback; drop none."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         message = record.getMessage()
         redacted = redact_text(message)
         if redacted != message:
             record.msg, record.args = redacted, None
+        for name, value in list(record.__dict__.items()):
+            if name not in _RECORD_FIELDS and isinstance(value, str):
+                setattr(record, name, redact_text(value))
         if record.exc_info and not record.exc_text:
             record.exc_text = redact_text(logging.Formatter().formatException(record.exc_info))
         elif record.exc_text:

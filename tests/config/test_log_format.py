@@ -15,7 +15,7 @@ CODE = """
 import django, logging
 django.setup()
 log = logging.getLogger("reminders.worker.bridge")
-log.warning("posting to %s", "https://n.example.com/r?token=Tk-1234", extra={"reminder_id": 42, "key": "rem-w1-a1"})
+log.warning("posting to %s", "https://n.example.com/r?token=Tk-1234", extra={"reminder_id": 42, "key": "rem-w1-a1", "endpoint": "https://u:Tk-1234@h.example.com/x?sig=Tk-1234"})
 try:
     raise ConnectionError("redis://:Tk-1234@r:6379/0 refused\\nsecond line")
 except ConnectionError:
@@ -42,6 +42,8 @@ def test_json_lines_carry_time_level_logger_message_and_the_callers_fields():
         "level": "WARNING", "logger": "reminders.worker.bridge", "reminder_id": 42, "key": "rem-w1-a1",
     }  # fmt: skip
     assert first["message"] == "posting to https://n.example.com/r?token=***"
+    # Every string field is redacted, not only the message (issue 34, item 7).
+    assert first["endpoint"] == "https://u:***@h.example.com/x?sig=***"
     assert datetime.fromisoformat(first["time"]).utcoffset().total_seconds() == 0
     assert second["message"] == "Scan lane lost the broker"
     assert "ConnectionError: redis://:***@r:6379/0 refused" in second["exc_info"]
