@@ -43,4 +43,6 @@ def redact_url(url: str) -> str:
 
 def redact_text(text: str) -> str:
     """Return ``text`` with every URL in it redacted."""
+    if "://" not in text:
+        return text  # the common case, a log line or an outcome without a URL
     return _URL.sub(lambda match: redact_url(match.group(0)), text)

@@ -209,7 +209,7 @@ class _Endpoint:
     max_concurrency = None
 
     def __init__(self, channel: HttpChannel, url: str) -> None:
-        self.name = url
+        self.name = redact_url(url)  # errors and task names quote it
         self._channel = channel
         self._url = url
 

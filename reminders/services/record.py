@@ -19,6 +19,7 @@ from django.db import connection, transaction
 from django.db.models import Q
 
 from clock import Clock, default_clock
+from delivery.redact import redact_text
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
@@ -113,7 +114,7 @@ def reminder_verdict(
     ``failed``.
     """
     outcome = result.outcome
-    error = result.error
+    error = redact_text(result.error)  # whatever the channel quoted, no secret is stored
     attempt_outcome = _ATTEMPT_OUTCOMES[outcome]
     if outcome == Outcome.SENT:
         return Verdict(Status.SENT, attempt_outcome, message_id=result.message_id or "")

@@ -318,9 +318,7 @@ def test_staff_set_the_place_link_and_organiser_and_an_http_link_is_refused(admi
     ("starts", "ends"),
     [("9999-12-31 20:00", "9999-12-31 21:00"), ("0001-01-01 01:00", "0001-01-01 02:00")],
 )
-def test_a_time_at_the_edge_of_the_calendar_is_a_field_error_not_a_500(
-    admin_client, starts, ends
-):
+def test_a_time_at_the_edge_of_the_calendar_is_a_field_error_not_a_500(admin_client, starts, ends):
     """9999-12-31 20:00 in Etc/GMT+12 is in the year 10000 in UTC: refused with a reason."""
     response = admin_client.post(
         f"{CHANGELIST}add/", form_data(zone="Etc/GMT+12", starts=starts, ends=ends)

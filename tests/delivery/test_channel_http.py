@@ -189,6 +189,28 @@ def test_a_provider_that_refuses_connections_was_never_reached(system_clock, mak
     assert "could not connect to" in result.error
 
 
+def test_hedged_endpoints_that_all_fail_are_named_by_their_redacted_urls(
+    system_clock, make_real_envelope
+):
+    """Issue 34, item 6: the error names each endpoint without its user info or tokens."""
+    ports = []
+    for _ in range(2):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            ports.append(probe.getsockname()[1])  # closed again: nothing listens
+    first, second = (f"http://ops:Pw-9876@127.0.0.1:{port}/r?token=Tk-1234" for port in ports)
+    channel = HttpChannel(
+        HttpSettings(url=first, hedge_urls=(second,), secret="s"), clock=system_clock
+    )
+
+    [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+    assert result.outcome is Outcome.TRANSIENT
+    assert "hedged endpoints failed" in result.error
+    assert f"127.0.0.1:{ports[1]}/r?token=***" in result.error
+    assert "Tk-1234" not in result.error and "Pw-9876" not in result.error
+
+
 def test_hedged_urls_return_the_fastest_provider_and_drop_the_slow_one(
     system_clock, make_real_envelope
 ):

@@ -304,6 +304,18 @@ def test_each_result_gets_exactly_its_verdict(settings, result, channel, claims,
     assert got == expected
 
 
+def test_an_error_is_recorded_with_its_urls_credentials_masked(settings):
+    """Issue 34, item 6: whatever a channel put in an error, the row never keeps a secret."""
+    settings.REMINDERS_MAX_ATTEMPTS = 5
+    result = _res(
+        Outcome.PERMANENT, error="HTTP 500 from https://ops:Pw-9876@n.example.com/r?token=Tk-1234"
+    )
+    reminder = SimpleNamespace(attempts=1, maybe_sent=False)
+    got = reminder_verdict(result=result, reminder=reminder, channel="http", now=NOW)
+    assert got.error == "HTTP 500 from https://ops:***@n.example.com/r?token=***"
+    assert got.reason == got.error
+
+
 @pytest.mark.parametrize(
     ("attempts", "seconds"), [(0, 10), (1, 10), (2, 20), (3, 40), (4, 80), (9, 1000)]
 )
