@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import random as _random
+import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -603,9 +604,19 @@ class _Batch:
                 result.reminder_id,
                 self._name,
                 result.outcome,
-                result.error,
+                _without_person(result.error, progress.envelope),
                 extra=fields,
             )
+
+
+_ADDRESS = re.compile(r"<?[^\s<>\"'(),;:]+@[^\s<>\"'(),;:]+>?")
+
+
+def _without_person(text: str, envelope: Envelope) -> str:
+    """Return ``text`` for a log line: any address, and the recipient's name, replaced."""
+    text = _ADDRESS.sub("<address>", text)
+    name = envelope.recipient_name.strip()
+    return text.replace(name, "<name>") if len(name) > 1 else text
 
 
 async def deliver(

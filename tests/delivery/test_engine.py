@@ -530,3 +530,24 @@ def test_a_deadline_reached_while_waiting_for_the_limiter_expires_without_a_call
     assert results[1].outcome is Outcome.EXPIRED
     assert (results[1].attempts, results[1].provider_reached) == (0, False)
     assert len(channel.calls) == 1
+
+
+def test_the_log_line_of_a_failed_send_quotes_no_address_or_name(
+    fake_clock, make_envelope, caplog
+):
+    """Issue 34, item 4: providers echo the recipient; the log keeps ids, not people."""
+    envelope = make_envelope(recipient="jane.doe@example.org", recipient_name="Jane Doe")
+    channel = MemoryChannel(clock=fake_clock)
+    channel.fail(
+        envelope.key,
+        PermanentError("550 5.1.1 <jane.doe@example.org>: unknown user; Dear Jane Doe"),
+    )
+
+    with caplog.at_level("WARNING", logger="delivery"):
+        [result] = run(deliver([envelope], channel, policy=DeliveryLimits(), clock=fake_clock))
+
+    assert result.outcome is Outcome.PERMANENT
+    logged = caplog.text
+    assert f"Reminder {envelope.reminder_id} not sent" in logged
+    assert "550 5.1.1 <address>: unknown user; Dear <name>" in logged
+    assert "jane.doe@example.org" not in logged and "Jane Doe" not in logged
