@@ -128,7 +128,16 @@ def _channel_values(name: str):
     if name == "file":
         return (settings.REMINDERS_FILE_DIR, settings.DEFAULT_FROM_EMAIL)
     if name == "django":
-        # Django's EMAIL_* settings are read by its backend at each send.
+        # Django's EMAIL_* settings are read by its backend at each send. Its SMTP
+        # backend never upgrades a plain connection, so a login over one is in clear.
+        plain = not (settings.EMAIL_USE_TLS or settings.EMAIL_USE_SSL)
+        smtp = settings.EMAIL_BACKEND == "django.core.mail.backends.smtp.EmailBackend"
+        if smtp and plain and settings.EMAIL_HOST_USER and not settings.EMAIL_ALLOW_PLAINTEXT_AUTH:
+            raise ValueError(
+                "EMAIL_HOST_USER is set but the connection is not encrypted, so the login "
+                "would cross the network in clear: set EMAIL_USE_TLS=1 (or EMAIL_USE_SSL=1), "
+                "or, on a trusted network only, EMAIL_ALLOW_PLAINTEXT_AUTH=1."
+            )
         return ()
     raise ValueError(
         f"Unknown channel {name!r}; REMINDERS_CHANNEL accepts {settings.REMINDERS_CHANNELS}."

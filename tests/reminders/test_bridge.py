@@ -102,6 +102,27 @@ def test_system_check_reports_an_unbuildable_channel(settings):
         call_command("check")
 
 
+@pytest.mark.parametrize(
+    ("tls", "ssl", "allowed", "refused"),
+    [(False, False, False, True), (True, False, False, False), (False, True, False, False),
+     (False, False, True, False)],
+)  # fmt: skip
+def test_the_django_channel_never_sends_an_smtp_login_in_clear(
+    settings, tls, ssl, allowed, refused
+):
+    """Issue 34, item 9: the guard of the smtp channel holds for Django's backend too."""
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST_USER, settings.EMAIL_HOST_PASSWORD = "relay-user", "relay-password"
+    settings.EMAIL_USE_TLS, settings.EMAIL_USE_SSL = tls, ssl
+    settings.EMAIL_ALLOW_PLAINTEXT_AUTH = allowed
+    if refused:
+        with pytest.raises(ValueError, match="EMAIL_USE_TLS=1 .* EMAIL_ALLOW_PLAINTEXT_AUTH=1"):
+            check_channel("django", clock=SystemClock())
+    else:
+        assert check_channel("django", clock=SystemClock()) >= 1
+
+
 def test_channel_concurrency_is_capped_by_smtp_connections(settings):
     settings.REMINDERS_CONCURRENCY = 50
     settings.REMINDERS_SMTP_CONNECTIONS = 3
