@@ -365,7 +365,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
             {
                 "reminder_id": str(reminder.pk),
                 "workshop_id": str(workshop.pk),
-                "workshop_title": workshop.title,
+                "workshop_title": _one_line(workshop.title),
                 "starts_at": workshop.starts_at.astimezone(UTC).isoformat(),
                 "ends_at": workshop.ends_at.astimezone(UTC).isoformat(),
                 "workshop_timezone": workshop_zone.key,

@@ -58,8 +58,20 @@ def text_problems(text: str) -> list[str]:
     return problems
 
 
+# The longest subject or intro staff may write: a few screens of mail.
+MAX_TEXT_LENGTH = 5_000
+
+
 def validate_reminder_text(value: str) -> None:
-    """Refuse a subject or intro with an unknown placeholder or a lone brace, naming each."""
+    """Refuse a subject or intro that is too long, or has an unknown placeholder or a lone
+    brace, naming each."""
+    if len(value or "") > MAX_TEXT_LENGTH:
+        raise ValidationError(
+            "This text has %(length)s characters; a reminder text may have at most "
+            "%(limit)s characters. Shorten it.",
+            code="too_long",
+            params={"length": f"{len(value):,}", "limit": f"{MAX_TEXT_LENGTH:,}"},
+        )
     problems = text_problems(value or "")
     if problems:
         raise ValidationError(

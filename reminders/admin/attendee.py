@@ -16,6 +16,7 @@ from reminders.admin.columns import (
     without_bulk_delete,
 )
 from reminders.admin.forms import (
+    AttendeeForm,
     WorkshopDecisionForm,
 )
 from reminders.services.erasure import attendee_erase_preview, attendees_erase
@@ -24,6 +25,7 @@ from workshops.models import Attendee, Enrollment
 
 @admin.register(Attendee)
 class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
+    form = AttendeeForm
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
     actions = ["erase_selected"]
     readonly_fields = ("erased_at_utc",)

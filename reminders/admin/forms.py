@@ -10,11 +10,12 @@ from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
 
 from clock import default_clock
+from delivery.addresses import address_problem
 from reminders.models import StaffDecision
 from reminders.services.replay import (
     REASON_MAX_LENGTH,
 )
-from workshops.models import Enrollment, Workshop
+from workshops.models import Attendee, Enrollment, Workshop
 from workshops.validators import zone_choices
 
 ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin."
@@ -245,3 +246,19 @@ class WorkshopDecisionForm(forms.Form):
         max_length=REASON_MAX_LENGTH,
         help_text="Recorded with the decision, with your name and the time.",
     )
+
+
+def deliverable_address(value: str) -> str:
+    """Refuse an address the delivery engine would refuse at send time, with its reason."""
+    if value and (problem := address_problem(value)) is not None:
+        raise ValidationError(f"No reminder could reach it: {problem}.", code="undeliverable")
+    return value
+
+
+class AttendeeForm(forms.ModelForm):
+    class Meta:
+        model = Attendee
+        fields = ("name", "email", "timezone", "language")
+
+    def clean_email(self) -> str:
+        return deliverable_address(self.cleaned_data["email"])

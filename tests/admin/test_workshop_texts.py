@@ -177,3 +177,31 @@ def test_moving_the_workshop_to_a_language_it_has_a_text_in_is_refused_until_tha
     assert dropped.status_code == 302
     workshop.refresh_from_db()
     assert workshop.language == "de" and not WorkshopText.objects.exists()
+
+
+def test_an_intro_longer_than_the_limit_is_a_field_error_that_names_it(
+    admin_client, make_workshop
+):
+    """Issue 34, item 16: a 1 MB intro was accepted."""
+    workshop = make_workshop(starts_in=timedelta(days=3), title="Kiln basics")
+    url = f"{CHANGELIST}{workshop.pk}/change/"
+    response = admin_client.post(url, _post(workshop, reminder_intro="x" * 1_000_000))
+    assert response.status_code == 200
+    [error] = field_errors(response)["reminder_intro"]
+    assert "at most 5,000 characters" in error and "1,000,000" in error
+    workshop.refresh_from_db()
+    assert workshop.reminder_intro == ""
+
+
+def test_an_address_the_engine_would_refuse_is_refused_at_the_form(admin_client):
+    """Issue 34, item 16: 'a@localhost' passed Django's EmailField and failed at send time."""
+    from workshops.models import Attendee
+
+    response = admin_client.post(
+        "/admin/workshops/attendee/add/",
+        {"name": "Local", "email": "a@localhost", "timezone": "", "language": "en"},
+    )
+    assert response.status_code == 200
+    [error] = field_errors(response)["email"]
+    assert "has an invalid domain" in error
+    assert not Attendee.objects.exists()

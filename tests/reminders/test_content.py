@@ -103,3 +103,13 @@ def test_a_workshop_without_details_shows_none_of_their_lines(reminder):
     text = reminder_envelope(reminder=reminder).text_body
     assert "Where:" not in text and "Join:" not in text and "Organiser:" not in text
     assert "calendar.\n\nSee you there!" in text
+
+
+def test_the_http_body_carries_the_title_on_one_line_as_the_subject_does(reminder):
+    """Issue 34, item 16: the subject and names were cleaned of CR/LF, the payload's title not."""
+    type(reminder.workshop).objects.filter(pk=reminder.workshop_id).update(
+        title="Kiln\r\nX-Injected: yes\tbasics"
+    )
+    reminder.workshop.refresh_from_db()
+    envelope = reminder_envelope(reminder=reminder)
+    assert envelope.payload["workshop_title"] == "Kiln X-Injected: yes basics"
