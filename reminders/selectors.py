@@ -77,9 +77,6 @@ class SelectionPreview:
     eligible: int
     skipped: dict[str, int] = field(default_factory=dict)
 
-    def skipped_total(self) -> int:
-        return sum(self.skipped.values())
-
 
 def reminder_replay_preview(
     *, reminders: QuerySet[Reminder], clock: Clock | None = None
