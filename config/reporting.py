@@ -25,7 +25,6 @@ from pythonjsonlogger.json import JsonFormatter
 
 from delivery.redact import redact_text
 
-
 # What every LogRecord carries; anything else on a record came from a caller's ``extra``.
 _RECORD_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message",
