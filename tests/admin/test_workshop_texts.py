@@ -179,9 +179,7 @@ def test_moving_the_workshop_to_a_language_it_has_a_text_in_is_refused_until_tha
     assert workshop.language == "de" and not WorkshopText.objects.exists()
 
 
-def test_an_intro_longer_than_the_limit_is_a_field_error_that_names_it(
-    admin_client, make_workshop
-):
+def test_an_intro_longer_than_the_limit_is_a_field_error_that_names_it(admin_client, make_workshop):
     """Issue 34, item 16: a 1 MB intro was accepted."""
     workshop = make_workshop(starts_in=timedelta(days=3), title="Kiln basics")
     url = f"{CHANGELIST}{workshop.pk}/change/"

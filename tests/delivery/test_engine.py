@@ -532,9 +532,7 @@ def test_a_deadline_reached_while_waiting_for_the_limiter_expires_without_a_call
     assert len(channel.calls) == 1
 
 
-def test_the_log_line_of_a_failed_send_quotes_no_address_or_name(
-    fake_clock, make_envelope, caplog
-):
+def test_the_log_line_of_a_failed_send_quotes_no_address_or_name(fake_clock, make_envelope, caplog):
     """Issue 34, item 4: providers echo the recipient; the log keeps ids, not people."""
     envelope = make_envelope(recipient="jane.doe@example.org", recipient_name="Jane Doe")
     channel = MemoryChannel(clock=fake_clock)
