@@ -279,6 +279,15 @@ class StaffDecision(models.Model):
         editable=False,
         help_text="The reminders a background replay works through, emptied when it is done.",
     )
+    request_token = models.CharField(
+        max_length=32,
+        null=True,
+        blank=True,
+        unique=True,
+        editable=False,
+        help_text="The one-time token of the form that asked for it: a form posted twice "
+        "records one decision.",
+    )
     actor = models.ForeignKey(
         settings.AUTH_USER_MODEL,
         null=True,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import uuid
+
 from django import forms
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ERROR_FLAG
@@ -283,6 +285,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             "error": error,
             "envelope": envelope,
             "ics": envelope.attachments[0].content.decode() if envelope else "",
+            "request_token": uuid.uuid4().hex,
         }
         return TemplateResponse(request, "admin/reminders/workshop/preview.html", context)
 
@@ -299,7 +302,10 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         back += f"?{urlencode({'attendee': attendee.pk})}"
         try:
             decision = reminder_send_test_request(
-                workshop=workshop, attendee=attendee, actor=request.user
+                workshop=workshop,
+                attendee=attendee,
+                actor=request.user,
+                request_token=_request_token(request.POST.get("request_token", "")),
             )
         except ValidationError as error:
             self.message_user(request, " ".join(error.messages), messages.ERROR)
@@ -450,3 +456,8 @@ def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dic
     labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
     parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
     return text + (f" Skipped: {', '.join(parts)}." if parts else "")
+
+
+def _request_token(value: str) -> str | None:
+    """The preview form's one-time token, or None for a post without a well-formed one."""
+    return value if len(value) == 32 and all(c in "0123456789abcdef" for c in value) else None

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from django.core.exceptions import ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 
 from clock import Clock, default_clock
 from delivery.addresses import address_problem
@@ -32,11 +32,14 @@ def reminder_send_test_request(
     actor,
     clock: Clock | None = None,
     publish_task: Callable[[int], object] | None = None,
+    request_token: str | None = None,
 ) -> StaffDecision:
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
     Raise ``ValidationError``, recording nothing, when the staff member has no
-    usable address or the attendee is not enrolled.
+    usable address or the attendee is not enrolled. A ``request_token`` seen
+    before (the same form posted twice) returns that request's decision and
+    queues nothing more: the unique constraint decides between two at once.
     """
     clock = clock or default_clock()
     address = (actor.email or "").strip()
@@ -52,8 +55,21 @@ def reminder_send_test_request(
     ).exists()
     if not enrolled:
         raise ValidationError(NOT_ENROLLED, code="not_enrolled")
+    if request_token is not None:
+        earlier = StaffDecision.objects.filter(request_token=request_token).first()
+        if earlier is not None:
+            return earlier
+    try:
+        return _record(workshop, attendee, actor, address, clock, publish_task, request_token)
+    except IntegrityError:
+        # The same form, posted again while the first request committed.
+        return StaffDecision.objects.get(request_token=request_token)
+
+
+def _record(workshop, attendee, actor, address, clock, publish_task, request_token):
     with transaction.atomic(durable=True):
         decision = StaffDecision.objects.create(
+            request_token=request_token,
             action=StaffDecision.Action.SEND_TEST,
             state=StaffDecision.State.RUNNING,
             actor=actor if actor.pk else None,

@@ -3,6 +3,8 @@ through the configured channel, audited, and no reminder row or sent marker is t
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from loopback.http_sink import HttpSink
@@ -186,3 +188,77 @@ def test_the_trace_lookup_of_something_that_is_not_an_id_finds_nothing(identifie
 
     with pytest.raises(Reminder.DoesNotExist):
         reminder_lookup(identifier)
+
+
+def test_a_double_click_on_send_me_a_test_sends_one_test(client, enrolled, make_staff, monkeypatch):
+    """Issue 34, item 13: the same form posted twice (a double click, a resubmission) records
+    and queues one test; the second answer points at the same decision."""
+    workshop, attendee = enrolled
+    published: list[int] = []
+    monkeypatch.setattr("reminders.queue.publish_test", published.append)
+    client.force_login(_tester(make_staff))
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+    page = client.get(url).content.decode()
+    [token] = re.findall(r'name="request_token" value="([0-9a-f]{32})"', page)
+
+    answers = [
+        client.post(url, {"attendee": attendee.pk, "request_token": token}, follow=True)
+        for _ in range(2)
+    ]
+
+    decision = StaffDecision.objects.get()
+    assert published == [decision.pk]
+    for answer in answers:
+        assert "is on its way to ops@example.org" in answer.content.decode()
+    # A fresh page is a fresh request: a second test on purpose still goes.
+    [again] = re.findall(
+        r'name="request_token" value="([0-9a-f]{32})"', client.get(url).content.decode()
+    )
+    assert again != token
+    client.post(url, {"attendee": attendee.pk, "request_token": again})
+    assert StaffDecision.objects.count() == 2
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_requests_with_one_token_at_once_record_one_test(enrolled, make_staff):
+    """The two posts of a double click can run at once: the unique token decides. Raced
+    five times (with the IntegrityError branch planted out, most rounds fail)."""
+    import threading
+
+    from django.db import connections
+
+    workshop, attendee = enrolled
+    actor = _tester(make_staff)
+    published: list[int] = []
+    errors: list[BaseException] = []
+
+    def post(token: str, start: threading.Barrier, decisions: list) -> None:
+        try:
+            start.wait(10)
+            decisions.append(
+                reminder_send_test_request(
+                    workshop=workshop,
+                    attendee=attendee,
+                    actor=actor,
+                    publish_task=published.append,
+                    request_token=token,
+                )  # fmt: skip
+            )
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    for round_ in range(5):
+        start, decisions = threading.Barrier(2), []
+        threads = [
+            threading.Thread(target=post, args=(f"{round_:032x}", start, decisions))
+            for _ in range(2)
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+        assert errors == []
+        assert len(decisions) == 2 and decisions[0].pk == decisions[1].pk
+    assert StaffDecision.objects.count() == 5 and len(published) == 5
