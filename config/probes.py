@@ -3,7 +3,9 @@
 ``/readyz`` checks the database and the broker, each in a thread of its own
 with a deadline of PROBE_TIMEOUT seconds, so a server that hangs cannot hang
 the probe; the answer names the check that failed and the kind of failure,
-never a URL, a version or a message that could carry a secret.
+never a URL, a version or a message that could carry a secret. One check
+runs at a time and its answer serves every request for READY_CACHE seconds,
+so a flood of probes costs one check a second, not one each.
 
 ``ProbeMiddleware``, first in MIDDLEWARE, answers both paths before Django
 validates the Host header (ALLOWED_HOSTS) or redirects to HTTPS: an
@@ -12,6 +14,7 @@ orchestrator probes the container's own address over plain http.
 
 from __future__ import annotations
 
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from pathlib import Path
@@ -20,8 +23,14 @@ from django.conf import settings
 from django.db import connection
 from django.http import HttpResponse, JsonResponse
 
+from clock import default_clock
+
 PROBE_TIMEOUT = 2.0
-_pool = ThreadPoolExecutor(max_workers=4, thread_name_prefix="readyz")
+READY_CACHE = 1.0
+_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="readyz")
+_checking = threading.Lock()
+# (monotonic time it was taken, body, status) of the last check.
+_last: tuple[float, dict, int] | None = None
 
 
 class ProbeMiddleware:
@@ -42,6 +51,16 @@ def healthz(request) -> HttpResponse:
 
 def readyz(request) -> JsonResponse:
     """Answer 200 when the database and the broker answer within PROBE_TIMEOUT, else 503."""
+    global _last
+    with _checking:  # the others wait for this check and share its answer
+        now = default_clock().monotonic()
+        if _last is None or now - _last[0] >= READY_CACHE:
+            _last = (now, *_check())
+        _, body, status = _last
+    return JsonResponse(body, status=status)
+
+
+def _check() -> tuple[dict, int]:
     checks = {"database": _database, "broker": _broker}
     futures = {name: _pool.submit(check) for name, check in checks.items()}
     results = {}
@@ -54,10 +73,7 @@ def readyz(request) -> JsonResponse:
         except Exception as exc:  # the kind only: a message may quote a URL
             results[name] = f"failed ({type(exc).__name__})"
     ready = all(value == "ok" for value in results.values())
-    return JsonResponse(
-        {"status": "ready" if ready else "not ready", "checks": results},
-        status=200 if ready else 503,
-    )
+    return {"status": "ready" if ready else "not ready", "checks": results}, (200 if ready else 503)
 
 
 def _database() -> None:

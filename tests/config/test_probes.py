@@ -13,6 +13,12 @@ from django.db.backends.base.base import BaseDatabaseWrapper
 SECRET = "Pw-7c0ffee"
 
 
+@pytest.fixture(autouse=True)
+def fresh_readiness(monkeypatch):
+    """Each test sees its own check, not the answer cached by the one before."""
+    monkeypatch.setattr("config.probes._last", None)
+
+
 def _closed_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
@@ -69,3 +75,43 @@ def test_probes_answer_any_host_over_plain_http_while_everything_else_is_checked
     assert client.get("/healthz", HTTP_HOST="10.0.3.7:8000").status_code == 200
     assert client.get("/admin/", HTTP_HOST="10.0.3.7:8000").status_code == 400
     assert client.get("/admin/", HTTP_HOST="reminders.example.com").status_code == 301
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_flood_of_readiness_probes_costs_one_check_a_second(client, monkeypatch, clock):
+    """Issue 34, item 15: 40 probes at once ran 40 checks, each a fresh connection;
+    now one check serves them all until READY_CACHE has passed."""
+    import threading
+
+    from django.db import connections
+
+    from config import probes
+
+    calls: list[str] = []
+    real_database = probes._database
+
+    def counted_database() -> None:
+        calls.append("database")
+        real_database()
+
+    monkeypatch.setattr(probes, "_database", counted_database)
+    monkeypatch.setattr(probes, "_broker", lambda: calls.append("broker"))
+    statuses: list[int] = []
+
+    def probe() -> None:
+        try:
+            statuses.append(client.get("/readyz").status_code)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=probe) for _ in range(40)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert statuses == [200] * 40
+    assert sorted(calls) == ["broker", "database"]
+
+    clock.advance(probes.READY_CACHE)
+    assert client.get("/readyz").status_code == 200
+    assert sorted(calls) == ["broker", "broker", "database", "database"]
