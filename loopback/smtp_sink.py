@@ -65,6 +65,8 @@ class ReceivedMessage:
     raw: bytes
     raw_headers: tuple[tuple[str, str], ...]
     tls: bool = False
+    #: When its transaction began (MAIL FROM), monotonic: when the client started the call.
+    began_at: float | None = None
 
     @property
     def headers(self) -> tuple[tuple[str, str], ...]:
@@ -369,6 +371,12 @@ class SmtpSink:
             responses.insert(len(responses) - 1, "250-PIPELINING")
         return responses
 
+    async def handle_MAIL(self, server, session, envelope, address, mail_options) -> str:
+        envelope.mail_from = address
+        envelope.mail_options.extend(mail_options)
+        envelope.began_at = self._clock.monotonic()  # aiosmtpd's Envelope takes attributes
+        return "250 OK"
+
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options) -> str:
         with self._lock:
             scripted = self._rcpt_scripts.get(address.lower())
@@ -394,6 +402,7 @@ class SmtpSink:
             raw=raw,
             raw_headers=_raw_headers(raw),
             tls=session.ssl is not None or _over_tls(server),
+            began_at=getattr(envelope, "began_at", None),
         )
         with self._lock:
             self.messages.append(message)

@@ -35,7 +35,8 @@ CHUNK = 2
 
 @contextmanager
 def _provider(channel: str, smtp_sink):
-    """Yield (environment, arrival times) for a provider that answers after a second."""
+    """Yield (environment, call start times at the provider) for one that answers after a
+    second."""
     if channel == "smtp":
         smtp_sink.data_delay = PROVIDER_DELAY
         env = {
@@ -44,7 +45,9 @@ def _provider(channel: str, smtp_sink):
             "EMAIL_PORT": str(smtp_sink.port),
             "REMINDERS_SMTP_CONNECTIONS": str(CHUNK),
         }
-        yield env, lambda: [message.arrived_at for message in smtp_sink.received()]
+        # When each transaction began (MAIL FROM), not when its data was accepted: a call
+        # started before the freeze may finish arriving after SIGCONT.
+        yield env, lambda: [message.began_at for message in smtp_sink.received()]
         return
     with HttpSink(clock=_real) as sink:
         sink.configure(delay=PROVIDER_DELAY)
