@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
             import redis
 
             with redis.Redis.from_url(args.redis_url) as client:
-                client.delete(cleanup.next_key, cleanup.pause_key)
+                client.delete(cleanup.starts_key, cleanup.pause_key, cleanup.due_key)
         else:
             print(f"redis limiter  skipped: no Redis at {args.redis_url}")
             verdicts.append(False)

@@ -1,29 +1,62 @@
-"""Rate limiters: at most ``per_second`` provider call starts in any window of one second.
+"""Rate limiters: at most R provider call starts in any window of one second.
 
-Both are GCRA with no burst: starts are spread evenly, one every
-``(window + margin) / per_second`` seconds, each reserving the next free
-slot. The provider counts arrivals, which trail our starts by jitter; the
-``margin`` covers it. A start whose process wakes for it more than half the
-margin late is not made (the caller reserves again, once), so a stalled
-process cannot bunch a late start with the on-time ones after it.
+A concurrency limit bounds calls in flight; a provider also bounds calls per
+second, and a 429 costs more than waiting. Both limiters keep an exact sliding
+window (a log of recent starts, not a token bucket, which would let 2R
+through across a window boundary), so no window of ``window`` seconds ever
+holds more than ``per_second`` starts.
 
-Both raise ``DeadlineReached`` from ``acquire`` when the start would come at
-or after the caller's deadline, without sleeping through it. ``pause`` is how
-a 429 holds every caller back.
+By default they also *spread* starts evenly, one every
+``(window + margin) / per_second`` seconds, instead of granting R at once and
+then nothing: a burst of R requests leaves a client over tens of
+milliseconds and reaches the provider bunched and reordered, and the start of
+the next burst can then land inside the provider's window of the previous
+one. Evenly spread starts each keep a full interval of slack, and the
+provider sees a smooth rate. The schedule is anchored to the ideal start
+times (a start that wakes a millisecond late does not push every later one
+back), and restarts only after the limiter sat idle for a whole interval.
+Pass ``spread=False`` for the bare window.
+
+``margin`` lengthens the window the limiter enforces a little beyond the
+provider's, for the same reason: the provider counts *arrivals*, which trail
+our starts by network and scheduling jitter. The default costs 2% of
+throughput. A reserved start its process wakes for more than one interval
+late (a stall: the GIL, the host's scheduler) is not made: the caller
+reserves again, once, instead of bunching with the on-time starts reserved
+after it, so the margin need not cover such stalls.
+
+- ``LocalRateLimiter``: one event loop, driven by the injected clock.
+- ``RedisRateLimiter``: every worker process on every host shares one window
+  through Redis; a Lua script prunes, counts and reserves the next allowed
+  start atomically using Redis's own ``TIME``, so hosts with different clocks
+  still agree, and each start costs one round trip (the caller sleeps until
+  its reserved start instead of polling and losing it to another worker).
+
+Both raise ``DeadlineReached`` from ``acquire`` when the wait would end at or
+after the caller's deadline (without sleeping through it), and give up the
+wait at once when cancelled. ``pause`` is how a 429 slows every caller down.
 """
 
 from __future__ import annotations
 
 import asyncio
+import itertools
 import logging
 import math
+import uuid
 from collections import deque
 from datetime import datetime, timedelta
 from typing import Protocol, runtime_checkable
 
 from clock import Clock
 
-__all__ = ["RateLimiter", "DeadlineReached", "LocalRateLimiter", "RedisRateLimiter"]
+__all__ = [
+    "RateLimiter",
+    "DeadlineReached",
+    "LocalRateLimiter",
+    "RedisRateLimiter",
+    "DEFAULT_MARGIN",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +64,9 @@ DEFAULT_WINDOW = 1.0
 DEFAULT_MARGIN = 0.02
 # How many starts one Redis round trip may reserve for the callers queued in one process.
 DEFAULT_BLOCK = 8
+# A start that began more than this many seconds after its reserved time is moved, in
+# Redis's log, to when it really began (less is scheduling noise).
+LATE_ENOUGH_TO_MOVE = 0.001
 # How long a 429 without Retry-After pauses the limiter, in windows.
 DEFAULT_PAUSE_WINDOWS = 1.0
 
@@ -44,7 +80,7 @@ class RateLimiter(Protocol):
     """What the engine needs from a rate limiter."""
 
     async def acquire(self, *, deadline_at: datetime | None = None) -> None:
-        """Wait until one more call may start now."""
+        """Wait until one more call may start now; record that it starts."""
 
     async def pause(self, seconds: float) -> None:
         """Let no call start for ``seconds`` (the provider asked us to back off)."""
@@ -65,50 +101,19 @@ def _check_limit(per_second: object, window: object, margin: object) -> None:
         raise ValueError(f"margin must be a number of seconds >= 0 (got {margin!r}).")
 
 
-class _Spread:
-    """What both limiters share: the interval, the lateness allowed, the deadline check."""
-
-    def __init__(self, per_second: int, *, clock: Clock, window: float, margin: float) -> None:
-        _check_limit(per_second, window, margin)
-        self.per_second = per_second
-        self.window = window
-        self.interval = (window + margin) / per_second
-        self._late_limit = margin / 2
-        self._clock = clock
-        self._lock = asyncio.Lock()
-        #: Starts not made because this process woke for them too late.
-        self.skipped = 0
-
-    def _seconds_left(self, deadline_at: datetime | None) -> float | None:
-        if deadline_at is None:
-            return None
-        left = (deadline_at - self._clock.now()).total_seconds()
-        if left <= 0:
-            raise DeadlineReached("the deadline passed before a start was granted")
-        return left
-
-    def _refuse_after(self, deadline_at: datetime | None, wait: float) -> None:
-        if deadline_at is not None and (
-            self._clock.now() + timedelta(seconds=max(wait, 0.0)) >= deadline_at
-        ):
-            raise DeadlineReached(f"the next start is {wait:.3f}s away, at or after the deadline")
-
-    async def _start_at(self, start_at: float, *, may_skip: bool) -> bool:
-        """Sleep until ``start_at`` (monotonic); return False if woken too late to start."""
-        wait = start_at - self._clock.monotonic()
-        if wait > 0:
-            await self._clock.sleep(wait)
-        if may_skip and self._clock.monotonic() - start_at > self._late_limit:
-            self.skipped += 1
-            return False
-        return True
+def _seconds_left(clock: Clock, deadline_at: datetime | None) -> float | None:
+    if deadline_at is None:
+        return None
+    return (deadline_at - clock.now()).total_seconds()
 
 
-class LocalRateLimiter(_Spread):
-    """Limit call starts within one event loop; waiters are served first come, first served.
+class LocalRateLimiter:
+    """Limit call starts within one event loop (one batch, or one process's loop).
 
-    For a single process (the local run without Redis, tests); ``RedisRateLimiter``
-    shares one limit between processes.
+    Waiters are served first come, first served (an ``asyncio.Lock`` is FIFO):
+    the head of the queue sleeps until the next start is allowed.
+    Create one per event loop; for a limit shared by processes use
+    ``RedisRateLimiter``.
     """
 
     def __init__(
@@ -118,23 +123,54 @@ class LocalRateLimiter(_Spread):
         clock: Clock,
         window: float = DEFAULT_WINDOW,
         margin: float = DEFAULT_MARGIN,
+        spread: bool = True,
     ) -> None:
-        super().__init__(per_second, clock=clock, window=window, margin=margin)
-        self._next = -math.inf
+        _check_limit(per_second, window, margin)
+        self.per_second = per_second
+        self.window = window
+        self._span = window + margin
+        self._interval = self._span / per_second if spread else 0.0
+        self._clock = clock
+        self._starts: deque[float] = deque()
+        self._next_at = -math.inf
         self._paused_until = -math.inf
+        self._lock = asyncio.Lock()
+
+    def _wait_needed(self) -> float:
+        now = self._clock.monotonic()
+        while self._starts and self._starts[0] <= now - self._span:
+            self._starts.popleft()
+        wait = self._paused_until - now
+        if len(self._starts) >= self.per_second:
+            wait = max(wait, self._starts[0] + self._span - now)
+        if self._interval:
+            wait = max(wait, self._next_at - now)
+        return wait
+
+    def _record_start(self) -> None:
+        now = self._clock.monotonic()
+        self._starts.append(now)
+        if self._interval:
+            on_schedule = now - self._next_at < self._interval
+            self._next_at = (self._next_at if on_schedule else now) + self._interval
 
     async def acquire(self, *, deadline_at: datetime | None = None) -> None:
-        left = self._seconds_left(deadline_at)
+        left = _seconds_left(self._clock, deadline_at)
+        if left is not None and left <= 0:
+            raise DeadlineReached("the deadline passed before a start was granted")
         try:
-            async with self._clock.timeout(left), self._lock:
-                now = self._clock.monotonic()
-                start_at = max(self._next, self._paused_until, now)
-                self._refuse_after(deadline_at, start_at - now)
-                if start_at > now:
-                    await self._clock.sleep(start_at - now)
-                # A wake later than the margin allows moves the schedule with it.
-                late = self._clock.monotonic() - self._late_limit
-                self._next = max(start_at, late) + self.interval
+            # The timeout bounds the time spent queueing behind other waiters.
+            async with self._clock.timeout(left):
+                async with self._lock:
+                    while (wait := self._wait_needed()) > 0:
+                        if deadline_at is not None and (
+                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
+                        ):
+                            raise DeadlineReached(
+                                f"the next start is {wait:.3f}s away, at or after the deadline"
+                            )
+                        await self._clock.sleep(wait)
+                    self._record_start()
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
 
@@ -150,36 +186,71 @@ class LocalRateLimiter(_Spread):
         return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
 
 
-# KEYS[1]: the next free start (µs, Redis TIME); KEYS[2]: no start before this (a pause).
-# ARGV[1]: µs between starts; ARGV[2]: starts to reserve; ARGV[3]: the longest wait the
-# first caller accepts in µs (-1: none). Returns {1, µs until each reserved start}, or
-# {0, µs to wait} with nothing reserved (paused, or past the first caller's deadline).
+# KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included;
+# KEYS[2]: pause-until (µs); KEYS[3]: when the next spread start is due (µs).
+# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member
+# prefix; ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]:
+# the longest wait the first caller accepts in µs (its deadline; -1: none);
+# ARGV[6], ARGV[7]: unused; ARGV[8]: how many starts to reserve (one per caller
+# queued in the process); ARGV[9...]: pairs of a member this process reserved
+# earlier and how many µs late it really started, so the window counts each of
+# those starts when it happened (applied even while paused). Reserves, one after the other, the earliest starts that keep both
+# rules (no more than ARGV[1] starts in any span, at least ARGV[4] between starts)
+# and returns {1, µs until each}; the callers sleep that long and start. Returns
+# {0, µs to wait} and reserves nothing while paused, or when the first start would
+# come at or after the first caller's deadline.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+for i = 9, #ARGV, 2 do
+  local planned = redis.call('ZSCORE', KEYS[1], ARGV[i])
+  if planned then
+    redis.call('ZADD', KEYS[1], tonumber(planned) + tonumber(ARGV[i + 1]), ARGV[i])
+  end
+end
 local paused = tonumber(redis.call('GET', KEYS[2]) or '0')
 if paused > now then
   return {0, paused - now}
 end
-local slot = math.max(now, tonumber(redis.call('GET', KEYS[1]) or '0'))
-local max_wait = tonumber(ARGV[3])
-if max_wait >= 0 and slot - now >= max_wait then
-  return {0, math.max(1, slot - now)}
+local limit = tonumber(ARGV[1])
+local span = tonumber(ARGV[2])
+local interval = tonumber(ARGV[4])
+local max_wait = tonumber(ARGV[5])
+local wanted = tonumber(ARGV[8])
+local slot = now
+if interval > 0 then
+  local due = tonumber(redis.call('GET', KEYS[3]) or '0')
+  if due > slot then slot = due end
 end
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now - span)
 local waits = {1}
-for k = 1, tonumber(ARGV[2]) do
+for k = 1, wanted do
+  if k > 1 then slot = slot + interval end
+  if redis.call('ZCOUNT', KEYS[1], '(' .. string.format('%.0f', slot - span), '+inf') >= limit then
+    local leaving = redis.call('ZRANGE', KEYS[1], -limit, -limit, 'WITHSCORES')
+    slot = math.max(slot, tonumber(leaving[2]) + span)
+  end
+  if k == 1 and max_wait >= 0 and slot - now >= max_wait then
+    return {0, math.max(1, slot - now)}
+  end
+  redis.call('ZADD', KEYS[1], slot, ARGV[3] .. ':' .. k)
   waits[k + 1] = slot - now
-  slot = slot + tonumber(ARGV[1])
 end
-redis.call('SET', KEYS[1], string.format('%.0f', slot), 'PX', math.ceil((slot - now) / 1000) + 1000)
+local ttl = math.ceil((slot - now + span) / 1000) + 1000
+redis.call('PEXPIRE', KEYS[1], ttl)
+if interval > 0 then
+  redis.call('SET', KEYS[3], string.format('%.0f', slot + interval), 'PX', ttl)
+end
 return waits
 """
 
-# KEYS[1]: no start before this (µs). ARGV[1]: pause length in µs. Never shortens a pause.
+# KEYS[1]: pause-until (µs). ARGV[1]: pause length in µs. Never shortens a pause.
 _PAUSE = """
 local t = redis.call('TIME')
-local resume = tonumber(t[1]) * 1000000 + tonumber(t[2]) + tonumber(ARGV[1])
-if resume > tonumber(redis.call('GET', KEYS[1]) or '0') then
+local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
+local resume = now + tonumber(ARGV[1])
+local current = tonumber(redis.call('GET', KEYS[1]) or '0')
+if resume > current then
   redis.call('SET', KEYS[1], string.format('%.0f', resume),
              'PX', math.ceil(tonumber(ARGV[1]) / 1000) + 1000)
 end
@@ -187,16 +258,21 @@ return 1
 """
 
 
-class RedisRateLimiter(_Spread):
+class RedisRateLimiter:
     """Limit call starts across every process that shares ``account`` in Redis.
 
-    One atomic script on Redis's clock hands out the slots, so hosts with
-    different clocks agree. Within a process, one round trip reserves a slot
-    for each caller queued (up to ``block``). A pause set by one worker (a
-    429) stops every new reservation; the process that saw it drops the
-    slots it had reserved. The client belongs to the event loop that first
-    uses it; if Redis is unreachable ``acquire`` raises and the engine counts
-    a transient failure that never reached the provider.
+    Within a process, waiters queue on a local lock so only the head of the
+    queue asks Redis; across processes the Lua script decides, by reserving
+    the earliest start both rules allow. A pause set by one worker (after a
+    429) stops every new reservation until it ends; starts another process
+    had already reserved (at most ``block`` of them, a few intervals ahead)
+    still go out, and the process that saw the 429 drops its own.
+
+    The client is created lazily inside the running event loop (a
+    ``redis.asyncio`` client belongs to one loop), so build one limiter per
+    batch, e.g. through ``Session(limiter_factory=...)``. Every Redis
+    call has a socket timeout; if Redis is unreachable ``acquire`` raises and
+    the engine counts a transient failure that never reached the provider.
     """
 
     def __init__(
@@ -208,11 +284,12 @@ class RedisRateLimiter(_Spread):
         clock: Clock,
         window: float = DEFAULT_WINDOW,
         margin: float = DEFAULT_MARGIN,
+        spread: bool = True,
         key_prefix: str = "delivery:ratelimit",
         socket_timeout: float = 2.0,
         block: int = DEFAULT_BLOCK,
     ) -> None:
-        super().__init__(per_second, clock=clock, window=window, margin=margin)
+        _check_limit(per_second, window, margin)
         if not isinstance(block, int) or block < 1:
             raise ValueError(f"RedisRateLimiter.block must be a whole number >= 1 (got {block!r}).")
         if not url:
@@ -221,20 +298,39 @@ class RedisRateLimiter(_Spread):
             raise ValueError(
                 "RedisRateLimiter needs account: the provider account whose limit is shared."
             )
+        self.per_second = per_second
+        self.window = window
         self.account = account
+        self._span_us = round((window + margin) * 1_000_000)
+        self._interval_us = self._span_us // per_second if spread else 0
+        self._clock = clock
         self._url = url
         self._socket_timeout = socket_timeout
-        self._block = block
         # The hash tag keeps both keys in one Redis Cluster slot (one script).
-        self.next_key = f"{key_prefix}:{{{account}}}:next"
+        self.starts_key = f"{key_prefix}:{{{account}}}:starts"
         self.pause_key = f"{key_prefix}:{{{account}}}:pause"
+        self.due_key = f"{key_prefix}:{{{account}}}:due"
+        self._member_prefix = uuid.uuid4().hex
+        self._members = itertools.count()
         self._client = None
-        self._scripts: tuple = ()
-        self._ready: deque[float] = deque()  # monotonic times of slots reserved, not taken
-        self._queued = 0  # callers waiting for the lock
+        self._acquire_script = None
+        self._pause_script = None
+        self._lock = asyncio.Lock()
+        # (member, µs) of this limiter's starts that began later than reserved, sent
+        # with the next reservation.
+        self._late: list[tuple[str, int]] = []
+        self._block = block
+        # A reserved start taken more than one spread interval after its time is stale:
+        # it is dropped, not made, so starts left unused never fire in a burst.
+        self._stale_after = self._span_us / per_second / 1_000_000
         self._pauses = 0  # bumped by pause(): a reservation answered across one is dropped
+        #: Starts not made because this process woke for them more than an interval late.
+        self.skipped = 0
+        # Starts reserved for this process and not taken yet: (member, monotonic start).
+        self._ready: deque[tuple[str, float]] = deque()
+        self._queued = 0  # callers waiting for the lock
 
-    def _script(self, index: int):
+    def _scripts(self):
         if self._client is None:
             import redis.asyncio as aioredis
 
@@ -243,65 +339,130 @@ class RedisRateLimiter(_Spread):
                 socket_timeout=self._socket_timeout,
                 socket_connect_timeout=self._socket_timeout,
             )
-            self._scripts = tuple(self._client.register_script(s) for s in (_ACQUIRE, _PAUSE))
-        return self._scripts[index]
+            self._acquire_script = self._client.register_script(_ACQUIRE)
+            self._pause_script = self._client.register_script(_PAUSE)
+        return self._acquire_script, self._pause_script
 
     async def acquire(self, *, deadline_at: datetime | None = None) -> None:
-        left = self._seconds_left(deadline_at)
+        acquire_script, _ = self._scripts()
+        left = _seconds_left(self._clock, deadline_at)
+        if left is not None and left <= 0:
+            raise DeadlineReached("the deadline passed before a start was granted")
         self._queued += 1
         queued = True
         try:
-            async with self._clock.timeout(left), self._lock:
-                self._queued -= 1
-                queued = False
-                if not self._ready and not self._queued:
-                    # A chunk's callers reach the lock a loop turn apart: let them
-                    # queue, so one round trip reserves for all of them.
-                    await asyncio.sleep(0)
-                may_skip = True
-                while True:
-                    now = self._clock.monotonic()
-                    while self._ready and self._ready[0] < now - self._late_limit:
-                        self._ready.popleft()  # nobody could take it on time
-                    if not self._ready:
-                        wait = await self._reserve(deadline_at)
-                        if wait:
-                            self._refuse_after(deadline_at, wait)
-                            await self._clock.sleep(wait)  # paused: ask again when it ends
-                        continue
-                    self._refuse_after(deadline_at, self._ready[0] - now)
-                    if await self._start_at(self._ready.popleft(), may_skip=may_skip):
-                        return
-                    may_skip = False
+            async with self._clock.timeout(left):
+                async with self._lock:
+                    self._queued -= 1
+                    queued = False
+                    if not self._ready and not self._queued:
+                        # Callers started together (a chunk's) reach the lock a loop turn
+                        # apart: let them queue first, so one round trip reserves for all.
+                        await asyncio.sleep(0)
+                    may_skip = True
+                    while True:
+                        self._drop_stale()
+                        if self._ready:
+                            if await self._take_reserved(deadline_at, may_skip=may_skip):
+                                return
+                            may_skip = False  # once: a host late at every wake still sends
+                            continue
+                        granted, *waits = await self._reserve(acquire_script, deadline_at)
+                        if granted:
+                            continue
+                        wait = waits[0]
+                        if deadline_at is not None and (
+                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
+                        ):
+                            raise DeadlineReached(
+                                f"the next start is {wait:.3f}s away, at or after the deadline"
+                            )
+                        await self._clock.sleep(wait)  # paused: ask again when it ends
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
         finally:
             if queued:
                 self._queued -= 1
 
-    async def _reserve(self, deadline_at: datetime | None) -> float:
-        """Reserve slots for this caller and those queued behind it; return 0, or how long to wait."""
-        left = None if deadline_at is None else (deadline_at - self._clock.now()).total_seconds()
+    async def _reserve(self, acquire_script, deadline_at: datetime | None) -> list:
+        """Reserve a start for this caller and for each caller queued behind it (one round trip).
+
+        Return ``[True]`` with the starts added to ``_ready``, or ``[False,
+        seconds to wait]`` when nothing was reserved (paused, or the first start
+        would come at or after ``deadline_at``).
+        """
+        member = f"{self._member_prefix}:{next(self._members)}"
+        left = _seconds_left(self._clock, deadline_at)
         max_wait = -1 if left is None else max(0, math.floor(left * 1_000_000))
+        late, self._late = self._late, []
+        wanted = min(self._block, 1 + self._queued)
         pauses = self._pauses
-        granted, *waits_us = await self._script(0)(
-            keys=[self.next_key, self.pause_key],
-            args=[round(self.interval * 1_000_000), min(self._block, 1 + self._queued), max_wait],
-        )
+        try:
+            granted, *waits_us = await acquire_script(
+                keys=[self.starts_key, self.pause_key, self.due_key],
+                args=[
+                    self.per_second, self._span_us, member, self._interval_us, max_wait,
+                    "", 0, wanted, *(value for pair in late for value in pair),
+                ],
+            )  # fmt: skip
+        except BaseException:
+            self._late = late + self._late  # not applied: send them with the next call
+            raise
+        answered = self._clock.monotonic()
         if not int(granted):
-            return int(waits_us[0]) / 1_000_000
-        if self._pauses == pauses:  # else a 429 came meanwhile: take none of them
-            answered = self._clock.monotonic()
-            self._ready.extend(answered + int(us) / 1_000_000 for us in waits_us)
-        return 0.0
+            return [False, int(waits_us[0]) / 1_000_000]
+        if self._pauses != pauses:
+            # A 429 came while this reservation was on its way: start none of it.
+            return [False, 0.0]
+        for index, wait_us in enumerate(waits_us, start=1):
+            self._ready.append((f"{member}:{index}", answered + int(wait_us) / 1_000_000))
+        return [True]
+
+    async def _take_reserved(self, deadline_at: datetime | None, *, may_skip: bool) -> bool:
+        """Take the oldest start reserved for this process, sleep until it; False if not made.
+
+        A caller whose deadline comes first leaves it to the next caller. A
+        start left unused (cancelled, or no caller left) only lowers the rate.
+        A start the host's scheduler made late by up to one interval is moved
+        to when it really happened with the next reservation; later than that
+        (and ``may_skip``) it is not made at all and the caller reserves again:
+        the starts reserved after it, by other processes, are on time, and
+        firing it late would bunch it with them at the provider.
+        """
+        member, start_at = self._ready[0]
+        wait = start_at - self._clock.monotonic()
+        if (
+            deadline_at is not None
+            and self._clock.now() + timedelta(seconds=max(wait, 0.0)) >= deadline_at
+        ):
+            raise DeadlineReached(f"the next start is {wait:.3f}s away, at or after the deadline")
+        self._ready.popleft()
+        if wait > 0:
+            await self._clock.sleep(wait)
+        late = self._clock.monotonic() - start_at
+        if may_skip and late > self._stale_after:
+            self.skipped += 1
+            return False
+        if late > LATE_ENOUGH_TO_MOVE:
+            self._late.append((member, round(late * 1_000_000)))
+            del self._late[:-64]  # a bounded list: the oldest corrections matter least
+        return True
+
+    def _drop_stale(self) -> None:
+        """Forget reserved starts whose time passed more than one interval ago (left unused)."""
+        now = self._clock.monotonic()
+        while self._ready and self._ready[0][1] < now - self._stale_after:
+            self._ready.popleft()
 
     async def pause(self, seconds: float) -> None:
         if seconds <= 0:
             return
-        # Before and after: a reservation may reach Redis before the pause does.
+        _, pause_script = self._scripts()
+        # Starts this process reserved ahead are dropped: the provider said slow down.
+        # Again after the pause is set: a reservation may have reached Redis first.
         self._pauses += 1
         self._ready.clear()
-        await self._script(1)(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
+        await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
         self._pauses += 1
         self._ready.clear()
         logger.info("Rate limiter %s paused for %.3fs", self.account, seconds)
@@ -311,10 +472,10 @@ class RedisRateLimiter(_Spread):
         if self.skipped:
             logger.info(
                 "Rate limiter %s: %s reserved starts not made, this process woke for them "
-                "more than %.1f ms late (a busy host)",
+                "more than %.1f ms late (a busy host; each costs the rate one interval)",
                 self.account,
                 self.skipped,
-                self._late_limit * 1000,
+                self._stale_after * 1000,
             )
             self.skipped = 0
         if client is not None:

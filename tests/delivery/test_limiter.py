@@ -48,6 +48,16 @@ def test_local_limiter_spreads_starts_evenly_and_never_exceeds_r_per_window(fake
     assert starts == pytest.approx([index * 0.102 for index in range(100)])
 
 
+def test_without_spreading_the_window_admits_bursts_of_r(fake_clock):
+    """Ten at once, then the next ten one window (plus margin) later."""
+    limiter = LocalRateLimiter(10, clock=fake_clock, spread=False)
+
+    starts = record_starts(limiter, fake_clock, 30)
+
+    assert max_in_window(starts) == 10
+    assert starts == pytest.approx([0.0] * 10 + [1.02] * 10 + [2.04] * 10)
+
+
 def test_local_limiter_refuses_a_wait_that_would_cross_the_deadline(fake_clock):
     """The refusal is immediate: no sleeping towards a deadline that cannot be met."""
     limiter = LocalRateLimiter(1, clock=fake_clock)
@@ -257,8 +267,8 @@ def test_an_unreachable_redis_is_a_transient_result_that_never_reached_the_provi
 def test_two_redis_limiters_in_one_process_never_overwrite_each_others_starts(
     limiter_redis_url, redis_account
 ):
-    """Two limiters share one schedule: the second's start comes an interval after the
-    first's, and a third whose deadline comes before its slot is refused."""
+    """Each start is its own member of the window: two limiters that both count from
+    zero still add up to two starts, so a third within the window waits."""
     clock = SystemClock()
 
     async def scenario():
@@ -267,18 +277,17 @@ def test_two_redis_limiters_in_one_process_never_overwrite_each_others_starts(
                 url=limiter_redis_url,
                 account=redis_account,
                 per_second=2,
-                window=0.5,
+                window=5,
+                spread=False,
                 clock=clock,
             )
             for _ in range(2)
         )
         try:
             await first.acquire()
-            began = clock.monotonic()
             await second.acquire()
-            assert clock.monotonic() - began >= 0.26 * 0.9  # (0.5 + 0.02) / 2
             with pytest.raises(DeadlineReached, match="at or after the deadline"):
-                await first.acquire(deadline_at=clock.now() + timedelta(seconds=0.1))
+                await first.acquire(deadline_at=clock.now() + timedelta(seconds=1))
         finally:
             await first.aclose()
             await second.aclose()
@@ -400,21 +409,14 @@ def test_a_hanging_redis_fails_the_limiter_within_its_socket_timeout(silent_serv
 def _count_round_trips(limiter: RedisRateLimiter) -> list[int]:
     """Count this limiter's reservations sent to Redis (INFO commandstats is server-wide,
     and other test processes share the server)."""
-    real = limiter._script
+    acquire_script, _ = limiter._scripts()
     count = [0]
 
-    def counting(index: int):
-        script = real(index)
-        if index:
-            return script
+    async def counted(**kwargs):
+        count[0] += 1
+        return await acquire_script(**kwargs)
 
-        async def counted(**kwargs):
-            count[0] += 1
-            return await script(**kwargs)
-
-        return counted
-
-    limiter._script = counting
+    limiter._acquire_script = counted
     return count
 
 
@@ -577,6 +579,46 @@ class _LateClock(SystemClock):
         await super().sleep(seconds + self.late)
 
 
+def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
+    limiter_redis_url, redis_account
+):
+    """A reserved start whose process woke 80 ms late is moved in Redis's log to when it
+    really began, with the next call; so the window other workers see holds it there."""
+    import redis
+
+    clock = _LateClock(0.08)
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        try:
+            await limiter.acquire()  # the first start comes at once: no sleep
+            await limiter.acquire()  # reserved one interval later, slept 80 ms too long
+            await limiter.acquire()  # reports the lateness of the second
+            return limiter.starts_key
+        finally:
+            await limiter.aclose()
+
+    key = run(scenario())
+    client = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
+    try:
+        entries = client.zrange(key, 0, -1, withscores=True)
+        # In the order they were reserved (member "<limiter>:<reservation>:<index>"), not by
+        # score: a wrong lateness could reorder them.
+        entries.sort(key=lambda entry: int(entry[0].split(b":")[1]))
+        first, second, third = [score for _, score in entries]
+    finally:
+        client.close()
+    interval_us = 1.02 / 10 * 1_000_000
+    # The second was reserved one interval after the first and began >= 80 ms later.
+    assert second - first >= interval_us + 75_000, (first, second)
+    # ... by about the 80 ms it was late, not more.
+    assert second - first < interval_us + 80_000 + 60_000, (first, second)
+    # The third was reserved one interval after the second's reserved slot.
+    assert third - first >= 2 * interval_us - 1
+
+
 class _LateOnceClock(SystemClock):
     """The system clock, but its first sleep of ``late_for`` or more ends ``late`` s late."""
 
@@ -684,13 +726,12 @@ def test_a_host_late_at_every_wake_still_starts_after_one_skip(limiter_redis_url
     assert run(scenario()) == 1
 
 
-def _next_slot(url: str, key: str) -> int:
-    """The shared schedule's next free start, in µs of Redis's clock."""
+def _reservations(url: str, key: str) -> int:
     import redis
 
     client = redis.Redis.from_url(url, socket_timeout=2)
     try:
-        return int(client.get(key))
+        return client.zcard(key)
     finally:
         client.close()
 
@@ -709,7 +750,7 @@ def test_a_start_refused_for_its_deadline_reserves_nothing_and_a_lone_caller_res
         )
         try:
             await limiter.acquire()
-            counts = [_next_slot(limiter_redis_url, limiter.next_key)]
+            counts = [_reservations(limiter_redis_url, limiter.starts_key)]
 
             async def hurried():
                 with pytest.raises(DeadlineReached):
@@ -718,7 +759,7 @@ def test_a_start_refused_for_its_deadline_reserves_nothing_and_a_lone_caller_res
             async with asyncio.TaskGroup() as group:
                 for _ in range(3):
                     group.create_task(hurried())
-            counts.append(_next_slot(limiter_redis_url, limiter.next_key))
+            counts.append(_reservations(limiter_redis_url, limiter.starts_key))
             # One caller asleep until its reserved start, one queued behind it: both cancelled.
             asleep = asyncio.ensure_future(limiter.acquire())
             await asyncio.sleep(0.1)
@@ -728,16 +769,17 @@ def test_a_start_refused_for_its_deadline_reserves_nothing_and_a_lone_caller_res
                 waiter.cancel()
                 with pytest.raises(asyncio.CancelledError):
                     await waiter
-            counts.append(_next_slot(limiter_redis_url, limiter.next_key))
+            counts.append(_reservations(limiter_redis_url, limiter.starts_key))
             assert limiter._queued == 0, "a cancelled caller still counts as queued"
             return counts
         finally:
             await limiter.aclose()
 
     first, after_refusals, after_cancel = run(scenario())
-    assert after_refusals == first, "a start refused for its deadline was reserved anyway"
-    # The caller asleep had reserved its own start (10.02 s away), and only that one.
-    assert after_cancel == first + 10_020_000
+    assert first == 1
+    assert after_refusals == 1, "a start refused for its deadline was reserved anyway"
+    # The caller asleep had reserved its own start (10 s away), and only that one.
+    assert after_cancel == 2
 
 
 def test_a_caller_with_a_deadline_gets_a_start_that_comes_before_it(

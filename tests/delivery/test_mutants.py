@@ -113,10 +113,14 @@ def test_a_zero_margin_is_allowed_and_the_settings_are_readable(fake_clock):
     assert (local.per_second, local.window) == (5, 2.0)
     remote = RedisRateLimiter(url="redis://x", account="acct", per_second=4, clock=fake_clock)
     assert (remote.per_second, remote.window, remote.account) == (4, 1.0, "acct")
-    assert remote.next_key == "delivery:ratelimit:{acct}:next"
+    assert remote.starts_key == "delivery:ratelimit:{acct}:starts"
     assert remote.pause_key == "delivery:ratelimit:{acct}:pause"
-    assert remote.interval == pytest.approx(0.255)
-    assert local.interval == pytest.approx(0.4)
+    assert remote._span_us == 1_020_000
+    assert remote._interval_us == 255_000
+    flat = RedisRateLimiter(
+        url="redis://x", account="acct", per_second=3, clock=fake_clock, spread=False
+    )
+    assert flat._interval_us == 0
 
 
 def test_the_redis_limiter_says_which_setting_is_missing(fake_clock):
@@ -150,7 +154,7 @@ def test_a_next_start_exactly_at_the_deadline_is_refused(fake_clock):
 
 def test_a_short_pause_holds_the_next_start_and_a_zero_pause_does_not(fake_clock):
     async def main():
-        limiter = LocalRateLimiter(100, clock=fake_clock)
+        limiter = LocalRateLimiter(100, clock=fake_clock, spread=False)
         await limiter.pause(0)
         await limiter.pause(-1)
         started = fake_clock.monotonic()
@@ -324,17 +328,15 @@ def test_a_stop_during_the_budget_drain_ends_the_batch_at_once(fake_clock, make_
     assert fake_clock.monotonic() == pytest.approx(2.0)
 
 
-def test_a_late_start_pushes_the_schedule_so_no_two_starts_come_closer_than_an_interval(
-    fake_clock,
-):
+def test_spread_starts_follow_the_schedule_not_a_late_start(fake_clock):
     async def main():
         limiter = LocalRateLimiter(2, clock=fake_clock, window=1.0, margin=0.0)
         begin = fake_clock.monotonic()
         await limiter.acquire()  # next start due at 0.5
         fake_clock.advance(0.7)
-        await limiter.acquire()  # at 0.7: the next is due at 1.2, not 1.0
+        await limiter.acquire()  # late but on schedule: next due at 1.0, not 1.2
         await limiter.acquire()
-        assert fake_clock.monotonic() == pytest.approx(begin + 1.2)
+        assert fake_clock.monotonic() == pytest.approx(begin + 1.0)
 
     asyncio.run(main())
 
