@@ -29,6 +29,13 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
     actions = ["erase_selected"]
     readonly_fields = ("erased_at_utc",)
+
+    def get_readonly_fields(self, request, obj=None):
+        # An erasure is final: its placeholders can not be edited back into a person.
+        if obj is not None and obj.erased_at is not None:
+            return ("name", "email", "erased_at_utc")
+        return self.readonly_fields
+
     erased_at_utc = utc_column("erased_at", "Erased")
     search_fields = ("name", "email")
     list_filter = ("timezone",)

@@ -252,6 +252,12 @@ def deliverable_address(value: str) -> str:
     """Refuse an address the delivery engine would refuse at send time, with its reason."""
     if value and (problem := address_problem(value)) is not None:
         raise ValidationError(f"No reminder could reach it: {problem}.", code="undeliverable")
+    if value.lower().rstrip(".").endswith(".invalid"):
+        # RFC 2606 reserves .invalid; erasure writes its placeholders there.
+        raise ValidationError(
+            "An address under .invalid can not receive mail; enter the attendee's real address.",
+            code="reserved_domain",
+        )
     return value
 
 

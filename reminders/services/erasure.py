@@ -9,6 +9,7 @@ its record scrubs what it writes (``personal.erased_among`` orders the two). The
 from __future__ import annotations
 
 import logging
+import secrets
 from dataclasses import dataclass
 
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -44,8 +45,9 @@ class ErasureResult:
     audit_id: int
 
 
-def erased_email(attendee_id: int) -> str:
-    return f"erased-{attendee_id}@erased.invalid"
+def erased_email() -> str:
+    """A placeholder nobody can guess and so create first (the admin refuses .invalid)."""
+    return f"erased-{secrets.token_hex(12)}@erased.invalid"
 
 
 def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> ErasurePreview:
@@ -132,7 +134,7 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     for decision in StaffDecision.objects.filter(_quoting(words, "reason")):
         StaffDecision.objects.filter(pk=decision.pk).update(reason=scrub(decision.reason))
     Attendee.objects.filter(pk=attendee.pk).update(
-        name=ERASED_NAME, email=erased_email(attendee.pk), timezone="", erased_at=now
+        name=ERASED_NAME, email=erased_email(), timezone="", erased_at=now
     )
     return sorted(
         Reminder.objects.filter(pk__in=open_before, status=Reminder.Status.CANCELLED).values_list(

@@ -11,7 +11,7 @@ from django.urls import reverse
 from delivery.results import Outcome
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.services import reminder_claim_batch, reminder_record_batch
-from reminders.services.erasure import ERASED_NAME, attendees_erase, erased_email
+from reminders.services.erasure import ERASED_NAME, attendees_erase
 from reminders.services.replay import reminder_resolve_unknown
 from tests.admin.conftest import result_for
 from workshops.models import Attendee, Enrollment
@@ -75,7 +75,7 @@ def test_erasure_removes_name_and_email_from_every_text_and_keeps_the_sent_marke
     )
     assert (result.erased, result.reminders_cancelled) == (1, 1)
     attendee.refresh_from_db()
-    assert (attendee.name, attendee.email) == (ERASED_NAME, erased_email(attendee.pk))
+    assert attendee.name == ERASED_NAME and attendee.email.endswith("@erased.invalid")
     assert attendee.erased_at == clock.now()
     statuses = dict(Reminder.objects.filter(attendee=attendee).values_list("pk", "status"))
     assert statuses == {sent: "sent", failed: "failed", pending: "cancelled"}
@@ -288,3 +288,36 @@ def test_an_erasure_racing_a_record_on_the_same_reminder_never_leaves_the_addres
         texts = _texts_of(attendee)
         assert email not in texts and name not in texts, (round_number, texts)
         assert "550 <[erased]> [erased] unknown" in texts
+
+
+def test_staff_cannot_block_or_undo_an_erasure(client, make_staff, ada, eraser):
+    """Issue 34, item 3: a user with add/change attendee made the placeholder address
+    first (the erasure then failed with a 500), and wrote real values back afterwards."""
+    ada, *_ = ada
+    clerk = make_staff(
+        "workshops.view_attendee", "workshops.add_attendee", "workshops.change_attendee",
+        username="clerk",
+    )  # fmt: skip
+    client.force_login(clerk)
+    squat = client.post(
+        "/admin/workshops/attendee/add/",
+        {"name": "Squatter", "email": f"erased-{ada.pk}@erased.invalid", "language": "en"},
+    )
+    assert squat.status_code == 200, "an .invalid address was accepted"
+    assert "can not receive mail" in squat.content.decode()
+
+    attendees_erase(attendees=Attendee.objects.filter(pk=ada.pk), reason="asked", actor=eraser)
+    ada.refresh_from_db()
+    assert ada.erased_at is not None and ada.email.endswith("@erased.invalid")
+    assert ada.email != f"erased-{ada.pk}@erased.invalid", "the placeholder is guessable"
+    assert len(ada.email.split("@")[0]) >= len("erased-") + 24  # 96 random bits
+
+    page = client.get(f"/admin/workshops/attendee/{ada.pk}/change/").content.decode()
+    assert 'name="email"' not in page and 'name="name"' not in page
+    client.post(
+        f"/admin/workshops/attendee/{ada.pk}/change/",
+        {"name": NAME, "email": EMAIL, "language": "en"},
+    )
+    ada.refresh_from_db()
+    assert (ada.name, ada.email) != (NAME, EMAIL)
+    assert ada.name == ERASED_NAME
