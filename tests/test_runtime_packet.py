@@ -270,3 +270,11 @@ def test_every_constant_quoted_with_its_figure_has_that_value():
         if float(figure) != float(_resolve(name))
     ]
     assert wrong == []
+
+
+def test_the_packet_and_the_readme_stay_within_their_caps():
+    """Issue 33: a maintainer reads the packet in one sitting, an operator the README."""
+    words = len(PACKET.read_text().split())
+    lines = len(README.read_text().splitlines())
+    assert words <= 4_000, f"docs/runtime_packet.md has {words} words; link to detail instead"
+    assert lines <= 250, f"README.md has {lines} lines; move detail to docs/"
