@@ -55,14 +55,12 @@ def reminder_send_test_request(
     ).exists()
     if not enrolled:
         raise ValidationError(NOT_ENROLLED, code="not_enrolled")
-    if request_token is not None:
-        earlier = StaffDecision.objects.filter(request_token=request_token).first()
-        if earlier is not None:
-            return earlier
     try:
         return _record(workshop, attendee, actor, address, clock, publish_task, request_token)
     except IntegrityError:
-        # The same form, posted again while the first request committed.
+        if request_token is None:
+            raise
+        # The same form, posted again: its first request recorded the decision.
         return StaffDecision.objects.get(request_token=request_token)
 
 
