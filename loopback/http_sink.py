@@ -105,6 +105,9 @@ class SinkRequest:
     message_id: str | None = None
     duplicate: bool = False
     headers: dict[str, str] = field(default_factory=dict)
+    #: When the client started this call: its connection's opening for the first request
+    #: on it, the request line for a later one.
+    began_at: float | None = None
 
     def json(self) -> Any:
         return json.loads(self.body)
@@ -118,6 +121,7 @@ class _Parsed:
     body: bytes
     keep_alive: bool
     arrived_at: float
+    began_at: float | None = None
 
 
 class _BadRequest(Exception):
@@ -272,6 +276,11 @@ class HttpSink:
         with self._lock:
             return [request.arrived_at for request in self.requests]
 
+    def call_starts(self) -> list[float]:
+        """Return when the client started each call (see ``SinkRequest.began_at``)."""
+        with self._lock:
+            return [request.began_at or request.arrived_at for request in self.requests]
+
     def requests_for(self, key: str) -> list[SinkRequest]:
         with self._lock:
             return [request for request in self.requests if request.key == key]
@@ -298,6 +307,7 @@ class HttpSink:
 
     async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self._writers.add(writer)
+        opened_at: float | None = self._clock.monotonic()
         with self._lock:
             self._connections += 1
             self._connections_opened += 1
@@ -312,6 +322,7 @@ class HttpSink:
                     break
                 if parsed is None:
                     break
+                parsed.began_at, opened_at = opened_at or parsed.arrived_at, None
                 status, document, extra = await self._dispatch(parsed)
                 if status == CLOSE:
                     break
@@ -411,7 +422,14 @@ class HttpSink:
         key = parsed.headers.get("idempotency-key")
         with self._lock:
             settings = self._settings
-            record = SinkRequest(parsed.arrived_at, path, key, parsed.body, headers=parsed.headers)
+            record = SinkRequest(
+                parsed.arrived_at,
+                path,
+                key,
+                parsed.body,
+                headers=parsed.headers,
+                began_at=parsed.began_at,
+            )
             self.requests.append(record)
             status, document, extra = self._judge(parsed, key, settings, record)
             record.status = status

@@ -65,7 +65,8 @@ class ReceivedMessage:
     raw: bytes
     raw_headers: tuple[tuple[str, str], ...]
     tls: bool = False
-    #: When its transaction began (MAIL FROM), monotonic: when the client started the call.
+    #: When the client started the call, monotonic: the connection's EHLO for the first
+    #: transaction on it, MAIL FROM for a later one.
     began_at: float | None = None
 
     @property
@@ -367,6 +368,8 @@ class SmtpSink:
 
     async def handle_EHLO(self, server, session, envelope, hostname, responses) -> list[str]:
         session.host_name = hostname  # aiosmtpd leaves it to a handler with this hook
+        if not hasattr(session, "greeted_at"):  # the first EHLO; STARTTLS sends another
+            session.greeted_at = self._clock.monotonic()
         if self.pipelining:
             responses.insert(len(responses) - 1, "250-PIPELINING")
         return responses
@@ -374,7 +377,11 @@ class SmtpSink:
     async def handle_MAIL(self, server, session, envelope, address, mail_options) -> str:
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
-        envelope.began_at = self._clock.monotonic()  # aiosmtpd's Envelope takes attributes
+        # A client's call begins with its connection's EHLO for the first transaction on it
+        # and with MAIL FROM for each later one (aiosmtpd's objects take attributes).
+        first = getattr(session, "greeted_at", None)
+        session.greeted_at = None
+        envelope.began_at = first if first is not None else self._clock.monotonic()
         return "250 OK"
 
     async def handle_RCPT(self, server, session, envelope, address, rcpt_options) -> str:

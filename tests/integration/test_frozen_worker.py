@@ -45,8 +45,9 @@ def _provider(channel: str, smtp_sink):
             "EMAIL_PORT": str(smtp_sink.port),
             "REMINDERS_SMTP_CONNECTIONS": str(CHUNK),
         }
-        # When each transaction began (MAIL FROM), not when its data was accepted: a call
-        # started before the freeze may finish arriving after SIGCONT.
+        # When each call began (its connection's EHLO, or MAIL FROM on a reused one), not
+        # when its data was accepted: a call started before the freeze may finish after
+        # SIGCONT.
         yield env, lambda: [message.began_at for message in smtp_sink.received()]
         return
     with HttpSink(clock=_real) as sink:
@@ -56,7 +57,7 @@ def _provider(channel: str, smtp_sink):
             "REMINDERS_HTTP_URL": sink.url,
             "REMINDERS_HTTP_SECRET": "s3cret-s3cret-s3cret-s3cret-s3cret",
         }
-        yield env, sink.arrivals
+        yield env, sink.call_starts
 
 
 def _freeze_with_a_chunk_in_flight(victim) -> None:

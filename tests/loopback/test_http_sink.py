@@ -6,6 +6,7 @@ import asyncio
 import hashlib
 import hmac
 import json
+import socket
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from clock import SystemClock
 from loopback.http_sink import HttpSink
 from loopback.windows import max_in_window
 from tests.loopback.conftest import start_server_process, stop_server_process
+from tests.support.races import wait_until
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -181,3 +183,24 @@ def test_the_arrivals_endpoint_lists_request_times_in_order(http_sink):
 )
 def test_max_in_window_counts_the_busiest_second(times, expected):
     assert max_in_window(times) == expected
+
+
+def test_a_call_starts_when_its_connection_opens_and_later_ones_at_their_request_line(http_sink):
+    # A client frozen between connecting and writing its request had already begun the call.
+    clock = SystemClock()
+    with socket.create_connection(("127.0.0.1", http_sink.port), timeout=5) as raw:
+        wait_until(lambda: http_sink.stats()["connections_opened"] == 1, timeout=5)
+        mark = clock.monotonic()
+        clock.sleep(0.05)
+        for key in ("a", "b"):
+            raw.sendall(
+                b"POST /reminders HTTP/1.1\r\nHost: sink\r\nIdempotency-Key: "
+                + key.encode()
+                + b"\r\nContent-Length: %d\r\n\r\n" % len(BODY)
+                + BODY
+            )
+            assert raw.recv(65536).startswith(b"HTTP/1.1 200")
+
+    first, second = http_sink.call_starts()
+    assert first < mark < http_sink.arrivals()[0]
+    assert second == http_sink.arrivals()[1]

@@ -8,6 +8,7 @@ from email.message import EmailMessage
 
 import pytest
 
+from clock import SystemClock
 from tests.loopback.conftest import start_server_process, stop_server_process
 
 pytestmark = pytest.mark.timeout(30)
@@ -123,3 +124,18 @@ def test_a_header_with_8_bit_bytes_is_accepted_and_written_to_the_jsonl_file(tmp
     record = json.loads(line)
     assert record["subject"] == "Töpferkurs"
     assert ["Subject", "Töpferkurs"] in record["raw_headers"]
+
+
+def test_a_call_starts_at_its_connections_ehlo_and_later_ones_at_mail_from(smtp_sink):
+    # A client frozen between EHLO and MAIL FROM had already begun the call.
+    clock = SystemClock()
+    with smtplib.SMTP("127.0.0.1", smtp_sink.port, timeout=5) as client:
+        client.ehlo()
+        mark = clock.monotonic()
+        clock.sleep(0.05)
+        client.send_message(message("<a@example.org>", "One"))
+        between = clock.monotonic()
+        client.send_message(message("<b@example.org>", "Two"))
+
+    first, second = (m.began_at for m in smtp_sink.received())
+    assert first < mark < between < second
