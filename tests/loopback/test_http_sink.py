@@ -191,7 +191,7 @@ def test_a_call_starts_when_its_connection_opens_and_later_ones_at_their_request
     with socket.create_connection(("127.0.0.1", http_sink.port), timeout=5) as raw:
         wait_until(lambda: http_sink.stats()["connections_opened"] == 1, timeout=5)
         mark = clock.monotonic()
-        clock.sleep(0.05)
+        clock.sleep_blocking(0.05)
         for key in ("a", "b"):
             raw.sendall(
                 b"POST /reminders HTTP/1.1\r\nHost: sink\r\nIdempotency-Key: "

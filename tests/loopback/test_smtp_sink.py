@@ -132,7 +132,7 @@ def test_a_call_starts_at_its_connections_ehlo_and_later_ones_at_mail_from(smtp_
     with smtplib.SMTP("127.0.0.1", smtp_sink.port, timeout=5) as client:
         client.ehlo()
         mark = clock.monotonic()
-        clock.sleep(0.05)
+        clock.sleep_blocking(0.05)
         client.send_message(message("<a@example.org>", "One"))
         between = clock.monotonic()
         client.send_message(message("<b@example.org>", "Two"))
