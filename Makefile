@@ -1,5 +1,5 @@
-# Two commands for a fresh clone: `make run` (local demo, no servers needed)
-# and `make test` (everything CI runs, against PostgreSQL and Redis).
+# Commands for a fresh clone: `make run` (local demo, no servers needed), `make test`
+# (the suite against PostgreSQL and Redis) and `make test-all` (that and the chaos run: CI).
 
 SHELL := /bin/bash
 VENV := .venv
@@ -9,10 +9,13 @@ UV := $(shell command -v uv 2>/dev/null || echo $(HOME)/.local/bin/uv)
 # Tests talk to real servers; override these to point elsewhere.
 TEST_DATABASE_URL ?= postgres://postgres@127.0.0.1:5432/reminders
 TEST_REDIS_URL ?= redis://127.0.0.1:6379/15
-TEST_PROCESS_REDIS_URL ?= redis://127.0.0.1:6379/14
+TEST_CHAOS_REDIS_URL ?= redis://127.0.0.1:6379/10
+# 32 characters or more: the length a production key must have.
+TEST_SECRET_KEY ?= test-only-3f9a2c7e5b1d4086a9c2e7f1b3d5
+
 MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
-.PHONY: prereqs run test test-units test-processes test-chaos lint venv bench clean mutate messages
+.PHONY: prereqs run test test-all test-suite test-chaos lint venv bench clean mutate messages
 
 $(UV):
 	python3 -m pip install --user --quiet uv
@@ -34,7 +37,7 @@ run: venv
 
 # Before anything else, `make test` names each missing server or tool and how to get it.
 prereqs:
-	@bin/check-test-prereqs $(TEST_DATABASE_URL) $(TEST_REDIS_URL) $(TEST_PROCESS_REDIS_URL)
+	@bin/check-test-prereqs $(TEST_DATABASE_URL) $(TEST_REDIS_URL) $(TEST_CHAOS_REDIS_URL)
 
 lint: venv
 	$(VENV)/bin/ruff check .
@@ -42,33 +45,35 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
 
-# `make test` runs the suite as three pytest processes at once, each with its own
-# database, Redis database and var dir: the chaos run (marker chaos: its own
-# servers, and most of its four minutes spent waiting out a killed worker's
-# lease), the tests that start real workers, beats and browsers (marker slow),
-# and the rest. Their output is printed group by group as each finishes.
-# `make test PYTEST_ARGS="tests/admin -x"` runs one pytest with those arguments.
-define pytest_in  # $(1) database URL, $(2) Redis URL, $(3) var dir under var/, $(4) arguments
-	DATABASE_URL=$(1) CELERY_BROKER_URL=$(2) SECRET_KEY=test-only \
-	REMINDERS_VAR_DIR=$(CURDIR)/var/$(3) \
-	$(VENV)/bin/pytest $(4)
+# `make test` runs the suite but the chaos run on $(TEST_WORKERS) pytest-xdist workers,
+# each with its own test database (pytest-django's _gw<N> suffix), Redis database
+# (TEST_REDIS_URL's number minus N) and var dir (tests/settings.py). `make test-all`
+# (what CI runs) adds the chaos run beside it: its own servers, most of its time spent
+# waiting out a killed worker's lease. Each run writes var/<dir>/junit.xml and prints its
+# slowest tests. `make test PYTEST_ARGS="tests/admin -x"` runs one pytest with those
+# arguments instead.
+TEST_WORKERS ?= 3
+define pytest_in  # $(1) Redis URL, $(2) var dir under var/, $(3) arguments
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(1) SECRET_KEY=$(TEST_SECRET_KEY) \
+	REMINDERS_VAR_DIR=$(CURDIR)/var/$(2) \
+	$(VENV)/bin/pytest --junitxml=$(CURDIR)/var/$(2)/junit.xml --durations=10 $(3)
 endef
 
 test: prereqs lint
 ifneq ($(strip $(PYTEST_ARGS)),)
-	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test,$(PYTEST_ARGS))
+	$(call pytest_in,$(TEST_REDIS_URL),test,$(PYTEST_ARGS))
 else
-	@$(MAKE) --no-print-directory -j3 --output-sync=target test-chaos test-processes test-units
+	$(call pytest_in,$(TEST_REDIS_URL),test,-n $(TEST_WORKERS) --dist worksteal -m "not chaos")
 endif
 
-test-units: venv
-	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test,-m "not slow")
+test-all: prereqs lint
+	@$(MAKE) --no-print-directory -j2 --output-sync=target test-suite test-chaos
 
-test-processes: venv
-	$(call pytest_in,$(TEST_DATABASE_URL)_processes,$(TEST_PROCESS_REDIS_URL),test-processes,-m "slow and not chaos")
+test-suite: venv
+	$(call pytest_in,$(TEST_REDIS_URL),test,-n $(TEST_WORKERS) --dist worksteal -m "not chaos")
 
 test-chaos: venv
-	$(call pytest_in,$(TEST_DATABASE_URL),$(TEST_REDIS_URL),test-chaos,-m chaos)
+	$(call pytest_in,$(TEST_CHAOS_REDIS_URL),test-chaos,-m chaos)
 
 bench: venv
 	$(PY) -m bench.delivery
@@ -77,7 +82,7 @@ bench: venv
 # engine deadline/drain, limiters and gate (not in CI; see docs/benchmarks.md).
 # MUTATE_ARGS="gate policy" runs a subset.
 mutate: venv
-	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=test-only \
+	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=$(TEST_SECRET_KEY) \
 	REMINDERS_VAR_DIR=$(MUTATE_VAR_DIR) \
 	$(PY) -m bench.mutate $(MUTATE_ARGS)
 

@@ -423,7 +423,9 @@ def _count_round_trips(limiter: RedisRateLimiter) -> list[int]:
 def _competing_starts(url: str, account: str, *, block: int, callers: int = 40):
     """Two limiters in one loop, ``callers`` acquires spread over them at once, 100/s.
 
-    Return the round trips to Redis the acquires cost and their start times.
+    Return the round trips to Redis the acquires cost, their start times, and the starts
+    skipped because this host woke for them more than an interval late (each is reserved
+    again: a loaded machine's cost, not the design's).
     """
     clock = SystemClock()
 
@@ -443,7 +445,8 @@ def _competing_starts(url: str, account: str, *, block: int, callers: int = 40):
             async with asyncio.TaskGroup() as group:
                 for index in range(callers):
                     group.create_task(one(limiters[index % 2]))
-            return sum(count[0] for count in counts), sorted(starts)
+            skipped = sum(limiter.skipped for limiter in limiters)  # aclose() resets it
+            return sum(count[0] for count in counts), sorted(starts), skipped
         finally:
             for limiter in limiters:
                 await limiter.aclose()
@@ -459,12 +462,13 @@ def test_each_start_is_reserved_not_polled_for_and_queued_callers_share_a_round_
     polled for and lost to the other worker (before reservations: 100 round trips for
     these 40 starts, 4.5 per start in the e2e benchmark); with blocks of 8, the callers
     queued in one process share one round trip for up to 8 starts."""
-    calls, starts = _competing_starts(limiter_redis_url, redis_account, block=block)
+    calls, starts, skipped = _competing_starts(limiter_redis_url, redis_account, block=block)
     assert len(starts) == 40
+    said = f"{calls} round trips for 40 starts, {skipped} skipped as woken late"
     if block == 1:
-        assert calls == 40, f"{calls} round trips for 40 starts"
+        assert calls == 40 + skipped, said
     else:
-        assert calls <= 2 * math.ceil(20 / block) + 2, f"{calls} round trips for 40 starts"
+        assert calls <= 2 * math.ceil(20 / block) + 2 + skipped, said
     # Spread: 40 starts one interval (1.02 s / 100) apart take at least 39 intervals.
     assert starts[-1] - starts[0] >= 39 * 1.02 / 100 * 0.9
     assert max_in_window(starts, window=1.0) <= 100
@@ -484,11 +488,14 @@ def test_a_chunks_callers_started_together_share_one_round_trip(limiter_redis_ur
             async with asyncio.TaskGroup() as group:
                 for _ in range(8):
                     group.create_task(limiter.acquire())
-            return count[0]
+            return count[0], limiter.skipped
         finally:
             await limiter.aclose()
 
-    assert run(scenario()) == 1
+    # A start this host woke for more than an interval late is reserved again, one round
+    # trip at most (seen on a loaded machine); on time, all eight share one.
+    calls, skipped = run(scenario())
+    assert 1 <= calls <= 1 + skipped, f"{calls} round trips, {skipped} skipped as woken late"
 
 
 def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(

@@ -185,7 +185,12 @@ def test_redelivered_message_still_sends_one_message_per_pair(
         pipeline.scan(clock=live_clock, publish=publish)
         assert len(published) == 1
         _wait_until(_settled, timeout=90, what="the batch to finish")
-        _real.sleep_blocking(3)  # a redelivery arriving late must also find nothing to do
+        # The second delivery, running beside the first or after it, finds nothing to do.
+        _wait_until(
+            lambda: sum("Batch of 15 finished" in line for line in worker.lines) >= 2,
+            timeout=30,
+            what="both deliveries of the batch to finish",
+        )
         batches = [line for line in worker.lines if "Batch of 15 finished" in line]
     per_pair = _received_per_recipient(smtp_sink)
     print(f"\nredelivery: batch ran {len(batches)} times; messages {len(smtp_sink.received())}")
@@ -238,7 +243,13 @@ def test_two_beat_processes_send_nothing_twice(
             # one beat of two started together could read the migration's 60 s interval
             # and keep it: 2 of 5 full runs, and 1 of 8 runs under load, on 2026-12-01.)
             _wait_until(both_published, timeout=30, what="both beats to publish a scan")
-            _real.sleep_blocking(11)  # two more intervals: every scan now finds nothing
+            # Two more scans after that (either beat's): each finds nothing left to send.
+            ran = sum("Scan finished" in line for line in worker.lines)
+            _wait_until(
+                lambda: sum("Scan finished" in line for line in worker.lines) >= ran + 2,
+                timeout=30,
+                what="two more scans to run",
+            )
         finally:
             for beat in beats:
                 beat.stop()

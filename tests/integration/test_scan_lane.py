@@ -2,7 +2,7 @@
 
 A real worker started as operators start it (``celery -A config worker``,
 no -Q), one pool process, a real beat scanning every 5 s, and a backlog of
-SMTP batches that keeps the pool process busy for more than five intervals.
+SMTP batches that keeps the pool process busy for more than three intervals.
 The scan runs in the worker's own lane (reminders/worker/scanlane.py) and records
 each completion (ScanRun); the gaps between completions stay within two
 intervals. Before the lane, the scan waited behind the batches, expired
@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
 INTERVAL = 5
-BACKLOG_INTERVALS = 5
+BACKLOG_INTERVALS = 3
 
 
 def test_scans_complete_every_two_intervals_while_the_pool_is_busy(
