@@ -43,7 +43,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	$(VENV)/bin/lint-imports
-	SECRET_KEY=lint $(PY) manage.py makemigrations --check --dry-run
+	$(PY) manage.py makemigrations --check --dry-run
 
 # `make test` runs the suite but the chaos run on $(TEST_WORKERS) pytest-xdist workers,
 # each with its own test database (pytest-django's _gw<N> suffix), Redis database
@@ -89,9 +89,9 @@ mutate: venv
 # Re-read the texts marked for translation into locale/*/django.po, then compile
 # the .mo files (needs GNU gettext; running the project does not: commit both).
 messages: venv
-	SECRET_KEY=messages-only $(PY) manage.py makemessages -l de -l fr --no-location \
+	$(PY) manage.py makemessages -l de -l fr --no-location \
 		--ignore='.venv/*' --ignore='tests/*' --ignore='bench/*' --ignore='var/*'
-	SECRET_KEY=messages-only $(PY) manage.py compilemessages --ignore='.venv/*'
+	$(PY) manage.py compilemessages --ignore='.venv/*'
 
 clean:
 	rm -rf var/broker var/reminders.sqlite3* var/outbox var/static

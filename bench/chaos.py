@@ -107,7 +107,7 @@ from bench.harness import (
 from config.timing import TimeBounds
 
 CHANNELS = ("smtp", "http")
-HTTP_SECRET = "chaos-secret"
+HTTP_SECRET = "chaos-secret-0a1b2c3d4e5f6a7b8c9d0e1f"
 CHILD_STOP_SECONDS = 300  # a channel's run stopping its workers and beats, at the end
 POOL = 2  # prefork processes per worker (the Celery default on this 2-core machine)
 SMTP_CONNECTIONS = 4

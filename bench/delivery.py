@@ -48,7 +48,7 @@ from delivery.limiter import DEFAULT_MARGIN, LocalRateLimiter, RedisRateLimiter
 from loopback.windows import max_in_window
 
 ROOT = Path(__file__).resolve().parents[1]
-SECRET = "bench-secret"
+SECRET = "bench-secret-0a1b2c3d4e5f6a7b8c9d0e1f"
 TARGET_FRACTION_OF_BOUND = 0.8
 TARGET_SPEEDUP = 20.0
 TARGET_FRACTION_OF_RATE = 0.95

@@ -79,7 +79,7 @@ from bench.harness import (
 )
 from loopback.windows import max_in_window
 
-SECRET = "e2e-secret"
+SECRET = "e2e-secret-0a1b2c3d4e5f6a7b8c9d0e1f2a"
 DATABASE = "bench_e2e"
 OBSERVER = "observer"
 TARGET_FRACTION = 0.95

@@ -264,7 +264,7 @@ def django_on_private_postgres(prefix: str, database: str, *, keep: bool = False
         settings = {
             "DATABASE_URL": postgres.url(database),
             "DJANGO_SETTINGS_MODULE": "config.settings",
-            "SECRET_KEY": "bench-only-not-secret",
+            "SECRET_KEY": "bench-only-not-secret-0a1b2c3d4e5f6a7b",
             "DEBUG": "0",
             "LOG_LEVEL": "WARNING",
             "REMINDERS_VAR_DIR": str(workdir / "var"),
@@ -520,7 +520,7 @@ def base_env(**overrides: str) -> dict[str, str]:
             "DJANGO_SETTINGS_MODULE": "config.settings",
             "PYTHONUNBUFFERED": "1",
             "PYTHONPYCACHEPREFIX": str(PYCACHE),
-            "SECRET_KEY": "bench-only-not-secret",
+            "SECRET_KEY": "bench-only-not-secret-0a1b2c3d4e5f6a7b",
             "DEBUG": "0",
         }
     )

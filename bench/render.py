@@ -44,7 +44,7 @@ CHILD = r"""
 import os, sys, time
 sys.path.insert(0, os.getcwd())
 os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
-os.environ.setdefault("SECRET_KEY", "bench-render")
+os.environ.setdefault("SECRET_KEY", "bench-render-0a1b2c3d4e5f6a7b8c9d0e1f")
 import django
 django.setup()
 from datetime import UTC, datetime, timedelta
@@ -106,7 +106,7 @@ def _run(tree: Path, case: str, count: int) -> float:
                 for k, v in os.environ.items()
                 if k not in ("DATABASE_URL", "DJANGO_SETTINGS_MODULE")
             },
-            "SECRET_KEY": "bench-render",
+            "SECRET_KEY": "bench-render-0a1b2c3d4e5f6a7b8c9d0e1f",
         },
         capture_output=True,
         text=True,

@@ -30,7 +30,7 @@ BENCH_DB = os.environ.get(
 )
 os.environ["DATABASE_URL"] = BENCH_DB
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
-os.environ.setdefault("SECRET_KEY", "bench-only")
+os.environ.setdefault("SECRET_KEY", "bench-only-0a1b2c3d4e5f6a7b8c9d0e1f2a")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
 
 

@@ -43,6 +43,22 @@ if not SECRET_KEY:
         )
     SECRET_KEY = "insecure-local-development-key-never-use-in-production"
 
+# With DEBUG off, every secret must be at least this long (a guessable key signs sessions,
+# a short token opens /metrics, a short HTTP secret lets anyone sign a provider request).
+MIN_SECRET_LENGTH = 32
+
+
+def _long_enough(name: str, value: str) -> None:
+    if value and not DEBUG and len(value) < MIN_SECRET_LENGTH:
+        raise ImproperlyConfigured(
+            f"{name} is {len(value)} characters; with DEBUG off it needs at least "
+            f"{MIN_SECRET_LENGTH}. Make one with: python3 -c 'import secrets; "
+            "print(secrets.token_urlsafe(32))'"
+        )
+
+
+_long_enough("SECRET_KEY", SECRET_KEY)
+
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["127.0.0.1", "localhost"] if DEBUG else [])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS")
 
@@ -302,6 +318,7 @@ REMINDERS_SCAN_STATEMENT_TIMEOUT = env_float(
 )
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
+_long_enough("REMINDERS_HTTP_SECRET", REMINDERS_HTTP_SECRET)
 # More endpoints of the same provider (they must share its idempotency keys):
 # each send also goes to these, the next one after the stagger (or at once when
 # the previous failed), and the first acceptance wins; the others are cancelled.
@@ -444,6 +461,7 @@ REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
 # /metrics on web (reminders/web_metrics.py): off (404) unless set; then it answers
 # only "Authorization: Bearer <METRICS_TOKEN>".
 METRICS_TOKEN = env_str("METRICS_TOKEN")
+_long_enough("METRICS_TOKEN", METRICS_TOKEN)
 # A worker's own series (provider calls, slack, limiter waits: reminders/worker/telemetry.py)
 # on this port, summed over its pool processes. Unset: off. One port per worker on a host.
 # How long the record of each dispatched batch (reminders.models.Dispatch, read by

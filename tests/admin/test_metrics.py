@@ -15,7 +15,7 @@ from reminders.models import Reminder, ScanRun
 
 pytestmark = pytest.mark.django_db
 
-TOKEN = "metrics-test-token"
+TOKEN = "metrics-test-token-0a1b2c3d4e5f6a7b8"
 
 
 def _scrape(client, token: str | None = TOKEN):

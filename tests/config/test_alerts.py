@@ -23,7 +23,7 @@ from reminders.worker.telemetry import WorkerObserver
 
 ROOT = Path(__file__).resolve().parents[2]
 RULES = ROOT / "deploy" / "prometheus"
-TOKEN = "alerts-test-token"
+TOKEN = "alerts-test-token-0a1b2c3d4e5f6a7b8c"
 # What an expression may contain besides series names.
 PROMQL_WORDS = {
     "time", "delta", "rate", "sum", "histogram_quantile", "absent", "and", "or", "unless",

@@ -25,7 +25,7 @@ except ConnectionError:
 
 def _run(**env: str) -> subprocess.CompletedProcess:
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LOG_", "REMINDERS_"))}
-    base.update({"SECRET_KEY": "x", "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
+    base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
     return subprocess.run(
         [sys.executable, "-c", CODE], cwd=ROOT, env=base, capture_output=True, text=True,
         timeout=60,

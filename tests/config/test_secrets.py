@@ -20,7 +20,7 @@ def _python(code: str, **env: str) -> subprocess.CompletedProcess:
         for key, value in os.environ.items()
         if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY", "LOG_"))
     }
-    base.update({"SECRET_KEY": "x", "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
+    base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
     return subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, env=base, capture_output=True, text=True,
         timeout=60,
@@ -54,7 +54,7 @@ def test_the_channel_check_refuses_plain_http_without_echoing_its_token():
         "call_command('check')",
         REMINDERS_CHANNEL="http",
         REMINDERS_HTTP_URL=f"http://notify.example.com/r?token={SECRET}",
-        REMINDERS_HTTP_SECRET="s",
+        REMINDERS_HTTP_SECRET="s" * 32,
     )
     assert result.returncode != 0
     assert "REMINDERS_HTTP_ALLOW_INSECURE=1" in result.stderr

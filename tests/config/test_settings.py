@@ -16,7 +16,7 @@ def _start(**env: str) -> subprocess.CompletedProcess:
         for key, value in os.environ.items()
         if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY"))
     }
-    base.update({"SECRET_KEY": "x", "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
+    base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
     base.update(env)
     return subprocess.run(
         [sys.executable, "-c", "import django; django.setup()"],
@@ -76,6 +76,32 @@ def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+
+
+SHORT = "0123456789abcdefghijklmnopqrstu"  # 31 characters
+
+
+@pytest.mark.parametrize(
+    "env",
+    [
+        {"SECRET_KEY": SHORT},
+        {"METRICS_TOKEN": SHORT},
+        {
+            "REMINDERS_CHANNEL": "http",
+            "REMINDERS_HTTP_URL": "https://n.example/r",
+            "REMINDERS_HTTP_SECRET": SHORT,
+        },
+    ],  # fmt: skip
+    ids=["SECRET_KEY", "METRICS_TOKEN", "REMINDERS_HTTP_SECRET"],
+)
+def test_a_secret_shorter_than_32_characters_is_refused_with_debug_off(env, request):
+    name = request.node.callspec.id
+    refused = _start(DEBUG="0", **env)
+    assert refused.returncode != 0
+    assert f"{name} is 31 characters; with DEBUG off it needs at least 32" in refused.stderr
+    assert "secrets.token_urlsafe(32)" in refused.stderr
+    assert SHORT not in refused.stderr
+    assert _start(DEBUG="0", **{**env, name: SHORT + "v"}).returncode == 0
 
 
 def test_defaults_start_without_any_server():

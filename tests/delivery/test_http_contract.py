@@ -19,7 +19,7 @@ from delivery.channels.http import CONTRACT_VERSION, encode_body, signed_headers
 from loopback.http_sink import HttpSink
 
 CONTRACT = Path(__file__).resolve().parents[2] / "delivery" / "HTTP_CONTRACT.md"
-SECRET = "contract-secret"
+SECRET = "contract-secret-0a1b2c3d4e5f6a7b8c"
 
 
 def _verify():

@@ -26,7 +26,7 @@ from workshops.models import Enrollment
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
-SECRET = "metrics-test-secret"
+SECRET = "metrics-test-secret-0a1b2c3d4e5f6a7b"
 TOKEN = "scrape-token"
 _clock = SystemClock()
 
