@@ -253,6 +253,7 @@ class StaffDecision(models.Model):
         SEND_AGAIN = "send_again", "Unknown outcome resolved: sent again"
         CANCEL = "cancel", "Workshops cancelled"
         REINSTATE = "reinstate", "Workshops reinstated"
+        CANCEL_ENROLLMENTS = "cancel_enrol", "Enrollments cancelled"
         ERASE = "erase", "Attendee's personal data erased"
         SEND_TEST = "send_test", "Test reminder sent to the staff member"
 
@@ -322,6 +323,9 @@ class StaffDecision(models.Model):
     attendee_ids = models.JSONField(
         default=list, editable=False, help_text="Ids of the attendees whose data was erased."
     )
+    enrollment_ids = models.JSONField(
+        default=list, editable=False, help_text="Ids of the enrollments cancelled."
+    )
     outcome = models.TextField(
         blank=True,
         editable=False,
@@ -349,6 +353,7 @@ class StaffDecision(models.Model):
                         "reinstate",
                         "erase",
                         "send_test",
+                        "cancel_enrol",
                     ]
                 ),
                 name="staff_decision_action_valid",

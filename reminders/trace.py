@@ -103,6 +103,7 @@ def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:
         ("reminder_ids", reminder.pk),
         ("workshop_ids", reminder.workshop_id),
         ("attendee_ids", reminder.attendee_id),
+        ("enrollment_ids", reminder.enrollment_id),
     )
     # A test send names the workshop but touched none of its reminders.
     decisions = StaffDecision.objects.exclude(action=StaffDecision.Action.SEND_TEST).order_by(

@@ -209,6 +209,7 @@ class Enrollment(models.Model):
             ),
         ]
         indexes = [models.Index(fields=["workshop", "status"], name="enrollment_workshop_status")]
+        permissions = [("cancel_enrollment", "Can cancel enrollments")]
 
     def __str__(self) -> str:
         return f"{self.attendee} in {self.workshop.title}"

@@ -46,6 +46,7 @@ class StaffDecisionAdmin(admin.ModelAdmin):
         "reminders_changed",
         "workshops_changed",
         "attendees_changed",
+        "enrollments_changed",
     )
     readonly_fields = fields
     created_at_utc = utc_column("created_at", "Decided")
@@ -76,6 +77,10 @@ class StaffDecisionAdmin(admin.ModelAdmin):
     @admin.display(description="Attendees erased")
     def attendees_changed(self, obj: StaffDecision) -> str:
         return _ids_link("admin:workshops_attendee_changelist", obj.attendee_ids, "attendee")
+
+    @admin.display(description="Enrollments cancelled")
+    def enrollments_changed(self, obj: StaffDecision) -> str:
+        return _ids_link("admin:workshops_enrollment_changelist", obj.enrollment_ids, "enrollment")
 
 
 def _ids_link(changelist: str, ids: list[int], noun: str) -> str:

@@ -1,28 +1,31 @@
-"""Enrollments: created and cancelled through workshops.services, never deleted."""
+"""Enrollments: created through workshops.services, cancelled only by the audited action,
+never deleted."""
 
 from __future__ import annotations
 
-from django.contrib import admin
+from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from reminders.admin.columns import (
-    format_local,
-    utc_column,
-)
-from reminders.admin.forms import (
-    EnrollmentForm,
+from reminders.admin.actions import CONFIRM, StaffActionsMixin
+from reminders.admin.columns import format_local, plural, utc_column
+from reminders.admin.forms import EnrollmentForm, WorkshopDecisionForm
+from reminders.services.enrollment_decisions import (
+    ENROLLMENT_EFFECT_LABELS,
+    ENROLLMENT_SKIP_LABELS,
+    enrollment_cancel_preview,
+    enrollments_cancel,
 )
 from workshops.models import Enrollment
-from workshops.services import (
-    enrollment_cancel,
-    enrollment_create,
-)
+from workshops.services import enrollment_create
+
+NOT_FOUND = "enrollments_not_found"
 
 
 @admin.register(Enrollment)
-class EnrollmentAdmin(admin.ModelAdmin):
+class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
     form = EnrollmentForm
+    actions = ["cancel_selected"]
     list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at_utc")
     list_filter = ("status", "workshop__status")
     search_fields = ("attendee__email", "attendee__name", "workshop__title")
@@ -38,20 +41,68 @@ class EnrollmentAdmin(admin.ModelAdmin):
         return ("attendee", "workshop", "created_at_utc") if obj else ("created_at_utc",)
 
     def save_model(self, request, obj: Enrollment, form, change: bool) -> None:
-        """Save through enrollment_create / enrollment_cancel, never ``obj.save()``."""
-        if not change:
-            saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
-            if obj.status == Enrollment.Status.CANCELLED:
-                saved = enrollment_cancel(enrollment=saved)
-        elif "status" not in form.changed_data:
+        """Enrol, or enrol again, through enrollment_create, never ``obj.save()``.
+
+        The form refuses a cancel: that is the audited action's (cancel_selected).
+        """
+        if change and "status" not in form.changed_data:
             return
-        elif obj.status == Enrollment.Status.CANCELLED:
-            saved = enrollment_cancel(enrollment=obj)
-        else:
-            saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
+        saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
         for model_field in Enrollment._meta.concrete_fields:
             setattr(obj, model_field.attname, getattr(saved, model_field.attname))
         obj._state.adding = False
+
+    def has_cancel_permission(self, request) -> bool:
+        return request.user.has_perm("workshops.cancel_enrollment")
+
+    @admin.action(description="Cancel selected enrollments", permissions=["cancel"])
+    def cancel_selected(self, request, queryset):
+        """Preview, ask for a reason, then cancel the enrollments and their unsent reminders."""
+        confirming = request.POST.get(CONFIRM) == "yes"
+        form = WorkshopDecisionForm(request.POST if confirming else None)
+        if confirming and form.is_valid():
+            result = enrollments_cancel(
+                enrollments=queryset, reason=form.cleaned_data["reason"], actor=request.user
+            )
+            skipped = {
+                **result.skipped,
+                **self._missing(request, found=result.selected, key=NOT_FOUND),
+            }
+            parts = [f"{n} {ENROLLMENT_SKIP_LABELS.get(k, k)}" for k, n in skipped.items() if n]
+            self.message_user(
+                request,
+                f"Cancelled {plural(result.changed, 'enrollment')}; "
+                f"{plural(result.reminders, 'reminder')} cancelled. The decision is recorded."
+                + (f" Skipped: {', '.join(parts)}." if parts else ""),
+                messages.SUCCESS if result.changed else messages.WARNING,
+            )
+            return None
+        counted = enrollment_cancel_preview(enrollments=queryset)
+        skipped = {
+            **counted.skipped,
+            **self._missing(request, found=counted.selected, key=NOT_FOUND),
+        }
+        return self._decision_page(
+            request,
+            title="Cancel the selected enrollments",
+            action="cancel_selected",
+            noun="enrollment",
+            explanation="A cancelled enrollment gets no reminder. To enrol the attendee again, "
+            "set the enrollment back to active: its reminder is planned again unless the "
+            "cutoff has passed; one already sent is never sent twice.",
+            preview=counted,
+            eligible_label="Active enrollments that will be cancelled",
+            effect_rows=[
+                (label, counted.effects[key]) for key, label in ENROLLMENT_EFFECT_LABELS.items()
+            ],
+            skipped_rows=[
+                (ENROLLMENT_SKIP_LABELS.get(key, key), count)
+                for key, count in skipped.items()
+                if count
+            ],
+            submit_label=f"Yes, cancel {plural(counted.eligible, 'enrollment')}",
+            form=form,
+        )
 
     @admin.display(description="Workshop", ordering="workshop__title")
     def workshop_link(self, obj: Enrollment) -> str:

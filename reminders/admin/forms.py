@@ -151,6 +151,19 @@ class WorkshopForm(forms.ModelForm):
         return cleaned
 
 
+CANCEL_BY_ACTION = (
+    'Cancel enrollments with the action "Cancel selected enrollments" on the enrollment '
+    "list: it shows what happens to their reminders, asks for a reason and records the "
+    "decision."
+)
+
+
+def _cancels(form: forms.ModelForm) -> bool:
+    """Whether the form would make an enrollment cancelled (new, or changed to it)."""
+    cancelled = form.cleaned_data.get("status") == Enrollment.Status.CANCELLED
+    return cancelled and (form.instance.pk is None or "status" in form.changed_data)
+
+
 class EnrollmentInlineForm(forms.ModelForm):
     class Meta:
         model = Enrollment
@@ -171,7 +184,12 @@ class EnrollmentInlineFormSet(forms.BaseInlineFormSet):
     def clean(self) -> None:
         super().clean()
         workshop = self.instance
-        if workshop.pk is None or self.save_as_new or workshop.is_scheduled:
+        if self.save_as_new:
+            return  # a copy carries the active rows over and leaves the cancelled ones
+        for form in self.forms:
+            if form.has_changed() and _cancels(form):
+                form.add_error("status", CANCEL_BY_ACTION)
+        if workshop.pk is None or workshop.is_scheduled:
             return
         for form in self.forms:
             adds = form.instance.pk is None and form.has_changed()
@@ -190,6 +208,8 @@ class EnrollmentForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
+        if _cancels(self):
+            self.add_error("status", CANCEL_BY_ACTION)
         workshop = cleaned.get("workshop") or getattr(self.instance, "workshop", None)
         activates = cleaned.get("status") == Enrollment.Status.ACTIVE and (
             self.instance.pk is None or "status" in self.changed_data

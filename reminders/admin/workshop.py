@@ -57,7 +57,6 @@ from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
 from workshops.placeholders import PLACEHOLDERS
 from workshops.services import (
     TEXT_FIELDS,
-    enrollment_cancel,
     enrollment_create,
     workshop_create,
     workshop_update,
@@ -187,11 +186,8 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             if enrollment.status == Enrollment.Status.ACTIVE:
                 enrollment_create(attendee=enrollment.attendee, workshop=workshop)
         for enrollment, changed in formset.changed_objects:
-            if "status" not in changed:
-                continue
-            if enrollment.status == Enrollment.Status.CANCELLED:
-                enrollment_cancel(enrollment=enrollment)
-            else:
+            # Only back to active: the formset refuses a cancel (the audited action's).
+            if "status" in changed:
                 enrollment_create(attendee=enrollment.attendee, workshop=workshop)
         return None
 

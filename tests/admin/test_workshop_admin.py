@@ -212,26 +212,46 @@ def test_copy_of_a_past_workshop_is_refused_with_a_field_error(admin_client, mak
     assert Workshop.objects.count() == 1
 
 
-def test_enrollment_inline_enrols_and_cancels_through_the_services(
-    admin_client, make_workshop, enrol, make_attendee
-):
-    workshop = make_workshop(starts_in=timedelta(hours=3))
-    (existing,) = enrol(workshop, 1)
-    newcomer = make_attendee()
+def _post_inline(admin_client, workshop, rows):
     local = workshop.starts_at.astimezone(workshop.zone)
-    response = admin_client.post(
+    return admin_client.post(
         f"{CHANGELIST}{workshop.pk}/change/",
         form_data(
             title=workshop.title,
             zone=workshop.timezone,
             starts=local.strftime("%Y-%m-%d %H:%M"),
             ends=workshop.ends_at.astimezone(workshop.zone).strftime("%Y-%m-%d %H:%M"),
-            rows=[(existing.pk, existing.attendee_id, "cancelled"), ("", newcomer.pk, "active")],
+            rows=rows,
         ),
     )
-    assert response.status_code == 302, response.context and response.context["errors"]
+
+
+def test_enrollment_inline_enrols_through_the_service_and_leaves_cancelling_to_the_action(
+    admin_client, make_workshop, enrol, make_attendee
+):
+    """Issue 34, item 12: a cancel in the inline skipped the cancel permission, the reason
+    and the audit. It is refused with the way to do it, and the whole save changes nothing."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (existing,) = enrol(workshop, 1)
+    newcomer = make_attendee()
+    refused = _post_inline(
+        admin_client,
+        workshop,
+        [(existing.pk, existing.attendee_id, "cancelled"), ("", newcomer.pk, "active")],
+    )
+    assert refused.status_code == 200
+    assert "Cancel selected enrollments" in str(refused.context["errors"])
     statuses = dict(Reminder.objects.filter(workshop=workshop).values_list("attendee_id", "status"))
-    assert statuses == {existing.attendee_id: "cancelled", newcomer.pk: "pending"}
+    assert statuses == {existing.attendee_id: "pending"}
+
+    enrolled = _post_inline(
+        admin_client,
+        workshop,
+        [(existing.pk, existing.attendee_id, "active"), ("", newcomer.pk, "active")],
+    )
+    assert enrolled.status_code == 302, enrolled.context and enrolled.context["errors"]
+    statuses = dict(Reminder.objects.filter(workshop=workshop).values_list("attendee_id", "status"))
+    assert statuses == {existing.attendee_id: "pending", newcomer.pk: "pending"}
 
 
 def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminders):
@@ -252,7 +272,7 @@ def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminde
     assert "?workshop__id__exact=" in html and "status__exact=failed" in html
 
 
-def test_enrollment_admin_enrols_and_cancels_through_the_services(
+def test_enrollment_admin_enrols_through_the_service_and_refuses_a_cancel(
     admin_client, make_workshop, make_attendee
 ):
     workshop = make_workshop(starts_in=timedelta(hours=3))
@@ -264,11 +284,13 @@ def test_enrollment_admin_enrols_and_cancels_through_the_services(
     assert added.status_code == 302
     enrollment = Enrollment.objects.get()
     assert Reminder.objects.get(enrollment=enrollment).status == "pending"
+    # A cancel is the audited action's (tests/admin/test_enrollment_cancel.py), not the form's.
     changed = admin_client.post(
         f"/admin/workshops/enrollment/{enrollment.pk}/change/", {"status": "cancelled"}
     )
-    assert changed.status_code == 302
-    assert Reminder.objects.get(enrollment=enrollment).status == "cancelled"
+    assert changed.status_code == 200
+    assert "Cancel selected enrollments" in str(changed.context["errors"])
+    assert Reminder.objects.get(enrollment=enrollment).status == "pending"
     duplicate = admin_client.post(
         "/admin/workshops/enrollment/add/",
         {"attendee": attendee.pk, "workshop": workshop.pk, "status": "active"},
