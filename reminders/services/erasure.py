@@ -8,17 +8,20 @@ its record scrubs what it writes (``personal.erased_among`` orders the two). The
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from dataclasses import dataclass
 
+from django.contrib.admin.models import LogEntry
 from django.contrib.auth.base_user import AbstractBaseUser
+from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import Q, QuerySet
 
 from clock import Clock, default_clock
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.services.personal import personal_words, scrubber
+from reminders.services.personal import personal_words, scrub_json_text, scrubber
 from reminders.services.replay import clean_reason
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
@@ -114,25 +117,40 @@ def attendees_erase(
 def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     """Erase one locked attendee; return the ids of the reminders it cancelled."""
     words = personal_words(email=attendee.email, name=attendee.name)
-    scrub = scrubber(words)
+    scrub = _scrub_for(attendee)
     open_before = set(
         Reminder.objects.filter(attendee=attendee, status__in=Reminder.OPEN_STATUSES).values_list(
             "pk", flat=True
         )
     )
+    enrollments = list(Enrollment.objects.filter(attendee=attendee).values_list("pk", flat=True))
     for enrollment in Enrollment.objects.filter(attendee=attendee, status=Enrollment.Status.ACTIVE):
         enrollment_cancel(enrollment=enrollment, clock=clock)
     mine = Reminder.objects.filter(attendee=attendee)
     for reminder in mine.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
         Reminder.objects.filter(pk=reminder.pk).update(
-            last_error=scrub(reminder.last_error),
-            status_reason=scrub(reminder.status_reason)[:200],
+            last_error=scrub(reminder.last_error, about=True),
+            status_reason=scrub(reminder.status_reason, about=True)[:200],
         )
     attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
     for attempt in attempts.filter(_quoting(words, "error")):
-        DeliveryAttempt.objects.filter(pk=attempt.pk).update(error=scrub(attempt.error))
-    for decision in StaffDecision.objects.filter(_quoting(words, "reason")):
-        StaffDecision.objects.filter(pk=decision.pk).update(reason=scrub(decision.reason))
+        DeliveryAttempt.objects.filter(pk=attempt.pk).update(error=scrub(attempt.error, about=True))
+    anyone = personal_words(email=attendee.email, name=attendee.name, short_names=False)
+    for decision in StaffDecision.objects.filter(
+        _quoting(anyone, "reason") | _quoting(anyone, "outcome")
+    ):
+        StaffDecision.objects.filter(pk=decision.pk).update(
+            reason=scrub(decision.reason), outcome=scrub(decision.outcome)
+        )
+    _scrub_admin_log(
+        scrub,
+        anyone,
+        {
+            Attendee: [attendee.pk],
+            Enrollment: enrollments,
+            Reminder: list(mine.values_list("pk", flat=True)),
+        },
+    )
     Attendee.objects.filter(pk=attendee.pk).update(
         name=ERASED_NAME, email=erased_email(), timezone="", erased_at=now
     )
@@ -141,6 +159,49 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
             "pk", flat=True
         )
     )
+
+
+def _scrub_for(attendee: Attendee):
+    """Return ``scrub(text, about=False)``: every form of the name and address out of a text
+    about the attendee, or one quoting their address; from any other text the address and
+    the name's parts of ``MIN_NAME_TO_SCRUB`` characters or more."""
+    email = [w for w in personal_words(email=attendee.email, name="") if w]
+    every = scrubber(personal_words(email=attendee.email, name=attendee.name))
+    longer = scrubber(personal_words(email=attendee.email, name=attendee.name, short_names=False))
+
+    def scrub(text: str, *, about: bool = False) -> str:
+        if not text:
+            return text
+        quotes_email = any(address.lower() in text.lower() for address in email)
+        return every(text) if about or quotes_email else longer(text)
+
+    return scrub
+
+
+def _scrub_admin_log(scrub, words: list[str], objects: dict[type, list[int]]) -> None:
+    """Scrub Django's admin log: the entries on the attendee, their enrollments and
+    reminders, and any other entry quoting them (a workshop's inline "added enrollment
+    'Zoë Müller <zoe@…> in …'"). Change messages are JSON with non-ASCII escaped."""
+    types = ContentType.objects.get_for_models(*objects)
+    about = Q()
+    for model, ids in objects.items():
+        about |= Q(content_type=types[model], object_id__in=[str(pk) for pk in ids])
+    escaped = [json.dumps(word)[1:-1] for word in words]
+    quoting = (
+        _quoting(words, "object_repr")
+        | _quoting(words, "change_message")
+        | _quoting(escaped, "change_message")
+    )
+    tied = set(LogEntry.objects.filter(about).values_list("pk", flat=True))
+    for entry in LogEntry.objects.filter(about | quoting):
+
+        def this(text: str, entry=entry) -> str:
+            return scrub(text, about=entry.pk in tied)
+
+        LogEntry.objects.filter(pk=entry.pk).update(
+            object_repr=this(entry.object_repr)[:200],
+            change_message=scrub_json_text(entry.change_message, this),
+        )
 
 
 def _quoting(words: list[str], field: str) -> Q:

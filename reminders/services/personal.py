@@ -6,33 +6,79 @@ before the erasure: a provider's error often echoes the old address.
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Iterable
 
 from django.db import connection
 
+from delivery.addresses import idna_domain
 from workshops.models import Attendee
 
 ERASED_TEXT = "[erased]"
-# Names shorter than this are not searched for in texts: they match ordinary words.
+# Name parts shorter than this are removed only from texts about the attendee (their
+# reminders, attempts, admin log entries), not from every staff decision's reason: across
+# the whole table "Bo" or "An" would hit ordinary words in other people's notes.
 MIN_NAME_TO_SCRUB = 4
+_NAME_PARTS = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
 
 
-def personal_words(*, email: str, name: str) -> list[str]:
-    """Return the texts to remove: the email, and the full name unless it is too short."""
-    words = [email] if email else []
+def personal_words(*, email: str, name: str, short_names: bool = True) -> list[str]:
+    """Return every form of the attendee's address and name that was sent or echoed.
+
+    The address as typed and with its domain in punycode (what goes on the wire, and
+    what providers quote back); the full name and each of its parts (a provider's
+    "Dear Zoë"), parts under ``MIN_NAME_TO_SCRUB`` characters only with ``short_names``.
+    """
+    words: list[str] = []
+    if email:
+        words.append(email)
+        local, _, domain = email.rpartition("@")
+        wire = idna_domain(domain)
+        if local and wire and wire != domain.lower():
+            words.append(f"{local}@{wire}")
     name = name.strip()
-    if len(name) >= MIN_NAME_TO_SCRUB:
+    least = 2 if short_names else MIN_NAME_TO_SCRUB
+    if len(name) >= least:
         words.append(name)
-    return words
+    words += [part for part in _NAME_PARTS.findall(name) if len(part) >= least]
+    return list(dict.fromkeys(words))
 
 
 def scrubber(words: list[str]):
-    """Return a function replacing every word (case-insensitive) by ``ERASED_TEXT``."""
+    """Return a function replacing every word (case-insensitive) by ``ERASED_TEXT``.
+
+    An address is replaced wherever it occurs; a name or part of one only as a whole
+    word ("Ann" in "Ann's", not in "Annual").
+    """
     if not words:
         return lambda text: text
-    pattern = re.compile("|".join(map(re.escape, words)), flags=re.IGNORECASE)
+    alternatives = [
+        re.escape(word) if "@" in word else rf"(?<!\w){re.escape(word)}(?!\w)"
+        for word in sorted(words, key=len, reverse=True)  # the full name before its parts
+    ]
+    pattern = re.compile("|".join(alternatives), flags=re.IGNORECASE)
     return lambda text: pattern.sub(ERASED_TEXT, text) if text else text
+
+
+def scrub_json_text(text: str, scrub) -> str:
+    """Scrub the strings inside a JSON document (Django's admin log change messages store
+    non-ASCII escaped, where a plain text search misses it); other text as it is."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return scrub(text)
+
+    def walk(value):
+        if isinstance(value, str):
+            return scrub(value)
+        if isinstance(value, list):
+            return [walk(item) for item in value]
+        if isinstance(value, dict):
+            return {key: walk(item) for key, item in value.items()}
+        return value
+
+    return json.dumps(walk(document))
 
 
 def erased_among(attendee_ids: Iterable[int]) -> set[int]:

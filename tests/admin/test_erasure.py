@@ -321,3 +321,81 @@ def test_staff_cannot_block_or_undo_an_erasure(client, make_staff, ada, eraser):
     ada.refresh_from_db()
     assert (ada.name, ada.email) != (NAME, EMAIL)
     assert ada.name == ERASED_NAME
+
+
+def test_an_erasure_leaves_no_form_of_the_name_or_address_in_the_admin_log_or_any_text(
+    admin_client, admin_user, make_workshop, eraser, clock
+):
+    """Issue 34, items 1 and 2: Django's admin log ("Recent actions") kept the attendee's
+    and enrollments' reprs; the punycode address, a provider's "Dear Zoë", a name under 4
+    characters and a test send's outcome survived the scrub."""
+    from django.contrib.admin.models import LogEntry
+    from django.contrib.contenttypes.models import ContentType
+
+    from reminders.services import reminders_plan
+    from tests.admin.test_workshop_admin import form_data
+
+    workshop = make_workshop(title="Pottery")
+    added = admin_client.post(
+        "/admin/workshops/attendee/add/",
+        {"name": "Zoë Müller", "email": "zoe@bücher.example", "language": "en"},
+    )
+    assert added.status_code == 302, added.content.decode()[:300]
+    zoe = Attendee.objects.get(email="zoe@bücher.example")
+    local = workshop.starts_at.astimezone(workshop.zone)
+    inline = admin_client.post(
+        f"/admin/workshops/workshop/{workshop.pk}/change/",
+        form_data(
+            title=workshop.title,
+            zone=workshop.timezone,
+            starts=local.strftime("%Y-%m-%d %H:%M"),
+            ends=workshop.ends_at.astimezone(workshop.zone).strftime("%Y-%m-%d %H:%M"),
+            rows=[("", zoe.pk, "active")],
+        ),
+    )
+    assert inline.status_code == 302
+    bo = Attendee.objects.create(name="Bo", email="bo@example.net")
+    enrollment_create(attendee=bo, workshop=workshop)
+    reminders_plan(clock=clock)
+    echoes = {
+        zoe: "550 Dear Zoë, <zoe@xn--bcher-kva.example> is unknown",
+        bo: "550 Hi Bo, mailbox <BO@example.net> full",
+    }
+    for person, error in echoes.items():
+        reminder = Reminder.objects.get(attendee=person)
+        claim = reminder_claim_batch(ids=[reminder.pk], channel="smtp", worker="t", clock=clock)
+        [claimed] = claim.reminders
+        reminder_record_batch(
+            claim=claim,
+            results=[result_for(claimed, Outcome.PERMANENT, error=error)],
+            clock=clock,
+        )
+    StaffDecision.objects.create(
+        action="send_test", actor_name="x", created_at=clock.now(), selected=0, changed=0,
+        outcome="previewed as zoe@xn--bcher-kva.example (Zoë Müller)",
+        reason="Bob and Bo checked the text",
+    )  # fmt: skip
+    logged = LogEntry.objects.values_list("object_repr", "change_message")
+    assert any("zoe@bücher.example" in repr_ for repr_, _ in logged), "nothing to erase"
+    assert any("Z\\u00f6" in message or "Zo\\u00eb" in message for _, message in logged)
+
+    attendees_erase(attendees=Attendee.objects.filter(pk__in=[zoe.pk, bo.pk]), reason="asked",
+                    actor=eraser, clock=clock)  # fmt: skip
+
+    texts = [
+        *(f"{r} {m}" for r, m in LogEntry.objects.values_list("object_repr", "change_message")),
+        *Reminder.objects.values_list("last_error", flat=True),
+        *Reminder.objects.values_list("status_reason", flat=True),
+        *DeliveryAttempt.objects.values_list("error", flat=True),
+        *StaffDecision.objects.values_list("reason", flat=True),
+        *StaffDecision.objects.values_list("outcome", flat=True),
+    ]
+    blob = "\n".join(texts)
+    for trace in ("zoe@", "Zoë", "Zo\\u00eb", "Müller", "M\\u00fcller", "xn--bcher", "bo@"):
+        assert trace.lower() not in blob.lower(), trace
+    assert "550 Dear [erased], <[erased]> is unknown" in texts
+    assert "550 Hi [erased], mailbox <[erased]> full" in texts
+    # Other people's notes keep ordinary words: "Bo" alone is scrubbed only where it is hers.
+    assert "Bob and Bo checked the text" in texts
+    attendee_type = ContentType.objects.get_for_model(Attendee)
+    assert LogEntry.objects.filter(content_type=attendee_type, object_id=str(zoe.pk)).exists()
