@@ -213,14 +213,13 @@ def test_scrapes_reuse_one_redis_connection(client, settings, redis_url, monkeyp
     settings.CELERY_BROKER_URL = redis_url
     assert _scrape(client).status_code == 200
     opened = []
-    connect = redis.connection.AbstractConnection.connect
+    on_connect = redis.connection.AbstractConnection.on_connect
 
-    def counting(self, *args, **kwargs):
-        if getattr(self, "_sock", None) is None:  # a new socket, not a pooled one
-            opened.append(self)
-        return connect(self, *args, **kwargs)
+    def counting(self, *args, **kwargs):  # runs once per new socket (the handshake)
+        opened.append(self)
+        return on_connect(self, *args, **kwargs)
 
-    monkeypatch.setattr(redis.connection.AbstractConnection, "connect", counting)
+    monkeypatch.setattr(redis.connection.AbstractConnection, "on_connect", counting)
     for _ in range(5):
         assert _scrape(client).status_code == 200
     assert opened == []

@@ -319,7 +319,14 @@ def test_the_scan_prunes_dispatch_records_past_their_history_in_one_statement(
     clock.advance(timedelta(days=1).total_seconds())
     Dispatch.objects.create(queued_at=clock.now(), expires_at=clock.now(), reminder_ids=[1])
     clock.advance(timedelta(days=1, seconds=1).total_seconds())
-    with CaptureQueriesContext(connection) as queries:
+    with CaptureQueriesContext(connection) as one:
         assert dispatches_prune(clock=clock) == 1
-    assert len(queries) == 1, [q["sql"] for q in queries]
     assert list(Dispatch.objects.values_list("reminder_ids", flat=True)) == [[1]]
+    # Ten past their history cost the statements one did.
+    Dispatch.objects.bulk_create(
+        Dispatch(queued_at=clock.now(), expires_at=clock.now(), reminder_ids=[2]) for _ in range(10)
+    )
+    clock.advance(timedelta(days=2, seconds=1).total_seconds())
+    with CaptureQueriesContext(connection) as ten:
+        assert dispatches_prune(clock=clock) == 11
+    assert len(ten) == len(one), [q["sql"] for q in ten]

@@ -8,6 +8,7 @@ from django.test.utils import CaptureQueriesContext
 
 from reminders.models import Reminder
 from reminders.services import reasons, reminders_plan
+from workshops.models import Enrollment, Workshop
 from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
 
 pytestmark = pytest.mark.django_db
@@ -18,19 +19,26 @@ def test_plan_creates_one_reminder_per_active_enrollment_in_one_statement(
 ):
     """After one read of the window's workshop ids, handed to the INSERT as an array, so
     its plan starts from those workshops' enrollments whatever ANALYZE sampled."""
-    for _ in range(5):
-        enrol(make_workshop(starts_in=timedelta(hours=30)), count=3)  # outside the lead
-    enrol(make_workshop(starts_in=timedelta(hours=60)), count=2)  # still outside
-    Reminder.objects.all().delete()
-    clock.advance(timedelta(hours=8).total_seconds())  # now inside the 24 h lead
-    with CaptureQueriesContext(connection) as queries:
-        created = reminders_plan(clock=clock)
-    assert created == 15
-    assert len(queries) == 2
-    assert queries[0]["sql"].startswith("SELECT") and "workshops_workshop" in queries[0]["sql"]
-    insert = queries[1]["sql"]
-    assert insert.startswith("INSERT INTO") and "= ANY(" in insert
-    assert Reminder.objects.filter(status="pending").count() == 15
+    counts = []
+    for size in (3, 30):  # the same statements at both sizes
+        for _ in range(5):
+            enrol(make_workshop(starts_in=timedelta(hours=30)), count=size)  # outside the lead
+        enrol(make_workshop(starts_in=timedelta(hours=60)), count=2)  # still outside
+        Reminder.objects.all().delete()
+        clock.advance(timedelta(hours=8).total_seconds())  # now inside the 24 h lead
+        with CaptureQueriesContext(connection) as queries:
+            created = reminders_plan(clock=clock)
+        assert created == 5 * size
+        assert Reminder.objects.filter(status="pending").count() == 5 * size
+        counts.append(len(queries))
+        first, *_, insert = (query["sql"] for query in queries)
+        assert first.startswith("SELECT") and "workshops_workshop" in first
+        assert insert.startswith("INSERT INTO") and "= ANY(" in insert
+        # The next size starts from nothing (reminders protect their workshop).
+        Reminder.objects.all().delete()
+        Enrollment.objects.all().delete()
+        Workshop.objects.all().delete()
+    assert counts[0] == counts[1]
 
 
 def test_a_scan_plan_with_no_workshop_in_the_window_sends_only_the_read(clock, make_workshop):
