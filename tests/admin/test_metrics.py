@@ -178,6 +178,9 @@ def test_reminders_near_their_deadline_and_not_with_a_worker_are_counted(
     series = _series(_scrape(client).content.decode())
     assert series['reminders_near_deadline{status="queued"}'] == 2
     assert series['reminders_near_deadline{status="pending"}'] == 3
+    # The one with a worker (sending) is in no series: the sum is the 5 without one.
+    near = {name: value for name, value in series.items() if "near_deadline{" in name}
+    assert sum(near.values()) == 5, near
     # Eleven minutes on, the three-hour ones are still far; the rest are past their deadline.
     clock.advance(11 * 60)
     series = _series(_scrape(client).content.decode())

@@ -3,8 +3,9 @@
 Real PostgreSQL, a real HTTP provider on loopback, the system clock, and the
 batch running in its own thread while the test commits the change: the
 reminders still waiting in the rate limiter must not be sent more than
-``REVOCATION_WINDOW`` (1 s) after the change commits, and the rows end with
-the status the workshop now calls for.
+``REVOCATION_WINDOW`` (1 s) after the change commits (judged at the sink, with
+``ARRIVAL_SLACK`` for the way there), and the rows end with the status the
+workshop now calls for.
 """
 
 from __future__ import annotations
@@ -27,7 +28,8 @@ from workshops.services import enrollment_cancel, workshop_cancel, workshop_upda
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
-# Loopback latency and thread hand-over between a call's start and the sink's clock.
+# A call started inside the window reaches the sink a little later (loopback latency,
+# thread hand-over, a loaded machine): arrivals are judged against the window plus this.
 ARRIVAL_SLACK = 0.25
 
 
@@ -77,7 +79,11 @@ def test_cancel_while_sending_stops_new_calls_within_the_window(
     committed = _real.monotonic()
     thread.join(60)
     assert "error" not in outcome, outcome.get("error")
-    late = [t - committed for t in provider.arrivals() if t > committed + REVOCATION_WINDOW]
+    late = [
+        t - committed
+        for t in provider.arrivals()
+        if t > committed + REVOCATION_WINDOW + ARRIVAL_SLACK
+    ]
     assert late == [], f"calls started after the window: {late}"
     statuses = Counter(Reminder.objects.values_list("status", flat=True))
     print(f"\ncancel while sending: {dict(statuses)}, {len(provider.requests)} requests")
@@ -121,7 +127,8 @@ def test_move_while_sending_sends_no_message_with_the_old_time(
     stale = [
         r.arrived_at - committed
         for r in provider.requests
-        if r.json()["payload"]["starts_at"] == old and r.arrived_at > committed + REVOCATION_WINDOW
+        if r.json()["payload"]["starts_at"] == old
+        and r.arrived_at > committed + REVOCATION_WINDOW + ARRIVAL_SLACK
     ]
     assert stale == [], f"messages with the old start after the window: {stale}"
     statuses = Counter(Reminder.objects.values_list("status", flat=True))
@@ -156,7 +163,7 @@ def test_a_move_inside_the_cutoff_while_sending_starts_no_call_after_the_window(
     thread.join(60)
     assert "error" not in outcome, outcome.get("error")
     arrivals = provider.arrivals()
-    late = [t - committed for t in arrivals if t > committed + REVOCATION_WINDOW]
+    late = [t - committed for t in arrivals if t > committed + REVOCATION_WINDOW + ARRIVAL_SLACK]
     assert late == [], f"calls started after the window: {late}"
     inside = [round(t - committed, 3) for t in arrivals if t > committed]
     statuses = Counter(Reminder.objects.values_list("status", flat=True))
@@ -234,7 +241,8 @@ def test_an_attendee_erased_while_waiting_in_the_limiter_is_never_sent_to(
     late = [
         r.arrived_at - committed
         for r in provider.requests
-        if r.json()["recipient"]["email"] == email and r.arrived_at > committed + REVOCATION_WINDOW
+        if r.json()["recipient"]["email"] == email
+        and r.arrived_at > committed + REVOCATION_WINDOW + ARRIVAL_SLACK
     ]
     assert late == [], f"requests to the erased address after the window: {late}"
     row = Reminder.objects.get(pk=last.pk)
