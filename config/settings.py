@@ -240,6 +240,10 @@ EMAIL_HOST_USER = env_str("EMAIL_HOST_USER")
 EMAIL_HOST_PASSWORD = env_str("EMAIL_HOST_PASSWORD")
 EMAIL_USE_TLS = env_bool("EMAIL_USE_TLS", False)
 EMAIL_USE_SSL = env_bool("EMAIL_USE_SSL", False)
+# SMTP to any host but this machine is encrypted (the smtp channel requires
+# STARTTLS, the django channel EMAIL_USE_TLS or EMAIL_USE_SSL), except to the
+# hosts listed here: a relay or test inbox on a trusted private network.
+EMAIL_PLAINTEXT_HOSTS = env_list("EMAIL_PLAINTEXT_HOSTS")
 # The smtp channel never sends EMAIL_HOST_PASSWORD over an unencrypted
 # connection, unless this says the relay is on a trusted network.
 EMAIL_ALLOW_PLAINTEXT_AUTH = env_bool("EMAIL_ALLOW_PLAINTEXT_AUTH", False)

@@ -214,6 +214,8 @@ class SmtpSink:
         self.logins: list[str] = []
         #: Every AUTH received, right or wrong: (login, whether it came over TLS).
         self.auth_attempts: list[tuple[str, bool]] = []
+        #: Every MAIL FROM received, accepted or not: (sender, whether it came over TLS).
+        self.mail_commands: list[tuple[str, bool]] = []
         self._peak_connections = 0
 
     # -- lifecycle -----------------------------------------------------------
@@ -377,6 +379,8 @@ class SmtpSink:
     async def handle_MAIL(self, server, session, envelope, address, mail_options) -> str:
         envelope.mail_from = address
         envelope.mail_options.extend(mail_options)
+        with self._lock:
+            self.mail_commands.append((address, session.ssl is not None or _over_tls(server)))
         # A client's call begins with its connection's EHLO for the first transaction on it
         # and with MAIL FROM for each later one (aiosmtpd's objects take attributes).
         first = getattr(session, "greeted_at", None)

@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
 import logging
 import math
 import re
 import smtplib
 import socket
 from collections import deque
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Self
@@ -26,7 +28,7 @@ from delivery.envelope import Envelope
 from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
 from delivery.message import Sender, message_id_for, parse_sender, write_message
 
-__all__ = ["SmtpSettings", "SmtpChannel", "translate_smtplib_error"]
+__all__ = ["SmtpSettings", "SmtpChannel", "plaintext_smtp_allowed", "translate_smtplib_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -36,8 +38,11 @@ class SmtpSettings:
     """Where and how to connect, e.g. from Django's EMAIL_* settings.
 
     ``use_tls`` is implicit TLS; ``starttls`` is None to upgrade whenever
-    offered, True to require it, False never. No password is sent without
-    TLS unless ``allow_plaintext_auth`` is set.
+    offered, True to require it, False never. ``require_tls`` refuses a
+    session that stays unencrypted (no STARTTLS offered, or the offer removed
+    on the way) before anything is sent: ``plaintext_smtp_allowed`` says for
+    which hosts it may be False. No password is sent without TLS unless
+    ``allow_plaintext_auth`` is set.
     """
 
     host: str
@@ -47,6 +52,7 @@ class SmtpSettings:
     password: str = field(default="", repr=False)
     use_tls: bool = False
     starttls: bool | None = None
+    require_tls: bool = False
     allow_plaintext_auth: bool = False
     timeout: float = 10.0
     max_connections: int = 1
@@ -68,6 +74,11 @@ class SmtpSettings:
                 "SmtpSettings.use_tls and starttls are mutually exclusive; use_tls for port 465, "
                 "starttls for port 587."
             )
+        if self.require_tls and self.starttls is False and not self.use_tls:
+            raise ValueError(
+                "SmtpSettings.require_tls needs TLS, but starttls=False never upgrades; set "
+                "use_tls (implicit TLS) or leave starttls None or True."
+            )
         if bool(self.username) != bool(self.password):
             raise ValueError(
                 "SmtpSettings needs both username and password, or neither (no authentication)."
@@ -83,6 +94,35 @@ class SmtpSettings:
                 f"SmtpSettings.max_connections must be >= 1 (got {self.max_connections!r})."
             )
         parse_sender(self.from_email, setting="SmtpSettings.from_email")
+
+
+def plaintext_smtp_allowed(host: str, plaintext_hosts: Iterable[str] = ()) -> bool:
+    """Return True if SMTP to ``host`` may stay unencrypted (pure).
+
+    Only this machine (``localhost``, 127.0.0.0/8, ``::1``) and the hosts the
+    operator lists (EMAIL_PLAINTEXT_HOSTS) may; names are compared without
+    case or a trailing dot. Any other host gets TLS or nothing.
+    """
+    name = _host_name(host)
+    if not name:
+        return False
+    return _loopback(name) or name in {_host_name(listed) for listed in plaintext_hosts}
+
+
+def _host_name(host: str) -> str:
+    return host.strip().rstrip(".").lower()
+
+
+def _loopback(name: str) -> bool:
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False  # a name other than localhost: DNS may send it anywhere
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentError:
@@ -292,18 +332,21 @@ class SmtpChannel:
 
     async def _connect(self) -> aiosmtplib.SMTP:
         settings = self.settings
-        # No credentials here: we log in ourselves, after checking for TLS.
+        # No credentials here: we log in ourselves, after checking for TLS. STARTTLS
+        # whenever offered; where it is required, _refuse_plaintext_session checks it.
         connection = aiosmtplib.SMTP(
             hostname=settings.host,
             port=settings.port,
             use_tls=settings.use_tls,
-            start_tls=settings.starttls,
+            start_tls=False if settings.starttls is False else None,
             timeout=settings.timeout,
             local_hostname=settings.local_hostname,
             validate_certs=settings.validate_certs,
         )
         try:
             await connection.connect()
+            if settings.require_tls or settings.starttls:
+                self._refuse_plaintext_session(connection)
             if settings.username:
                 self._refuse_plaintext_login(connection)
                 await connection.login(settings.username, settings.password)
@@ -336,6 +379,25 @@ class SmtpChannel:
             ) from exc
         self.connections_opened += 1
         return connection
+
+    def _refuse_plaintext_session(self, connection: aiosmtplib.SMTP) -> None:
+        """Refuse an unencrypted session where TLS is required: nothing is sent on it.
+
+        Transient, like a failed connection: the server may gain STARTTLS, or a
+        man in the middle who removed the offer may go away; nothing was sent.
+        """
+        if connection.get_transport_info("sslcontext") is not None:
+            return
+        connection.close()
+        host, port = self.settings.host, self.settings.port
+        raise TransientError(
+            f"SMTP server {host}:{port} offers no STARTTLS, so the message would cross the "
+            "network in clear text (or someone on the way removed the offer); nothing was "
+            "sent. Enable STARTTLS on the server and set EMAIL_USE_TLS=1, or use implicit "
+            "TLS (EMAIL_USE_SSL=1); for a relay on a trusted private network only, list "
+            f"{host} in EMAIL_PLAINTEXT_HOSTS and leave EMAIL_USE_TLS unset",
+            reached=False,
+        )
 
     def _refuse_plaintext_login(self, connection: aiosmtplib.SMTP) -> None:
         encrypted = connection.get_transport_info("sslcontext") is not None

@@ -24,7 +24,12 @@ from delivery.addresses import address_problem, clean_header_text
 from delivery.channel import Channel
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
-from delivery.channels.smtp import SmtpChannel, SmtpSettings, translate_smtplib_error
+from delivery.channels.smtp import (
+    SmtpChannel,
+    SmtpSettings,
+    plaintext_smtp_allowed,
+    translate_smtplib_error,
+)
 from delivery.channels.threaded import ThreadedChannel
 from delivery.envelope import Envelope
 from delivery.limiter import RateLimiter, RedisRateLimiter
@@ -49,8 +54,10 @@ def smtp_settings() -> SmtpSettings:
         port=settings.EMAIL_PORT,
         username=settings.EMAIL_HOST_USER,
         password=settings.EMAIL_HOST_PASSWORD,
-        # EMAIL_USE_TLS=1 requires STARTTLS; otherwise it is used whenever offered.
+        # EMAIL_USE_TLS=1 requires STARTTLS; otherwise it is used whenever offered, and
+        # required all the same unless EMAIL_HOST is this machine or in EMAIL_PLAINTEXT_HOSTS.
         starttls=True if settings.EMAIL_USE_TLS else None,
+        require_tls=not plaintext_smtp_allowed(settings.EMAIL_HOST, settings.EMAIL_PLAINTEXT_HOSTS),
         allow_plaintext_auth=settings.EMAIL_ALLOW_PLAINTEXT_AUTH,
         use_tls=settings.EMAIL_USE_SSL,
         timeout=float(settings.EMAIL_TIMEOUT),
@@ -129,9 +136,17 @@ def _channel_values(name: str):
         return (settings.REMINDERS_FILE_DIR, settings.DEFAULT_FROM_EMAIL)
     if name == "django":
         # Django's EMAIL_* settings are read by its backend at each send. Its SMTP
-        # backend never upgrades a plain connection, so a login over one is in clear.
+        # backend never upgrades a plain connection, so whatever goes over one is in clear.
         plain = not (settings.EMAIL_USE_TLS or settings.EMAIL_USE_SSL)
         smtp = settings.EMAIL_BACKEND == "django.core.mail.backends.smtp.EmailBackend"
+        host = settings.EMAIL_HOST
+        if smtp and plain and not plaintext_smtp_allowed(host, settings.EMAIL_PLAINTEXT_HOSTS):
+            raise ValueError(
+                f"EMAIL_HOST={host!r} is another machine and neither EMAIL_USE_TLS nor "
+                "EMAIL_USE_SSL is set, so Django's SMTP backend would send every message in "
+                "clear text: set EMAIL_USE_TLS=1 (or EMAIL_USE_SSL=1), or, for a relay on a "
+                f"trusted private network only, list {host} in EMAIL_PLAINTEXT_HOSTS."
+            )
         if smtp and plain and settings.EMAIL_HOST_USER and not settings.EMAIL_ALLOW_PLAINTEXT_AUTH:
             raise ValueError(
                 "EMAIL_HOST_USER is set but the connection is not encrypted, so the login "

@@ -380,6 +380,105 @@ def test_django_settings_map_to_starttls_when_offered_and_no_plaintext_login(set
     assert (smtp_settings().starttls, smtp_settings().allow_plaintext_auth) == (True, True)
 
 
+# --- Issue 34, item 10: TLS required but to this machine or a listed host --------------
+
+
+@pytest.mark.parametrize(
+    ("host", "listed", "plain"),
+    [
+        ("localhost", (), True),
+        ("LocalHost.", (), True),
+        ("127.0.0.1", (), True),
+        ("127.3.2.1", (), True),
+        ("::1", (), True),
+        ("::ffff:127.0.0.1", (), True),
+        ("smtp.example.org", (), False),
+        ("mailpit", (), False),
+        ("192.168.1.20", (), False),
+        ("10.0.0.1", (), False),
+        ("0.0.0.0", (), False),
+        ("::", (), False),
+        ("128.0.0.1", (), False),
+        ("localhost.example.org", (), False),
+        ("127.0.0.1.example.org", (), False),
+        ("foo.localhost", (), False),
+        ("", (), False),
+        ("mailpit", ("mailpit",), True),
+        ("Mailpit", ("mailpit.",), True),
+        ("relay.internal", ("mailpit", "RELAY.internal"), True),
+        ("relay.internal.evil.example", ("relay.internal",), False),
+        ("smtp.example.org", ("mailpit",), False),
+        ("", ("",), False),
+    ],
+)
+def test_plain_smtp_is_allowed_only_to_this_machine_and_to_listed_hosts(host, listed, plain):
+    from delivery.channels.smtp import plaintext_smtp_allowed
+
+    assert plaintext_smtp_allowed(host, listed) is plain
+
+
+@pytest.mark.parametrize(
+    "tls_mode",
+    [{"require_tls": True}, {"require_tls": True, "starttls": True}, {"starttls": True}],
+    ids=["required-for-the-host", "required-and-EMAIL_USE_TLS", "EMAIL_USE_TLS"],
+)
+def test_where_tls_is_required_a_server_without_starttls_gets_nothing_and_it_is_retried(
+    smtp_sink, system_clock, make_real_envelope, tls_mode
+):
+    """No STARTTLS offered (or the offer stripped on the way): not even MAIL FROM is sent,
+    the error says what to do, and the reminder is a transient failure that never reached
+    the provider (retried later, like a refused connection), not a refusal of the message."""
+    channel = channel_for(smtp_sink, system_clock, **tls_mode)
+
+    [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+    assert smtp_sink.mail_commands == []
+    assert smtp_sink.received() == []
+    assert (result.outcome, result.provider_reached, result.maybe_delivered) == (
+        Outcome.TRANSIENT,
+        False,
+        False,
+    )
+    assert result.attempts == QUICK.max_attempts
+    assert f"SMTP server 127.0.0.1:{smtp_sink.port} offers no STARTTLS" in result.error
+    assert "nothing was sent" in result.error
+    for advice in ("EMAIL_USE_TLS=1", "EMAIL_USE_SSL=1", "list 127.0.0.1 in EMAIL_PLAINTEXT_HOSTS"):
+        assert advice in result.error
+
+
+def test_where_tls_is_required_the_message_goes_out_over_starttls_and_never_in_clear(
+    server_tls, system_clock, make_real_envelope
+):
+    """The same settings, two servers: the one without STARTTLS gets nothing, the one that
+    offers it (without demanding it) gets the message over TLS."""
+    envelope = make_real_envelope()
+    with SmtpSink() as plain, SmtpSink(tls_context=server_tls, require_starttls=False) as tls:
+        for sink in (plain, tls):
+            channel = channel_for(sink, system_clock, require_tls=True, validate_certs=False)
+            run(deliver([envelope], channel, policy=QUICK, clock=system_clock))
+
+        assert (plain.mail_commands, plain.received()) == ([], [])
+        assert tls.mail_commands == [("reminders@example.org", True)]
+        assert [m.tls for m in tls.received()] == [True]
+
+
+def test_where_tls_is_required_implicit_tls_is_enough(server_tls, system_clock, make_real_envelope):
+    with SmtpSink(tls_context=server_tls, implicit_tls=True) as sink:
+        channel = channel_for(
+            sink, system_clock, require_tls=True, use_tls=True, validate_certs=False
+        )
+
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+        assert result.outcome is Outcome.SENT
+        assert [m.tls for m in sink.received()] == [True]
+
+
+def test_require_tls_with_starttls_off_and_no_implicit_tls_fails_at_construction():
+    with pytest.raises(ValueError, match="require_tls needs TLS, but starttls=False"):
+        SmtpSettings(host="smtp.example.org", from_email=FROM, require_tls=True, starttls=False)
+
+
 class _ScriptedServer:
     """A raw SMTP server on loopback offering PIPELINING: each command line gets the next
     reply its script holds for that verb, sent in ``pieces`` (bytes written apart, a

@@ -1,5 +1,7 @@
 """The bridge's channels, end to end through the pipeline against a real loopback SMTP server."""
 
+import ipaddress
+import socket
 from collections import Counter
 from datetime import timedelta
 
@@ -9,7 +11,7 @@ from clock import SystemClock
 from loopback.smtp_sink import SmtpSink
 from reminders.models import Reminder
 from reminders.worker import pipeline
-from reminders.worker.bridge import check_channel
+from reminders.worker.bridge import check_channel, smtp_settings
 from workshops.services import attendee_get_or_create, enrollment_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -121,6 +123,128 @@ def test_the_django_channel_never_sends_an_smtp_login_in_clear(
             check_channel("django", clock=SystemClock())
     else:
         assert check_channel("django", clock=SystemClock()) >= 1
+
+
+# --- Issue 34, item 10: plain SMTP only to this machine or a listed host ----------------
+
+ADVICE = ("EMAIL_USE_TLS=1", "EMAIL_USE_SSL=1", "EMAIL_PLAINTEXT_HOSTS")
+
+
+@pytest.mark.parametrize(
+    ("host", "listed", "required"),
+    [
+        ("127.0.0.1", [], False),
+        ("localhost", [], False),
+        ("::1", [], False),
+        ("smtp.example.org", [], True),
+        ("mailpit", [], True),
+        ("mailpit", ["mailpit"], False),
+        ("smtp.example.org", ["mailpit"], True),
+    ],
+)
+def test_the_smtp_channel_requires_tls_but_to_this_machine_or_a_listed_host(
+    settings, host, listed, required
+):
+    settings.EMAIL_HOST, settings.EMAIL_PLAINTEXT_HOSTS = host, listed
+    assert smtp_settings().require_tls is required
+    assert smtp_settings().starttls is None  # upgraded whenever offered, in both cases
+
+
+@pytest.mark.parametrize(
+    ("host", "listed", "tls", "ssl", "refused"),
+    [
+        ("smtp.example.org", [], False, False, True),
+        ("mailpit", [], False, False, True),
+        ("10.0.0.7", ["mailpit"], False, False, True),
+        ("smtp.example.org", [], True, False, False),
+        ("smtp.example.org", [], False, True, False),
+        ("mailpit", ["mailpit"], False, False, False),
+        ("127.0.0.1", [], False, False, False),
+        ("localhost", [], False, False, False),
+    ],
+)  # fmt: skip
+def test_the_django_channel_refuses_plain_smtp_to_another_machine(
+    settings, host, listed, tls, ssl, refused
+):
+    """Django's SMTP backend never upgrades on its own: no TLS setting, no channel."""
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PLAINTEXT_HOSTS = host, listed
+    settings.EMAIL_USE_TLS, settings.EMAIL_USE_SSL = tls, ssl
+    if refused:
+        with pytest.raises(ValueError) as refusal:
+            check_channel("django", clock=SystemClock())
+        message = str(refusal.value)
+        assert f"EMAIL_HOST={host!r} is another machine" in message
+        assert all(advice in message for advice in ADVICE), message
+        assert f"list {host} in EMAIL_PLAINTEXT_HOSTS" in message
+    else:
+        assert check_channel("django", clock=SystemClock()) >= 1
+
+
+def test_plain_smtp_to_another_machine_stops_the_django_channel_at_start_up(settings):
+    from django.core.management import call_command
+    from django.core.management.base import SystemCheckError
+
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    settings.EMAIL_HOST, settings.EMAIL_PLAINTEXT_HOSTS = "smtp.example.org", []
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = False
+    with pytest.raises(SystemCheckError, match=r"reminders.E001(.|\n)*EMAIL_PLAINTEXT_HOSTS"):
+        call_command("check")
+    # Another backend (console, file, memory) sends nothing over the network.
+    settings.EMAIL_BACKEND = "django.core.mail.backends.locmem.EmailBackend"
+    call_command("check")
+
+
+def _an_address_of_this_machine_not_loopback() -> str | None:
+    """Return this machine's address on its default route, or None without one."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect(("192.0.2.1", 9))  # TEST-NET-1; a UDP connect sends nothing
+        except OSError:
+            return None
+        address = probe.getsockname()[0]
+    return None if ipaddress.ip_address(address).is_loopback else address
+
+
+@pytest.fixture
+def remote_sink(settings):
+    """The loopback sink, listening on an address of this machine that is not loopback:
+    to the host rule, another machine without STARTTLS."""
+    address = _an_address_of_this_machine_not_loopback()
+    if address is None:
+        pytest.skip("this machine has no address but loopback")
+    with SmtpSink(host=address) as server:
+        settings.EMAIL_HOST, settings.EMAIL_PORT = address, server.port
+        settings.EMAIL_PLAINTEXT_HOSTS = []
+        settings.REMINDERS_CHANNEL = "smtp"
+        yield server
+
+
+def test_reminders_for_another_machine_without_starttls_are_not_sent_and_wait_for_a_retry(
+    live_clock, remote_sink, settings, due_reminders
+):
+    """End to end: nothing crosses in clear, each reminder is pending with a retry time and
+    the advice in its last error (not failed: the message itself was never refused); listed
+    in EMAIL_PLAINTEXT_HOSTS, the host gets them in clear."""
+    ids = due_reminders(2)
+
+    pipeline.deliver(ids, clock=SystemClock())
+
+    assert remote_sink.mail_commands == [] and remote_sink.received() == []
+    for reminder in Reminder.objects.filter(pk__in=ids):
+        assert (reminder.status, reminder.attempts) == ("pending", 1)
+        assert reminder.next_attempt_at is not None
+        assert f"{settings.EMAIL_HOST}:{remote_sink.port} offers no STARTTLS" in (
+            reminder.last_error
+        )
+        assert all(advice in reminder.last_error for advice in ADVICE), reminder.last_error
+
+    settings.EMAIL_PLAINTEXT_HOSTS = [settings.EMAIL_HOST]
+    listed = due_reminders(2)
+    assert pipeline.deliver(listed, clock=SystemClock())["sent"] == 2
+    assert [m.tls for m in remote_sink.received()] == [False, False]
 
 
 def test_channel_concurrency_is_capped_by_smtp_connections(settings):
