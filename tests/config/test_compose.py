@@ -24,7 +24,10 @@ def _check_command(argv: list[str]) -> None:
         if argv[3] == "flower":
             importlib.import_module("flower")
     elif program == "gunicorn":
-        module, _, attribute = argv[1].partition(":")
+        # gunicorn -c config/gunicorn.py [--bind ADDRESS] MODULE[:ATTRIBUTE]
+        assert argv[1:3] == ["-c", "config/gunicorn.py"], "web runs with the project's config"
+        assert (ROOT / argv[2]).exists()
+        module, _, attribute = argv[-1].partition(":")
         assert hasattr(importlib.import_module(module), attribute or "application")
     elif program == "python":
         assert argv[1] == "manage.py"

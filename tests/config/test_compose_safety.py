@@ -17,7 +17,14 @@ TEXT = (ROOT / "docker-compose.yml").read_text()
 COMPOSE = yaml.safe_load(TEXT)
 # ${VAR}, ${VAR:-default}, ${VAR-default}, ${VAR:?message}, ${VAR?message}
 REFERENCE = re.compile(r"\$\{(?P<name>[A-Z_][A-Z0-9_]*)(?:(?P<op>:?[-?])(?P<arg>[^}]*))?\}")
-REQUIRED = ("SECRET_KEY", "POSTGRES_PASSWORD")
+REQUIRED = ("SECRET_KEY", "POSTGRES_PASSWORD", "REDIS_PASSWORD")
+# What an operator exports (README, "Running with docker compose").
+OPERATOR = {
+    "SECRET_KEY": "s" * 50,
+    "POSTGRES_PASSWORD": "chosen-by-the-operator",
+    "REDIS_PASSWORD": "5e1f0c2a9b7d4e3f8a6c1b0d2e4f6a8c",
+    "FLOWER_BASIC_AUTH": "ops:chosen-too",
+}
 
 
 class Refused(Exception):
@@ -43,8 +50,31 @@ def app_environment(given: dict[str, str]) -> dict[str, str]:
     return {k: interpolate(str(v), given) for k, v in COMPOSE["x-app"]["environment"].items()}
 
 
+def interpolate_all(node, given: dict[str, str]):
+    """The whole file as compose sees it once interpolated (it refuses on the first
+    missing required variable, before starting anything)."""
+    if isinstance(node, dict):
+        return {key: interpolate_all(value, given) for key, value in node.items()}
+    if isinstance(node, list):
+        return [interpolate_all(value, given) for value in node]
+    return interpolate(node, given) if isinstance(node, str) else node
+
+
+def strings(node):
+    """Every string value in the parsed file (YAML aliases resolved), comments excluded."""
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from strings(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from strings(value)
+    elif isinstance(node, str):
+        yield node
+
+
 def test_compose_refuses_to_start_without_each_secret_and_says_which():
-    operator = {"SECRET_KEY": "s" * 50, "POSTGRES_PASSWORD": "chosen-by-the-operator"}
+    operator = OPERATOR
+    interpolate_all(COMPOSE, operator)  # all given: the whole file resolves
     assert app_environment(operator)["DATABASE_URL"].startswith(
         "postgres://reminders:chosen-by-the-operator@"
     )
@@ -53,6 +83,8 @@ def test_compose_refuses_to_start_without_each_secret_and_says_which():
         for given in (without, {**without, name: ""}):
             with pytest.raises(Refused, match=rf"^{name}: Set {name} "):
                 app_environment(given)
+            with pytest.raises(Refused, match=rf"^{name}: Set {name} "):
+                interpolate_all(COMPOSE, given)
             if name == "POSTGRES_PASSWORD":
                 with pytest.raises(Refused, match=rf"^{name}: Set {name} "):
                     interpolate(str(COMPOSE["services"]["postgres"]["environment"]), given)
@@ -61,6 +93,56 @@ def test_compose_refuses_to_start_without_each_secret_and_says_which():
         if match["name"] in REQUIRED:
             assert match["op"] == ":?", match.group(0)
     assert "change-me" not in TEXT
+
+
+def test_redis_asks_for_its_password_and_compose_refuses_to_start_without_one():
+    """Issue 34, item 17: any container on the compose network could otherwise publish
+    tasks or tell the workers to shut down."""
+    redis = COMPOSE["services"]["redis"]
+    for given in (
+        {k: v for k, v in OPERATOR.items() if k != "REDIS_PASSWORD"},
+        {**OPERATOR, "REDIS_PASSWORD": ""},
+    ):
+        # Redis itself, and each of its clients, refuses on its own.
+        for part in (redis, COMPOSE["x-app"]["environment"], COMPOSE["services"]["flower"]):
+            with pytest.raises(Refused) as refused:
+                interpolate_all(part, given)
+            # The message says how to make one that is safe inside a URL.
+            assert str(refused.value).startswith("REDIS_PASSWORD: Set REDIS_PASSWORD "), refused
+            assert "secrets.token_hex(32)" in str(refused.value), refused
+    password = OPERATOR["REDIS_PASSWORD"]
+    resolved = interpolate_all(redis, OPERATOR)
+    command = resolved["command"]
+    assert command[0] == "redis-server"
+    assert command[command.index("--requirepass") + 1] == password, command
+
+
+def test_every_redis_url_and_redis_cli_carries_the_password():
+    """Every client of Redis in the file (the app's broker and rate limiter, Flower, any
+    healthcheck) authenticates; redis-cli gets the password from REDISCLI_AUTH, never
+    from its command line, where ``ps`` and ``docker inspect`` would show it."""
+    password = OPERATOR["REDIS_PASSWORD"]
+    resolved = interpolate_all(COMPOSE, OPERATOR)
+    urls = [url for value in strings(resolved) for url in re.findall(r"rediss?://[^\s'\"]*", value)]
+    assert urls, "no Redis URL found"
+    for url in urls:
+        assert url.split("://", 1)[1].startswith(f":{password}@"), url
+    # Every service that talks to Redis gets such a URL.
+    for name, spec in resolved["services"].items():
+        if spec.get("build") or "redis" in spec.get("depends_on", {}):
+            broker = spec["environment"]["CELERY_BROKER_URL"]
+            assert broker == f"redis://:{password}@redis:6379/0", (name, broker)
+    # redis-cli: the password through the environment only.
+    clis = 0
+    for name, spec in resolved["services"].items():
+        test = " ".join(spec.get("healthcheck", {}).get("test", []))
+        if "redis-cli" in test:
+            clis += 1
+            assert spec["environment"]["REDISCLI_AUTH"] == password, name
+            assert password not in test and not re.search(r"\s(-a|--pass|--user)\b", test), test
+            # An unauthenticated ping is answered NOAUTH, which must not count as healthy.
+            assert "PONG" in test, test
+    assert clis, "the redis service has no redis-cli healthcheck"
 
 
 def test_every_published_port_listens_on_loopback_unless_the_operator_says_otherwise():
@@ -84,16 +166,18 @@ def test_cookies_are_secure_and_debug_off_whatever_the_environment_says():
 
 
 def test_images_are_pinned_to_a_version():
+    """A full version, optionally with the OS variant (postgres: 16.10-bookworm);
+    the floors below which a version may not go are in test_compose_pins.py."""
     for name, spec in COMPOSE["services"].items():
         image = spec.get("image")
         if spec.get("build") or image is None:
             continue
         repository, _, tag = image.rpartition(":")
-        assert repository and re.fullmatch(r"v?\d+(\.\d+)+", tag), (name, image)
+        assert repository and re.fullmatch(r"v?\d+(\.\d+)+(-[a-z]+)?", tag), (name, image)
 
 
 def test_production_environment_passes_check_deploy_clean(tmp_path):
-    operator = {"SECRET_KEY": "k" * 8 + "-Q7x2" * 10, "POSTGRES_PASSWORD": "chosen"}
+    operator = {**OPERATOR, "SECRET_KEY": "k" * 8 + "-Q7x2" * 10, "POSTGRES_PASSWORD": "chosen"}
     env = {
         key: value
         for key, value in os.environ.items()
