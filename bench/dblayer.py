@@ -34,7 +34,7 @@ import os
 import uuid
 from datetime import timedelta
 
-from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, saveable
 
 DATABASE = "bench_dblayer"
 TARGET_RATE = 5000
@@ -52,9 +52,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--per-workshop", type=int, default=100)
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
-        "--save", action="store_true", help="write the figures to bench/results/dblayer.json"
+        "--save",
+        action="store_true",
+        help="write the figures to bench/results/dblayer-COMMIT.json (refused from a changed tree)",
     )
     args = parser.parse_args(argv)
+    started = saveable("dblayer") if args.save else None
 
     with django_on_private_postgres("dblayer-", DATABASE, keep=args.keep, REMINDERS_RATE_LIMIT="0"):
         ids = _seed(args)
@@ -73,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         figures = {
             "bench": "dblayer",
-            **stamp(),
+            **started,
             "settings": {
                 "reminders": args.reminders,
                 "batch_size": summary.pop("batch_size"),

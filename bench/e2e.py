@@ -74,7 +74,7 @@ from bench.harness import (
     postmaster_pid,
     run_program,
     save_results,
-    stamp,
+    saveable,
     wait_until,
 )
 from loopback.windows import max_in_window
@@ -126,9 +126,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--save",
         action="store_true",
-        help="write the figures, stamped with the commit and date, to bench/results/e2e-CHANNEL.json",
+        help="write the figures, stamped with the commit and date, to "
+        "bench/results/e2e-CHANNEL-COMMIT.json (refused from a changed tree)",
     )
     args = parser.parse_args(argv)
+    started = saveable(results_name(args)) if args.save else None
 
     workdir = make_workdir("e2e-")
     logs = workdir / "logs"
@@ -212,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
     if quiet is not None:
         report_events(loud, quiet)
     if args.save:
-        print(f"saved to {save(args, product, baseline, quiet, loud)}")
+        print(f"saved to {save(args, started, product, baseline, quiet, loud)}")
     if args.keep:
         print(f"logs kept in {workdir}")
     else:
@@ -662,17 +664,21 @@ def phase_figures(args, phase: dict) -> dict:
     }
 
 
-def save(args, product: dict, baseline: dict, quiet: dict | None = None, loud=None):
-    """Write bench/results/e2e-CHANNEL.json (e2e-CHANNEL-unthrottled.json with --rate 0)."""
-    name = (
+def results_name(args) -> str:
+    """Return e2e-CHANNEL (e2e-CHANNEL-unthrottled with --rate 0, -events with --events-cost)."""
+    return (
         f"e2e-{args.channel}"
         + ("" if args.rate else "-unthrottled")
         + ("-events" if args.events_cost else "")
     )
+
+
+def save(args, started: dict, product: dict, baseline: dict, quiet: dict | None = None, loud=None):
+    """Write bench/results/NAME-COMMIT.json, NAME from ``results_name``, stamped ``started``."""
     figures = {
         "bench": "e2e",
         "channel": args.channel,
-        **stamp(),
+        **started,
         "settings": {
             "reminders": args.reminders,
             "baseline_count": args.baseline_count,
@@ -700,7 +706,7 @@ def save(args, product: dict, baseline: dict, quiet: dict | None = None, loud=No
         )
     figures["cpu"] = {name: round(used, 1) for name, used in product["cpu"].used.items()}
     figures["cpu"]["seconds"] = round(product["cpu"].elapsed, 1)
-    return save_results(name, figures)
+    return save_results(results_name(args), figures)
 
 
 if __name__ == "__main__":

@@ -692,6 +692,8 @@ class MemorySampler:
 
 # --- Results ------------------------------------------------------------------
 
+RESULTS = ROOT / "bench" / "results"
+
 
 def stamp() -> dict:
     """Return the commit the figures were measured at, whether the tree had changes, and the date."""
@@ -710,9 +712,55 @@ def stamp() -> dict:
     }
 
 
-def save_results(name: str, figures: dict) -> Path:
-    """Write ``bench/results/NAME.json`` (the figures docs quote; tests/test_bench_results.py)."""
-    path = ROOT / "bench" / "results" / f"{name}.json"
-    path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps(figures, indent=2) + "\n")
-    return path.relative_to(ROOT)
+def results_path(name: str, commit: str, directory: Path = RESULTS) -> Path:
+    """Return where a run of benchmark ``name`` at ``commit`` keeps its figures."""
+    return directory / f"{name}-{commit}.json"
+
+
+def saveable(name: str, *, now: dict | None = None, directory: Path = RESULTS) -> dict:
+    """Return the stamp a ``--save`` of ``name`` will carry, or refuse it (``SystemExit``).
+
+    A results file belongs to one commit and never changes once written (the docs
+    quote it; tests/test_bench_results.py), so a save is refused from a tree with
+    changes (outside bench/results/: the figures would belong to no commit) and when
+    that commit's file exists. Called before the run too, so a refused save costs
+    seconds, not the run's minutes.
+    """
+    now = now or stamp()
+    if now["commit"] == "unknown":
+        raise SystemExit("--save refused: no git commit to stamp the figures with")
+    if now["tree"] != "clean":
+        raise SystemExit(
+            f"--save refused: the tree differs from HEAD ({now['commit']}), so the "
+            "figures would belong to no commit; commit or stash them first "
+            "(`git status` lists them; bench/results/ is left out)"
+        )
+    path = results_path(name, now["commit"], directory)
+    if path.exists():
+        raise SystemExit(
+            f"--save refused: {path.relative_to(directory.parent.parent)} exists, and a results "
+            "file never changes once written; run at a new commit, or without --save"
+        )
+    return now
+
+
+def save_results(
+    name: str, figures: dict, *, now: dict | None = None, directory: Path = RESULTS
+) -> Path:
+    """Write ``bench/results/NAME-<commit>.json`` once, never over an existing file.
+
+    ``figures`` carries the stamp ``saveable`` returned before the run; the save is
+    refused when HEAD moved or the tree changed during the run, as before it.
+    """
+    now = now or stamp()
+    if now["commit"] != figures["commit"]:
+        raise SystemExit(
+            f"--save refused: HEAD moved from {figures['commit']} to {now['commit']} during "
+            "the run, so the figures belong to neither; run again"
+        )
+    saveable(name, now=now, directory=directory)
+    path = results_path(name, figures["commit"], directory)
+    directory.mkdir(exist_ok=True)
+    with path.open("x") as out:  # "x": another run that got here first is not overwritten
+        out.write(json.dumps(figures, indent=2) + "\n")
+    return path.relative_to(directory.parent.parent)

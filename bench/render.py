@@ -35,7 +35,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bench.harness import ROOT, save_results, stamp
+from bench.harness import ROOT, save_results, saveable
 
 TARGET_RATIO = 1.10
 
@@ -127,9 +127,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--reminders", type=int, default=4000)
     parser.add_argument(
-        "--save", action="store_true", help="write the figures to bench/results/render.json"
+        "--save",
+        action="store_true",
+        help="write the figures to bench/results/render-COMMIT.json (from a clean tree)",
     )
     args = parser.parse_args(argv)
+    started = saveable("render") if args.save else None
 
     with tempfile.TemporaryDirectory(prefix="render-baseline-") as scratch:
         baseline_tree = Path(scratch) / "tree"
@@ -169,7 +172,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         figures = {
             "bench": "render",
-            **stamp(),
+            **started,
             "settings": {
                 "against": args.against,
                 "rounds": args.rounds,

@@ -37,7 +37,7 @@ import time
 from collections import Counter
 from datetime import timedelta
 
-from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, stamp
+from bench.harness import CLOCK, django_on_private_postgres, run_program, save_results, saveable
 
 DATABASE = "bench_scan_million"
 LOCK_BUDGET_MS = 100
@@ -62,9 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--keep", action="store_true", help="keep the cluster's directory")
     parser.add_argument(
-        "--save", action="store_true", help="write the figures to bench/results/scan-million.json"
+        "--save",
+        action="store_true",
+        help="write the figures to bench/results/scan-million-COMMIT.json (from a clean tree)",
     )
     args = parser.parse_args(argv)
+    started = saveable("scan-million") if args.save else None
 
     with django_on_private_postgres("scan-million-", DATABASE, keep=args.keep):
         runs = []
@@ -87,7 +90,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.save:
         saved = {
             "bench": "scan_million",
-            **stamp(),
+            **started,
             "settings": {
                 "sizes": sorted(args.sizes),
                 "per_workshop": args.per_workshop,
