@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from clock import default_clock
 from delivery.addresses import address_problem
-from reminders.models import StaffDecision
+from reminders.models import StaffDecision, id_from_text
 from reminders.services.replay import (
     REASON_MAX_LENGTH,
 )
@@ -164,7 +164,42 @@ def _cancels(form: forms.ModelForm) -> bool:
     return cancelled and (form.instance.pk is None or "status" in form.changed_data)
 
 
-class EnrollmentInlineForm(forms.ModelForm):
+class ChosenByIdMixin:
+    """Foreign keys chosen with the admin's autocomplete take an id or nothing.
+
+    Django's autocomplete widget looks a posted value up to show it again: anything
+    but an id (" ", "²") made that lookup raise while the refused form was drawn, a
+    500 instead of a field error. Such a value is dropped before the form reads it
+    and the field says what to do.
+    """
+
+    chosen_by_id: tuple[str, ...] = ()
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._not_ids = []
+        if not self.is_bound:
+            return
+        data = self.data.copy()
+        for name in self.chosen_by_id:
+            raw = data.get(self.add_prefix(name), "")
+            if raw and id_from_text(str(raw)) is None:
+                data[self.add_prefix(name)] = ""
+                self._not_ids.append(name)
+        if self._not_ids:
+            self.data = data
+
+    def clean(self):
+        cleaned = super().clean()
+        for name in self._not_ids:
+            self._errors.pop(name, None)
+            self.add_error(name, f"Choose the {name} from the list; what was sent is no id.")
+        return cleaned
+
+
+class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
+    chosen_by_id = ("attendee",)
+
     class Meta:
         model = Enrollment
         fields = ("attendee", "status")
@@ -201,7 +236,9 @@ class EnrollmentInlineFormSet(forms.BaseInlineFormSet):
                 )
 
 
-class EnrollmentForm(forms.ModelForm):
+class EnrollmentForm(ChosenByIdMixin, forms.ModelForm):
+    chosen_by_id = ("attendee", "workshop")
+
     class Meta:
         model = Enrollment
         fields = ("attendee", "workshop", "status")
