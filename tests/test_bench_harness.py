@@ -47,6 +47,10 @@ DRIVER = textwrap.dedent(
         return 0
 
 
+    # Started as from a terminal, whatever the test runner inherited (a run under nohup,
+    # or in the background of a script, ignores SIGHUP or SIGINT, and so would this).
+    for each in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(each, signal.SIG_DFL)
     if DEAF_TO_HUP:
         signal.signal(signal.SIGHUP, signal.SIG_IGN)  # as nohup leaves it
     run_program(main)
