@@ -45,10 +45,11 @@ lint: venv
 	$(VENV)/bin/lint-imports
 	$(PY) manage.py makemigrations --check --dry-run
 
-# `make test` runs the suite but the chaos run on $(TEST_WORKERS) pytest-xdist workers,
+# `make test` runs the suite but the chaos run and the tests marked long (real processes
+# waited on for 10 s or more each) on $(TEST_WORKERS) pytest-xdist workers,
 # each with its own test database (pytest-django's _gw<N> suffix), Redis database
 # (TEST_REDIS_URL's number minus N) and var dir (tests/settings.py). `make test-all`
-# (what CI runs) adds the chaos run beside it: its own servers, most of its time spent
+# (what CI runs) runs those long tests too, with the chaos run beside: its own servers, most of its time spent
 # waiting out a killed worker's lease. Each run writes var/<dir>/junit.xml and prints its
 # slowest tests. `make test PYTEST_ARGS="tests/admin -x"` runs one pytest with those
 # arguments instead.
@@ -63,7 +64,7 @@ test: prereqs lint
 ifneq ($(strip $(PYTEST_ARGS)),)
 	$(call pytest_in,$(TEST_REDIS_URL),test,$(PYTEST_ARGS))
 else
-	$(call pytest_in,$(TEST_REDIS_URL),test,-n $(TEST_WORKERS) --dist worksteal -m "not chaos")
+	$(call pytest_in,$(TEST_REDIS_URL),test,-n $(TEST_WORKERS) --dist worksteal -m "not chaos and not long")
 endif
 
 test-all: prereqs lint

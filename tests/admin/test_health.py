@@ -214,6 +214,7 @@ def test_selectors_cache_nothing():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.django_db(transaction=True)
 def test_running_beat_turns_the_health_green_and_stopping_it_turns_it_red(
     clock, redis_url, tmp_path

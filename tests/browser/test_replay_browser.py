@@ -22,7 +22,12 @@ from reminders.services import reminder_claim_batch, reminder_record_batch
 from tests.browser.conftest import PASSWORD, log_in
 from tests.support.processes import celery_worker, process_env
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 _real = SystemClock()
 

@@ -23,7 +23,7 @@ from reminders.worker import pipeline
 from tests.support.processes import celery_worker, process_env
 from tests.support.races import held_rows, wait_until
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
 _real = SystemClock()
 CHUNK = 5

@@ -96,6 +96,7 @@ def test_scan_turns_enrollments_into_exactly_one_message_each(
     }
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("moment", ["before_accept", "after_accept"])
 def test_sigkill_mid_batch_leaves_no_duplicate_and_nothing_stuck(
     live_clock, broker, smtp_sink, make_workshop, enrol, settings, moment
@@ -159,6 +160,7 @@ def test_sigkill_mid_batch_leaves_no_duplicate_and_nothing_stuck(
     assert len(per_pair) - statuses["sent"] <= in_flight  # unknown ones may have arrived
 
 
+@pytest.mark.long
 def test_redelivered_message_still_sends_one_message_per_pair(
     live_clock, broker, smtp_sink, make_workshop, enrol
 ):
@@ -199,6 +201,7 @@ def test_redelivered_message_still_sends_one_message_per_pair(
     assert len(per_pair) == 15 and set(per_pair.values()) == {1}
 
 
+@pytest.mark.long
 def test_two_beat_processes_send_nothing_twice(
     live_clock, broker, smtp_sink, make_workshop, enrol, tmp_path
 ):
@@ -329,6 +332,7 @@ def test_malformed_message_is_rejected_once_by_a_real_worker(broker):
     assert len(rejected) == 1
 
 
+@pytest.mark.long
 def test_killed_pool_child_is_not_redelivered_and_the_reaper_decides(
     live_clock, broker, smtp_sink, make_workshop, enrol, settings
 ):

@@ -23,7 +23,7 @@ from reminders.models import Reminder, ScanRun
 from reminders.worker import pipeline
 from tests.support.processes import Proc, celery_worker, process_env
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
 _real = SystemClock()
 INTERVAL = 5
