@@ -333,7 +333,7 @@ def test_an_erasure_leaves_no_form_of_the_name_or_address_in_the_admin_log_or_an
     from django.contrib.contenttypes.models import ContentType
 
     from reminders.services import reminders_plan
-    from tests.admin.test_workshop_admin import form_data
+    from tests.admin.test_workshop_admin import _post_inline
 
     workshop = make_workshop(title="Pottery")
     added = admin_client.post(
@@ -342,17 +342,7 @@ def test_an_erasure_leaves_no_form_of_the_name_or_address_in_the_admin_log_or_an
     )
     assert added.status_code == 302, added.content.decode()[:300]
     zoe = Attendee.objects.get(email="zoe@bücher.example")
-    local = workshop.starts_at.astimezone(workshop.zone)
-    inline = admin_client.post(
-        f"/admin/workshops/workshop/{workshop.pk}/change/",
-        form_data(
-            title=workshop.title,
-            zone=workshop.timezone,
-            starts=local.strftime("%Y-%m-%d %H:%M"),
-            ends=workshop.ends_at.astimezone(workshop.zone).strftime("%Y-%m-%d %H:%M"),
-            rows=[("", zoe.pk, "active")],
-        ),
-    )
+    inline = _post_inline(admin_client, workshop, [("", zoe.pk, "active")])
     assert inline.status_code == 302
     bo = Attendee.objects.create(name="Bo", email="bo@example.net")
     enrollment_create(attendee=bo, workshop=workshop)
