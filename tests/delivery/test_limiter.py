@@ -543,7 +543,10 @@ def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
 
 
 def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, redis_account):
-    """After the provider's 429 this process starts nothing it reserved before the pause."""
+    """After the provider's 429 this process starts nothing it reserved before the pause.
+
+    Judged against when the pause began, not against fixed times from the start: a loaded
+    machine (CI, its test groups sharing two cores) made the first start 66 ms late."""
     clock = SystemClock()
 
     async def scenario():
@@ -557,21 +560,22 @@ def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, r
             starts.append(clock.monotonic())
 
         try:
-            began = clock.monotonic()
             async with asyncio.TaskGroup() as group:
                 tasks = [group.create_task(one()) for _ in range(4)]
                 await tasks[0]
+                paused_at = clock.monotonic()
                 await limiter.pause(0.5)
-            return [moment - began for moment in sorted(starts)]
+            return [moment - paused_at for moment in sorted(starts)]
         finally:
             await limiter.aclose()
 
     starts = run(scenario())
     assert len(starts) == 4
-    assert starts[0] < 0.05
-    # The caller already asleep until its start (102 ms) still goes; the two starts
-    # reserved behind it are dropped, and their callers wait for the pause to end.
-    assert sum(1 for moment in starts if 0.05 <= moment < 0.49) <= 1, starts
+    # The caller already asleep until its start (one interval after the first) may still
+    # go during the pause; the two starts reserved behind it are dropped, and their
+    # callers wait for the pause to end (10 ms of slack for the clock's resolution).
+    during = [moment for moment in starts[1:] if moment < 0.49]
+    assert len(during) <= 1, starts
     assert sum(1 for moment in starts if moment >= 0.49) >= 2, starts
 
 
