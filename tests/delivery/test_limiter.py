@@ -536,10 +536,14 @@ def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
 
     ended, calls = run(scenario())
     assert calls == 1, (calls, ended)
-    assert ended["first"] < 0.05, ended
-    assert 0.09 < ended["second"] < 0.15, ended
+    # The slots are counted from the first start, which a loaded host may make tens of
+    # ms late (the reservation's round trip); the others are judged from it.
+    first = ended["first"]
+    assert 0 <= first < 0.15, ended
+    assert 0.09 < ended["second"] - first < 0.15, ended
     assert -0.15 < ended["hurried"] < 0, ended
-    assert 0.19 < ended["fourth"] < 0.29, ended
+    # The hurried caller's 204 ms slot, not the 306 ms one that was the fourth's.
+    assert 0.19 < ended["fourth"] - first < 0.29, ended
 
 
 def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, redis_account):
