@@ -40,6 +40,19 @@ def published(monkeypatch):
     return sent
 
 
+def post_action(client, changelist, action, ids, *, confirm=False, reason=None):
+    """Post a changelist action for ``ids``: its confirmation page, or with ``confirm`` the
+    confirmed decision (followed to the changelist's message)."""
+    data = {"action": action, "_selected_action": [str(i) for i in ids], "select_across": "0"}
+    if confirm:
+        data["post"] = "yes"
+        if reason is not None:
+            data["reason"] = reason
+    else:
+        data["index"] = "0"
+    return client.post(changelist, data, follow=confirm)
+
+
 @pytest.fixture
 def make_staff(django_user_model):
     """Create a staff user holding exactly ``perms`` ("app_label.codename")."""

@@ -11,6 +11,7 @@ import pytest
 
 from reminders.models import Reminder, StaffDecision
 from reminders.services import reminder_claim_batch
+from tests.admin.conftest import post_action
 from workshops.models import Enrollment
 
 pytestmark = pytest.mark.django_db
@@ -19,15 +20,8 @@ CHANGELIST = "/admin/workshops/enrollment/"
 CLERK = ("workshops.view_enrollment", "workshops.change_enrollment", "workshops.add_enrollment")
 
 
-def post(client, ids, *, confirm=False, reason=None):
-    data = {"action": "cancel_selected", "_selected_action": [str(i) for i in ids]}
-    if confirm:
-        data["post"] = "yes"
-        if reason is not None:
-            data["reason"] = reason
-    else:
-        data["index"] = "0"
-    return client.post(CHANGELIST, data, follow=confirm)
+def post(client, ids, **confirmation):
+    return post_action(client, CHANGELIST, "cancel_selected", ids, **confirmation)
 
 
 def test_a_clerk_without_the_cancel_permission_is_refused_and_nothing_changes(

@@ -13,6 +13,7 @@ from delivery.results import Outcome
 from reminders.models import Reminder, StaffDecision
 from reminders.services import reasons, reminder_claim_batch, reminder_record_batch
 from reminders.services.workshop_decisions import workshops_cancel, workshops_reinstate
+from tests.admin.conftest import post_action
 from tests.reminders.test_claim import _result
 from workshops.models import Enrollment, Workshop
 from workshops.services import enrollment_cancel, workshop_cancel
@@ -33,15 +34,8 @@ def canceller(make_staff):
     return make_staff(*CANCELLER, username="canceller")
 
 
-def post(client, action, ids, *, confirm=False, reason=None):
-    data = {"action": action, "_selected_action": [str(i) for i in ids], "select_across": "0"}
-    if confirm:
-        data["post"] = "yes"
-        if reason is not None:
-            data["reason"] = reason
-    else:
-        data["index"] = "0"
-    return client.post(CHANGELIST, data, follow=confirm)
+def post(client, action, ids, **confirmation):
+    return post_action(client, CHANGELIST, action, ids, **confirmation)
 
 
 def statuses(workshop) -> Counter:
