@@ -12,6 +12,7 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
+from functools import partial
 
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -194,10 +195,7 @@ def _scrub_admin_log(scrub, words: list[str], objects: dict[type, list[int]]) ->
     )
     tied = set(LogEntry.objects.filter(about).values_list("pk", flat=True))
     for entry in LogEntry.objects.filter(about | quoting):
-
-        def this(text: str, entry=entry) -> str:
-            return scrub(text, about=entry.pk in tied)
-
+        this = partial(scrub, about=entry.pk in tied)
         LogEntry.objects.filter(pk=entry.pk).update(
             object_repr=this(entry.object_repr)[:200],
             change_message=scrub_json_text(entry.change_message, this),
