@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from functools import lru_cache
 
 from django.conf import settings
 from django.db.models import Q
@@ -27,11 +28,8 @@ class ReminderPolicy:
 
     @classmethod
     def from_settings(cls) -> ReminderPolicy:
-        """Build the policy from REMINDERS_LEAD_MINUTES and REMINDERS_CUTOFF_MINUTES."""
-        return cls(
-            lead=timedelta(minutes=settings.REMINDERS_LEAD_MINUTES),
-            cutoff=timedelta(minutes=settings.REMINDERS_CUTOFF_MINUTES),
-        )
+        """Return the policy of REMINDERS_LEAD_MINUTES and REMINDERS_CUTOFF_MINUTES."""
+        return _policy(cls, settings.REMINDERS_LEAD_MINUTES, settings.REMINDERS_CUTOFF_MINUTES)
 
     def window_opens_at(self, starts_at: datetime) -> datetime:
         """Return the first instant a reminder for a workshop starting then may be sent."""
@@ -83,3 +81,9 @@ def _utc(moment: datetime) -> datetime:
     if moment.tzinfo is None or moment.utcoffset() is None:
         raise ValueError("The deadline rule needs an aware datetime; got a naive one.")
     return moment.astimezone(UTC)
+
+
+@lru_cache(maxsize=8)
+def _policy(cls, lead_minutes: float, cutoff_minutes: float) -> ReminderPolicy:
+    # Asked once per reminder rendered: built once per pair of settings.
+    return cls(lead=timedelta(minutes=lead_minutes), cutoff=timedelta(minutes=cutoff_minutes))

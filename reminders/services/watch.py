@@ -33,7 +33,10 @@ class ClaimWatch:
         self._token = token
         # What each claimed reminder's message showed of its workshop, once per workshop.
         self._workshop_of = {reminder.pk: reminder.workshop_id for reminder in reminders}
-        self._shown = {reminder.workshop_id: _rendered(reminder.workshop) for reminder in reminders}
+        self._shown = {}
+        for reminder in reminders:
+            if reminder.workshop_id not in self._shown:
+                self._shown[reminder.workshop_id] = _rendered(reminder.workshop)
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
