@@ -155,9 +155,7 @@ def _run(args) -> int:
 
     def scan_into(messages: list[int]):
         """Return a scan job that counts broker messages instead of publishing them."""
-        return lambda: pipeline.scan(
-            clock=clock, publish=lambda ids, expires: messages.append(len(ids))
-        )
+        return lambda: pipeline.scan(clock=clock, publish=lambda ids: messages.append(len(ids)))
 
     def measure(job, *, atomic: bool):
         counter = QueryCounter()
@@ -201,7 +199,7 @@ def _run(args) -> int:
     # Two delivery batches: claim and record cost per reminder. The first
     # also stores the frozen text its reminders share; the second finds it.
     seed(max(1, 2 * args.batch // args.per_workshop))
-    pipeline.scan(clock=clock, publish=lambda ids, expires: None)
+    pipeline.scan(clock=clock, publish=lambda ids: None)
     ids = list(Reminder.objects.values_list("id", flat=True)[: 2 * args.batch])
     from delivery.results import DeliveryResult, Outcome
 

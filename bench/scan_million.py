@@ -295,7 +295,7 @@ def _run(seeded: dict, *, explain: bool) -> dict:
 
     published: list[int] = []
 
-    def publish(ids, expires):
+    def publish(ids):
         published.append(len(ids))
 
     print(f"\n{seeded['workshops']} workshops, {seeded['enrollments']} enrollments")
@@ -425,7 +425,7 @@ def _explained_scan(pipeline, connection) -> list[dict]:
     """Run one scan with every statement explained first; group them by kind and plan."""
     capture = Capture(explain=True)
     with connection.execute_wrapper(capture):
-        pipeline.scan(publish=lambda ids, expires: None)
+        pipeline.scan(publish=lambda ids: None)
     grouped: dict[tuple, dict] = {}
     for s in capture.statements:
         key = (s["kind"], tuple(s["indexes"]))

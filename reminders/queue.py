@@ -7,7 +7,6 @@ Callers publish from ``transaction.on_commit`` (S3). A publish that fails
 from __future__ import annotations
 
 import logging
-from datetime import datetime
 
 from celery import current_app
 from kombu.exceptions import OperationalError
@@ -19,11 +18,11 @@ REPLAY_TASK = "reminders.replay_selection"
 TEST_TASK = "reminders.send_test"
 
 
-def publish_batch(ids: list[int], expires_at: datetime) -> bool:
+def publish_batch(ids: list[int]) -> bool:
     """Send one ``reminders.deliver_batch`` message; return whether it went out.
 
-    No Celery ``expires``: a worker would judge it by its own host's clock.
-    ``expires_at`` is the database's business (``queued_until``).
+    No Celery ``expires``: a worker would judge it by its own host's clock; when
+    the message stops counting is the database's business (``queued_until``).
     """
     try:
         current_app.send_task(DELIVER_TASK, args=[ids])

@@ -152,8 +152,8 @@ def published(monkeypatch):
     """Record batches the dispatcher publishes instead of sending them to the broker."""
     sent: list[tuple[list[int], object]] = []
 
-    def fake_publish(ids, expires_at):
-        sent.append((list(ids), expires_at))
+    def fake_publish(ids):
+        sent.append(list(ids))
         return True
 
     monkeypatch.setattr("reminders.queue.publish_batch", fake_publish)

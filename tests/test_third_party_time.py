@@ -212,7 +212,7 @@ def beat_ran_at(clock, scan_interval) -> datetime:
         frozen.move_to(ran_at)
         _beat_marks_scan_run()
     clock.advance(2)
-    pipeline.scan(clock=clock, publish=lambda ids, expires_at: True)
+    pipeline.scan(clock=clock, publish=lambda ids: True)
     return ran_at
 
 

@@ -23,7 +23,7 @@ from workshops.models import Enrollment, Workshop
 logger = logging.getLogger(__name__)
 
 Status = Reminder.Status
-Publish = Callable[[list[int], datetime], object]
+Publish = Callable[[list[int]], object]
 
 
 # Per dispatch transaction: the locking SELECT, the queueing UPDATE, the Dispatch INSERT.
@@ -110,8 +110,8 @@ def reminders_dispatch(
                 Dispatch(queued_at=now, expires_at=expires_at, reminder_ids=batch_ids)
                 for batch_ids, expires_at in batches
             )
-            for batch_ids, expires_at in batches:
-                transaction.on_commit(partial(_publish, publish, batch_ids, expires_at))
+            for batch_ids, _expires_at in batches:
+                transaction.on_commit(partial(_publish, publish, batch_ids))
                 queued += len(batch_ids)
                 published += 1
     if queued:
@@ -172,8 +172,8 @@ def dispatches_prune(*, clock: Clock | None = None) -> int:
         return cursor.rowcount
 
 
-def _publish(publish: Publish, ids: list[int], expires_at: datetime) -> None:
-    if publish(ids, expires_at) is False:
+def _publish(publish: Publish, ids: list[int]) -> None:
+    if publish(ids) is False:
         reminders_unpublished(ids=ids)
 
 

@@ -32,7 +32,7 @@ def published(monkeypatch):
     """Record the batches published to the broker instead of sending them."""
     sent: list[list[int]] = []
 
-    def fake_publish(ids, expires_at):
+    def fake_publish(ids):
         sent.append(list(ids))
         return True
 
@@ -151,7 +151,7 @@ def make_reminders(clock, make_workshop, enrol):
         elif status == "sending":
             reminder_claim_batch(ids=ids, channel="smtp", clock=clock)
         elif status == "queued":
-            reminders_dispatch(ids=ids, clock=clock, publish=lambda ids, expires_at: True)
+            reminders_dispatch(ids=ids, clock=clock, publish=lambda ids: True)
         elif status == "cancelled":
             for enrollment in enrollments:
                 enrollment_cancel(enrollment=enrollment)

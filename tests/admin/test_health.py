@@ -248,7 +248,7 @@ def test_running_beat_turns_the_health_green_and_stopping_it_turns_it_red(
         assert health.warning.startswith("Celery beat publishes scans but no scan has finished")
         from reminders.worker import pipeline
 
-        pipeline.scan(clock=clock, publish=lambda ids, expires: True)
+        pipeline.scan(clock=clock, publish=lambda ids: True)
         assert scheduler_health(clock=clock).warning == ""
     finally:
         beat.stop()

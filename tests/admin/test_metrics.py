@@ -114,7 +114,7 @@ def test_the_queues_age_runs_from_when_a_reminder_entered_it(
         workshop=workshop, starts_at=later, ends_at=later + timedelta(hours=1), title="Moved"
     )
     clock.advance(100)
-    assert reminders_dispatch(ids=ids, clock=clock, publish=lambda ids, expires_at: True) == 2
+    assert reminders_dispatch(ids=ids, clock=clock, publish=lambda ids: True) == 2
     clock.advance(100)
     series = _series(_scrape(client).content.decode())
     assert series['reminders_oldest_seconds{status="queued"}'] == pytest.approx(600, abs=1)

@@ -42,7 +42,7 @@ def test_the_trace_of_a_reminder_retried_reaped_refused_and_sent_again(
     clock, due_reminders, resolver, published, settings
 ):
     (pk,) = due_reminders(1)
-    assert reminders_dispatch(publish=lambda ids, expires_at: None, clock=clock) == 1
+    assert reminders_dispatch(publish=lambda ids: None, clock=clock) == 1
     clock.advance(1)
     first = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
     reminder_record_batch(claim=first, results=[_transient(first.reminders[0])], clock=clock)

@@ -178,7 +178,7 @@ def test_redelivered_message_still_sends_one_message_per_pair(
     env = _smtp_env(smtp_sink, REMINDERS_SMTP_CONNECTIONS="1", REMINDERS_CONCURRENCY="1")
     published: list[list[int]] = []
 
-    def publish(ids, expires_at):
+    def publish(ids):
         published.append(ids)
         for _ in range(2):
             app.send_task(DELIVER_TASK, args=[ids])

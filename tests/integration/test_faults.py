@@ -103,7 +103,7 @@ def test_beat_back_after_ten_minutes_catches_up_once(clock, due_reminders, publi
     first = pipeline.scan(clock=clock)
     second = pipeline.scan(clock=clock)
     assert (first["dispatched"], second["dispatched"]) == (12, 0)
-    assert sum(len(batch) for batch, _ in published) == 12
+    assert sum(len(batch) for batch in published) == 12
 
 
 def _terminate_my_connection() -> None:

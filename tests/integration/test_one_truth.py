@@ -68,7 +68,7 @@ def test_a_bulk_move_inside_the_cutoff_sends_nothing_and_one_scan_marks_them_mis
     Workshop.objects.filter(pk=queued.pk).update(
         starts_at=starts, ends_at=starts + timedelta(hours=1)
     )
-    for batch, _ in published:  # the workers start and read the queued messages
+    for batch in published:  # the workers start and read the queued messages
         pipeline.deliver(batch, clock=clock)
     assert list(outbox.glob("*.eml")) == []
     pipeline.scan(clock=clock)
@@ -89,7 +89,7 @@ def test_a_bulk_move_earlier_is_dispatched_by_the_current_start(
         starts_at=clock.now() + timedelta(hours=1), ends_at=clock.now() + timedelta(hours=2)
     )
     assert pipeline.scan(clock=clock)["dispatched"] == 3
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert _statuses() == {"sent": 3}
 
@@ -99,7 +99,7 @@ def test_a_bulk_move_later_sends_nothing_before_the_window_opens(clock, queued, 
     Workshop.objects.filter(pk=queued.pk).update(
         starts_at=later, ends_at=later + timedelta(hours=1)
     )
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert list(outbox.glob("*.eml")) == []
     assert _statuses() == {"queued": 10}
@@ -119,7 +119,7 @@ def test_a_bulk_cancel_leaves_no_row_queued_after_one_scan(clock, queued, publis
 
 def test_a_claim_refusing_a_cancelled_workshops_rows_cancels_them(clock, queued, published):
     Workshop.objects.filter(pk=queued.pk).update(status=Workshop.Status.CANCELLED)
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert set(Reminder.objects.values_list("status", "status_reason")) == {
         ("cancelled", reasons.WORKSHOP_CANCELLED)
@@ -250,7 +250,7 @@ def test_a_missed_row_comes_back_when_a_bulk_move_gives_it_time(
         starts_at=clock.now() + timedelta(hours=2), ends_at=clock.now() + timedelta(hours=3)
     )
     assert pipeline.scan(clock=clock)["dispatched"] == 2
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert _statuses() == {"sent": 2}
 

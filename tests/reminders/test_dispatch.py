@@ -31,8 +31,8 @@ def test_due_reminders_are_published_in_batches_after_commit(
     settings.REMINDERS_BATCH_SIZE = 4
     ids = due_reminders(10)
     assert _dispatch(clock=clock) == 10
-    assert [len(batch) for batch, _ in published] == [4, 4, 2]
-    assert sorted(i for batch, _ in published for i in batch) == sorted(ids)
+    assert [len(batch) for batch in published] == [4, 4, 2]
+    assert sorted(i for batch in published for i in batch) == sorted(ids)
     assert set(Reminder.objects.values_list("status", flat=True)) == {"queued"}
 
 
@@ -46,8 +46,9 @@ def test_a_message_lives_while_any_of_its_reminders_can_be_sent(
     due_reminders(3, starts_in=timedelta(hours=2))
     due_reminders(3, starts_in=timedelta(hours=1))
     _dispatch(clock=clock)
-    ((batch, expires_at),) = published
+    (batch,) = published
     deadlines = [r.deadline_at for r in Reminder.objects.filter(id__in=batch)]
+    (expires_at,) = Dispatch.objects.values_list("expires_at", flat=True)
     assert expires_at == max(deadlines)
     assert set(Reminder.objects.values_list("queued_until", flat=True)) == {expires_at}
 
@@ -70,11 +71,11 @@ def test_a_backlog_past_the_earliest_deadline_strands_no_reminder_with_time_left
     assert len(published) == 1
     clock.advance(180)  # the backlog
     for _ in range(4):
-        waiting, published[:] = list(published), []
-        for ids, expires_at in waiting:
-            if clock.now() < expires_at:
-                deliver(ids, clock=clock, channel="file")
-        scan(clock=clock, publish=lambda ids, expires: published.append((ids, expires)))
+        waiting = list(Dispatch.objects.filter(expires_at__gt=clock.now()))
+        Dispatch.objects.all().delete()
+        for message in waiting:
+            deliver(message.reminder_ids, clock=clock, channel="file")
+        scan(clock=clock, publish=published.append)
         clock.advance(30)
     statuses = dict(Reminder.objects.values_list("id", "status"))
     assert statuses == {soon[0]: "missed", middle[0]: "sent", later[0]: "sent"}
@@ -120,7 +121,7 @@ def test_window_not_open_and_retry_time_not_reached_are_not_dispatched(
         starts_at=starts, ends_at=starts + timedelta(hours=1)
     )
     assert _dispatch(clock=clock) == 1
-    assert published[0][0] == [ids[1]]
+    assert published[0] == [ids[1]]
 
 
 def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_reminders):
@@ -151,7 +152,7 @@ def test_publish_to_a_dead_broker_returns_promptly_and_loses_nothing(clock, due_
     assert {r.status for r in reminders} == {"queued"}
     assert all(r.queued_until <= now for r in reminders)
     clock.advance_to(now)
-    assert _dispatch(clock=clock, publish=lambda ids, expires: True) == 3
+    assert _dispatch(clock=clock, publish=lambda ids: True) == 3
 
 
 def test_each_transaction_of_the_dispatch_commits_and_publishes_its_own_rows(
@@ -167,7 +168,7 @@ def test_each_transaction_of_the_dispatch_commits_and_publishes_its_own_rows(
     due_reminders(50)
     seen: list[tuple[int, int]] = []
 
-    def publish(ids, expires_at):
+    def publish(ids):
         seen.append((len(ids), Reminder.objects.filter(status="queued").count()))
 
     assert reminders_dispatch(clock=clock, publish=publish) == 50
@@ -183,7 +184,7 @@ def test_a_transaction_of_the_dispatch_holds_whole_batches(
     settings.REMINDERS_BATCH_SIZE = 10
     due_reminders(45)
     sizes: list[int] = []
-    reminders_dispatch(clock=clock, publish=lambda ids, expires_at: sizes.append(len(ids)))
+    reminders_dispatch(clock=clock, publish=lambda ids: sizes.append(len(ids)))
     assert sizes == [10, 10, 10, 10, 5]
 
 
@@ -193,7 +194,7 @@ def test_the_dispatch_limit_holds_across_transactions(clock, due_reminders, sett
     monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
     settings.REMINDERS_BATCH_SIZE = 10
     due_reminders(50)
-    assert reminders_dispatch(clock=clock, publish=lambda ids, expires_at: None, limit=35) == 35
+    assert reminders_dispatch(clock=clock, publish=lambda ids: None, limit=35) == 35
     assert Reminder.objects.filter(status="pending").count() == 15
 
 
@@ -276,7 +277,7 @@ def test_a_row_claimed_or_cancelled_after_the_read_is_not_queued_by_a_later_tran
     cancelled_workshop = Reminder.objects.get(pk=later[5].pk).workshop
     published: list[list[int]] = []
 
-    def publish(batch, expires_at):
+    def publish(batch):
         if not published:  # the first transaction committed; the second has not locked yet
             assert reminder_claim_batch(ids=[claimed_id], channel="file", clock=clock).reminders
             workshop_cancel(workshop=cancelled_workshop, clock=clock)
@@ -303,7 +304,11 @@ def test_each_published_batch_leaves_a_record_of_its_ids_and_expiry(
     due_reminders(10)
     assert _dispatch(clock=clock) == 10
     records = list(Dispatch.objects.order_by("pk").values_list("reminder_ids", "expires_at"))
-    assert records == [(ids, expires_at) for ids, expires_at in published]
+    assert [ids for ids, _ in records] == published
+    requeue_at = clock.now() + timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
+    for ids, expires_at in records:
+        deadlines = [r.deadline_at for r in Reminder.objects.filter(id__in=ids)]
+        assert expires_at == min(requeue_at, max(deadlines))
     assert set(Dispatch.objects.values_list("queued_at", flat=True)) == {clock.now()}
     # A second dispatch while the messages live queues nothing and records nothing.
     assert _dispatch(clock=clock) == 0

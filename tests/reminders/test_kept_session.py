@@ -19,7 +19,7 @@ def three_batches(clock, due_reminders, published, smtp_sink, settings):
     settings.REMINDERS_BATCH_SIZE = 10
     due_reminders(30)
     pipeline.scan(clock=clock)
-    batches = [batch for batch, _ in published]
+    batches = [batch for batch in published]
     assert [len(batch) for batch in batches] == [10, 10, 10]
     return batches
 
@@ -129,7 +129,7 @@ def http_batches(live_clock, due_reminders, published, settings):
         settings.REMINDERS_KEEP_CONNECTIONS = 10
         due_reminders(16)
         pipeline.scan(clock=live_clock)
-        batches = [batch for batch, _ in published]
+        batches = [batch for batch in published]
         assert [len(batch) for batch in batches] == [8, 8]
         yield sink, batches, SystemClock()
 

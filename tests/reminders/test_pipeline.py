@@ -35,10 +35,10 @@ def test_scan_then_batch_sends_each_due_reminder_once(
     ids = due_reminders(25)
     counts = pipeline.scan(clock=clock)
     assert counts["dispatched"] == 25
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     # The same messages delivered again (a redelivery) change nothing.
-    for batch, _ in published:
+    for batch in published:
         assert pipeline.deliver(batch, clock=clock) == {"skipped": len(batch)}
     assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 25}
     per_recipient = Counter(r.lower() for m in smtp_sink.received() for r in m.rcpt_tos)
@@ -59,7 +59,7 @@ def test_a_batchs_chunks_share_its_smtp_sessions(
     settings.REMINDERS_SMTP_CONNECTIONS = 4
     due_reminders(40)
     pipeline.scan(clock=clock)
-    [(batch, _)] = published
+    [batch] = published
     assert pipeline.deliver(batch, clock=clock)["sent"] == 40
     assert len(smtp_sink.received()) == 40
     assert smtp_sink.stats()["connections_opened"] == 4
@@ -110,7 +110,7 @@ def test_backlog_of_forty_minutes_is_missed_never_sent_late(
     clock.advance(timedelta(minutes=40).total_seconds())
     counts = pipeline.scan(clock=clock)
     assert counts["missed"] == 10
-    for batch, _ in published:  # the workers come back and read the old messages
+    for batch in published:  # the workers come back and read the old messages
         pipeline.deliver(batch, clock=clock)
     assert set(Reminder.objects.values_list("status", "status_reason")) == {
         ("missed", reasons.LATE_IN_QUEUE)
@@ -128,7 +128,7 @@ def test_workshop_moved_into_the_past_sends_nothing(clock, due_reminders, publis
         starts_at=clock.now() - timedelta(hours=1),
         ends_at=clock.now() + timedelta(minutes=1),
     )
-    for batch, _ in published:
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
     assert list(outbox.glob("*.eml")) == []
@@ -144,8 +144,8 @@ def test_enrolling_after_the_window_opened_is_reminded_at_the_next_scan(
     clock.advance(60)
     enrol(workshop, count=1)
     pipeline.scan(clock=clock)
-    assert [len(batch) for batch, _ in published] == [2, 1]
-    for batch, _ in published:
+    assert [len(batch) for batch in published] == [2, 1]
+    for batch in published:
         pipeline.deliver(batch, clock=clock)
     assert Counter(Reminder.objects.values_list("status", flat=True)) == {"sent": 3}
 
@@ -182,7 +182,7 @@ def test_two_scans_at_once_queue_each_reminder_once(clock, make_workshop, publis
     assert errors == [] and len(results) == 2
     assert sum(r["planned"] for r in results) == 400
     assert Reminder.objects.count() == 400
-    published_ids = [i for batch, _ in published for i in batch]
+    published_ids = [i for batch in published for i in batch]
     assert len(published_ids) == len(set(published_ids)) == 400
 
 

@@ -99,4 +99,4 @@ def test_scan_command_runs_one_scan(clock, due_reminders, published):
     out = __import__("io").StringIO()
     call_command("scan", stdout=out)
     assert "dispatched 4" in out.getvalue()
-    assert sum(len(batch) for batch, _ in published) == 4
+    assert sum(len(batch) for batch in published) == 4
