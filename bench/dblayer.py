@@ -158,6 +158,11 @@ def _run(ids: list[int], processes: int, worker) -> dict:
     """Fork ``processes`` workers, each delivering every P-th batch; return the totals."""
     from django.db import connections
 
+    from reminders.worker.hooks import warm_send_path
+
+    # What a worker's main process loads before its pool forks: the children
+    # measure reminders, not their first imports.
+    warm_send_path()
     connections.close_all()
     size = _batch_size()
     batches = [ids[i : i + size] for i in range(0, len(ids), size)]

@@ -17,9 +17,22 @@ from celery.signals import (
 
 @worker_init.connect
 def prepare_main_process(sender, **kwargs) -> None:
-    """Before the pool forks: the shutdown flag, the metrics server, lock timeouts, a warm send path.
+    """Before the pool forks: the shutdown flag, the metrics server, lock timeouts, a warm send path."""
+    from reminders import locks
+    from reminders.worker import shutdown, telemetry
 
-    ``gc.freeze`` keeps the collector from copying the pages pool processes share.
+    shutdown.prepare()
+    telemetry.start(getattr(sender, "hostname", "") or "")
+    locks.serve_as_worker()
+    warm_send_path()
+
+
+def warm_send_path() -> None:
+    """Load the send path in a main process before it forks, so pool processes share it.
+
+    Each child would otherwise import the channels' clients and look up every
+    language's words at its first batch. ``gc.freeze`` keeps the collector from
+    copying the shared pages.
     """
     import gc
 
@@ -27,12 +40,9 @@ def prepare_main_process(sender, **kwargs) -> None:
     import aiosmtplib  # noqa: F401  (the smtp channel's client)
     import redis.asyncio  # noqa: F401  (the limiter's client)
 
-    from reminders import content, locks
-    from reminders.worker import pipeline, shutdown, telemetry  # noqa: F401  (the send path)
+    from reminders import content
+    from reminders.worker import pipeline  # noqa: F401  (the send path)
 
-    shutdown.prepare()
-    telemetry.start(getattr(sender, "hostname", "") or "")
-    locks.serve_as_worker()
     content.warm_up()
     gc.collect()
     gc.freeze()
