@@ -6,7 +6,6 @@ was given.
 """
 
 import os
-import socket
 
 import httpx
 import pytest
@@ -15,19 +14,19 @@ import redis
 from clock import SystemClock
 from config.celery import app
 from reminders.models import Reminder
-from tests.support.processes import CELERY, Proc, celery_worker, process_env
+from tests.support.processes import (
+    CELERY,
+    Proc,
+    celery_worker,
+    process_env,
+    serving_on_a_new_port,
+)
 from tests.support.seeding import unplanned_workshop
 
 pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 AUTH = ("ops", "not-a-real-password")
 _clock = SystemClock()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _tasks(base: str) -> dict:
@@ -59,21 +58,24 @@ def test_flower_shows_the_workers_delivery_batches_and_asks_for_its_password(red
     env = process_env(
         REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
     )
-    port = _free_port()
-    base = f"http://127.0.0.1:{port}"
     # The command and the only variables docker-compose.yml gives Flower: no project
     # code, no SECRET_KEY, no database.
-    flower = Proc(
-        [CELERY, "flower", "--address=127.0.0.1", f"--port={port}"],
-        {
-            "PATH": os.environ["PATH"],
-            "CELERY_BROKER_URL": env["CELERY_BROKER_URL"],
-            "FLOWER_BASIC_AUTH": ":".join(AUTH),
-        },
-        "flower",
-    )
-    try:
-        _wait(lambda: _flower_up(base), timeout=60, what=f"Flower on {base}")
+    flower_env = {
+        "PATH": os.environ["PATH"],
+        "CELERY_BROKER_URL": env["CELERY_BROKER_URL"],
+        "FLOWER_BASIC_AUTH": ":".join(AUTH),
+    }
+
+    def start(port: int) -> Proc:
+        argv = [CELERY, "flower", "--address=127.0.0.1", f"--port={port}"]
+        return Proc(argv, flower_env, "flower")
+
+    def listening(_, port: int) -> bool:
+        return _flower_up(f"http://127.0.0.1:{port}")
+
+    # Flower binds the port itself; one taken meanwhile makes it exit, and another is tried.
+    with serving_on_a_new_port(start, listening=listening) as (_, port):
+        base = f"http://127.0.0.1:{port}"
         assert httpx.get(f"{base}/api/tasks", timeout=5).status_code == 401
         assert httpx.get(f"{base}/api/tasks", auth=("ops", "wrong"), timeout=5).status_code == 401
         with celery_worker(env, name="flowered") as worker:
@@ -91,5 +93,3 @@ def test_flower_shows_the_workers_delivery_batches_and_asks_for_its_password(red
         assert len(done) == 1
         assert done[0]["worker"].startswith("flowered@")
         assert Reminder.objects.filter(workshop=workshop, status="sent").count() == 3
-    finally:
-        flower.stop()

@@ -20,7 +20,13 @@ from clock import SystemClock
 from config.celery import app
 from loopback.http_sink import HttpSink
 from reminders.models import Reminder, reminder_key
-from tests.support.processes import CELERY, Proc, celery_worker, process_env
+from tests.support.processes import (
+    CELERY,
+    Proc,
+    process_env,
+    serving_on_a_new_port,
+    worker_argv,
+)
 from tests.support.seeding import unplanned_workshop
 from workshops.models import Enrollment
 
@@ -29,12 +35,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 SECRET = "metrics-test-secret-0a1b2c3d4e5f6a7b"
 TOKEN = "scrape-token"
 _clock = SystemClock()
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _samples(text: str) -> dict[tuple[str, tuple], float]:
@@ -70,7 +70,6 @@ def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, sett
     workshop = unplanned_workshop("Metrics test", attendees=5)
     attendees = Enrollment.objects.filter(workshop=workshop).order_by("pk")
     keys = [reminder_key(attendee_id=e.attendee_id, workshop_id=workshop.pk) for e in attendees]
-    port = _free_port()
     with HttpSink(secret=SECRET, delay=0.2) as sink:
         sink.script(keys[0], 429)
         sink.script(keys[1], 503)
@@ -81,10 +80,15 @@ def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, sett
             REMINDERS_HTTP_SECRET=SECRET,
             REMINDERS_RATE_LIMIT="50",
             REMINDERS_BATCH_SIZE="2",
-            REMINDERS_METRICS_PORT=str(port),
             REMINDERS_VAR_DIR=str(tmp_path),
         )
-        with celery_worker(env, concurrency=2, name="metered") as worker:
+
+        def start(port: int) -> Proc:
+            served = {**env, "REMINDERS_METRICS_PORT": str(port)}
+            return Proc(worker_argv(concurrency=2, name="metered"), served, "metered")
+
+        # A worker that finds its port taken exits (the test below): another port is tried.
+        with serving_on_a_new_port(start, listening=lambda proc, _: proc.ready) as (worker, port):
             before = _scrape_worker(port)
             app.send_task("reminders.scan")
             _wait(

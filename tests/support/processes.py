@@ -5,10 +5,11 @@ from __future__ import annotations
 import contextlib
 import os
 import signal
+import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from django.db import connection
@@ -64,6 +65,11 @@ class Proc:
             if " ready." in line or "beat: Starting" in line:
                 self._ready.set()
 
+    @property
+    def ready(self) -> bool:
+        """Whether the process said it is ready (a worker's " ready.", beat's start)."""
+        return self._ready.is_set()
+
     def wait_ready(self, timeout: float = 60) -> None:
         if not self._ready.wait(timeout):
             raise AssertionError(f"{self.name} not ready after {timeout} s:\n{self.output()}")
@@ -98,18 +104,64 @@ class Proc:
         return self.popen.returncode
 
 
+def worker_argv(*, concurrency: int = 1, name: str = "worker", extra: tuple = ()) -> list[str]:
+    """Return ``celery -A config worker``'s command line, as the Procfile runs it."""
+    return [
+        CELERY, "-A", "config", "worker", "--loglevel=INFO", f"--concurrency={concurrency}",
+        f"--hostname={name}@%h", "--without-mingle", "--without-gossip", *extra,
+    ]  # fmt: skip
+
+
 @contextlib.contextmanager
 def celery_worker(
     env: Mapping[str, str], *, concurrency: int = 1, name: str = "worker", extra: tuple = ()
 ) -> Iterator[Proc]:
     """Run ``celery -A config worker`` (the same command as the Procfile) until the block ends."""
-    argv = [
-        CELERY, "-A", "config", "worker", "--loglevel=INFO", f"--concurrency={concurrency}",
-        f"--hostname={name}@%h", "--without-mingle", "--without-gossip", *extra,
-    ]  # fmt: skip
-    proc = Proc(argv, env, name)
+    proc = Proc(worker_argv(concurrency=concurrency, name=name, extra=extra), env, name)
     try:
         proc.wait_ready()
         yield proc
     finally:
         proc.stop()
+
+
+@contextlib.contextmanager
+def serving_on_a_new_port(
+    start: Callable[[int], Proc],
+    *,
+    listening: Callable[[Proc, int], bool],
+    attempts: int = 3,
+    timeout: float = 60,
+) -> Iterator[tuple[Proc, int]]:
+    """Run ``start(port)``, a server that binds ``port`` itself, on a port the system just
+    handed out, until the block ends.
+
+    The port is free when the system hands it out; another process may take it before
+    the server binds it. The server then exits, which is seen before ``listening`` is
+    trusted, and a new port is tried.
+    """
+    proc = None
+    for _attempt in range(attempts):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            port = probe.getsockname()[1]
+        proc = start(port)
+        deadline = _clock.monotonic() + timeout
+        up = False
+        while proc.popen.poll() is None and _clock.monotonic() < deadline:
+            if listening(proc, port) and proc.popen.poll() is None:
+                up = True
+                break
+            _clock.sleep_blocking(0.1)
+        if up:
+            try:
+                yield proc, port
+            finally:
+                proc.stop()
+            return
+        exited = proc.popen.poll() is not None
+        proc.stop()
+        if not exited:
+            raise AssertionError(f"{proc.name} not listening after {timeout} s:\n{proc.output()}")
+    assert proc is not None
+    raise AssertionError(f"{proc.name} exited on {attempts} ports:\n{proc.output()}")
