@@ -323,6 +323,11 @@ REMINDERS_SCAN_STATEMENT_TIMEOUT = env_float(
 REMINDERS_HTTP_URL = env_str("REMINDERS_HTTP_URL")
 REMINDERS_HTTP_SECRET = env_str("REMINDERS_HTTP_SECRET")
 _long_enough("REMINDERS_HTTP_SECRET", REMINDERS_HTTP_SECRET)
+# The key the provider signs its delivery events with (POST /hooks/http/events,
+# delivery/HTTP_CONTRACT.md): a key of its own, so a signature made for one
+# direction is never accepted in the other. Unset: the endpoint answers 404.
+REMINDERS_HTTP_CALLBACK_SECRET = env_str("REMINDERS_HTTP_CALLBACK_SECRET")
+_long_enough("REMINDERS_HTTP_CALLBACK_SECRET", REMINDERS_HTTP_CALLBACK_SECRET)
 # More endpoints of the same provider (they must share its idempotency keys):
 # each send also goes to these, the next one after the stagger (or at once when
 # the previous failed), and the first acceptance wins; the others are cancelled.
@@ -472,6 +477,11 @@ _long_enough("METRICS_TOKEN", METRICS_TOKEN)
 # manage.py reminder_trace and the admin's timeline) is kept; every scan deletes older ones.
 REMINDERS_DISPATCH_HISTORY_DAYS = env_int(
     "REMINDERS_DISPATCH_HISTORY_DAYS", 14, minimum=1, maximum=3650, unit="days"
+)
+# How long providers' delivery events (reminders.models.DeliveryEvent: a bounce's
+# reason may quote an address) are kept; every scan deletes older ones.
+REMINDERS_EVENT_RETENTION_DAYS = env_int(
+    "REMINDERS_EVENT_RETENTION_DAYS", 90, minimum=1, maximum=3650, unit="days"
 )
 REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=1, maximum=65535)
 REMINDERS_METRICS_BIND = env_str("REMINDERS_METRICS_BIND", "127.0.0.1")

@@ -2,12 +2,15 @@
 
 The probes /healthz and /readyz are answered by config.probes.ProbeMiddleware
 before routing (and before the Host check), so they have no route here.
-/metrics (reminders/web_metrics.py) is off unless METRICS_TOKEN is set.
+/metrics (reminders/web_metrics.py) is off unless METRICS_TOKEN is set;
+/hooks/http/events (reminders/webhooks.py) unless REMINDERS_HTTP_CALLBACK_SECRET is.
 """
 
 from django.contrib import admin
 from django.urls import path
 from django.views.generic import RedirectView
+
+from reminders.webhooks import http_events
 
 
 def metrics_view(request):
@@ -30,4 +33,5 @@ urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
+    path("hooks/http/events", http_events, name="http_events"),
 ]

@@ -240,6 +240,51 @@ class DeliveryAttempt(models.Model):
         return f"Attempt {self.number} of reminder {self.reminder_id}: {self.outcome}"
 
 
+class DeliveryEvent(models.Model):
+    """What a provider reported after it accepted a reminder (append-only history).
+
+    One row per provider event: the unique (channel, event id) makes a webhook the
+    provider retries count once. The reminder's delivery state is its latest
+    event's kind; no column copies it.
+    """
+
+    class Kind(models.TextChoices):
+        DELIVERED = "delivered", "Delivered"
+        DEFERRED = "deferred", "Deferred"
+        BOUNCED = "bounced", "Bounced"
+        COMPLAINED = "complained", "Complained (marked as spam)"
+
+    class Bounce(models.TextChoices):
+        NONE = "", "-"
+        HARD = "hard", "Hard"
+        SOFT = "soft", "Soft"
+
+    reminder = models.ForeignKey(
+        Reminder, on_delete=models.CASCADE, related_name="delivery_events", editable=False
+    )
+    channel = models.CharField(max_length=16, editable=False)
+    event_id = models.CharField(max_length=200, editable=False)
+    kind = models.CharField(max_length=16, choices=Kind.choices, editable=False)
+    bounce = models.CharField(max_length=8, choices=Bounce.choices, blank=True, editable=False)
+    occurred_at = models.DateTimeField(
+        editable=False, help_text="When the provider says it happened."
+    )
+    received_at = models.DateTimeField(editable=False)
+    reason = models.TextField(blank=True, editable=False)
+
+    class Meta:
+        ordering = ["reminder", "occurred_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["channel", "event_id"], name="delivery_event_once_per_provider_event"
+            ),
+        ]
+        indexes = [models.Index(fields=["reminder", "-occurred_at"], name="delivery_event_latest")]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} for reminder {self.reminder_id} at {self.occurred_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
 class StaffDecision(models.Model):
     """One staff decision on reminders, workshops or attendees (append-only).
 

@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, Q, QuerySet
+from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, language_name, reminder_language
-from reminders.models import Reminder, ScanRun
+from reminders.models import DeliveryEvent, Reminder, ScanRun
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 from workshops.models import Enrollment, Workshop
@@ -327,3 +327,33 @@ class _Speaker:
     """Stands in for an attendee of a language when choosing a text."""
 
     language: str
+
+
+# What the provider reported last, as "kind" or "kind:bounce" (delivered, bounced:hard...).
+DELIVERY_STATES = {
+    "delivered": "Delivered",
+    "deferred": "Deferred",
+    "bounced:hard": "Bounced (hard)",
+    "bounced:soft": "Bounced (soft)",
+    "complained": "Complained",
+}
+
+
+def with_delivery_state(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
+    """Annotate each reminder with its latest delivery event: ``delivery_kind``,
+    ``delivery_bounce`` and ``delivery_at`` (None when the provider reported nothing)."""
+    latest = DeliveryEvent.objects.filter(reminder=OuterRef("pk")).order_by("-occurred_at", "-id")
+    return reminders.annotate(
+        delivery_kind=Subquery(latest.values("kind")[:1]),
+        delivery_bounce=Subquery(latest.values("bounce")[:1]),
+        delivery_at=Subquery(latest.values("occurred_at")[:1]),
+    )
+
+
+def delivery_state_q(state: str) -> Q:
+    """Filter reminders annotated by ``with_delivery_state`` on one of DELIVERY_STATES, or
+    "none" for those with no report."""
+    if state == "none":
+        return Q(delivery_kind__isnull=True)
+    kind, _, bounce = state.partition(":")
+    return Q(delivery_kind=kind, delivery_bounce=bounce)

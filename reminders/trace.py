@@ -1,7 +1,7 @@
 """One reminder's history, read back from the database (``manage.py reminder_trace``).
 
 Read only: every line comes from a durable record (the row, its Dispatches,
-DeliveryAttempts and the StaffDecisions that name it).
+DeliveryAttempts, the provider's DeliveryEvents and the StaffDecisions that name it).
 """
 
 from __future__ import annotations
@@ -13,7 +13,14 @@ from zoneinfo import ZoneInfo
 from django.db import connection
 from django.db.models import Q
 
-from reminders.models import DeliveryAttempt, Dispatch, Reminder, StaffDecision, id_from_text
+from reminders.models import (
+    DeliveryAttempt,
+    DeliveryEvent,
+    Dispatch,
+    Reminder,
+    StaffDecision,
+    id_from_text,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +74,14 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         if attempt.error:
             detail += f", error: {attempt.error}"
         events.append(TraceEvent(attempt.finished_at, detail))
+    for report in DeliveryEvent.objects.filter(reminder=reminder).order_by("occurred_at", "pk"):
+        detail = f"provider reports on {report.channel}: {report.kind}"
+        if report.bounce:
+            detail += f" ({report.bounce})"
+        if report.reason:
+            detail += f", {report.reason}"
+        detail += f" (event {report.event_id}, received {_utc(report.received_at)})"
+        events.append(TraceEvent(report.occurred_at, detail))
     for decision in _decisions_naming(reminder):
         detail = f"staff {decision.action} by {decision.actor_name or 'unknown'} ({decision.state})"
         if decision.reason:

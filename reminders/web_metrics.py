@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from clock import default_clock
-from reminders.models import Reminder, ScanRun, StaffDecision
+from reminders.models import DeliveryEvent, Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 
@@ -136,6 +136,22 @@ class ReminderCollector(Collector):
         for action in StaffDecision.Action:
             actions.add_metric([action.value], recorded.get(action.value, 0))
         yield actions
+
+        reports = GaugeMetricFamily(
+            "reminders_delivery_events",
+            "Providers' reports kept (REMINDERS_EVENT_RETENTION_DAYS), by channel and kind",
+            labels=["channel", "kind"],
+        )
+        kept = dict(
+            ((channel, kind), n)
+            for channel, kind, n in DeliveryEvent.objects.order_by()
+            .values_list("channel", "kind")
+            .annotate(n=Count("id"))
+        )
+        for channel in sorted({"http", *(channel for channel, _ in kept)}):
+            for kind in DeliveryEvent.Kind:
+                reports.add_metric([channel, kind.value], kept.get((channel, kind.value), 0))
+        yield reports
 
 
 def _beat_series():

@@ -30,8 +30,11 @@ from reminders.content import language_name, reminder_envelope
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
 from reminders.selectors import (
+    DELIVERY_STATES,
+    delivery_state_q,
     reminder_resolve_preview,
     scheduler_health,
+    with_delivery_state,
 )
 from reminders.services.replay import (
     reminder_resolve_unknown,
@@ -100,6 +103,20 @@ class DeadlineFilter(admin.SimpleListFilter):
         return queryset.filter(bounds[value]) if value in bounds else queryset
 
 
+class DeliveryFilter(admin.SimpleListFilter):
+    title = "after it was sent"
+    parameter_name = "delivery"
+
+    def lookups(self, request, model_admin):
+        return [*DELIVERY_STATES.items(), ("none", "No report from the provider")]
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value in DELIVERY_STATES or value == "none":
+            return queryset.filter(delivery_state_q(value))
+        return queryset
+
+
 @admin.register(Reminder)
 class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     list_display = (
@@ -110,10 +127,12 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         "deadline_utc",
         "attempts",
         "short_error",
+        "delivery",
         "provider_message_id",
     )
     list_filter = (
         "status",
+        DeliveryFilter,
         ("workshop", admin.RelatedOnlyFieldListFilter),
         DeadlineFilter,
         "channel",
@@ -210,6 +229,21 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                 ((line,) for line in trace_lines(obj)),
             ),
         )  # fmt: skip
+
+    def get_queryset(self, request):
+        return with_delivery_state(super().get_queryset(request))
+
+    @admin.display(description="After sent", ordering="delivery_at")
+    def delivery(self, obj: Reminder) -> str:
+        """Show the provider's last report on the message, and when it came."""
+        if obj.delivery_kind is None:
+            return "-"
+        state = (
+            f"{obj.delivery_kind}:{obj.delivery_bounce}"
+            if obj.delivery_bounce
+            else obj.delivery_kind
+        )
+        return f"{DELIVERY_STATES[state]}, {format_utc(obj.delivery_at)}"
 
     sent_at_utc = utc_column("sent_at", "Sent at")
     next_attempt_at_utc = utc_column("next_attempt_at", "Next attempt")

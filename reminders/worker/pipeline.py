@@ -36,6 +36,7 @@ from reminders.services import (
     replays_resume,
     scan_completed,
 )
+from reminders.services.feedback import delivery_events_prune
 from reminders.services.watch import ClaimWatch
 from reminders.worker import bridge
 from reminders.worker.logcontext import claim_context
@@ -100,7 +101,11 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
         lambda: reminders_dispatch(clock=clock, publish=publish or queue.publish_batch),
         0,
     )
-    timed("prune", lambda: dispatches_prune(clock=clock), 0)
+    timed(
+        "prune",
+        lambda: dispatches_prune(clock=clock) + delivery_events_prune(clock=clock),
+        0,
+    )
     resumed = timed(
         "resume",
         lambda: replays_resume(clock=clock, publish=queue.publish_replay),

@@ -1,0 +1,309 @@
+"""The http provider's signed reports after it accepted a reminder: POST /hooks/http/events.
+
+Real HTTP: the reminders go through the http channel to the loopback provider, and
+the reports come back as POSTs to the test's live server (delivery/HTTP_CONTRACT.md).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import re
+from datetime import timedelta
+from pathlib import Path
+
+import httpx
+import pytest
+
+from loopback.http_sink import HttpSink
+from reminders.models import DeliveryEvent, Reminder
+from reminders.services.erasure import attendees_erase
+from reminders.trace import trace_lines
+from reminders.worker import pipeline
+from workshops.models import Attendee
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "callback-secret-0a1b2c3d4e5f6a7b8c9d"
+SEND_SECRET = "send-secret-0a1b2c3d4e5f6a7b8c9d0e1f"
+CONTRACT = Path(__file__).resolve().parents[2] / "delivery" / "HTTP_CONTRACT.md"
+
+
+def _contract_signer():
+    """The contract's sample callback signer, run as it stands in the document."""
+    blocks = re.findall(r"```python\n(.*?)```", CONTRACT.read_text(), flags=re.DOTALL)
+    [code] = [block for block in blocks if "def sign_events(" in block]
+    namespace: dict = {}
+    exec(compile(code, str(CONTRACT), "exec"), namespace)  # the document's own code
+    return namespace["sign_events"]
+
+
+def _signed(body: bytes, *, at: float, secret: str = SECRET) -> dict[str, str]:
+    timestamp = str(int(at))
+    digest = hmac.new(secret.encode(), timestamp.encode() + b"\n" + body, hashlib.sha256)
+    return {
+        "X-Reminders-Timestamp": timestamp,
+        "X-Reminders-Signature": f"sha256={digest.hexdigest()}",
+    }
+
+
+def _event(key: str, kind: str, *, event_id: str, at: str, **extra) -> dict:
+    return {"id": event_id, "key": key, "type": kind, "at": at, **extra}
+
+
+@pytest.fixture
+def sent(live_clock, due_reminders, published, settings):
+    """Three reminders sent through the http channel to a real loopback provider."""
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = SECRET
+    with HttpSink(secret=SEND_SECRET) as sink:
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = SEND_SECRET
+        due_reminders(3)
+        pipeline.scan(clock=live_clock)
+        for batch in published:
+            pipeline.deliver(batch, clock=live_clock)
+        keys = [request.key for request in sink.requests]
+    assert Reminder.objects.filter(status="sent").count() == 3
+    return keys
+
+
+@pytest.fixture
+def post(live_server, live_clock):
+    def post(document, *, headers=None, raw: bytes | None = None):
+        body = raw if raw is not None else json.dumps(document).encode()
+        signed = _signed(body, at=live_clock.now().timestamp()) if headers is None else headers
+        return httpx.post(
+            f"{live_server.url}/hooks/http/events",
+            content=body,
+            headers={"Content-Type": "application/json", **signed},
+            timeout=10,
+        )
+
+    return post
+
+
+def test_reports_signed_as_the_contract_says_show_on_each_reminder(
+    sent, post, live_clock, live_server
+):
+    first, second, third = sent
+    now = live_clock.now()
+    events = [
+        _event(first, "delivered", event_id="e1", at=now.isoformat()),
+        _event(second, "deferred", event_id="e2", at=now.isoformat(), reason="mailbox full, retrying"),
+        _event(second, "bounced", event_id="e3", at=(now + timedelta(seconds=5)).isoformat(),
+               bounce="soft", reason="452 4.2.2 over quota"),
+        _event(third, "complained", event_id="e4", at=now.isoformat()),
+    ]  # fmt: skip
+    body = json.dumps({"events": events}).encode()
+    # The document's own signer, as a provider would copy it.
+    headers = _contract_signer()(SECRET, body, timestamp=int(now.timestamp()))
+    answer = post(None, raw=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"recorded": 4, "duplicates": 0, "dropped": 0}
+    by_key = {r.key: r for r in Reminder.objects.all()}
+    states = {key: list(by_key[key].delivery_events.values_list("kind", "bounce")) for key in sent}
+    assert states == {
+        first: [("delivered", "")],
+        second: [("deferred", ""), ("bounced", "soft")],
+        third: [("complained", "")],
+    }
+    assert any(
+        "provider reports on http: bounced (soft), 452 4.2.2 over quota (event e3" in line
+        for line in trace_lines(by_key[second])
+    )
+
+
+def test_a_retried_report_is_recorded_once(sent, post, live_clock):
+    document = {
+        "events": [_event(sent[0], "delivered", event_id="d-1", at=live_clock.now().isoformat())]
+    }
+    assert post(document).json() == {"recorded": 1, "duplicates": 0, "dropped": 0}
+    assert post(document).json() == {"recorded": 0, "duplicates": 1, "dropped": 0}
+    assert DeliveryEvent.objects.count() == 1
+
+
+def _bad_requests(at: float, key: str, when: str):
+    good = json.dumps({"events": [_event(key, "delivered", event_id="x", at=when)]}).encode()
+    send_direction = hmac.new(
+        SECRET.encode(), b"\n".join((str(int(at)).encode(), key.encode(), good)), hashlib.sha256
+    ).hexdigest()
+    return {
+        "unsigned": (good, {}, 401),
+        "another key": (good, _signed(good, at=at, secret="x" * 32), 401),
+        "ten minutes old": (good, _signed(good, at=at - 600), 401),
+        "altered after signing": (good.replace(b"delivered", b"deferred "), _signed(good, at=at), 401),
+        "the delivery direction's signature": (
+            good,
+            {"X-Reminders-Timestamp": str(int(at)), "X-Reminders-Signature": f"sha256={send_direction}"},
+            401,
+        ),
+        "malformed signature": (good, {"X-Reminders-Timestamp": "soon", "X-Reminders-Signature": "md5=1"}, 401),
+        "not JSON": (b"{events", None, 400),
+        "no list": (b'{"events": {}}', None, 400),
+        "an unknown type": (good.replace(b'"delivered"', b'"opened"'), None, 400),
+        "a bounce without its kind": (good.replace(b'"delivered"', b'"bounced"'), None, 400),
+        "a time without offset": (good.replace(when.encode(), b"2026-03-02T09:00:00"), None, 400),
+        "one good and one bad": (
+            json.dumps({"events": [json.loads(good)["events"][0], {"id": "y", "key": key}]}).encode(),
+            None,
+            400,
+        ),
+    }  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        "unsigned", "another key", "ten minutes old", "altered after signing",
+        "the delivery direction's signature", "malformed signature", "not JSON", "no list",
+        "an unknown type", "a bounce without its kind", "a time without offset",
+        "one good and one bad",
+    ],
+)  # fmt: skip
+def test_a_bad_request_is_refused_and_records_nothing(sent, post, live_clock, case):
+    now = live_clock.now()
+    body, headers, status = _bad_requests(now.timestamp(), sent[0], now.isoformat())[case]
+    if headers is None:
+        headers = _signed(body, at=now.timestamp())
+    answer = post(None, raw=body, headers=headers)
+    assert answer.status_code == status, answer.text
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    problem = answer.json()
+    assert problem["status"] == status and problem["detail"]
+    if status == 400:
+        assert problem["errors"], problem
+    assert not DeliveryEvent.objects.exists()
+
+
+def test_the_refusal_names_each_bad_event(sent, post, live_clock):
+    when = live_clock.now().isoformat()
+    document = {
+        "events": [
+            _event(sent[0], "delivered", event_id="ok", at=when),
+            _event(sent[1], "bounced", event_id="b", at=when),
+            _event(sent[2], "opened", event_id="o", at=when),
+        ]
+    }
+    answer = post(document)
+    assert answer.status_code == 400
+    assert answer.json()["errors"] == [
+        'events[1]: a bounce needs "bounce": "hard" or "soft"',
+        "events[2]: type must be one of delivered, deferred, bounced, complained, not 'opened'",
+    ]
+    assert not DeliveryEvent.objects.exists()
+
+
+def test_reports_for_no_reminder_sent_here_or_an_erased_attendee_are_dropped(
+    sent, post, live_clock, admin_user
+):
+    erased = Reminder.objects.get(key=sent[2]).attendee
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=erased.pk), reason="asked", actor=admin_user
+    )
+    pending = Reminder.objects.exclude(status="sent").values_list("key", flat=True).first()
+    when = live_clock.now().isoformat()
+    unknown = [
+        _event("no-such-key", "bounced", event_id="u1", at=when, bounce="hard",
+               reason="550 <stranger@example.org> unknown"),
+        _event(sent[2], "bounced", event_id="u2", at=when, bounce="hard",
+               reason="550 <erased@example.org> unknown"),
+    ]  # fmt: skip
+    if pending:
+        unknown.append(_event(pending, "delivered", event_id="u3", at=when))
+    answer = post({"events": unknown})
+    assert answer.json() == {"recorded": 0, "duplicates": 0, "dropped": len(unknown)}
+    assert not DeliveryEvent.objects.exists()
+
+
+def test_the_admin_filters_by_what_happened_after_sent(
+    sent, post, live_clock, admin_client, settings
+):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    when = live_clock.now()
+    post({"events": [
+        _event(sent[0], "bounced", event_id="h", at=when.isoformat(), bounce="hard"),
+        _event(sent[1], "bounced", event_id="s1", at=when.isoformat(), bounce="soft"),
+        # A report that happened earlier but arrives later does not hide the newer one.
+        _event(sent[1], "delivered", event_id="s0", at=(when - timedelta(minutes=1)).isoformat()),
+    ]})  # fmt: skip
+    listed = {}
+    for state in ("bounced:hard", "bounced:soft", "delivered", "none"):
+        page = admin_client.get("/admin/reminders/reminder/", {"delivery": state})
+        assert page.status_code == 200
+        listed[state] = sorted(r.key for r in page.context["cl"].result_list)
+    assert listed == {
+        "bounced:hard": [sent[0]],
+        "bounced:soft": [sent[1]],
+        "delivered": [],
+        "none": sorted(Reminder.objects.exclude(key__in=sent[:2]).values_list("key", flat=True)),
+    }
+    page = admin_client.get("/admin/reminders/reminder/", {"delivery": "bounced:hard"})
+    assert "Bounced (hard), " in page.content.decode()
+
+
+def test_erasure_scrubs_the_address_a_bounce_quoted(sent, post, live_clock, admin_user):
+    reminder = Reminder.objects.select_related("attendee").get(key=sent[0])
+    address = reminder.attendee.email
+    post({"events": [_event(sent[0], "bounced", event_id="q", at=live_clock.now().isoformat(),
+                            bounce="hard", reason=f"550 5.1.1 <{address}>: no such user")]})  # fmt: skip
+    assert address in DeliveryEvent.objects.get().reason
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=reminder.attendee_id), reason="asked", actor=admin_user
+    )
+    reason = DeliveryEvent.objects.get().reason
+    assert address not in reason and address.split("@")[0] not in reason
+    assert reason.startswith("550 5.1.1")
+
+
+def test_reports_older_than_the_retention_are_deleted_by_the_scan(sent, post, live_clock, settings):
+    post(
+        {"events": [_event(sent[0], "delivered", event_id="old", at=live_clock.now().isoformat())]}
+    )
+    settings.REMINDERS_EVENT_RETENTION_DAYS = 30
+    live_clock.advance(29 * 86400)
+    pipeline.scan(clock=live_clock)
+    assert DeliveryEvent.objects.count() == 1
+    live_clock.advance(2 * 86400)
+    pipeline.scan(clock=live_clock)
+    assert not DeliveryEvent.objects.exists()
+
+
+def test_without_a_callback_secret_there_is_no_endpoint(live_server, settings):
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = ""
+    answer = httpx.post(f"{live_server.url}/hooks/http/events", content=b"{}", timeout=10)
+    assert answer.status_code == 404
+
+
+def test_a_get_changes_nothing(live_server, settings):
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = SECRET
+    assert httpx.get(f"{live_server.url}/hooks/http/events", timeout=10).status_code == 405
+
+
+def test_metrics_count_the_reports_kept_by_channel_and_kind(
+    sent, post, live_clock, client, settings
+):
+    when = live_clock.now().isoformat()
+    post({"events": [
+        _event(sent[0], "bounced", event_id="m1", at=when, bounce="hard"),
+        _event(sent[1], "bounced", event_id="m2", at=when, bounce="soft"),
+        _event(sent[2], "complained", event_id="m3", at=when),
+        _event("no-such-key", "delivered", event_id="m4", at=when),
+    ]})  # fmt: skip
+    settings.METRICS_TOKEN = "metrics-token-0a1b2c3d4e5f6a7b8c9d0e"
+    text = client.get("/metrics", HTTP_AUTHORIZATION=f"Bearer {settings.METRICS_TOKEN}").content
+    series = {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.decode().splitlines()
+        if line.startswith("reminders_delivery_events{")
+    }
+    assert series == {
+        'reminders_delivery_events{channel="http",kind="delivered"}': 0,
+        'reminders_delivery_events{channel="http",kind="deferred"}': 0,
+        'reminders_delivery_events{channel="http",kind="bounced"}': 2,
+        'reminders_delivery_events{channel="http",kind="complained"}': 1,
+    }
