@@ -483,6 +483,11 @@ REMINDERS_DISPATCH_HISTORY_DAYS = env_int(
 REMINDERS_EVENT_RETENTION_DAYS = env_int(
     "REMINDERS_EVENT_RETENTION_DAYS", 90, minimum=1, maximum=3650, unit="days"
 )
+# Soft bounces in a row (none delivered between) after which an address is suppressed
+# like a hard bounce (reminders.services.feedback).
+REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = env_int(
+    "REMINDERS_SOFT_BOUNCES_TO_SUPPRESS", 3, minimum=1, maximum=100
+)
 REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=1, maximum=65535)
 REMINDERS_METRICS_BIND = env_str("REMINDERS_METRICS_BIND", "127.0.0.1")
 CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS

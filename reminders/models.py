@@ -285,6 +285,55 @@ class DeliveryEvent(models.Model):
         return f"{self.get_kind_display()} for reminder {self.reminder_id} at {self.occurred_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
+class Suppression(models.Model):
+    """An address no reminder goes to: it bounced hard, or its owner marked a reminder as spam.
+
+    Matched by ``address_key``, a keyed HMAC of the address in lower case
+    (reminders.services.feedback.address_key), so an erased attendee's address
+    stays suppressed while ``address`` itself is blanked. One live row per
+    address; lifting it (with a reason, audited) keeps the row as history.
+    """
+
+    class Cause(models.TextChoices):
+        BOUNCED = "bounced", "Bounced"
+        COMPLAINED = "complained", "Complained (marked as spam)"
+
+    address_key = models.CharField(max_length=64, editable=False)
+    address = models.EmailField(max_length=254, blank=True, editable=False)
+    cause = models.CharField(max_length=16, choices=Cause.choices, editable=False)
+    caused_at = models.DateTimeField(
+        editable=False, help_text="When the provider says it happened."
+    )
+    event = models.ForeignKey(
+        DeliveryEvent, null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        editable=False,
+    )  # fmt: skip
+    created_at = models.DateTimeField(editable=False)
+    lifted_at = models.DateTimeField(null=True, blank=True, editable=False)
+    lift_decision = models.ForeignKey(
+        "StaffDecision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        editable=False,
+    )  # fmt: skip
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["address_key"],
+                condition=models.Q(lifted_at__isnull=True),
+                name="suppression_one_live_row_per_address",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.address or 'erased address'}: {self.get_cause_display()}"
+
+    @property
+    def refusal(self) -> str:
+        """The reason a reminder to this address ends ``failed`` without a call."""
+        return f"suppressed: {self.cause} on {self.caused_at:%Y-%m-%d}"
+
+
 class StaffDecision(models.Model):
     """One staff decision on reminders, workshops or attendees (append-only).
 
@@ -301,6 +350,7 @@ class StaffDecision(models.Model):
         CANCEL_ENROLLMENTS = "cancel_enrol", "Enrollments cancelled"
         ERASE = "erase", "Attendee's personal data erased"
         SEND_TEST = "send_test", "Test reminder sent to the staff member"
+        LIFT_SUPPRESSION = "lift_suppress", "Suppressed addresses lifted"
 
     class State(models.TextChoices):
         DONE = "done", "Done"
@@ -399,6 +449,7 @@ class StaffDecision(models.Model):
                         "erase",
                         "send_test",
                         "cancel_enrol",
+                        "lift_suppress",
                     ]
                 ),
                 name="staff_decision_action_valid",

@@ -21,7 +21,14 @@ from django.db import transaction
 from django.db.models import Q, QuerySet
 
 from clock import Clock, default_clock
-from reminders.models import DeliveryAttempt, DeliveryEvent, Reminder, StaffDecision
+from reminders.models import (
+    DeliveryAttempt,
+    DeliveryEvent,
+    Reminder,
+    StaffDecision,
+    Suppression,
+)
+from reminders.services.feedback import address_key
 from reminders.services.personal import personal_words, scrub_json_text, scrubber
 from reminders.services.replay import clean_reason
 from workshops.models import Attendee, Enrollment
@@ -136,6 +143,8 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
     for attempt in attempts.filter(_quoting(words, "error")):
         DeliveryAttempt.objects.filter(pk=attempt.pk).update(error=scrub(attempt.error, about=True))
+    # A suppressed address stays suppressed under its key, without the address.
+    Suppression.objects.filter(address_key=address_key(attendee.email)).update(address="")
     # A provider's bounce reason quotes the address it bounced.
     reports = DeliveryEvent.objects.filter(reminder__in=mine.values("pk"))
     for report in reports.filter(_quoting(words, "reason")):

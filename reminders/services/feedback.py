@@ -7,10 +7,12 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
+from django.db import IntegrityError, transaction
+from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
-from reminders.models import DeliveryEvent, Reminder
+from reminders.models import DeliveryEvent, Reminder, Suppression
 
 logger = logging.getLogger(__name__)
 
@@ -110,7 +112,9 @@ def delivery_events_record(
         status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN],
         attendee__erased_at__isnull=True,
     )
-    reminder_of = dict(sent.values_list("key", "pk"))
+    rows = sent.values_list("key", "pk", "attendee_id", "attendee__email")
+    reminder_of = {key: pk for key, pk, _, _ in rows}
+    attendee_of = {pk: (attendee, email) for _, pk, attendee, email in rows}
     known = set(
         DeliveryEvent.objects.filter(
             channel=channel, event_id__in=[event.event_id for event in events]
@@ -135,8 +139,11 @@ def delivery_events_record(
                 received_at=now,
                 reason=redact_text(event.reason),
             )
-    # A retry racing its first delivery: the constraint keeps one row.
-    DeliveryEvent.objects.bulk_create(new.values(), ignore_conflicts=True)
+    with transaction.atomic():
+        # A retry racing its first delivery: the constraint keeps one row.
+        DeliveryEvent.objects.bulk_create(new.values(), ignore_conflicts=True)
+        for event in sorted(new.values(), key=lambda event: event.occurred_at):
+            _suppress_after(event, *attendee_of[event.reminder_id], now=now)
     if dropped:
         logger.info("Dropped %s %s delivery events for no reminder sent here", dropped, channel)
     return {"recorded": len(new), "duplicates": seen, "dropped": dropped}
@@ -147,3 +154,63 @@ def delivery_events_prune(*, clock: Clock | None = None) -> int:
     clock = clock or default_clock()
     cutoff = clock.now() - timedelta(days=settings.REMINDERS_EVENT_RETENTION_DAYS)
     return DeliveryEvent.objects.filter(received_at__lt=cutoff).delete()[0]
+
+
+def address_key(email: str) -> str:
+    """Return the keyed HMAC (SECRET_KEY) an address is suppressed under, case aside."""
+    return salted_hmac(
+        "reminders.suppression", email.strip().lower(), algorithm="sha256"
+    ).hexdigest()
+
+
+def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) -> None:
+    """Suppress the address after a hard bounce, a complaint, or a run of soft bounces."""
+    if event.kind == Kind.COMPLAINED:
+        cause = Suppression.Cause.COMPLAINED
+    elif event.kind == Kind.BOUNCED and (
+        event.bounce == Bounce.HARD or _soft_bounces_in_a_row(attendee_id) >= _soft_limit()
+    ):
+        cause = Suppression.Cause.BOUNCED
+    else:
+        return
+    try:
+        with transaction.atomic():
+            Suppression.objects.create(
+                address_key=address_key(email),
+                address=email,
+                cause=cause,
+                caused_at=event.occurred_at,
+                event=event if event.pk else None,
+                created_at=now,
+            )
+    except IntegrityError:
+        pass  # suppressed already: the first cause stays
+    else:
+        logger.warning("Suppressed an address after a %s report (event %s)", cause, event.event_id)
+
+
+def _soft_limit() -> int:
+    return settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS
+
+
+def _soft_bounces_in_a_row(attendee_id: int) -> int:
+    """Count the attendee's latest soft bounces since their last delivered message."""
+    reports = DeliveryEvent.objects.filter(reminder__attendee_id=attendee_id).order_by(
+        "-occurred_at", "-id"
+    )
+    count = 0
+    for kind, bounce in reports.values_list("kind", "bounce")[:100]:
+        if kind == Kind.DELIVERED or (kind == Kind.BOUNCED and bounce == Bounce.HARD):
+            break
+        if kind == Kind.BOUNCED:
+            count += 1
+    return count
+
+
+def suppressions_refusing(emails: list[str]) -> dict[str, str]:
+    """Return, for each of ``emails`` whose address is suppressed now, why no call is made."""
+    keys = {address_key(email): email for email in emails}
+    live = Suppression.objects.filter(address_key__in=keys, lifted_at__isnull=True)
+    return {
+        keys[row.address_key]: row.refusal for row in live.only("address_key", "cause", "caused_at")
+    }

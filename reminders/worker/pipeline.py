@@ -36,7 +36,7 @@ from reminders.services import (
     replays_resume,
     scan_completed,
 )
-from reminders.services.feedback import delivery_events_prune
+from reminders.services.feedback import delivery_events_prune, suppressions_refusing
 from reminders.services.watch import ClaimWatch
 from reminders.worker import bridge
 from reminders.worker.logcontext import claim_context
@@ -283,7 +283,12 @@ def _send(
 ) -> list[DeliveryResult]:
     envelopes, results = [], []
     try:
+        # An address that bounced or complained gets no call: failed, saying why.
+        refusals = suppressions_refusing([reminder.attendee.email for reminder in claim.reminders])
         for reminder in claim.reminders:
+            if (refusal := refusals.get(reminder.attendee.email)) is not None:
+                results.append(_not_sent(reminder.pk, reminder.key, refusal))
+                continue
             try:
                 envelopes.append(
                     reminder_envelope(reminder=reminder, send_by=claim.send_by.get(reminder.pk))
@@ -291,7 +296,9 @@ def _send(
             except (ValueError, TypeError, LookupError) as exc:
                 # Bad data in one row is that reminder's permanent failure,
                 # recorded with the reason, not a crash of the batch.
-                results.append(_unbuildable(reminder.pk, reminder.key, exc))
+                results.append(
+                    _not_sent(reminder.pk, reminder.key, f"could not build the message: {exc}")
+                )
         watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
         # The claim's read is the first snapshot; deliver_envelopes reads again
         # before any call if rendering outlasted REVOCATION_WINDOW.
@@ -394,13 +401,13 @@ def _claim_interrupted(
     )
 
 
-def _unbuildable(reminder_id: int, key: str, exc: Exception) -> DeliveryResult:
+def _not_sent(reminder_id: int, key: str, error: str) -> DeliveryResult:
     return DeliveryResult(
         reminder_id=reminder_id,
         key=key,
         outcome=Outcome.PERMANENT,
         message_id=None,
-        error=f"could not build the message: {exc}",
+        error=error,
         attempts=0,
         provider_reached=False,
         maybe_delivered=False,

@@ -1,0 +1,46 @@
+"""Staff lift a suppressed address, with a reason, audited."""
+
+from __future__ import annotations
+
+from django.db import transaction
+from django.db.models import QuerySet
+
+from clock import Clock, default_clock
+from reminders.models import StaffDecision, Suppression
+from reminders.services.replay import clean_reason
+
+
+def suppressions_lift(
+    *,
+    suppressions: QuerySet[Suppression],
+    reason: str,
+    actor,
+    clock: Clock | None = None,
+) -> StaffDecision:
+    """Lift the live ones of ``suppressions``, recording why and by whom; return the decision."""
+    reason = clean_reason(reason)
+    now = (clock or default_clock()).now()
+    with transaction.atomic(durable=True):
+        selected = suppressions.count()
+        live = list(
+            Suppression.objects.filter(
+                pk__in=suppressions.order_by().values("pk"), lifted_at__isnull=True
+            )
+            .order_by("pk")
+            .select_for_update()
+        )
+        decision = StaffDecision.objects.create(
+            action=StaffDecision.Action.LIFT_SUPPRESSION,
+            actor=actor if actor.pk else None,
+            actor_name=actor.get_username(),
+            created_at=now,
+            reason=reason,
+            selected=selected,
+            changed=len(live),
+            skipped={"already_lifted": selected - len(live)} if selected > len(live) else {},
+            outcome=f"suppressions lifted: {', '.join(str(row.pk) for row in live) or 'none'}",
+        )
+        Suppression.objects.filter(pk__in=[row.pk for row in live]).update(
+            lifted_at=now, lift_decision=decision
+        )
+    return decision

@@ -1,0 +1,191 @@
+"""Addresses that bounced hard or complained get no more reminders (issue 37, item 3).
+
+Real HTTP both ways: reminders go to the loopback provider through the http channel,
+its reports come back as signed POSTs to the live server, and the next reminder to a
+suppressed address is refused before any call.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+from datetime import timedelta
+
+import httpx
+import pytest
+
+from loopback.http_sink import HttpSink
+from reminders.models import Reminder, StaffDecision, Suppression
+from reminders.services.erasure import attendees_erase
+from reminders.worker import pipeline
+from tests.admin.conftest import post_action
+from workshops.models import Attendee
+from workshops.services import attendee_get_or_create, enrollment_create
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+SECRET = "callback-secret-0a1b2c3d4e5f6a7b8c9d"
+SEND_SECRET = "send-secret-0a1b2c3d4e5f6a7b8c9d0e1f"
+
+
+@pytest.fixture
+def provider(live_clock, published, settings):
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = SECRET
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    with HttpSink(secret=SEND_SECRET) as sink:
+        settings.REMINDERS_CHANNEL = "http"
+        settings.REMINDERS_HTTP_URL = sink.url
+        settings.REMINDERS_HTTP_SECRET = SEND_SECRET
+        yield sink
+
+
+@pytest.fixture
+def send(provider, live_clock, published):
+    """Scan and deliver whatever is due; return the keys the provider received."""
+
+    def send() -> list[str]:
+        before = len(provider.requests)
+        published.clear()
+        pipeline.scan(clock=live_clock)
+        for batch in list(published):
+            pipeline.deliver(batch, clock=live_clock)
+        return [request.key for request in provider.requests[before:]]
+
+    return send
+
+
+@pytest.fixture
+def report(live_server, live_clock):
+    """POST one signed report for ``key`` to the live server."""
+    counter = iter(range(1, 1_000_000))
+
+    def report(key: str, kind: str, *, bounce: str | None = None, minutes: int = 0) -> None:
+        at = live_clock.now() + timedelta(minutes=minutes)
+        event = {"id": f"r{next(counter)}", "key": key, "type": kind, "at": at.isoformat()}
+        if bounce:
+            event["bounce"] = bounce
+            event["reason"] = "550 5.1.1 mailbox unknown"
+        body = json.dumps({"events": [event]}).encode()
+        stamp = str(int(live_clock.now().timestamp()))
+        digest = hmac.new(SECRET.encode(), stamp.encode() + b"\n" + body, hashlib.sha256)
+        answer = httpx.post(
+            f"{live_server.url}/hooks/http/events",
+            content=body,
+            headers={"X-Reminders-Timestamp": stamp, "X-Reminders-Signature": f"sha256={digest.hexdigest()}"},
+            timeout=10,
+        )  # fmt: skip
+        assert answer.json()["recorded"] == 1, answer.text
+
+    return report
+
+
+@pytest.fixture
+def workshops_for(make_workshop):
+    """Enrol ``attendees`` in a new workshop starting within the lead; return its reminders' keys."""
+    hours = iter(range(2, 20))
+
+    def make(*attendees) -> dict[int, str]:
+        workshop = make_workshop(starts_in=timedelta(hours=next(hours)))
+        for attendee in attendees:
+            enrollment_create(attendee=attendee, workshop=workshop)
+        return dict(Reminder.objects.filter(workshop=workshop).values_list("attendee_id", "key"))
+
+    return make
+
+
+def _people(*names: str) -> list[Attendee]:
+    return [attendee_get_or_create(email=f"{name}@example.org", name=name)[0] for name in names]
+
+
+def test_a_hard_bounce_stops_the_next_reminder_to_that_address_before_any_call(
+    send, report, workshops_for
+):
+    ada, bob = _people("ada", "bob")
+    first = workshops_for(ada, bob)
+    assert sorted(send()) == sorted(first.values())
+    report(first[ada.pk], "bounced", bounce="hard")
+
+    second = workshops_for(ada, bob)
+    assert send() == [second[bob.pk]]  # no call for Ada's
+    refused = Reminder.objects.get(key=second[ada.pk])
+    suppression = Suppression.objects.get()
+    assert (refused.status, refused.last_error) == (
+        "failed",
+        f"suppressed: bounced on {suppression.caused_at:%Y-%m-%d}",
+    )
+    assert suppression.address == "ada@example.org" and suppression.cause == "bounced"
+    assert Reminder.objects.get(key=second[bob.pk]).status == "sent"
+
+
+def test_a_complaint_suppresses_and_soft_bounces_only_in_a_run(
+    send, report, workshops_for, settings
+):
+    settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = 3
+    cleo, dan = _people("cleo", "dan")
+    sent = [workshops_for(cleo, dan) for _ in range(4)]
+    for _ in sent:
+        send()
+    report(sent[0][cleo.pk], "complained")
+    assert Suppression.objects.get().cause == "complained"
+
+    # Dan: soft, soft, delivered, soft, soft: never three in a row.
+    for minutes, (keys, kind) in enumerate(
+        zip(
+            sent + [sent[3]], ["bounced", "bounced", "delivered", "bounced", "bounced"], strict=True
+        )
+    ):
+        report(keys[dan.pk], kind, bounce="soft" if kind == "bounced" else None, minutes=minutes)
+    assert not Suppression.objects.filter(address="dan@example.org").exists()
+    report(sent[3][dan.pk], "bounced", bounce="soft", minutes=10)
+    assert Suppression.objects.get(address="dan@example.org").cause == "bounced"
+
+
+def test_staff_lift_a_suppression_with_a_reason_and_reminders_go_again(
+    send, report, workshops_for, admin_client
+):
+    (eve,) = _people("eve")
+    first = workshops_for(eve)
+    send()
+    report(first[eve.pk], "bounced", bounce="hard")
+    suppression = Suppression.objects.get()
+    changelist = "/admin/reminders/suppression/"
+    page = post_action(admin_client, changelist, "lift_selected", [suppression.pk])
+    assert "Lift the selected suppressions" in page.content.decode()
+    # No reason, no lift.
+    post_action(admin_client, changelist, "lift_selected", [suppression.pk], confirm=True)
+    assert Suppression.objects.get().lifted_at is None
+    reason = "the mailbox exists again (asked Eve)"
+    page = post_action(
+        admin_client, changelist, "lift_selected", [suppression.pk], confirm=True, reason=reason
+    )
+    assert "Lifted 1 suppression" in page.content.decode()
+    lifted = Suppression.objects.get()
+    assert lifted.lifted_at is not None
+    decision = StaffDecision.objects.get(action="lift_suppress")
+    assert lifted.lift_decision == decision and decision.reason.startswith("the mailbox exists")
+    second = workshops_for(eve)
+    assert send() == [second[eve.pk]]
+
+
+def test_an_erased_address_stays_suppressed_without_being_kept(
+    send, report, workshops_for, admin_user
+):
+    (fay,) = _people("fay")
+    first = workshops_for(fay)
+    send()
+    report(first[fay.pk], "complained")
+    attendees_erase(attendees=Attendee.objects.filter(pk=fay.pk), reason="asked", actor=admin_user)
+    kept = Suppression.objects.get()
+    assert kept.address == "" and "fay" not in str(kept)
+    # The same person enrols again, as a new attendee with the same address.
+    (again,) = _people("fay")
+    assert again.pk != fay.pk
+    second = workshops_for(again)
+    assert send() == []
+    assert Reminder.objects.get(key=second[again.pk]).last_error.startswith(
+        "suppressed: complained"
+    )
