@@ -459,6 +459,13 @@ class StaffDecision(models.Model):
     def __str__(self) -> str:
         return f"{self.get_action_display()} by {self.actor_name} at {self.created_at:%Y-%m-%d %H:%M} UTC"
 
+    @classmethod
+    def record(cls, *, actor, **fields) -> StaffDecision:
+        """Create a decision by ``actor``, named as they are now (an unsaved user: the name only)."""
+        return cls.objects.create(
+            actor=actor if actor.pk else None, actor_name=actor.get_username(), **fields
+        )
+
 
 class ScanRun(models.Model):
     """The last completed scan of one kind: when it finished, how long it took, what it did.

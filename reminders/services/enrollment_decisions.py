@@ -116,10 +116,9 @@ def enrollments_cancel(
         skipped = dict(counted.skipped)
         if counted.eligible > len(done):
             skipped["raced"] = counted.eligible - len(done)
-        audit = StaffDecision.objects.create(
+        audit = StaffDecision.record(
             action=StaffDecision.Action.CANCEL_ENROLLMENTS,
-            actor=actor if actor.pk else None,
-            actor_name=actor.get_username(),
+            actor=actor,
             created_at=clock.now(),
             reason=reason,
             selected=counted.selected,

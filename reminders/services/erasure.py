@@ -99,10 +99,9 @@ def attendees_erase(
         cancelled: list[int] = []
         for attendee in targets:
             cancelled += _erase_one(attendee, now=now, clock=clock)
-        audit = StaffDecision.objects.create(
+        audit = StaffDecision.record(
             action=StaffDecision.Action.ERASE,
-            actor=actor if actor.pk else None,
-            actor_name=actor.get_username(),
+            actor=actor,
             created_at=now,
             reason=reason,
             selected=preview.selected,

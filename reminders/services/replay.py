@@ -290,11 +290,10 @@ def reminder_replay_later(
     with transaction.atomic(durable=True):
         preview = reminder_replay_preview(reminders=reminders, clock=clock)
         ids = sorted(selection_of(reminders).values_list("pk", flat=True))
-        audit = StaffDecision.objects.create(
+        audit = StaffDecision.record(
             action=StaffDecision.Action.REPLAY,
             state=StaffDecision.State.RUNNING,
-            actor=actor if actor.pk else None,
-            actor_name=actor.get_username(),
+            actor=actor,
             created_at=now,
             reason=(reason or "").strip()[:REASON_MAX_LENGTH],
             selected=preview.selected,
@@ -394,10 +393,9 @@ def _audit(
     raced = preview.eligible - len(changed)
     if raced > 0:
         skipped["raced"] = raced
-    audit = StaffDecision.objects.create(
+    audit = StaffDecision.record(
         action=action,
-        actor=actor if actor.pk else None,
-        actor_name=actor.get_username(),
+        actor=actor,
         created_at=now,
         reason=reason,
         selected=preview.selected,

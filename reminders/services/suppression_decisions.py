@@ -29,10 +29,9 @@ def suppressions_lift(
             .order_by("pk")
             .select_for_update()
         )
-        decision = StaffDecision.objects.create(
+        decision = StaffDecision.record(
             action=StaffDecision.Action.LIFT_SUPPRESSION,
-            actor=actor if actor.pk else None,
-            actor_name=actor.get_username(),
+            actor=actor,
             created_at=now,
             reason=reason,
             selected=selected,

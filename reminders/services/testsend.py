@@ -66,12 +66,11 @@ def reminder_send_test_request(
 
 def _record(workshop, attendee, actor, address, clock, publish_task, request_token):
     with transaction.atomic(durable=True):
-        decision = StaffDecision.objects.create(
+        decision = StaffDecision.record(
             request_token=request_token,
             action=StaffDecision.Action.SEND_TEST,
             state=StaffDecision.State.RUNNING,
-            actor=actor if actor.pk else None,
-            actor_name=actor.get_username(),
+            actor=actor,
             created_at=clock.now(),
             reason=f"test of attendee {attendee.pk}'s reminder, to {address}",
             selected=1,

@@ -213,10 +213,9 @@ def _record(
     raced = preview.eligible - len(changed)
     if raced > 0:
         skipped["raced"] = raced
-    audit = StaffDecision.objects.create(
+    audit = StaffDecision.record(
         action=preview.action,
-        actor=actor if actor.pk else None,
-        actor_name=actor.get_username(),
+        actor=actor,
         created_at=clock.now(),
         reason=reason,
         selected=preview.selected,
