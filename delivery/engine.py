@@ -37,7 +37,7 @@ from delivery.errors import (
     RateLimitedError,
     TransientError,
 )
-from delivery.gate import Gate
+from delivery.gate import Gate, current_call
 from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
 from delivery.limits import DeliveryLimits
 from delivery.observer import (
@@ -433,6 +433,7 @@ class _Batch:
         self._calls_in_flight += 1
         call_started = self._clock.monotonic()
         call_outcome = CALL_MAYBE_DELIVERED  # what a call cut off by a stop counts as
+        call = current_call.set((self._gate, envelope.reminder_id)) if self._gate else None
         try:
             async with self._clock.timeout(timeout):
                 try:
@@ -451,6 +452,8 @@ class _Batch:
                 text = f"provider call exceeded call_timeout={self._policy.call_timeout:g}s"
             failure = _Failure(Outcome.TIMED_OUT, text, ambiguous=True)
         finally:
+            if call is not None:
+                current_call.reset(call)
             self._calls_in_flight -= 1
             if self._calls_in_flight == 0 and self._no_calls is not None:
                 self._no_calls.set()

@@ -8,11 +8,13 @@ is committed. Without a fresh snapshot, calls wait instead of guessing.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from contextvars import ContextVar
 from types import MappingProxyType
 
 from clock import Clock
+from delivery.errors import TransientError
 
-__all__ = ["Gate"]
+__all__ = ["Gate", "last_look"]
 
 WAIT_POLL_SECONDS = 0.02
 
@@ -59,3 +61,26 @@ class Gate:
             if current is not None and self._clock.monotonic() - current[0] <= self.max_age:
                 return current[1].get(reminder_id)
             await self._clock.sleep(WAIT_POLL_SECONDS)
+
+
+# The gate and reminder of the call the engine is making (set around Channel.send).
+current_call: ContextVar[tuple[Gate, int] | None] = ContextVar("delivery_call", default=None)
+
+
+def last_look() -> None:
+    """Refuse the current call if its snapshot went stale or withdrew it since the engine's check.
+
+    A channel calls it just before the message's first byte, after whatever it
+    awaited since the engine cleared the call (opening a connection): a process
+    paused in between (a VM pause, SIGSTOP) must not wake and send under the old
+    snapshot. The refusal is transient and the provider never saw the message,
+    so the engine's next try waits for a fresh snapshot.
+    """
+    call = current_call.get()
+    if call is None:
+        return
+    gate, reminder_id = call
+    if not gate.is_fresh() or gate.withdrawn(reminder_id) is not None:
+        raise TransientError(
+            "paused between the check of its claim and the call: not sent", reached=False
+        )

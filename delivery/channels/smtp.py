@@ -26,6 +26,7 @@ import aiosmtplib
 from clock import Clock
 from delivery.envelope import Envelope
 from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
+from delivery.gate import last_look
 from delivery.message import Sender, message_id_for, parse_sender, write_message
 
 __all__ = ["SmtpSettings", "SmtpChannel", "plaintext_smtp_allowed", "translate_smtplib_error"]
@@ -422,6 +423,15 @@ class SmtpChannel:
         async with self._slots:
             reused = bool(self._idle)
             connection = self._idle.pop() if reused else await self._open()
+            try:
+                last_look()  # opening it may have taken long: a pause, a slow server
+            except TransientError:
+                # Nothing of this message was written on it.
+                if isinstance(connection, _Pipeline):
+                    self._release(connection)
+                else:
+                    self._idle.append(connection)
+                raise
             if isinstance(connection, _Pipeline):
                 await self._send_pipelined(connection, reused, recipient, data)
                 return message_id_for(envelope.key, self._domain)

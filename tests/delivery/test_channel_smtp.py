@@ -733,3 +733,49 @@ def test_a_pooled_session_ends_as_soon_as_the_server_speaks_unasked(
         ended, closing = run(scenario(_scripted_channel(server, system_clock)))
     assert ended is not None and "unasked" in ended, ended
     assert closing
+
+
+def test_a_pause_while_the_connection_opens_sends_nothing_under_the_old_snapshot(
+    smtp_sink, system_clock, make_real_envelope
+):
+    """C11: the engine cleared the call, then the process stopped (here: the event loop
+    blocked 0.5 s while connecting, as SIGSTOP would) and its claim was withdrawn
+    meanwhile. Awake, the channel's last look before MAIL FROM finds its snapshot older
+    than the gate allows: nothing reaches the server, and the next try sees the
+    withdrawal."""
+    from delivery.gate import Gate
+
+    envelope = make_real_envelope()
+    channel = channel_for(smtp_sink, system_clock)
+    gate = Gate(max_age=0.2, clock=system_clock)
+    began = system_clock.monotonic()
+    opened, paused = channel._open, []
+
+    async def open_after_a_pause():
+        paused.append(system_clock.monotonic() - began)
+        system_clock.sleep_blocking(0.5)  # nothing runs: not the watch, not the engine
+        return await opened()
+
+    channel._open = open_after_a_pause
+
+    async def watch():
+        # What the worker's claim watch would read: withdrawn from 0.1 s on, while paused.
+        while True:
+            now = system_clock.monotonic()
+            lost = {envelope.reminder_id: "the claim was lost"} if now > began + 0.1 else {}
+            gate.publish(lost, taken_at=now)
+            await system_clock.sleep(0.05)
+
+    async def scenario():
+        task = asyncio.create_task(watch())
+        try:
+            return await deliver([envelope], channel, policy=QUICK, clock=system_clock, gate=gate)
+        finally:
+            task.cancel()
+
+    [result] = run(scenario())
+
+    assert len(paused) == 1 and paused[0] < 0.1, "the call was not cleared before the pause"
+    assert smtp_sink.received() == []
+    assert result.outcome is Outcome.WITHDRAWN
+    assert result.provider_reached is False
