@@ -91,8 +91,9 @@ SHORT = "0123456789abcdefghijklmnopqrstu"  # 31 characters
             "REMINDERS_HTTP_URL": "https://n.example/r",
             "REMINDERS_HTTP_SECRET": SHORT,
         },
+        {"REMINDERS_HTTP_CALLBACK_SECRET": SHORT},
     ],  # fmt: skip
-    ids=["SECRET_KEY", "METRICS_TOKEN", "REMINDERS_HTTP_SECRET"],
+    ids=["SECRET_KEY", "METRICS_TOKEN", "REMINDERS_HTTP_SECRET", "REMINDERS_HTTP_CALLBACK_SECRET"],
 )
 def test_a_secret_shorter_than_32_characters_is_refused_with_debug_off(env, request):
     name = request.node.callspec.id
