@@ -20,6 +20,7 @@ from delivery.errors import (
     HedgeTransientError,
     PermanentError,
 )
+from delivery.gate import last_look
 
 __all__ = ["hedged_send", "check_hedgeable"]
 
@@ -70,6 +71,8 @@ async def hedged_send(
                         await failed[index - 1].wait()
         started[index].set()
         try:
+            if index > 0:
+                last_look()  # staff may have withdrawn it during the stagger
             message_id = await channel.send(envelope)
         except Exception as exc:
             failures[index] = exc

@@ -212,3 +212,36 @@ def test_a_stop_lets_calls_in_flight_finish_within_the_drain_and_starts_nothing_
     assert [r.attempts for r in results[2:]] == [0, 0, 0]
     assert len(channel.calls) == 2
     assert fake_clock.monotonic() == pytest.approx(3.0)
+
+
+def test_a_hedge_staggered_past_a_withdrawal_is_not_sent(fake_clock, make_envelope):
+    """S5 with hedging: the first endpoint is slow, the second is due 2 s after the call was
+    cleared, and the workshop is cancelled at 0.5 s. The second endpoint gets nothing."""
+    from delivery.hedge import hedged_send
+
+    slow = MemoryChannel(clock=fake_clock, name="a", delay=5.0)
+    spare = MemoryChannel(clock=fake_clock, name="b", delay=0.1)
+
+    class Hedged:
+        name = "hedged"
+        honours_idempotency_keys = True
+        max_concurrency = None
+
+        async def __aenter__(self):
+            return self
+
+        async def __aexit__(self, *exc):
+            return None
+
+        async def send(self, envelope):
+            return await hedged_send(envelope, [slow, spare], clock=fake_clock, stagger=2.0)
+
+    envelope = make_envelope()
+    gate = Gate(max_age=1.0, clock=fake_clock)
+    publisher = _publisher(gate, fake_clock, {0.5: {envelope.reminder_id: "workshop cancelled"}})
+
+    [result] = _deliver_with(gate, publisher, [envelope], Hedged(), fake_clock, policy=POLICY)
+
+    assert [len(slow.calls), len(spare.calls)] == [1, 0]
+    assert slow.start_times == [0.0]
+    assert result.outcome is Outcome.SENT  # the call already under way was not withdrawn
