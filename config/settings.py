@@ -10,6 +10,7 @@ the variable and what it accepts.
 from __future__ import annotations
 
 import math
+import os
 from pathlib import Path
 
 import dj_database_url
@@ -478,6 +479,16 @@ _long_enough("METRICS_TOKEN", METRICS_TOKEN)
 REMINDERS_DISPATCH_HISTORY_DAYS = env_int(
     "REMINDERS_DISPATCH_HISTORY_DAYS", 14, minimum=1, maximum=3650, unit="days"
 )
+# The django channel's provider reports through django-anymail's tracking webhooks
+# (/anymail/<provider>/tracking/). Off until ANYMAIL_WEBHOOK_SECRET ("user:password",
+# the basic auth the provider is given) is set: without it a report is ignored.
+ANYMAIL_WEBHOOK_SECRET = env_str("ANYMAIL_WEBHOOK_SECRET")
+_long_enough("ANYMAIL_WEBHOOK_SECRET", ANYMAIL_WEBHOOK_SECRET)
+# django-anymail's other settings (a provider's API key or webhook signing key, such
+# as ANYMAIL_MAILGUN_WEBHOOK_SIGNING_KEY), passed through as the environment names them.
+for _name, _value in os.environ.items():
+    if _name.startswith("ANYMAIL_") and _name != "ANYMAIL_WEBHOOK_SECRET":
+        globals()[_name] = _value
 # How long providers' delivery events (reminders.models.DeliveryEvent: a bounce's
 # reason may quote an address) are kept; every scan deletes older ones.
 REMINDERS_EVENT_RETENTION_DAYS = env_int(

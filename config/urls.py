@@ -7,7 +7,7 @@ before routing (and before the Host check), so they have no route here.
 """
 
 from django.contrib import admin
-from django.urls import path
+from django.urls import include, path
 from django.views.generic import RedirectView
 
 from reminders.webhooks import http_events
@@ -34,4 +34,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
     path("hooks/http/events", http_events, name="http_events"),
+    # The django channel's provider reports (reminders/receivers.py): ignored unless
+    # ANYMAIL_WEBHOOK_SECRET is set, which each of these views then requires.
+    path("anymail/", include("anymail.urls")),
 ]

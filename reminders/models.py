@@ -285,6 +285,19 @@ class DeliveryEvent(models.Model):
         return f"{self.get_kind_display()} for reminder {self.reminder_id} at {self.occurred_at:%Y-%m-%d %H:%M:%S} UTC"
 
 
+class DroppedReports(models.Model):
+    """How many provider reports named no reminder sent here (or an erased attendee's).
+
+    Nothing of such a report is kept but this count, per channel (/metrics).
+    """
+
+    channel = models.CharField(max_length=16, unique=True, editable=False)
+    count = models.PositiveBigIntegerField(default=0, editable=False)
+
+    def __str__(self) -> str:
+        return f"{self.count} reports dropped on {self.channel}"
+
+
 class Suppression(models.Model):
     """An address no reminder goes to: it bounced hard, or its owner marked a reminder as spam.
 

@@ -1,7 +1,9 @@
-"""React to workshop and enrollment changes inside their transactions."""
+"""React to workshop and enrollment changes inside their transactions, and to the reports of
+the django channel's provider (django-anymail's tracking signal)."""
 
 from __future__ import annotations
 
+from anymail.signals import tracking
 from django.dispatch import receiver
 
 from workshops.signals import enrollment_changed, workshop_changed
@@ -19,3 +21,16 @@ def on_enrollment_changed(sender, *, enrollment, created, **kwargs) -> None:
     from reminders.services import reminders_follow_enrollment
 
     reminders_follow_enrollment(enrollment=enrollment)
+
+
+@receiver(tracking, dispatch_uid="reminders.on_provider_report")
+def on_provider_report(sender, *, event, esp_name, **kwargs) -> None:
+    from django.conf import settings
+
+    from reminders.services.feedback import anymail_report, delivery_events_record
+
+    if not settings.ANYMAIL_WEBHOOK_SECRET:
+        return  # no basic auth: anyone could have sent it
+    report = anymail_report(event, esp_name)
+    if report is not None:
+        delivery_events_record(channel="django", events=[report])

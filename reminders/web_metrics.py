@@ -22,7 +22,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from clock import default_clock
-from reminders.models import DeliveryEvent, Reminder, ScanRun, StaffDecision
+from reminders.models import DeliveryEvent, DroppedReports, Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 
@@ -152,6 +152,15 @@ class ReminderCollector(Collector):
             for kind in DeliveryEvent.Kind:
                 reports.add_metric([channel, kind.value], kept.get((channel, kind.value), 0))
         yield reports
+        dropped = CounterMetricFamily(
+            "reminders_delivery_events_dropped",
+            "Providers' reports that named no reminder sent here, or an erased attendee's",
+            labels=["channel"],
+        )
+        counted = dict(DroppedReports.objects.values_list("channel", "count"))
+        for channel in sorted({"http", *counted}):
+            dropped.add_metric([channel], counted.get(channel, 0))
+        yield dropped
 
 
 def _beat_series():

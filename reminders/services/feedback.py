@@ -2,17 +2,20 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import F
 from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
-from reminders.models import DeliveryEvent, Reminder, Suppression
+from reminders.models import DeliveryEvent, DroppedReports, Reminder, Suppression
 
 logger = logging.getLogger(__name__)
 
@@ -145,6 +148,8 @@ def delivery_events_record(
         for event in sorted(new.values(), key=lambda event: event.occurred_at):
             _suppress_after(event, *attendee_of[event.reminder_id], now=now)
     if dropped:
+        DroppedReports.objects.get_or_create(channel=channel)
+        DroppedReports.objects.filter(channel=channel).update(count=F("count") + dropped)
         logger.info("Dropped %s %s delivery events for no reminder sent here", dropped, channel)
     return {"recorded": len(new), "duplicates": seen, "dropped": dropped}
 
@@ -214,3 +219,48 @@ def suppressions_refusing(emails: list[str]) -> dict[str, str]:
     return {
         keys[row.address_key]: row.refusal for row in live.only("address_key", "cause", "caused_at")
     }
+
+
+# django-anymail's normalized event types this project keeps, as (kind, bounce).
+_ANYMAIL_KINDS = {
+    "delivered": (Kind.DELIVERED, ""),
+    "deferred": (Kind.DEFERRED, ""),
+    "bounced": (Kind.BOUNCED, Bounce.HARD),
+    # The provider refused to send to the address (its own suppression list, an
+    # invalid address): as final for us as a hard bounce.
+    "rejected": (Kind.BOUNCED, Bounce.HARD),
+    "complained": (Kind.COMPLAINED, ""),
+}
+
+
+def anymail_report(event, esp_name: str) -> ProviderEvent | None:
+    """Return the report in a django-anymail tracking event, or None when it keeps none.
+
+    The reminder is found by the key each message carries in its metadata
+    (``reminder_key``, set by the django channel). Opens, clicks and queued or
+    sent notices are not kept; neither is "unsubscribed": the provider itself then
+    refuses later messages to that address, and reports them "rejected", which
+    suppresses it. The event's own id is used when the provider gives one, else a
+    digest of its payload, so a retried webhook is one report.
+    """
+    kind, bounce = _ANYMAIL_KINDS.get(event.event_type, (None, ""))
+    key = (event.metadata or {}).get("reminder_key")
+    if kind is None or not isinstance(key, str) or not key:
+        return None
+    if kind == Kind.BOUNCED and (event.esp_event or {}).get("Type") == "SoftBounce":
+        bounce = Bounce.SOFT  # Postmark says soft where anymail says bounced
+    event_id = (
+        event.event_id
+        or hashlib.sha256(
+            json.dumps(event.esp_event, sort_keys=True, default=str).encode()
+        ).hexdigest()
+    )
+    reason = " ".join(filter(None, (event.description, event.mta_response)))
+    return ProviderEvent(
+        event_id=f"{esp_name.lower()}:{event_id}"[:MAX_EVENT_ID],
+        key=key,
+        kind=kind,
+        bounce=bounce,
+        occurred_at=event.timestamp or default_clock().now(),
+        reason=reason[:MAX_REASON],
+    )

@@ -83,6 +83,8 @@ def send_with_django(envelope: Envelope) -> str:
         reply_to=reply_to,
         headers=headers,
     )
+    # django-anymail sends it to the provider, whose reports carry it back (receivers.py).
+    message.metadata = {"reminder_key": envelope.key}
     if envelope.html_body:
         message.attach_alternative(envelope.html_body, "text/html")
     for attachment in envelope.attachments:
@@ -95,6 +97,11 @@ def send_with_django(envelope: Envelope) -> str:
         raise translate_smtplib_error(exc) from exc
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")
+    # The provider's own id where django-anymail reports one: its reports name it.
+    status = getattr(message, "anymail_status", None)
+    provider_id = getattr(status, "message_id", None)
+    if isinstance(provider_id, str | int) and not isinstance(provider_id, bool):
+        return str(provider_id)
     return message_id
 
 

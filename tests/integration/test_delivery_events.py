@@ -299,8 +299,9 @@ def test_metrics_count_the_reports_kept_by_channel_and_kind(
     series = {
         line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
         for line in text.decode().splitlines()
-        if line.startswith("reminders_delivery_events{")
+        if line.startswith("reminders_delivery_events")
     }
+    assert series.pop('reminders_delivery_events_dropped_total{channel="http"}') == 1
     assert series == {
         'reminders_delivery_events{channel="http",kind="delivered"}': 0,
         'reminders_delivery_events{channel="http",kind="deferred"}': 0,
