@@ -7,6 +7,7 @@ import math
 import re
 import socket
 import threading
+import traceback
 from collections.abc import Iterator
 from datetime import timedelta
 
@@ -732,7 +733,7 @@ def test_a_host_late_at_every_wake_still_starts_after_one_skip(limiter_redis_url
                 await busy.acquire()
 
         try:
-            await late.acquire()  # at once
+            await late.acquire(deadline_at=late_clock.now() + timedelta(seconds=2))  # at once
             competitor = asyncio.ensure_future(keep_busy())
             await asyncio.sleep(0.01)
             try:
@@ -745,7 +746,28 @@ def test_a_host_late_at_every_wake_still_starts_after_one_skip(limiter_redis_url
             await late.aclose()
             await busy.aclose()
 
-    assert run(scenario()) == 1
+    assert _run_watched(scenario()) == 1
+
+
+def _run_watched(coroutine, *, limit: float = 15.0):
+    """Run ``coroutine``; still running after ``limit`` seconds, fail naming where each task
+    waits (it hung once in CI while the chaos run shared the cores, and pytest-timeout's
+    dump shows threads, not tasks)."""
+
+    async def watched():
+        main = asyncio.ensure_future(coroutine)
+        done, _ = await asyncio.wait({main}, timeout=limit)
+        if main in done:
+            return main.result()
+        where = []
+        for task in asyncio.all_tasks():
+            frames = task.get_stack()
+            spot = traceback.format_stack(frames[-1])[-1].strip() if frames else "no frame"
+            where.append(f"{task.get_name()}: {spot}")
+        main.cancel()
+        raise AssertionError(f"still running after {limit} s:\n" + "\n".join(where))
+
+    return asyncio.run(watched())
 
 
 def _reservations(url: str, key: str) -> int:

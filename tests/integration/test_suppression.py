@@ -15,6 +15,7 @@ from datetime import timedelta
 import httpx
 import pytest
 
+from clock import SystemClock
 from loopback.http_sink import HttpSink
 from reminders.models import Reminder, StaffDecision, Suppression
 from reminders.services.erasure import attendees_erase
@@ -189,3 +190,66 @@ def test_an_erased_address_stays_suppressed_without_being_kept(
     assert Reminder.objects.get(key=second[again.pk]).last_error.startswith(
         "suppressed: complained"
     )
+
+
+@pytest.mark.slow
+def test_end_to_end_a_real_worker_makes_no_call_for_an_address_that_bounced(live_server, settings):
+    """A Celery worker sends through the http channel; the provider posts a hard bounce for
+    Ada's reminder; the next workshop's reminder to Ada makes no call and says why, while
+    Bob's goes out."""
+    from config.celery import app
+    from tests.support.processes import celery_worker, process_env
+    from tests.support.races import wait_until
+    from workshops.models import Enrollment, Workshop
+
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = SECRET
+    now = SystemClock().now()
+    ada, bob = (
+        Attendee.objects.create(name=name, email=f"{name}@example.org") for name in ("ada", "bob")
+    )
+
+    def workshop(hours: int) -> dict[int, str]:
+        starts = now + timedelta(hours=hours)
+        held = Workshop.objects.create(
+            title=f"In {hours} hours", starts_at=starts, ends_at=starts + timedelta(hours=1),
+            timezone="Europe/Berlin",
+        )  # fmt: skip
+        Enrollment.objects.bulk_create(Enrollment(attendee=a, workshop=held) for a in (ada, bob))
+        app.send_task("reminders.scan")
+        wait_until(
+            lambda: (
+                Reminder.objects.filter(workshop=held, status__in=["sent", "failed"]).count() == 2
+            ),
+            what="both reminders of the workshop to end",
+        )
+        return dict(Reminder.objects.filter(workshop=held).values_list("attendee_id", "key"))
+
+    with HttpSink(secret=SEND_SECRET) as sink:
+        env = process_env(
+            REMINDERS_CHANNEL="http", REMINDERS_HTTP_URL=sink.url,
+            REMINDERS_HTTP_SECRET=SEND_SECRET,
+        )  # fmt: skip
+        with celery_worker(env, name="suppressing"):
+            first = workshop(2)
+            body = json.dumps({"events": [{
+                "id": "e2e-1", "key": first[ada.pk], "type": "bounced", "bounce": "hard",
+                "at": SystemClock().now().isoformat(), "reason": "550 5.1.1 unknown user",
+            }]}).encode()  # fmt: skip
+            stamp = str(int(SystemClock().now().timestamp()))
+            digest = hmac.new(SECRET.encode(), stamp.encode() + b"\n" + body, hashlib.sha256)
+            answer = httpx.post(
+                f"{live_server.url}/hooks/http/events",
+                content=body,
+                headers={"X-Reminders-Timestamp": stamp,
+                         "X-Reminders-Signature": f"sha256={digest.hexdigest()}"},
+                timeout=10,
+            )  # fmt: skip
+            assert answer.json() == {"recorded": 1, "duplicates": 0, "dropped": 0}
+            second = workshop(3)
+        keys = [request.key for request in sink.requests]
+
+    assert sorted(keys) == sorted([first[ada.pk], first[bob.pk], second[bob.pk]])
+    refused = Reminder.objects.get(key=second[ada.pk])
+    assert refused.status == "failed"
+    assert refused.last_error.startswith("suppressed: bounced on ")
+    assert Reminder.objects.get(key=second[bob.pk]).status == "sent"
