@@ -222,3 +222,25 @@ def smtp_sink():
 
     with SmtpSink() as sink:
         yield sink
+
+
+@pytest.fixture
+def refusing_port():
+    """Return a factory of loopback ports where a connection is refused.
+
+    Each is bound, never listened on, and kept until the test ends: the system gives
+    it to no one else meanwhile, so nothing can answer there.
+    """
+    import socket
+
+    held: list[socket.socket] = []
+
+    def make() -> int:
+        sock = socket.socket()
+        sock.bind(("127.0.0.1", 0))
+        held.append(sock)
+        return sock.getsockname()[1]
+
+    yield make
+    for sock in held:
+        sock.close()

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import socket
 
 import pytest
 from django.db import OperationalError
@@ -17,12 +16,6 @@ SECRET = "Pw-7c0ffee"
 def fresh_readiness(monkeypatch):
     """Each test sees its own check, not the answer cached by the one before."""
     monkeypatch.setattr("config.probes._last", None)
-
-
-def _closed_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
 
 
 @pytest.mark.django_db
@@ -42,8 +35,8 @@ def test_readyz_is_ready_when_the_database_and_redis_answer(client):
 
 
 @pytest.mark.django_db(transaction=True)
-def test_readyz_names_a_dead_broker_and_never_its_url(client, settings):
-    settings.CELERY_BROKER_URL = f"redis://:{SECRET}@127.0.0.1:{_closed_port()}/0"
+def test_readyz_names_a_dead_broker_and_never_its_url(client, settings, refusing_port):
+    settings.CELERY_BROKER_URL = f"redis://:{SECRET}@127.0.0.1:{refusing_port()}/0"
     response = client.get("/readyz")
     assert response.status_code == 503
     body = json.loads(response.content)

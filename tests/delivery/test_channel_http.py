@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import re
-import socket
 
 import pytest
 
@@ -174,10 +173,10 @@ def test_a_lost_answer_is_retried_with_the_same_key_and_the_provider_sends_once(
     assert (stats["accepted"], stats["duplicates"]) == (1, 1)
 
 
-def test_a_provider_that_refuses_connections_was_never_reached(system_clock, make_real_envelope):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed again before the batch: nothing listens
+def test_a_provider_that_refuses_connections_was_never_reached(
+    system_clock, make_real_envelope, refusing_port
+):
+    port = refusing_port()
     channel = HttpChannel(
         HttpSettings(url=f"http://127.0.0.1:{port}/reminders", secret="s"), clock=system_clock
     )
@@ -190,14 +189,10 @@ def test_a_provider_that_refuses_connections_was_never_reached(system_clock, mak
 
 
 def test_hedged_endpoints_that_all_fail_are_named_by_their_redacted_urls(
-    system_clock, make_real_envelope
+    system_clock, make_real_envelope, refusing_port
 ):
     """Issue 34, item 6: the error names each endpoint without its user info or tokens."""
-    ports = []
-    for _ in range(2):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            ports.append(probe.getsockname()[1])  # closed again: nothing listens
+    ports = [refusing_port(), refusing_port()]
     first, second = (f"http://ops:Pw-9876@127.0.0.1:{port}/r?token=Tk-1234" for port in ports)
     channel = HttpChannel(
         HttpSettings(url=first, hedge_urls=(second,), secret="s"), clock=system_clock

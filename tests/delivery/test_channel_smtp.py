@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import socket
 
 import pytest
 
@@ -196,10 +195,10 @@ def test_a_slow_server_times_out_and_is_not_retried_because_smtp_has_no_keys(
     assert system_clock.monotonic() - began < 2 * smtp_sink.data_delay
 
 
-def test_a_server_that_refuses_connections_was_never_reached(system_clock, make_real_envelope):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+def test_a_server_that_refuses_connections_was_never_reached(
+    system_clock, make_real_envelope, refusing_port
+):
+    port = refusing_port()
     channel = SmtpChannel(
         SmtpSettings(host="127.0.0.1", port=port, from_email=FROM), clock=system_clock
     )

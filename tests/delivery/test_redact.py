@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import socket
 
 import pytest
 
@@ -103,11 +102,9 @@ def test_an_http_error_names_the_endpoint_without_its_token(
 
 
 def test_a_connection_error_names_the_endpoint_without_its_token(
-    system_clock, make_real_envelope, caplog
+    system_clock, make_real_envelope, caplog, refusing_port
 ):
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]  # closed once the block ends: nothing listens
+    port = refusing_port()
     url = f"http://user:{TOKEN}@127.0.0.1:{port}/r?token={TOKEN}"
     result = _deliver(url, system_clock, make_real_envelope, caplog)
     assert result.outcome is Outcome.TRANSIENT
