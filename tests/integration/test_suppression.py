@@ -193,6 +193,7 @@ def test_an_erased_address_stays_suppressed_without_being_kept(
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_end_to_end_a_real_worker_makes_no_call_for_an_address_that_bounced(live_server, settings):
     """A Celery worker sends through the http channel; the provider posts a hard bounce for
     Ada's reminder; the next workshop's reminder to Ada makes no call and says why, while
