@@ -185,7 +185,10 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
                 address=email,
                 cause=cause,
                 caused_at=event.occurred_at,
-                event=event if event.pk else None,
+                # Its row: a bulk insert that skips conflicts returns no ids.
+                event=DeliveryEvent.objects.filter(
+                    channel=event.channel, event_id=event.event_id
+                ).first(),
                 created_at=now,
             )
     except IntegrityError:

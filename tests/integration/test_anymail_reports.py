@@ -86,7 +86,9 @@ def test_a_postmark_hard_bounce_is_kept_once_and_suppresses_the_address(sent, li
     )  # fmt: skip
     assert report.event_id == "postmark:4323372036854775807"
     assert "mailbox not found" in report.reason
-    assert Suppression.objects.get().address == first.attendee.email
+    suppression = Suppression.objects.get()
+    assert suppression.address == first.attendee.email
+    assert suppression.event == report  # the report that caused it
 
 
 def test_a_postmark_delivery_without_an_id_is_kept_once_and_a_soft_bounce_is_soft(
