@@ -115,7 +115,7 @@ def delivery_events_record(
         status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN],
         attendee__erased_at__isnull=True,
     )
-    rows = sent.values_list("key", "pk", "attendee_id", "attendee__email")
+    rows = list(sent.values_list("key", "pk", "attendee_id", "attendee__email"))
     reminder_of = {key: pk for key, pk, _, _ in rows}
     attendee_of = {pk: (attendee, email) for _, pk, attendee, email in rows}
     known = set(
