@@ -758,11 +758,10 @@ def test_a_pause_while_the_connection_opens_sends_nothing_under_the_old_snapshot
     channel._open = open_after_a_pause
 
     async def watch():
-        # What the worker's claim watch would read: withdrawn from 0.1 s on, while paused.
+        # What the worker's claim watch would read: withdrawn while the process was paused.
         while True:
-            now = system_clock.monotonic()
-            lost = {envelope.reminder_id: "the claim was lost"} if now > began + 0.1 else {}
-            gate.publish(lost, taken_at=now)
+            lost = {envelope.reminder_id: "the claim was lost"} if paused else {}
+            gate.publish(lost, taken_at=system_clock.monotonic())
             await system_clock.sleep(0.05)
 
     async def scenario():
@@ -774,7 +773,7 @@ def test_a_pause_while_the_connection_opens_sends_nothing_under_the_old_snapshot
 
     [result] = run(scenario())
 
-    assert len(paused) == 1 and paused[0] < 0.1, "the call was not cleared before the pause"
+    assert len(paused) == 1, "the call was not cleared before the pause"
     assert smtp_sink.received() == []
     assert result.outcome is Outcome.WITHDRAWN
     assert result.provider_reached is False
