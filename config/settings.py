@@ -425,6 +425,7 @@ CELERY_TASK_ROUTES = {
     "reminders.deliver_batch": {"queue": "reminders"},
     "reminders.replay_selection": {"queue": "reminders"},
     "reminders.send_test": {"queue": "reminders"},
+    "reminders.deliver_notices": {"queue": "reminders"},
 }
 
 # Acknowledge after the task body ran: a message whose whole worker dies (power
@@ -493,6 +494,12 @@ for _name, _value in os.environ.items():
 # reason may quote an address) are kept; every scan deletes older ones.
 REMINDERS_EVENT_RETENTION_DAYS = env_int(
     "REMINDERS_EVENT_RETENTION_DAYS", 90, minimum=1, maximum=3650, unit="days"
+)
+# Seconds a workshop change waits before its change notices are planned, so that two
+# or three saves within it make one notice with the final facts; never more than a
+# quarter of the time left before the start (reminders.services.notices). 0: at once.
+REMINDERS_NOTICE_SETTLE = env_int(
+    "REMINDERS_NOTICE_SETTLE", 300, minimum=0, maximum=24 * 3600, unit="seconds"
 )
 # Soft bounces in a row (none delivered between) after which an address is suppressed
 # like a hard bounce (reminders.services.feedback).

@@ -120,6 +120,10 @@ class Envelope:
     reply_to_name: str = ""
     list_id: str = ""
     send_by: datetime | None = None
+    #: iTIP method (PUBLISH, CANCEL) of the text/calendar attachment: mail channels then
+    #: also carry it inline, as ``text/calendar; method=...`` (RFC 6047), which mail
+    #: clients offer as a calendar update. Blank: a plain attachment only.
+    calendar_method: str = ""
 
     @property
     def stop_at(self) -> datetime:
@@ -142,6 +146,11 @@ class Envelope:
         ):  # fmt: skip
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
+        if self.calendar_method not in ("", "PUBLISH", "REQUEST", "CANCEL"):
+            raise ValueError(
+                f"Envelope.calendar_method {self.calendar_method!r} must be '', 'PUBLISH', "
+                "'REQUEST' or 'CANCEL'."
+            )
         if self.html_body is not None and not isinstance(self.html_body, str):
             raise TypeError("Envelope.html_body must be str or None.")
         if not isinstance(self.deadline_at, datetime):

@@ -22,6 +22,7 @@ from delivery.errors import PermanentError
 
 __all__ = [
     "Message",
+    "calendar_of",
     "Sender",
     "key_digest",
     "message_id_for",
@@ -157,9 +158,14 @@ def write_message(
         headers.append(_header("List-Id", _list_id(clean_header_text(envelope.list_id))))
     headers.append("MIME-Version: 1.0")
     body = _text_part("plain", envelope.text_body, boundary)
+    alternatives = [body]
     if envelope.html_body is not None:
-        html = _text_part("html", envelope.html_body, boundary)
-        body = _multipart("alternative", [body, html], f"{boundary}.a")
+        alternatives.append(_text_part("html", envelope.html_body, boundary))
+    if calendar := calendar_of(envelope):
+        # RFC 6047: the iTIP object as an alternative, where clients look for it.
+        alternatives.append(_calendar_part(calendar.content, envelope.calendar_method))
+    if len(alternatives) > 1:
+        body = _multipart("alternative", alternatives, f"{boundary}.a")
     if envelope.attachments:
         parts = [body]
         for attachment in envelope.attachments:
@@ -303,6 +309,21 @@ def _quoted_printable(body: bytes) -> str:
         return written
     return CRLF.join(
         f"{line[:-3]}={CRLF}{line[-3:]}" if len(line) > _QP_LINE else line for line in lines
+    )
+
+
+def calendar_of(envelope: Envelope):
+    """Return the text/calendar attachment mail clients should see inline, or None."""
+    if not envelope.calendar_method:
+        return None
+    return next((a for a in envelope.attachments if a.content_type == "text/calendar"), None)
+
+
+def _calendar_part(content: bytes, method: str) -> str:
+    data = base64.encodebytes(content).decode("ascii").replace("\n", CRLF)
+    return (
+        f'Content-Type: text/calendar; charset="utf-8"; method={method}{CRLF}'
+        f"Content-Transfer-Encoding: base64{CRLF}{CRLF}{data}"
     )
 
 

@@ -1,4 +1,4 @@
-"""Render a claimed reminder into a delivery envelope (sync, before any async work).
+"""Render a claimed reminder or change notice into a delivery envelope (sync, before any async work).
 
 The body is the reminder's frozen text (MessageText) filled with the facts as
 they are now. Times are in the attendee's zone, else the workshop's.
@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from email.utils import parseaddr
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -359,6 +360,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
         attachments=(
             Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
+        calendar_method="PUBLISH",
         deadline_at=deadline,
         send_by=send_by,
         payload=FrozenMap(
@@ -372,6 +374,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
                 "attendee_timezone": zone.key,
                 "deadline_at": deadline.isoformat(),
                 "language": text.language,
+                "calendar_method": "PUBLISH",
                 **details,
             }
         ),
@@ -437,38 +440,295 @@ def _ics_time(moment: datetime) -> str:
     return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
 
 
-def workshop_ics(*, reminder: Reminder, language: str | None = None) -> bytes:
-    """Return the .ics invitation for the reminder's workshop, its sentence in ``language``."""
-    workshop = reminder.workshop
+def sender_mailbox() -> tuple[str, str]:
+    """Return DEFAULT_FROM_EMAIL as (name, address)."""
+    name, address = parseaddr(settings.DEFAULT_FROM_EMAIL)
+    return name, address
+
+
+@dataclass(frozen=True, slots=True)
+class Event:
+    """What a calendar file says of a workshop: its facts as one message tells them."""
+
+    title: str
+    starts_at: datetime
+    ends_at: datetime
+    timezone: str
+    location: str
+    join_url: str
+    contact_name: str
+    contact_email: str
+
+
+def event_of(workshop) -> Event:
+    return Event(
+        title=workshop.title,
+        starts_at=workshop.starts_at,
+        ends_at=workshop.ends_at,
+        timezone=workshop.timezone,
+        location=workshop.location,
+        join_url=workshop.join_url,
+        contact_name=workshop.contact_name,
+        contact_email=workshop.contact_email,
+    )
+
+
+def calendar_uid(key: str) -> str:
+    """Return the calendar UID of the reminder with ``key``: its notices carry the same one."""
+    return f"{key_digest(key)}@workshop-reminders"
+
+
+def event_ics(
+    *,
+    uid: str,
+    event: Event,
+    stamp: datetime,
+    sequence: int = 0,
+    method: str = "PUBLISH",
+    language: str | None = None,
+    attendee: tuple[str, str] | None = None,
+) -> bytes:
+    """Return an iCalendar object (RFC 5545) for one message about ``event``.
+
+    ``uid`` and ``sequence`` make a later message update the entry an earlier one
+    made (RFC 5546): every message for an attendee's copy carries the same UID,
+    and each change notice a higher SEQUENCE. ``method`` is PUBLISH (the entry as
+    it is now) or CANCEL, which also says STATUS:CANCELLED and names ``attendee``
+    (name, address). ORGANIZER is the workshop's organiser, else the sender.
+    """
     words = _words(language or settings.LANGUAGE_CODE)
-    held_in = words.held_in.replace("{zone}", workshop.timezone)
+    held_in = words.held_in.replace("{zone}", event.timezone)
     lines = [
         "BEGIN:VCALENDAR",
         "VERSION:2.0",
         "PRODID:-//Workshop Reminders//EN",
-        "METHOD:PUBLISH",
+        f"METHOD:{method}",
         "BEGIN:VEVENT",
-        # One event per attendee's copy, stable under its idempotency key.
-        f"UID:{key_digest(reminder.key)}@workshop-reminders",
-        # Fixed at creation, so one idempotency key always carries identical bytes.
-        f"DTSTAMP:{_ics_time(reminder.created_at)}",
-        f"DTSTART:{_ics_time(workshop.starts_at)}",
-        f"DTEND:{_ics_time(workshop.ends_at)}",
-        f"SUMMARY:{_ics_text(workshop.title)}",
+        f"UID:{uid}",
+        # Fixed per message, so one idempotency key always carries identical bytes.
+        f"DTSTAMP:{_ics_time(stamp)}",
+        f"SEQUENCE:{sequence}",
+        f"DTSTART:{_ics_time(event.starts_at)}",
+        f"DTEND:{_ics_time(event.ends_at)}",
+        f"SUMMARY:{_ics_text(event.title)}",
         f"DESCRIPTION:{_ics_text(held_in)}",
+        f"STATUS:{'CANCELLED' if method == 'CANCEL' else 'CONFIRMED'}",
     ]
-    if workshop.location:
-        lines.append(f"LOCATION:{_ics_text(workshop.location)}")
-    if _join_url(workshop.join_url):
-        lines.append(f"URL:{workshop.join_url}")  # a URI value: printable, one line, no escaping
-    if workshop.contact_email and address_problem(workshop.contact_email) is None:
-        name = _ics_param(workshop.contact_name)
-        lines.append(f"ORGANIZER{f';CN={name}' if name else ''}:mailto:{workshop.contact_email}")
+    if event.location:
+        lines.append(f"LOCATION:{_ics_text(event.location)}")
+    if _join_url(event.join_url):
+        lines.append(f"URL:{event.join_url}")  # a URI value: printable, one line, no escaping
+    name, address = event.contact_name, event.contact_email
+    if not address or address_problem(address) is not None:
+        # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
+        name, address = sender_mailbox()
+    cn = _ics_param(name)
+    lines.append(f"ORGANIZER{f';CN={cn}' if cn else ''}:mailto:{address}")
+    if attendee is not None:
+        cn = _ics_param(attendee[0])
+        lines.append(f"ATTENDEE{f';CN={cn}' if cn else ''}:mailto:{attendee[1]}")
     lines += [
         "END:VEVENT",
         "END:VCALENDAR",
     ]
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
+
+
+def workshop_ics(*, reminder: Reminder, language: str | None = None) -> bytes:
+    """Return the reminder's .ics: its workshop as it is now, SEQUENCE 0, in ``language``."""
+    return event_ics(
+        uid=calendar_uid(reminder.key),
+        event=event_of(reminder.workshop),
+        stamp=reminder.created_at,
+        language=language,
+    )
+
+
+# Change notices (reminders.services.notices): the same envelope, told as news.
+# Subjects and intros per kind; translated in locale/, frozen at the first claim.
+NOTICE_SUBJECTS = {
+    "changed": gettext_noop("Changed: {workshop_title}, now {start_local}"),
+    "cancelled": gettext_noop("Cancelled: {workshop_title} on {old_start_local}"),
+    "reinstated": gettext_noop("Back on: {workshop_title}, {start_local}"),
+}
+NOTICE_INTROS = {
+    "changed": gettext_noop(
+        'Hello {attendee_name},\n\n"{workshop_title}" has changed since we reminded you. '
+        "Here is what is different."
+    ),
+    "cancelled": gettext_noop(
+        'Hello {attendee_name},\n\nwe are sorry: "{workshop_title}", which was to start on '
+        "{old_start_local}, is cancelled."
+    ),
+    "reinstated": gettext_noop(
+        'Hello {attendee_name},\n\n"{workshop_title}" is back on: it takes place after all.'
+    ),
+}
+NOTICE_LABELS = {
+    "changed": gettext_noop("What changed:"),
+    "was": gettext_noop("was"),
+    "none": gettext_noop("none"),
+    "reason": gettext_noop("Reason given:"),
+    "update": gettext_noop("The attached calendar file updates the entry in your calendar."),
+    "remove": gettext_noop("The attached calendar file removes it from your calendar."),
+}
+
+
+@functools.cache
+def _notice_words(language: str) -> dict[str, str]:
+    with translation.override(language):
+        words = {f"subject_{kind}": gettext(text) for kind, text in NOTICE_SUBJECTS.items()}
+        words |= {f"intro_{kind}": gettext(text) for kind, text in NOTICE_INTROS.items()}
+        return words | {name: gettext(text) for name, text in NOTICE_LABELS.items()}
+
+
+def choose_notice_text(*, workshop, attendee, kind: str) -> MessageText:
+    """Return the unsaved MessageText of a change notice of ``kind`` for ``attendee``.
+
+    The built-in subject of the kind; the workshop's own notice intro for an
+    attendee reading the workshop's language, else the built-in one.
+    """
+    language = reminder_language(workshop=workshop, attendee=attendee)
+    words = _notice_words(language)
+    intro, source = words[f"intro_{kind}"], Source.BUILT_IN
+    if language == workshop.language and workshop.notice_intro.strip():
+        intro, source = workshop.notice_intro, Source.WORKSHOP
+    fields = {
+        "language": language,
+        "subject_source": Source.BUILT_IN,
+        "subject": words[f"subject_{kind}"],
+        "intro_source": source,
+        "intro": intro.replace("\r\n", "\n").strip("\n"),
+    }
+    return MessageText(digest=text_digest(**fields), **fields)
+
+
+def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
+    """Return the envelope of a change notice whose attendee, workshop, revision and reminder
+    are loaded: the revision's facts, what the attendee had been told, and a calendar
+    update under the reminder's UID with the revision's number as SEQUENCE."""
+    attendee, workshop, revision = notice.attendee, notice.workshop, notice.revision
+    text = (
+        text
+        or notice.text
+        or choose_notice_text(workshop=workshop, attendee=attendee, kind=notice.kind)
+    )
+    words, news = _words(text.language), _notice_words(text.language)
+    workshop_zone = ZoneInfo(workshop.timezone)
+    zone = ZoneInfo(attendee.timezone) if attendee.timezone else workshop_zone
+    start, end = revision.starts_at.astimezone(zone), revision.ends_at.astimezone(zone)
+    values = {
+        "attendee_name": attendee.name,
+        "workshop_title": workshop.title,
+        "start_local": _when(start, words),
+        "end_local": _until(end, start, words),
+        "zone": zone.key,
+        "location": _one_line(revision.location),
+        "join_url": _join_url(revision.join_url),
+        "organiser": _one_line(workshop.contact_name),
+        "organiser_email": workshop.contact_email,
+        "old_start_local": "",
+        "old_end_local": "",
+        "old_location": _one_line(notice.old_location),
+        "old_join_url": _join_url(notice.old_join_url),
+        "cancellation_reason": _one_line(revision.cancellation_reason),
+    }
+    if notice.old_starts_at is not None:
+        old_start = notice.old_starts_at.astimezone(zone)
+        values["old_start_local"] = _when(old_start, words)
+        if notice.old_ends_at is not None:
+            values["old_end_local"] = _until(notice.old_ends_at.astimezone(zone), old_start, words)
+    cancelled = notice.kind == "cancelled"
+    lines = [fill(text.intro, values), ""]
+    if cancelled:
+        if values["cancellation_reason"]:
+            lines += [f"{news['reason']} {values['cancellation_reason']}", ""]
+    else:
+        label = words.labels
+        changes = []
+        for name, key in (
+            ("when", "start_local"),
+            ("until", "end_local"),
+            ("where", "location"),
+            ("join", "join_url"),
+        ):
+            old = values[f"old_{key}"]
+            if values[key] != old:
+                new_value = values[key] or news["none"]
+                changes.append(f"{label[name]} {new_value} ({news['was']} {old or news['none']})")
+        if changes:
+            lines += [news["changed"], *changes, ""]
+        lines.append(f"{label['when']} {values['start_local']} ({values['zone']})")
+        lines.append(f"{label['until']} {values['end_local']}")
+        if values["location"]:
+            lines.append(f"{label['where']} {values['location']}")
+        if values["join_url"]:
+            lines.append(f"{label['join']} {values['join_url']}")
+        lines.append("")
+    lines.append(news["remove"] if cancelled else news["update"])
+    text_body = wrap_text("\n".join(lines) + "\n")
+    html_body = (
+        "<!doctype html>\n"
+        f'<html lang="{escape(text.language)}">\n'
+        '<body style="font-family: sans-serif; line-height: 1.5">\n'
+        + "".join(f"<p>{escape(part).replace(chr(10), '<br>')}</p>\n"
+                  for part in "\n".join(lines).split("\n\n") if part.strip())
+        + "</body>\n</html>\n"
+    )  # fmt: skip
+    event = Event(
+        title=workshop.title,
+        starts_at=revision.starts_at,
+        ends_at=revision.ends_at,
+        timezone=workshop.timezone,
+        location=revision.location,
+        join_url=revision.join_url,
+        contact_name=workshop.contact_name,
+        contact_email=workshop.contact_email,
+    )
+    method = "CANCEL" if cancelled else "PUBLISH"
+    ics = event_ics(
+        uid=calendar_uid(notice.reminder.key),
+        event=event,
+        stamp=revision.created_at,
+        sequence=notice.number,
+        method=method,
+        language=text.language,
+        attendee=(_one_line(attendee.name), attendee.email) if cancelled else None,
+    )
+    return Envelope(
+        reminder_id=notice.pk,
+        key=notice.key,
+        recipient=attendee.email,
+        recipient_name=_one_line(attendee.name),
+        subject=_one_line(fill(text.subject, values)),
+        text_body=text_body,
+        html_body=html_body,
+        attachments=(
+            Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
+        ),
+        calendar_method=method,
+        deadline_at=workshop.starts_at,
+        send_by=send_by,
+        payload=FrozenMap(
+            {
+                "notice_id": str(notice.pk),
+                "reminder_id": str(notice.reminder_id),
+                "workshop_id": str(workshop.pk),
+                "kind": notice.kind,
+                "revision": str(notice.number),
+                "workshop_title": _one_line(workshop.title),
+                "starts_at": revision.starts_at.astimezone(UTC).isoformat(),
+                "ends_at": revision.ends_at.astimezone(UTC).isoformat(),
+                "workshop_timezone": workshop_zone.key,
+                "attendee_timezone": zone.key,
+                "language": text.language,
+                "calendar_method": method,
+            }
+        ),
+        reply_to=workshop.contact_email,
+        reply_to_name=_one_line(workshop.contact_name),
+        list_id=list_id(),
+    )
 
 
 @dataclass(frozen=True, slots=True)

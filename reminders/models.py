@@ -105,6 +105,25 @@ class Reminder(models.Model):
         editable=False,
         help_text="The language and text frozen at the first claim; every later send uses it.",
     )
+    # What the attendee was last told of the workshop: written by each claim of
+    # the reminder (the facts its message shows), then by each change notice
+    # sent (or perhaps sent) after it. History, never a deadline: the notice
+    # scan compares it with the workshop as it is now (reminders.services.notices).
+    told_starts_at = models.DateTimeField(null=True, blank=True, editable=False)
+    told_ends_at = models.DateTimeField(null=True, blank=True, editable=False)
+    told_location = models.CharField(
+        max_length=300, blank=True, default="", db_default="", editable=False
+    )
+    told_join_url = models.CharField(
+        max_length=500, blank=True, default="", db_default="", editable=False
+    )
+    told_cancelled = models.BooleanField(default=False, db_default=False, editable=False)
+    told_revision = models.PositiveIntegerField(
+        default=0,
+        db_default=0,
+        editable=False,
+        help_text="The workshop revision the attendee last heard of (0: the reminder's own facts).",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 
@@ -364,6 +383,7 @@ class StaffDecision(models.Model):
         ERASE = "erase", "Attendee's personal data erased"
         SEND_TEST = "send_test", "Test reminder sent to the staff member"
         LIFT_SUPPRESSION = "lift_suppress", "Suppressed addresses lifted"
+        SILENCE_NOTICES = "silence", "Change not notified"
 
     class State(models.TextChoices):
         DONE = "done", "Done"
@@ -463,6 +483,7 @@ class StaffDecision(models.Model):
                         "send_test",
                         "cancel_enrol",
                         "lift_suppress",
+                        "silence",
                     ]
                 ),
                 name="staff_decision_action_valid",
@@ -521,3 +542,140 @@ class Dispatch(models.Model):
 
     def __str__(self) -> str:
         return f"Dispatch of {len(self.reminder_ids)} reminders at {self.queued_at:%Y-%m-%d %H:%M:%S} UTC"
+
+
+def notice_key(*, attendee_id: int, workshop_id: int, revision: int) -> str:
+    """Return the idempotency key of the change notice of one revision: the reminder's, plus it."""
+    return f"{reminder_key(attendee_id=attendee_id, workshop_id=workshop_id)}-r{revision}"
+
+
+class WorkshopRevision(models.Model):
+    """One numbered state of a workshop's facts that its reminded attendees must hear of.
+
+    Numbered by the notice scan, under the workshop row's lock, when it finds
+    what some reminded attendee was told differing from the workshop as it is
+    now (reminders.services.notices). Its notices are planned once it
+    settles; a newer revision supersedes its unsent ones.
+    """
+
+    workshop = models.ForeignKey(
+        Workshop, on_delete=models.CASCADE, related_name="revisions", editable=False
+    )
+    number = models.PositiveIntegerField(editable=False)
+    starts_at = models.DateTimeField(editable=False)
+    ends_at = models.DateTimeField(editable=False)
+    location = models.CharField(max_length=300, blank=True, editable=False)
+    join_url = models.CharField(max_length=500, blank=True, editable=False)
+    cancelled = models.BooleanField(default=False, editable=False)
+    cancellation_reason = models.TextField(blank=True, editable=False)
+    created_at = models.DateTimeField(editable=False)
+    settles_at = models.DateTimeField(
+        editable=False, help_text="When its notices are planned, if nothing changes before."
+    )
+    planned_at = models.DateTimeField(null=True, blank=True, editable=False)
+    superseded_at = models.DateTimeField(null=True, blank=True, editable=False)
+    silenced_by = models.ForeignKey(
+        "StaffDecision", null=True, blank=True, on_delete=models.SET_NULL, related_name="+",
+        editable=False, help_text="Staff chose not to notify attendees of this revision.",
+    )  # fmt: skip
+
+    class Meta:
+        ordering = ["workshop", "number"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["workshop", "number"], name="workshop_revision_unique_number"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Revision {self.number} of workshop {self.workshop_id}"
+
+
+class Notice(models.Model):
+    """One change notice: tells one reminded attendee what a workshop revision changed.
+
+    At most one per (attendee, workshop, revision), by a unique constraint:
+    the notice's sent marker, as (attendee, workshop) is the reminder's. Its
+    status changes only through guarded UPDATEs in reminders.services.notices.
+    """
+
+    class Kind(models.TextChoices):
+        CHANGED = "changed", "Changed (time, place or link)"
+        CANCELLED = "cancelled", "Cancelled"
+        REINSTATED = "reinstated", "Back on"
+
+    class Status(models.TextChoices):
+        PENDING = "pending", "Pending"
+        SENDING = "sending", "Sending (claimed by a worker)"
+        SENT = "sent", "Sent"
+        FAILED = "failed", "Failed"
+        MISSED = "missed", "Missed (the workshop started)"
+        UNKNOWN = "unknown", "Unknown (may have reached the provider)"
+        SUPERSEDED = "superseded", "Superseded by a newer revision"
+        SILENCED = "silenced", "Not sent (staff chose not to notify)"
+
+    FINAL_STATUSES = (
+        Status.SENT, Status.FAILED, Status.MISSED, Status.UNKNOWN, Status.SUPERSEDED,
+        Status.SILENCED,
+    )  # fmt: skip
+
+    reminder = models.ForeignKey(
+        Reminder, on_delete=models.CASCADE, related_name="notices", editable=False
+    )
+    attendee = models.ForeignKey(
+        Attendee, on_delete=models.PROTECT, related_name="notices", editable=False
+    )
+    workshop = models.ForeignKey(
+        Workshop, on_delete=models.PROTECT, related_name="notices", editable=False
+    )
+    revision = models.ForeignKey(
+        WorkshopRevision, on_delete=models.PROTECT, related_name="notices", editable=False
+    )
+    number = models.PositiveIntegerField(
+        editable=False, help_text="The revision's number: the calendar's SEQUENCE."
+    )
+    kind = models.CharField(max_length=16, choices=Kind.choices, editable=False)
+    key = models.CharField(max_length=80, unique=True, editable=False)
+    # What the attendee had been told before (the "from" of "from what to what").
+    old_starts_at = models.DateTimeField(null=True, blank=True, editable=False)
+    old_ends_at = models.DateTimeField(null=True, blank=True, editable=False)
+    old_location = models.CharField(max_length=300, blank=True, editable=False)
+    old_join_url = models.CharField(max_length=500, blank=True, editable=False)
+    status = models.CharField(
+        max_length=16, choices=Status.choices, default=Status.PENDING, editable=False
+    )
+    status_reason = models.CharField(max_length=200, blank=True, editable=False)
+    attempts = models.PositiveIntegerField(default=0, editable=False)
+    next_attempt_at = models.DateTimeField(null=True, blank=True, editable=False)
+    queued_until = models.DateTimeField(null=True, blank=True, editable=False)
+    maybe_sent = models.BooleanField(default=False, editable=False)
+    claim_token = models.UUIDField(null=True, blank=True, editable=False)
+    lease_expires_at = models.DateTimeField(null=True, blank=True, editable=False)
+    channel = models.CharField(max_length=16, blank=True, editable=False)
+    provider_message_id = models.CharField(max_length=255, blank=True, editable=False)
+    last_error = models.TextField(blank=True, editable=False)
+    sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    text = models.ForeignKey(
+        MessageText, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
+        editable=False, help_text="The language and intro frozen at the first claim.",
+    )  # fmt: skip
+    created_at = models.DateTimeField(editable=False)
+    updated_at = models.DateTimeField(editable=False)
+
+    class Meta:
+        ordering = ["workshop", "number", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["attendee", "workshop", "number"], name="notice_once_per_revision"
+            ),
+        ]
+        indexes = [
+            models.Index(
+                fields=["next_attempt_at"],
+                name="notice_open",
+                condition=models.Q(status__in=["pending", "sending"]),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"Notice {self.key} ({self.status})"

@@ -16,6 +16,7 @@ logger = logging.getLogger(__name__)
 DELIVER_TASK = "reminders.deliver_batch"
 REPLAY_TASK = "reminders.replay_selection"
 TEST_TASK = "reminders.send_test"
+NOTICES_TASK = "reminders.deliver_notices"
 
 
 def publish_batch(ids: list[int]) -> bool:
@@ -29,6 +30,24 @@ def publish_batch(ids: list[int]) -> bool:
     except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
         logger.error(
             "Could not publish a batch of %s reminders (%s); the next scan queues them again",
+            len(ids),
+            exc,
+        )
+        return False
+    return True
+
+
+def publish_notices(ids: list[int]) -> bool:
+    """Send one ``reminders.deliver_notices`` message; return whether it went out.
+
+    A failed publish loses nothing: the notices stay pending and the next scan
+    publishes them again.
+    """
+    try:
+        current_app.send_task(NOTICES_TASK, args=[ids])
+    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
+        logger.error(
+            "Could not publish %s change notices (%s); the next scan publishes them again",
             len(ids),
             exc,
         )

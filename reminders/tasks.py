@@ -14,14 +14,14 @@ from __future__ import annotations
 import logging
 import uuid
 
-from celery import shared_task
+from celery import current_task, shared_task
 from django.conf import settings
 from django.db import OperationalError
 
 from reminders import queue
 from reminders.models import MAX_ID, StaffDecision
 from reminders.services.replay import replay_step
-from reminders.worker import pipeline, shutdown
+from reminders.worker import notices, pipeline, shutdown
 from reminders.worker.testsend import reminder_send_test_run
 
 logger = logging.getLogger(__name__)
@@ -96,6 +96,28 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
         ) from exc
     logger.info("Batch of %s finished: %s", len(ids), counts)
     return counts
+
+
+@shared_task(
+    name="reminders.deliver_notices",
+    ignore_result=True,
+    autoretry_for=(OperationalError,),
+    retry_backoff=True,
+    max_retries=DATABASE_RETRIES,
+)
+def deliver_notices(notice_ids) -> dict[str, int]:
+    """Deliver the change notices named by id (reminders.worker.notices).
+
+    A database that is away for a moment is waited out: each claim is guarded,
+    so running again claims only what is still pending.
+    """
+    ids = parse_ids(notice_ids)
+    if ids is None:
+        logger.error("Rejected deliver_notices with malformed ids %.200r", notice_ids)
+        return {"rejected": 1}
+    return notices.deliver_notices(
+        ids, worker=current_task.request.hostname or "", stop=shutdown.flag()
+    )
 
 
 # Both tasks take a StaffDecision id and are safe to run again: a database

@@ -14,7 +14,7 @@ from django.core.exceptions import ValidationError
 from django.db import models
 from django.db.models.functions import Lower
 
-from workshops.placeholders import validate_reminder_text
+from workshops.placeholders import validate_notice_text, validate_reminder_text
 from workshops.validators import validate_join_url, validate_zone
 
 SUBJECT_HELP = "Blank: the built-in subject in the attendee's language. Placeholders allowed."
@@ -98,6 +98,26 @@ class Workshop(models.Model):
         db_default="",
         validators=[validate_reminder_text],
         help_text=INTRO_HELP,
+    )
+    notice_intro = models.TextField(
+        "change notice intro",
+        blank=True,
+        default="",
+        db_default="",
+        validators=[validate_notice_text],
+        help_text=(
+            "The opening of the notice an already reminded attendee gets when the workshop "
+            "moves, changes place or link, is cancelled or is back on. Blank: the built-in "
+            "text in the attendee's language. Placeholders allowed, and {old_start_local}, "
+            "{old_end_local}, {old_location}, {old_join_url}, {cancellation_reason}."
+        ),
+    )
+    cancellation_reason = models.TextField(
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text="Why staff cancelled it, as attendees are told (blank while scheduled).",
     )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)

@@ -31,15 +31,25 @@ PLACEHOLDERS: dict[str, str] = {
     "organiser_email": "the organiser's email",
 }
 
+# What a change notice's intro may use besides: what the attendee had been told before.
+NOTICE_PLACEHOLDERS: dict[str, str] = {
+    **PLACEHOLDERS,
+    "old_start_local": "the start the attendee had been told, in their zone",
+    "old_end_local": "the end the attendee had been told, in their zone",
+    "old_location": "the place the attendee had been told",
+    "old_join_url": "the join link the attendee had been told",
+    "cancellation_reason": "the reason staff gave for cancelling (blank otherwise)",
+}
+
 # "{{" and "}}" (literal braces), a braced name, or a lone brace.
 _TOKEN = re.compile(r"\{\{|\}\}|\{([^{}\n]*)\}|[{}]")
 
 
-def valid_list() -> str:
-    return ", ".join(f"{{{name}}}" for name in PLACEHOLDERS)
+def valid_list(names: Mapping[str, str] = PLACEHOLDERS) -> str:
+    return ", ".join(f"{{{name}}}" for name in names)
 
 
-def text_problems(text: str) -> list[str]:
+def text_problems(text: str, names: Mapping[str, str] = PLACEHOLDERS) -> list[str]:
     """Return one message per mistake in ``text``: unknown placeholders and lone braces."""
     problems: list[str] = []
     for match in _TOKEN.finditer(text):
@@ -51,8 +61,8 @@ def text_problems(text: str) -> list[str]:
                 f"A lone {token!r} at character {match.start() + 1}: write {token * 2} "
                 f"for a literal brace, or a placeholder such as {{attendee_name}}."
             )
-        elif name not in PLACEHOLDERS:
-            close = difflib.get_close_matches(name.strip(), PLACEHOLDERS, n=1)
+        elif name not in names:
+            close = difflib.get_close_matches(name.strip(), list(names), n=1)
             hint = f" Did you mean {{{close[0]}}}?" if close else ""
             problems.append(f"Unknown placeholder {token}.{hint}")
     return problems
@@ -62,7 +72,7 @@ def text_problems(text: str) -> list[str]:
 MAX_TEXT_LENGTH = 5_000
 
 
-def validate_reminder_text(value: str) -> None:
+def validate_reminder_text(value: str, names: Mapping[str, str] = PLACEHOLDERS) -> None:
     """Refuse a subject or intro that is too long, or has an unknown placeholder or a lone
     brace, naming each."""
     if len(value or "") > MAX_TEXT_LENGTH:
@@ -72,13 +82,18 @@ def validate_reminder_text(value: str) -> None:
             code="too_long",
             params={"length": f"{len(value):,}", "limit": f"{MAX_TEXT_LENGTH:,}"},
         )
-    problems = text_problems(value or "")
+    problems = text_problems(value or "", names)
     if problems:
         raise ValidationError(
             "%(problems)s Valid placeholders: %(valid)s.",
             code="unknown_placeholder",
-            params={"problems": " ".join(problems), "valid": valid_list()},
+            params={"problems": " ".join(problems), "valid": valid_list(names)},
         )
+
+
+def validate_notice_text(value: str) -> None:
+    """Refuse a change notice's intro as validate_reminder_text does, with its own placeholders."""
+    validate_reminder_text(value, NOTICE_PLACEHOLDERS)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -101,7 +116,7 @@ def _parts(text: str) -> tuple[tuple[str, str], ...]:
         token, name = match.group(0), match.group(1)
         if token in ("{{", "}}"):
             add_literal(token[0])
-        elif name in PLACEHOLDERS:
+        elif name in NOTICE_PLACEHOLDERS:
             parts.append((name, token))
         else:
             add_literal(token)

@@ -92,22 +92,31 @@ def workshop_update(*, workshop: Workshop, **changes) -> Workshop:
     return locked
 
 
-def workshop_cancel(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
-    """Cancel a workshop; its unsent reminders become cancelled in the same transaction."""
-    return _set_status(workshop, Workshop.Status.SCHEDULED, Workshop.Status.CANCELLED, clock=clock)
+def workshop_cancel(
+    *, workshop: Workshop, reason: str = "", clock: Clock | None = None
+) -> Workshop:
+    """Cancel a workshop, keeping ``reason`` for its attendees; its unsent reminders become
+    cancelled in the same transaction."""
+    return _set_status(
+        workshop, Workshop.Status.SCHEDULED, Workshop.Status.CANCELLED, reason=reason, clock=clock
+    )
 
 
 def workshop_reinstate(*, workshop: Workshop, clock: Clock | None = None) -> Workshop:
     """Bring a cancelled workshop back; listeners re-plan what can still be sent."""
-    return _set_status(workshop, Workshop.Status.CANCELLED, Workshop.Status.SCHEDULED, clock=clock)
+    return _set_status(
+        workshop, Workshop.Status.CANCELLED, Workshop.Status.SCHEDULED, reason="", clock=clock
+    )
 
 
-def _set_status(workshop: Workshop, old: str, new: str, *, clock: Clock | None) -> Workshop:
+def _set_status(
+    workshop: Workshop, old: str, new: str, *, reason: str, clock: Clock | None
+) -> Workshop:
     """Move ``workshop`` from ``old`` to ``new`` with a guarded UPDATE and announce it."""
     now = (clock or default_clock()).now()
     with transaction.atomic():
         updated = Workshop.objects.filter(pk=workshop.pk, status=old).update(
-            status=new, updated_at=now
+            status=new, cancellation_reason=reason, updated_at=now
         )
         workshop.refresh_from_db()
         if updated:

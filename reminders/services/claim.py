@@ -171,13 +171,20 @@ def _claim_update(
     lease_sql, lease_params = now.plus(lease)
     now_sql, now_params = now.plus()
     window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
+    workshops = quote(Workshop._meta.db_table)
+    reminders = quote(Reminder._meta.db_table)
     sql = (
-        f"UPDATE {quote(Reminder._meta.db_table)} SET status = %s, claim_token = %s, "
+        f"UPDATE {reminders} SET status = %s, claim_token = %s, "
         f"lease_expires_at = {lease_sql}, attempts = attempts + 1, channel = %s, "
-        f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s WHERE {among} "
+        f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s, "
+        # What the message rendered from this claim's read shows (the same
+        # snapshot): what the attendee is told if it goes (notices compare it).
+        "(told_starts_at, told_ends_at, told_location, told_join_url, told_cancelled) = "
+        f"(SELECT starts_at, ends_at, location, join_url, FALSE FROM {workshops} "
+        f"WHERE {workshops}.id = {reminders}.workshop_id) WHERE {among} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= {now_sql}) "
         f"AND status IN ({opened}) "
-        f"AND workshop_id IN (SELECT id FROM {quote(Workshop._meta.db_table)} "
+        f"AND workshop_id IN (SELECT id FROM {workshops} "
         f"WHERE status = %s AND {window}) "
         f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
         "WHERE status = %s)"

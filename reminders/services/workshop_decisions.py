@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
+from functools import partial
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
@@ -129,7 +130,8 @@ def workshops_cancel(
         clock=clock,
         preview=lambda clock: workshop_cancel_preview(workshops=workshops),
         status=Workshop.Status.SCHEDULED,
-        change=workshop_cancel,
+        # The attendees already reminded hear of it with this reason (a change notice).
+        change=partial(workshop_cancel, reason=clean_reason(reason)),
         affected=Q(status__in=Reminder.OPEN_STATUSES),
         changed=Q(status=Status.CANCELLED),
     )

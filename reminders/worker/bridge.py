@@ -34,7 +34,7 @@ from delivery.channels.threaded import ThreadedChannel
 from delivery.envelope import Envelope
 from delivery.limiter import RateLimiter, RedisRateLimiter
 from delivery.limits import DeliveryLimits
-from delivery.message import message_id_for
+from delivery.message import calendar_of, message_id_for
 from delivery.results import DeliveryResult
 from delivery.session import Session
 from reminders.content import sender_domain
@@ -87,6 +87,10 @@ def send_with_django(envelope: Envelope) -> str:
     message.metadata = {"reminder_key": envelope.key}
     if envelope.html_body:
         message.attach_alternative(envelope.html_body, "text/html")
+    if calendar := calendar_of(envelope):
+        message.attach_alternative(
+            calendar.content.decode(), f"text/calendar; method={envelope.calendar_method}"
+        )
     for attachment in envelope.attachments:
         message.attach(attachment.filename, attachment.content, attachment.content_type)
     try:

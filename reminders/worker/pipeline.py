@@ -37,6 +37,12 @@ from reminders.services import (
     scan_completed,
 )
 from reminders.services.feedback import delivery_events_prune, suppressions_refusing
+from reminders.services.notices import (
+    notices_dispatch,
+    notices_plan,
+    notices_revise,
+    notices_settle,
+)
 from reminders.services.watch import ClaimWatch
 from reminders.worker import bridge
 from reminders.worker.logcontext import claim_context
@@ -59,12 +65,24 @@ class DatabaseUnavailable(Exception):
         self.held = held
 
 
-def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[str, int]:
+def _notices(*, clock: Clock, publish) -> dict[str, int]:
+    """Revise, settle, plan and dispatch change notices (reminders.services.notices)."""
+    counts = {"revisions": notices_revise(clock=clock)}
+    counts.update(notices_settle(clock=clock))
+    counts["notices_planned"] = notices_plan(clock=clock)
+    counts["notices_dispatched"] = notices_dispatch(clock=clock, publish=publish)
+    return {name: value for name, value in counts.items() if value}
+
+
+def scan(
+    *, clock: Clock | None = None, publish=None, worker: str = "", notices_publish=None
+) -> dict[str, int]:
     """Settle unsent rows, reap lost claims, plan new reminders and dispatch due ones.
 
     Ends by recording its own completion (reminders.models.ScanRun), which the
     health view compares with beat's last publish. ``publish`` replaces the
-    broker publish (benchmarks count messages with it).
+    broker publish (benchmarks count messages with it); ``notices_publish``
+    the change notices' one.
     """
     clock = clock or default_clock()
     started = clock.monotonic()
@@ -101,6 +119,14 @@ def scan(*, clock: Clock | None = None, publish=None, worker: str = "") -> dict[
         lambda: reminders_dispatch(clock=clock, publish=publish or queue.publish_batch),
         0,
     )
+    # Change notices: after the reminders' own phases, so a reminder claimed in this
+    # scan's dispatch is not yet told anything the notices would compare.
+    noticed = timed(
+        "notices",
+        lambda: _notices(clock=clock, publish=notices_publish or queue.publish_notices),
+        {},
+    )
+    counts.update(noticed)
     timed(
         "prune",
         lambda: dispatches_prune(clock=clock) + delivery_events_prune(clock=clock),

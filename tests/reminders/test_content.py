@@ -6,6 +6,7 @@ subject, the text and HTML bodies, the http body and the calendar file.
 
 from __future__ import annotations
 
+import re
 from datetime import timedelta
 
 import pytest
@@ -76,9 +77,9 @@ def test_no_character_of_a_title_can_end_its_line_in_the_calendar_file(reminder,
     ics = workshop_ics(reminder=reminder).decode()
     lines = ics.replace("\r\n ", "").split("\r\n")
     assert f"SUMMARY:{summary}" in lines
-    assert [line.split(":", 1)[0] for line in lines if line] == [
-        "BEGIN", "VERSION", "PRODID", "METHOD", "BEGIN", "UID", "DTSTAMP", "DTSTART",
-        "DTEND", "SUMMARY", "DESCRIPTION", "END", "END",
+    assert [re.split("[:;]", line, maxsplit=1)[0] for line in lines if line] == [
+        "BEGIN", "VERSION", "PRODID", "METHOD", "BEGIN", "UID", "DTSTAMP", "SEQUENCE",
+        "DTSTART", "DTEND", "SUMMARY", "DESCRIPTION", "STATUS", "ORGANIZER", "END", "END",
     ]  # fmt: skip
     assert not any(ch in ics for ch in "\u2028\u2029\x85\x0b\x0c\x00\x1b\x7f")
 

@@ -1,0 +1,546 @@
+"""Change notices: a reminded attendee hears when their workshop changes, once per revision.
+
+Driven by the scan from a difference, never by a hook on one write path: what
+each attendee was last told (``Reminder.told_*``, written by the claim that
+rendered their reminder and by each notice sent after it) against the
+workshop and their enrollment as they are now. A change made in the admin, by
+a service, or by ``QuerySet.update()`` in a shell is found the same way.
+
+1. ``notices_revise`` numbers a WorkshopRevision under the workshop row's
+   lock when the facts differ from what some attendee was told; a newer
+   revision supersedes the notices of older ones not yet sent. Edits within
+   REMINDERS_NOTICE_SETTLE of the first (never more than a quarter of the
+   time left) fold into one revision.
+2. ``notices_plan``: once a revision settles, one Notice per attendee whose
+   state differs, unique on (attendee, workshop, revision number).
+3. ``notices_settle``: open notices of a workshop that started are missed;
+   a claim whose lease expired is ``unknown`` (or tried again with the same
+   key on a channel that honours keys).
+4. ``notices_dispatch`` publishes the due ones; a worker claims them
+   (``notice_claim``), sends them on the reminders' engine, and records each
+   outcome fenced by its claim (``notice_record``).
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from functools import partial
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import Exists, F, OuterRef, Q
+
+from clock import Clock, default_clock
+from delivery.redact import redact_text
+from delivery.results import DeliveryResult, Outcome
+from reminders.content import choose_notice_text
+from reminders.models import MessageText, Notice, Reminder, WorkshopRevision, notice_key
+from reminders.services._sql import database_now, update_returning
+from reminders.services.record import channel_honours_keys, retry_delay
+from workshops.models import Enrollment, Workshop
+
+logger = logging.getLogger(__name__)
+
+Status = Notice.Status
+Kind = Notice.Kind
+# Reminders whose attendee was (or may have been) told the facts they carried.
+TOLD = (Reminder.Status.SENT, Reminder.Status.UNKNOWN)
+OPEN = (Status.PENDING, Status.SENDING)
+
+STARTED = "the workshop started before the notice could be sent"
+LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
+MAYBE_SENT = "{what}; the provider may have accepted it (channel {channel} has no idempotency key)"
+
+
+@dataclass(frozen=True, slots=True)
+class Facts:
+    """What a notice tells of a workshop: a change to any of it is news to a reminded attendee."""
+
+    starts_at: datetime
+    ends_at: datetime
+    location: str
+    join_url: str
+    cancelled: bool
+
+    @classmethod
+    def of_workshop(cls, workshop: Workshop) -> Facts:
+        return cls(
+            workshop.starts_at,
+            workshop.ends_at,
+            workshop.location,
+            workshop.join_url,
+            workshop.status == Workshop.Status.CANCELLED,
+        )
+
+    @classmethod
+    def of_revision(cls, revision: WorkshopRevision) -> Facts:
+        return cls(
+            revision.starts_at,
+            revision.ends_at,
+            revision.location,
+            revision.join_url,
+            revision.cancelled,
+        )
+
+
+def settle_delay(*, now: datetime, starts_at: datetime) -> timedelta:
+    """Return how long a change waits for more edits: REMINDERS_NOTICE_SETTLE, at most a
+    quarter of the time left before the start."""
+    left = max(timedelta(0), starts_at - now)
+    return min(timedelta(seconds=settings.REMINDERS_NOTICE_SETTLE), left / 4)
+
+
+# The attendee's state now, through a Reminder's relations: cancelled when the
+# workshop or their own enrollment is.
+_CANCELLED_NOW = Q(workshop__status=Workshop.Status.CANCELLED) | Q(
+    enrollment__status=Enrollment.Status.CANCELLED
+)
+_SAME_FACTS = Q(
+    told_starts_at=F("workshop__starts_at"),
+    told_ends_at=F("workshop__ends_at"),
+    told_location=F("workshop__location"),
+    told_join_url=F("workshop__join_url"),
+)
+# What the attendee was last told differs from their state now. Cancelled is
+# cancelled: a cancelled workshop that moves is no news.
+_DIFFERS = (_CANCELLED_NOW & Q(told_cancelled=False)) | (
+    ~_CANCELLED_NOW & (Q(told_cancelled=True) | ~_SAME_FACTS)
+)
+
+
+def _covered(*, cancelled: bool) -> Exists:
+    """A notice (not superseded) already tells the attendee the workshop's facts as they are
+    now, of the matching kind: sent, under way, failed or silenced, it is not planned again."""
+    notices = Notice.objects.filter(
+        reminder=OuterRef("pk"),
+        revision__starts_at=OuterRef("workshop__starts_at"),
+        revision__ends_at=OuterRef("workshop__ends_at"),
+        revision__location=OuterRef("workshop__location"),
+        revision__join_url=OuterRef("workshop__join_url"),
+    ).exclude(status=Status.SUPERSEDED)
+    if cancelled:
+        return Exists(notices.filter(kind=Kind.CANCELLED))
+    return Exists(notices.exclude(kind=Kind.CANCELLED))
+
+
+def _needing_notice() -> Q:
+    """Reminders whose attendee must hear of the workshop as it is now and has no notice for it."""
+    uncovered = (_CANCELLED_NOW & ~_covered(cancelled=True)) | (
+        ~_CANCELLED_NOW & ~_covered(cancelled=False)
+    )
+    return _DIFFERS & uncovered
+
+
+def _told(now: datetime):
+    """Reminders told something of a workshop that has not started."""
+    return Reminder.objects.filter(status__in=TOLD, workshop__starts_at__gt=now)
+
+
+def notices_revise(*, clock: Clock | None = None) -> int:
+    """Number a new revision for each workshop whose facts some reminded attendee has not
+    heard; return how many were numbered."""
+    now = database_now(clock or default_clock())
+    differing = _told(now).filter(_needing_notice()).values_list("workshop_id", flat=True)
+    settling = WorkshopRevision.objects.filter(
+        planned_at__isnull=True, superseded_at__isnull=True, workshop__starts_at__gt=now
+    ).values_list("workshop_id", flat=True)
+    candidates = sorted(set(differing.distinct()) | set(settling))
+    return sum(_revise(workshop_id, now=now) for workshop_id in candidates)
+
+
+def _revise(workshop_id: int, *, now: datetime) -> bool:
+    with transaction.atomic():
+        # FOR NO KEY UPDATE, as the staff decisions take it: one of them or this at a time.
+        workshop = Workshop.objects.select_for_update(no_key=True).filter(pk=workshop_id).first()
+        if workshop is None or workshop.starts_at <= now:
+            return False
+        current = Facts.of_workshop(workshop)
+        latest = WorkshopRevision.objects.filter(workshop=workshop).order_by("-number").first()
+        delay = settle_delay(now=now, starts_at=workshop.starts_at)
+        if latest is not None and latest.planned_at is None and latest.superseded_at is None:
+            if Facts.of_revision(latest) == current:
+                return False  # settling, with the facts as they are
+            # Edited again while settling: one notice, with the final facts, when the
+            # first edit's period ends.
+            settles_at = min(latest.settles_at, now + delay)
+        else:
+            needing = _told(now).filter(_needing_notice(), workshop=workshop)
+            if not needing.exists():
+                return False
+            settles_at = now + delay
+        number = latest.number + 1 if latest is not None else 1
+        WorkshopRevision.objects.create(
+            workshop=workshop,
+            number=number,
+            starts_at=current.starts_at,
+            ends_at=current.ends_at,
+            location=current.location,
+            join_url=current.join_url,
+            cancelled=current.cancelled,
+            cancellation_reason=workshop.cancellation_reason if current.cancelled else "",
+            created_at=now,
+            settles_at=settles_at,
+        )
+        WorkshopRevision.objects.filter(
+            workshop=workshop,
+            number__lt=number,
+            planned_at__isnull=True,
+            superseded_at__isnull=True,
+        ).update(superseded_at=now)
+        superseded = Notice.objects.filter(
+            workshop=workshop, number__lt=number, status=Status.PENDING
+        ).update(
+            status=Status.SUPERSEDED,
+            status_reason=f"superseded by revision {number}",
+            updated_at=now,
+        )
+    logger.info(
+        "Workshop %s: revision %s, notices planned from %s (%s unsent notices superseded)",
+        workshop_id,
+        number,
+        settles_at.isoformat(),
+        superseded,
+    )
+    return True
+
+
+def notices_plan(*, clock: Clock | None = None) -> int:
+    """Plan the notices of every revision that settled; return how many were created."""
+    now = database_now(clock or default_clock())
+    due = WorkshopRevision.objects.filter(
+        planned_at__isnull=True, superseded_at__isnull=True, settles_at__lte=now
+    ).values_list("pk", "workshop_id")
+    return sum(_plan(pk, workshop_id, now=now) for pk, workshop_id in due)
+
+
+def _plan(revision_id: int, workshop_id: int, *, now: datetime) -> int:
+    with transaction.atomic():
+        workshop = Workshop.objects.select_for_update(no_key=True).filter(pk=workshop_id).first()
+        revision = WorkshopRevision.objects.filter(
+            pk=revision_id, planned_at__isnull=True, superseded_at__isnull=True
+        ).first()
+        if workshop is None or revision is None:
+            return 0
+        if Facts.of_revision(revision) != Facts.of_workshop(workshop):
+            return 0  # changed since: the next revise supersedes it
+        notices = []
+        if workshop.starts_at > now:
+            rows = (
+                _told(now)
+                .filter(_needing_notice(), workshop=workshop, told_revision__lt=revision.number)
+                .values_list(
+                    "pk", "attendee_id", "enrollment__status", "told_cancelled",
+                    "told_starts_at", "told_ends_at", "told_location", "told_join_url",
+                )
+            )  # fmt: skip
+            silenced = revision.silenced_by_id is not None
+            for pk, attendee_id, enrolled, told_cancelled, *old in rows:
+                if revision.cancelled or enrolled == Enrollment.Status.CANCELLED:
+                    kind = Kind.CANCELLED
+                else:
+                    kind = Kind.REINSTATED if told_cancelled else Kind.CHANGED
+                notices.append(
+                    Notice(
+                        reminder_id=pk,
+                        attendee_id=attendee_id,
+                        workshop=workshop,
+                        revision=revision,
+                        number=revision.number,
+                        kind=kind,
+                        key=notice_key(
+                            attendee_id=attendee_id,
+                            workshop_id=workshop.pk,
+                            revision=revision.number,
+                        ),
+                        old_starts_at=old[0],
+                        old_ends_at=old[1],
+                        old_location=old[2],
+                        old_join_url=old[3],
+                        status=Status.SILENCED if silenced else Status.PENDING,
+                        status_reason="staff chose not to notify" if silenced else "",
+                        created_at=now,
+                        updated_at=now,
+                    )
+                )
+        created = Notice.objects.bulk_create(notices, ignore_conflicts=True)
+        WorkshopRevision.objects.filter(pk=revision.pk).update(planned_at=now)
+    if notices:
+        logger.info(
+            "Workshop %s revision %s: %s notices planned",
+            workshop_id,
+            revision.number,
+            len(created),
+        )
+    return len(notices)
+
+
+def notices_settle(*, clock: Clock | None = None) -> dict[str, int]:
+    """Close what can no longer be sent: open notices of a started workshop, lost claims."""
+    now = database_now(clock or default_clock())
+    counts: Counter[str] = Counter()
+    started = Notice.objects.filter(status=Status.PENDING, workshop__starts_at__lte=now)
+    for maybe_sent, status in ((False, Status.MISSED), (True, Status.UNKNOWN)):
+        counts["notices_missed"] += started.filter(maybe_sent=maybe_sent).update(
+            status=status, status_reason=STARTED, queued_until=None, updated_at=now
+        )
+    lost = Notice.objects.filter(status=Status.SENDING, lease_expires_at__lte=now)
+    for notice in lost.select_related("revision", "workshop"):
+        lapsed = Notice.objects.filter(
+            pk=notice.pk, status=Status.SENDING, claim_token=notice.claim_token
+        )
+        if channel_honours_keys(notice.channel) and notice.workshop.starts_at > now:
+            # Sent again with the same key: the provider drops a second copy.
+            counts["notices_reaped"] += lapsed.update(
+                status=Status.PENDING, maybe_sent=True, claim_token=None,
+                lease_expires_at=None, updated_at=now,
+            )  # fmt: skip
+            continue
+        with transaction.atomic():
+            if lapsed.update(
+                status=Status.UNKNOWN, status_reason=LEASE_LOST, maybe_sent=True,
+                claim_token=None, lease_expires_at=None, updated_at=now,
+            ):  # fmt: skip
+                counts["notices_reaped"] += 1
+                _mark_told(notice)
+    return {name: value for name, value in counts.items() if value}
+
+
+def notices_dispatch(*, publish: Callable[[list[int]], object], clock: Clock | None = None) -> int:
+    """Publish the notices that may be sent now, by id, in batches after commit; return how many.
+
+    A notice is published again only when the message carrying it has had
+    REMINDERS_REQUEUE_AFTER to be consumed (``queued_until``).
+    """
+    now = database_now(clock or default_clock())
+    due = Notice.objects.filter(
+        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+        Q(queued_until__isnull=True) | Q(queued_until__lte=now),
+        status=Status.PENDING,
+        workshop__starts_at__gt=now,
+    )
+    ids = list(
+        due.order_by("workshop__starts_at", "pk").values_list("pk", flat=True)[
+            : settings.REMINDERS_DISPATCH_LIMIT
+        ]
+    )
+    if not ids:
+        return 0
+    size = settings.REMINDERS_BATCH_SIZE
+    with transaction.atomic():
+        queued = sorted(
+            pk
+            for pk, _ in update_returning(
+                Notice.objects.filter(pk__in=ids, status=Status.PENDING),
+                queued_until=now + timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER),
+                updated_at=now,
+            )
+        )
+        for start in range(0, len(queued), size):
+            transaction.on_commit(partial(_publish, publish, queued[start : start + size]))
+    logger.info("Dispatched %s change notices", len(queued))
+    return len(queued)
+
+
+def _publish(publish, ids: list[int]) -> None:
+    if publish(ids) is False:
+        Notice.objects.filter(pk__in=ids, status=Status.PENDING).update(queued_until=None)
+
+
+@dataclass(frozen=True, slots=True)
+class NoticeClaim:
+    """Notices one worker now owns, fenced by ``token``."""
+
+    token: uuid.UUID
+    channel: str
+    notices: list[Notice]
+    # The instant, on this host's clock, after which no call for each notice may start:
+    # its workshop's start as the database's clock counted it at the claim.
+    send_by: dict[int, datetime] = field(default_factory=dict)
+
+
+def _live_now() -> Q:
+    """Notices that still say what is true: their revision is the workshop as it is now, and
+    their kind the attendee's state now."""
+    cancelled = Q(workshop__status=Workshop.Status.CANCELLED) | Q(
+        reminder__enrollment__status=Enrollment.Status.CANCELLED
+    )
+    return Q(
+        revision__superseded_at__isnull=True,
+        revision__starts_at=F("workshop__starts_at"),
+        revision__ends_at=F("workshop__ends_at"),
+        revision__location=F("workshop__location"),
+        revision__join_url=F("workshop__join_url"),
+    ) & ((Q(kind=Kind.CANCELLED) & cancelled) | (~Q(kind=Kind.CANCELLED) & ~cancelled))
+
+
+def notice_claim(
+    *,
+    ids: list[int],
+    channel: str,
+    clock: Clock | None = None,
+    lease_seconds: int | None = None,
+) -> NoticeClaim:
+    """Make the calling worker the single owner of those of ``ids`` that may be sent now.
+
+    Judged from the workshop and enrollment as they are now, by the database's
+    clock: pending, past any retry time, the workshop not started, and the
+    notice still true (``_live_now``). The guarded UPDATE re-checks
+    ``status = 'pending'`` on each row it takes, so of two claimers exactly one
+    wins it. Notices of a workshop that started are marked missed here. Each
+    notice's text is frozen at its first claim, as a reminder's.
+    """
+    clock = clock or default_clock()
+    host_now = clock.now()
+    now = database_now(clock)
+    token = uuid.uuid4()
+    lease = timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
+    eligible = list(
+        Notice.objects.filter(
+            _live_now(),
+            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+            pk__in=ids,
+            status=Status.PENDING,
+            workshop__starts_at__gt=now,
+        ).values_list("pk", flat=True)
+    )
+    taken = [
+        pk
+        for pk, _ in update_returning(
+            Notice.objects.filter(pk__in=eligible, status=Status.PENDING),
+            status=Status.SENDING,
+            claim_token=token,
+            lease_expires_at=now + lease,
+            attempts=F("attempts") + 1,
+            channel=channel,
+            queued_until=None,
+            updated_at=now,
+        )
+    ]
+    Notice.objects.filter(
+        pk__in=[pk for pk in ids if pk not in taken],
+        status=Status.PENDING,
+        workshop__starts_at__lte=now,
+        maybe_sent=False,
+    ).update(status=Status.MISSED, status_reason=STARTED, queued_until=None, updated_at=now)
+    notices = list(
+        Notice.objects.filter(pk__in=taken, claim_token=token)
+        .select_related("attendee", "workshop", "revision", "text", "reminder")
+        .order_by("workshop__starts_at", "pk")
+    )
+    _freeze_texts([notice for notice in notices if notice.text_id is None])
+    send_by = {n.pk: host_now + (n.workshop.starts_at - now) for n in notices}
+    return NoticeClaim(token=token, channel=channel, notices=notices, send_by=send_by)
+
+
+def _freeze_texts(notices: list[Notice]) -> None:
+    """Fix the language and intro of notices claimed for the first time (shared MessageText
+    rows, as a reminder's): every later send of the notice renders from it."""
+    if not notices:
+        return
+    chosen = {
+        n.pk: choose_notice_text(workshop=n.workshop, attendee=n.attendee, kind=n.kind)
+        for n in notices
+    }
+    digests = {text.digest: text for text in chosen.values()}
+    MessageText.objects.bulk_create(digests.values(), ignore_conflicts=True)
+    stored = {text.digest: text for text in MessageText.objects.filter(digest__in=digests)}
+    for digest, text in stored.items():
+        ids = [pk for pk, choice in chosen.items() if choice.digest == digest]
+        Notice.objects.filter(pk__in=ids, text__isnull=True).update(text=text)
+    for notice in notices:
+        notice.text = stored[chosen[notice.pk].digest]
+
+
+def notice_record(
+    *, claim: NoticeClaim, results: list[DeliveryResult], clock: Clock | None = None
+) -> dict[str, int]:
+    """Write each outcome, fenced by the claim; return counts by the new status.
+
+    Sent, or perhaps sent (``unknown``), moves what the attendee was told
+    forward to the notice's revision.
+    """
+    now = database_now(clock or default_clock())
+    by_id = {notice.pk: notice for notice in claim.notices}
+    counts: Counter[str] = Counter()
+    for result in results:
+        notice = by_id.get(result.reminder_id)
+        if notice is None:
+            continue
+        values = _verdict(notice=notice, result=result, channel=claim.channel, now=now)
+        with transaction.atomic():
+            changed = Notice.objects.filter(
+                pk=notice.pk, claim_token=claim.token, status=Status.SENDING
+            ).update(claim_token=None, lease_expires_at=None, updated_at=now, **values)
+            if changed and values["status"] in (Status.SENT, Status.UNKNOWN):
+                _mark_told(notice)
+        if changed:
+            counts[f"notices_{values['status']}"] += 1
+    return dict(counts)
+
+
+def _verdict(*, notice: Notice, result: DeliveryResult, channel: str, now: datetime) -> dict:
+    """Return the columns one delivery result writes on its notice (pure)."""
+    error = redact_text(result.error)
+    if result.outcome == Outcome.SENT:
+        return {
+            "status": Status.SENT,
+            "status_reason": "",
+            "sent_at": now,
+            "provider_message_id": (result.message_id or "")[:255],
+            "last_error": "",
+        }
+    maybe = result.maybe_delivered or notice.maybe_sent
+    if result.maybe_delivered and not channel_honours_keys(channel):
+        what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
+            result.outcome, "failed without a definite answer"
+        )
+        reason = MAYBE_SENT.format(what=what, channel=channel)
+        return _final(Status.UNKNOWN, reason, error)
+    if result.outcome == Outcome.PERMANENT:
+        return _final(Status.UNKNOWN if maybe else Status.FAILED, error, error)
+    if result.outcome == Outcome.EXPIRED:
+        return _final(Status.UNKNOWN if maybe else Status.MISSED, STARTED, error)
+    if not result.provider_reached and result.attempts == 0:
+        # Stopped before any call: back as it was, the attempt not counted.
+        return {
+            "status": Status.PENDING,
+            "attempts": F("attempts") - 1,
+            "last_error": error,
+            "maybe_sent": maybe,
+        }
+    if notice.attempts >= settings.REMINDERS_MAX_ATTEMPTS:
+        reason = f"gave up after {notice.attempts} attempts: {error}"
+        return _final(Status.UNKNOWN if maybe else Status.FAILED, reason, error)
+    return {
+        "status": Status.PENDING,
+        "next_attempt_at": now + retry_delay(notice.attempts),
+        "last_error": error,
+        "maybe_sent": maybe,
+    }
+
+
+def _final(status: str, reason: str, error: str) -> dict:
+    return {
+        "status": status,
+        "status_reason": reason[:200],
+        "last_error": error,
+        "maybe_sent": status == Status.UNKNOWN,
+    }
+
+
+def _mark_told(notice: Notice) -> None:
+    """Record that the attendee now holds the notice's revision (unless a later one already)."""
+    revision = notice.revision
+    Reminder.objects.filter(pk=notice.reminder_id, told_revision__lt=notice.number).update(
+        told_starts_at=revision.starts_at,
+        told_ends_at=revision.ends_at,
+        told_location=revision.location,
+        told_join_url=revision.join_url,
+        told_cancelled=notice.kind == Kind.CANCELLED,
+        told_revision=notice.number,
+    )

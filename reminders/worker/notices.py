@@ -1,0 +1,98 @@
+"""Deliver change notices on a worker: claim, render, send on the reminders' engine, record.
+
+The same channels, rate limiter and session as reminders (reminders.worker.bridge),
+one concurrency-sized chunk at a time; the claim and record are the notices' own
+(reminders.services.notices), since a cancellation notice goes to a cancelled workshop.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+
+from django.conf import settings
+
+from clock import Clock, default_clock
+from delivery.results import DeliveryResult, Outcome
+from delivery.session import Interrupted
+from reminders.content import notice_envelope
+from reminders.services.feedback import suppressions_refusing
+from reminders.services.notices import notice_claim, notice_record
+from reminders.worker import bridge
+
+logger = logging.getLogger(__name__)
+
+
+def deliver_notices(
+    ids: list[int],
+    *,
+    clock: Clock | None = None,
+    channel: str | None = None,
+    worker: str = "",
+    stop=None,
+) -> dict[str, int]:
+    """Claim, render, send and record the notices ``ids``; return counts by outcome.
+
+    No call starts after a notice's workshop starts (its envelope's ``send_by``),
+    and ``stop`` ends the batch between chunks; what is not claimed stays
+    pending for the next scan. A worker lost mid-send leaves its chunk
+    ``sending`` until the lease, then the scan marks it ``unknown``.
+    """
+    clock = clock or default_clock()
+    channel = channel or settings.REMINDERS_CHANNEL
+    chunk_size = bridge.check_channel(channel, clock=clock)
+    started = clock.monotonic()
+    budget = float(settings.REMINDERS_BATCH_BUDGET)
+    counts: Counter[str] = Counter()
+    with bridge.delivery_session(channel=channel, clock=clock) as session:
+        for offset in range(0, len(ids), chunk_size):
+            remaining = budget - (clock.monotonic() - started)
+            if remaining < 1 or (stop is not None and stop.is_set()):
+                counts["notices_deferred"] += len(ids) - offset
+                break
+            claim = notice_claim(
+                ids=ids[offset : offset + chunk_size], channel=channel, clock=clock
+            )
+            if not claim.notices:
+                continue
+            results: list[DeliveryResult] = []
+            envelopes = []
+            refusals = suppressions_refusing([n.attendee.email for n in claim.notices])
+            for notice in claim.notices:
+                if (refusal := refusals.get(notice.attendee.email)) is not None:
+                    results.append(_not_sent(notice, refusal))
+                    continue
+                try:
+                    envelopes.append(
+                        notice_envelope(notice=notice, send_by=claim.send_by[notice.pk])
+                    )
+                except (ValueError, TypeError, LookupError) as exc:
+                    results.append(_not_sent(notice, f"could not build the message: {exc}"))
+            try:
+                results += bridge.deliver_envelopes(
+                    envelopes,
+                    channel=channel,
+                    clock=clock,
+                    budget=remaining,
+                    stop=stop,
+                    session=session,
+                )
+            except Interrupted as exc:
+                notice_record(claim=claim, results=results + exc.results, clock=clock)
+                raise exc.cause from None
+            counts.update(notice_record(claim=claim, results=results, clock=clock))
+    logger.info("Notices %s: %s", worker or "batch", dict(counts))
+    return dict(counts)
+
+
+def _not_sent(notice, error: str) -> DeliveryResult:
+    return DeliveryResult(
+        reminder_id=notice.pk,
+        key=notice.key,
+        outcome=Outcome.PERMANENT,
+        message_id=None,
+        error=error,
+        attempts=0,
+        provider_reached=False,
+        maybe_delivered=False,
+    )
