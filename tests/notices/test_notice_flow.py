@@ -116,4 +116,3 @@ def test_cancelled_then_reinstated(clock, make_workshop, enrol, mail, run, setti
     assert [str(c["METHOD"]) for c in back] == ["PUBLISH", "PUBLISH"]
     assert [c.walk("VEVENT")[0]["SEQUENCE"] for c in back] == [2, 2]
     assert list(WorkshopRevision.objects.values_list("number", flat=True)) == [1, 2]
-

@@ -235,7 +235,15 @@ def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, publi
     run = ScanRun.objects.get(name="scan")
     assert run.counts == counts
     assert counts["dispatched"] == 4
-    assert set(run.phase_seconds) == {"settle", "reap", "plan", "dispatch", "notices", "prune", "resume"}
+    assert set(run.phase_seconds) == {
+        "settle",
+        "reap",
+        "plan",
+        "dispatch",
+        "notices",
+        "prune",
+        "resume",
+    }
     assert all(seconds >= 0 for seconds in run.phase_seconds.values())
     assert sum(run.phase_seconds.values()) <= run.duration_seconds + 0.005
 
