@@ -52,6 +52,7 @@ def run(clock, published, notices_published):
 
 
 def _move(workshop, by: timedelta):
+    workshop.refresh_from_db()
     workshop_update(
         workshop=workshop, starts_at=workshop.starts_at + by, ends_at=workshop.ends_at + by
     )
@@ -116,3 +117,163 @@ def test_cancelled_then_reinstated(clock, make_workshop, enrol, mail, run, setti
     assert [str(c["METHOD"]) for c in back] == ["PUBLISH", "PUBLISH"]
     assert [c.walk("VEVENT")[0]["SEQUENCE"] for c in back] == [2, 2]
     assert list(WorkshopRevision.objects.values_list("number", flat=True)) == [1, 2]
+
+
+def _kinds_by_recipient(sink) -> dict[str, list[tuple[str, int]]]:
+    found: dict[str, list[tuple[str, int]]] = {}
+    for message, calendar in _calendars(sink):
+        event = calendar.walk("VEVENT")[0]
+        to = message["To"].addresses[0].addr_spec
+        found.setdefault(to, []).append((str(calendar["METHOD"]), int(event["SEQUENCE"])))
+    return found
+
+
+def test_a_notice_not_yet_sent_is_superseded_by_a_newer_revision(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # revision 1
+    pipeline.scan(clock=clock)  # its notices planned and published, not yet delivered
+    assert Notice.objects.filter(number=1, status="pending").count() == 2
+    _move(workshop, timedelta(hours=1))
+    run()  # revision 2: the first notices are superseded, never sent
+    run()
+    assert dict(Notice.objects.values_list("number", "status").distinct()) == {
+        1: "superseded",
+        2: "sent",
+    }
+    assert [events[1:] for events in _kinds_by_recipient(mail).values()] == [[("PUBLISH", 2)]] * 2
+
+
+def test_moved_back_then_moved_again_while_settling_is_one_notice(
+    clock, make_workshop, enrol, mail, run
+):
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    for by in (1, -1, 1):  # the first revision's facts come back as the third's
+        _move(workshop, timedelta(hours=by))
+        run()
+        clock.advance(60)
+    clock.advance(300)
+    run()
+    run()
+    assert Notice.objects.filter(status="sent").count() == 2
+    assert [events[1:] for events in _kinds_by_recipient(mail).values()] == [[("PUBLISH", 3)]] * 2
+
+
+def test_a_change_five_minutes_before_the_start_settles_in_a_quarter_of_it(
+    clock, make_workshop, enrol, mail, run
+):
+    """REMINDERS_NOTICE_SETTLE is 300 s, but only 75 s are left to wait for more edits."""
+    workshop = make_workshop(starts_in=timedelta(hours=3), location="Room 1")
+    enrol(workshop, count=1)
+    run()
+    clock.advance((timedelta(hours=3) - timedelta(minutes=5)).total_seconds())
+    workshop_update(workshop=workshop, location="Room 2")
+    run()
+    clock.advance(74)
+    run()
+    assert not Notice.objects.exists()
+    clock.advance(1)
+    run()
+    notice = Notice.objects.get()
+    assert notice.status == "sent" and notice.sent_at < workshop.starts_at
+
+
+def test_no_notice_call_starts_after_the_start(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    workshop_update(workshop=workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    batches = list(notices_published)
+    clock.advance(3 * 3600)  # the workers were busy until the start
+    for batch in batches:
+        deliver_notices(batch, clock=clock)
+    pipeline.scan(clock=clock)
+    assert len(mail.messages) == 2  # the reminders only
+    assert set(Notice.objects.values_list("status", "status_reason")) == {
+        ("missed", "the workshop started before the notice could be sent")
+    }
+
+
+def test_an_attendee_who_cancels_after_the_reminder_gets_a_cancellation_alone(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    from workshops.services import enrollment_cancel
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    leaving, staying = enrol(workshop, count=2)
+    run()
+    enrollment_cancel(enrollment=leaving)
+    run()
+    run()
+    assert _kinds_by_recipient(mail) == {
+        leaving.attendee.email: [("PUBLISH", 0), ("CANCEL", 1)],
+        staying.attendee.email: [("PUBLISH", 0)],
+    }
+    # Told: a later move reaches only the one still enrolled.
+    _move(workshop, timedelta(hours=1))
+    run()
+    run()
+    assert _kinds_by_recipient(mail)[leaving.attendee.email] == [("PUBLISH", 0), ("CANCEL", 1)]
+    assert _kinds_by_recipient(mail)[staying.attendee.email] == [("PUBLISH", 0), ("PUBLISH", 2)]
+
+
+def test_an_attendee_whose_reminder_is_unknown_gets_the_notice(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """They may hold the old time: a notice they did not need costs less than a wasted trip."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    Reminder.objects.filter(pk=Reminder.objects.order_by("pk")[0].pk).update(status="unknown")
+    _move(workshop, timedelta(hours=1))
+    run()
+    run()
+    assert Notice.objects.filter(status="sent").count() == 2
+
+
+def test_a_change_made_with_queryset_update_is_noticed(clock, make_workshop, enrol, mail, run):
+    """No hook on a write path: the scan finds the difference however the row changed."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    Workshop.objects.filter(pk=workshop.pk).update(join_url="https://meet.example.com/new")
+    run()
+    clock.advance(301)
+    run()
+    [(message, _)] = _calendars(mail)[1:]
+    assert "https://meet.example.com/new" in message.get_body(("plain",)).get_content()
+
+
+def test_two_scans_racing_number_one_revision_and_plan_one_notice_each(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    from reminders.services.notices import notices_plan, notices_revise
+    from tests.support.races import race
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshops = [make_workshop(starts_in=timedelta(hours=3)) for _ in range(5)]
+    for workshop in workshops:
+        enrol(workshop, count=3)
+    run()
+    for workshop in workshops:
+        _move(workshop, timedelta(hours=1))
+    revised = race(*[lambda: notices_revise(clock=clock)] * 4)
+    assert sum(revised) == 5
+    planned = race(*[lambda: notices_plan(clock=clock)] * 4)
+    assert sum(planned) == 15
+    assert WorkshopRevision.objects.count() == 5
+    assert Notice.objects.count() == 15
