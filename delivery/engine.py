@@ -459,9 +459,9 @@ class _Batch:
                 self._no_calls.set()
             if self._observer is not None:
                 seconds = self._clock.monotonic() - call_started
-                self._observe("call_ended", self._name, call_outcome, seconds)
+                self._observe("call_ended", self._name, call_outcome, seconds, envelope.kind)
                 if call_outcome == CALL_SENT:
-                    self._observe("sent", self._name, self._seconds_left(envelope))
+                    self._observe("sent", self._name, self._seconds_left(envelope), envelope.kind)
         # Not in a finally: a cancellation must still see the call as in flight.
         progress.in_flight = False
         if failure is None:

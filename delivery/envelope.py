@@ -124,6 +124,8 @@ class Envelope:
     #: also carry it inline, as ``text/calendar; method=...`` (RFC 6047), which mail
     #: clients offer as a calendar update. Blank: a plain attachment only.
     calendar_method: str = ""
+    #: What the message is, for the observer's series: "reminder" or "notice" (a change notice).
+    kind: str = "reminder"
 
     @property
     def stop_at(self) -> datetime:
@@ -146,6 +148,8 @@ class Envelope:
         ):  # fmt: skip
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
+        if self.kind not in ("reminder", "notice"):
+            raise ValueError(f"Envelope.kind {self.kind!r} must be 'reminder' or 'notice'.")
         if self.calendar_method not in ("", "PUBLISH", "REQUEST", "CANCEL"):
             raise ValueError(
                 f"Envelope.calendar_method {self.calendar_method!r} must be '', 'PUBLISH', "

@@ -31,11 +31,11 @@ CALL_OUTCOMES = (
 class Observer(Protocol):
     """Receive the engine's measurements as plain values."""
 
-    def call_ended(self, channel: str, outcome: str, seconds: float) -> None:
-        """Count one provider call."""
+    def call_ended(self, channel: str, outcome: str, seconds: float, kind: str) -> None:
+        """Count one provider call for a message of ``kind`` (Envelope.kind)."""
 
-    def sent(self, channel: str, slack_seconds: float) -> None:
-        """Count a message accepted ``slack_seconds`` before its deadline."""
+    def sent(self, channel: str, slack_seconds: float, kind: str) -> None:
+        """Count a message of ``kind`` accepted ``slack_seconds`` before its deadline."""
 
     def limiter_waited(self, seconds: float) -> None:
         """Count one wait for the rate limiter."""

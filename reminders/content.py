@@ -707,6 +707,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
             Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
         calendar_method=method,
+        kind="notice",
         deadline_at=workshop.starts_at,
         send_by=send_by,
         payload=FrozenMap(

@@ -16,7 +16,7 @@ from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, language_name, reminder_language
-from reminders.models import DeliveryEvent, Reminder, ScanRun
+from reminders.models import DeliveryEvent, Notice, Reminder, ScanRun, WorkshopRevision
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 from workshops.models import Enrollment, Workshop
@@ -357,3 +357,37 @@ def delivery_state_q(state: str) -> Q:
         return Q(delivery_kind__isnull=True)
     kind, _, bounce = state.partition(":")
     return Q(delivery_kind=kind, delivery_bounce=bounce)
+
+
+@dataclass(frozen=True, slots=True)
+class RevisionRow:
+    """One revision of a workshop, as its page lists it: what it says and its notices."""
+
+    revision: WorkshopRevision
+    state: str
+    counts: dict[str, int]
+
+
+def workshop_notice_revisions(workshop: Workshop) -> list[RevisionRow]:
+    """Return the workshop's revisions, newest first, with their notices counted by status."""
+    revisions = list(WorkshopRevision.objects.filter(workshop=workshop).order_by("-number"))
+    counts: dict[int, dict[str, int]] = {}
+    for revision_id, status, n in (
+        Notice.objects.filter(workshop=workshop)
+        .order_by()
+        .values_list("revision_id", "status")
+        .annotate(n=Count("id"))
+    ):
+        counts.setdefault(revision_id, {})[status] = n
+    rows = []
+    for revision in revisions:
+        if revision.superseded_at is not None:
+            state = "superseded before it settled"
+        elif revision.planned_at is None:
+            state = f"settling until {revision.settles_at:%Y-%m-%d %H:%M:%S} UTC"
+        else:
+            state = f"planned at {revision.planned_at:%Y-%m-%d %H:%M:%S} UTC"
+        if revision.silenced_by_id is not None:
+            state += "; staff chose not to notify"
+        rows.append(RevisionRow(revision, state, counts.get(revision.pk, {})))
+    return rows

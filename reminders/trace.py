@@ -1,7 +1,8 @@
 """One reminder's history, read back from the database (``manage.py reminder_trace``).
 
 Read only: every line comes from a durable record (the row, its Dispatches,
-DeliveryAttempts, the provider's DeliveryEvents and the StaffDecisions that name it).
+DeliveryAttempts, the provider's DeliveryEvents, its change notices and the
+StaffDecisions that name it).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from reminders.models import (
     DeliveryAttempt,
     DeliveryEvent,
     Dispatch,
+    Notice,
     Reminder,
     StaffDecision,
     id_from_text,
@@ -82,6 +84,8 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
             detail += f", {report.reason}"
         detail += f" (event {report.event_id}, received {_utc(report.received_at)})"
         events.append(TraceEvent(report.occurred_at, detail))
+    for notice in Notice.objects.filter(reminder=reminder).order_by("number", "pk"):
+        events.extend(_notice_events(notice))
     for decision in _decisions_naming(reminder):
         detail = f"staff {decision.action} by {decision.actor_name or 'unknown'} ({decision.state})"
         if decision.reason:
@@ -97,6 +101,32 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         )
     events.sort(key=lambda event: event.at)
     events.append(TraceEvent(reminder.updated_at, f"now: {_state(reminder)}"))
+    return events
+
+
+def _notice_events(notice: Notice) -> list[TraceEvent]:
+    """A change notice's life: planned, then how it ended (or where it stands)."""
+    label = f"notice {notice.number} ({notice.get_kind_display().lower()}, {notice.key})"
+    events = [
+        TraceEvent(
+            notice.created_at,
+            f"{label} planned: the workshop's revision {notice.number} differs from what the "
+            "attendee was told",
+        )
+    ]
+    if notice.status == Notice.Status.SENT:
+        detail = f"{label} sent on {notice.channel}"
+        if notice.provider_message_id:
+            detail += f", message {notice.provider_message_id}"
+        events.append(TraceEvent(notice.sent_at or notice.updated_at, detail))
+    elif notice.status != Notice.Status.PENDING or notice.attempts:
+        detail = f"{label} {notice.status}"
+        if notice.status_reason:
+            detail += f" ({notice.status_reason})"
+        detail += f", {notice.attempts} attempt(s)"
+        if notice.last_error:
+            detail += f", last error: {notice.last_error}"
+        events.append(TraceEvent(notice.updated_at, detail))
     return events
 
 

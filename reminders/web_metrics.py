@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -22,7 +23,14 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from clock import default_clock
-from reminders.models import DeliveryEvent, DroppedReports, Reminder, ScanRun, StaffDecision
+from reminders.models import (
+    DeliveryEvent,
+    DroppedReports,
+    Notice,
+    Reminder,
+    ScanRun,
+    StaffDecision,
+)
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
 
@@ -49,6 +57,24 @@ class ReminderCollector(Collector):
         for status in Reminder.Status:
             by_status.add_metric([status.value], counts.get(status.value, 0))
         yield by_status
+
+        notices = GaugeMetricFamily(
+            "reminders_notices",
+            "Change notices in each status and kind, from the database",
+            labels=["status", "kind"],
+        )
+        found = Counter(
+            {
+                (status, kind): n
+                for status, kind, n in Notice.objects.order_by()
+                .values_list("status", "kind")
+                .annotate(n=Count("id"))
+            }
+        )
+        for status in Notice.Status:
+            for kind in Notice.Kind:
+                notices.add_metric([status.value, kind.value], found[status.value, kind.value])
+        yield notices
 
         # Deadline before now + NEAR_DEADLINE: the start before that plus the cutoff.
         horizon = now + NEAR_DEADLINE + ReminderPolicy.from_settings().cutoff

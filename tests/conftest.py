@@ -244,3 +244,40 @@ def refusing_port():
     yield make
     for sock in held:
         sock.close()
+
+
+@pytest.fixture
+def mail(clock, smtp_sink, settings):
+    """Deliver through a real SMTP server on loopback; the fake clock moves only when told to."""
+    clock.autojump = False
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_NOTICE_SETTLE = 300
+    return smtp_sink
+
+
+@pytest.fixture
+def notices_published(monkeypatch):
+    sent: list[list[int]] = []
+    monkeypatch.setattr("reminders.queue.publish_notices", lambda ids: sent.append(list(ids)))
+    return sent
+
+
+@pytest.fixture
+def notices_scan(clock, mail, notices_published, monkeypatch, settings):
+    """Scan twice, letting the settle period pass between; with ``sent``, deliver the notices."""
+    from reminders.worker import pipeline
+    from reminders.worker.notices import deliver_notices
+
+    monkeypatch.setattr("reminders.queue.publish_batch", lambda ids: True)
+
+    def scan(*, sent: bool) -> None:
+        notices_published.clear()
+        pipeline.scan(clock=clock)
+        clock.advance(settings.REMINDERS_NOTICE_SETTLE + 1)
+        pipeline.scan(clock=clock)
+        if sent:
+            for batch in list(notices_published):
+                deliver_notices(batch, clock=clock)
+
+    return scan

@@ -21,7 +21,7 @@ from workshops.signals import enrollment_changed, workshop_changed
 DETAIL_FIELDS = frozenset({"location", "join_url", "contact_name", "contact_email"})
 # What staff write of its reminders: a change reaches only reminders not yet
 # claimed (the claim freezes each one's text).
-TEXT_FIELDS = frozenset({"language", "reminder_subject", "reminder_intro"})
+TEXT_FIELDS = frozenset({"language", "reminder_subject", "reminder_intro", "notice_intro"})
 RESCHEDULABLE_FIELDS = (
     frozenset({"title", "starts_at", "ends_at", "timezone"}) | DETAIL_FIELDS | TEXT_FIELDS
 )

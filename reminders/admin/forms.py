@@ -103,9 +103,12 @@ class WorkshopForm(forms.ModelForm):
         fields = (
             "title", "timezone", "starts_at", "ends_at",
             "location", "join_url", "contact_name", "contact_email",
-            "language", "reminder_subject", "reminder_intro",
+            "language", "reminder_subject", "reminder_intro", "notice_intro",
         )  # fmt: skip
-        widgets = {"reminder_intro": forms.Textarea(attrs={"rows": 5, "cols": 80})}
+        widgets = {
+            "reminder_intro": forms.Textarea(attrs={"rows": 5, "cols": 80}),
+            "notice_intro": forms.Textarea(attrs={"rows": 4, "cols": 80}),
+        }
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import uuid
 
 from django import forms
+from django.conf import settings
 from django.contrib import admin, messages
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -40,8 +41,10 @@ from reminders.admin.forms import (
 from reminders.content import language_name, reminder_preview
 from reminders.models import Reminder, id_from_text
 from reminders.selectors import (
+    workshop_notice_revisions,
     workshop_text_reach,
 )
+from reminders.services.notices import notices_reach, settle_delay
 from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.services.workshop_decisions import (
     WORKSHOP_EFFECT_LABELS,
@@ -50,11 +53,13 @@ from reminders.services.workshop_decisions import (
     WorkshopPreview,
     workshop_cancel_preview,
     workshop_reinstate_preview,
+    workshop_silence_preview,
     workshops_cancel,
     workshops_reinstate,
+    workshops_silence,
 )
 from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
-from workshops.placeholders import PLACEHOLDERS
+from workshops.placeholders import NOTICE_PLACEHOLDERS, PLACEHOLDERS
 from workshops.services import (
     TEXT_FIELDS,
     enrollment_create,
@@ -63,6 +68,8 @@ from workshops.services import (
 )
 
 Status = Reminder.Status
+# What a change notice tells: saving a change to any of them may make one.
+NOTICED_FIELDS = frozenset({"starts_at", "ends_at", "location", "join_url"})
 
 
 class EnrollmentInline(admin.TabularInline):
@@ -100,7 +107,7 @@ def placeholder_help() -> str:
 class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
     form = WorkshopForm
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
-    actions = ["cancel_selected", "reinstate_selected", "replay_for_selected"]
+    actions = ["cancel_selected", "reinstate_selected", "silence_selected", "replay_for_selected"]
     change_form_template = "admin/reminders/workshop/change_form.html"
     list_filter = ("status", ("starts_at", admin.DateFieldListFilter), "timezone")
     search_fields = ("title",)
@@ -115,6 +122,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         "updated_at_utc",
         "reminder_counts",
         "text_reach",
+        "notice_revisions",
     )
     fieldsets = (
         (
@@ -138,6 +146,30 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "A change reaches only reminders not yet claimed: each reminder keeps the "
                     "text it had when a worker first took it. Placeholders: {}.",
                     placeholder_help(),
+                ),
+            },
+        ),
+        (
+            "Change notices",
+            {
+                "fields": ("notice_intro", "notice_revisions"),
+                "description": format_html(
+                    "An attendee already reminded gets one notice when the start, end, place or "
+                    "join link changes, or the workshop is cancelled or back on: edits within "
+                    "{} seconds make one notice, never later than the start. The intro is "
+                    "for attendees reading the workshop's language (blank: the built-in one). "
+                    "Placeholders: {}, and {}.",
+                    settings.REMINDERS_NOTICE_SETTLE,
+                    placeholder_help(),
+                    format_html_join(
+                        ", ",
+                        "<code>{{{}}}</code> ({})",
+                        (
+                            (name, what)
+                            for name, what in NOTICE_PLACEHOLDERS.items()
+                            if name not in PLACEHOLDERS
+                        ),
+                    ),
                 ),
             },
         ),
@@ -167,7 +199,9 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             setattr(obj, model_field.attname, getattr(saved, model_field.attname))
         obj._state.adding = False
         obj._state.db = saved._state.db
-        if change and set(form.changed_data) & TEXT_FIELDS:
+        if change and set(form.changed_data) & NOTICED_FIELDS:
+            self._notice_message(request, obj)
+        if change and set(form.changed_data) & (TEXT_FIELDS - {"notice_intro"}):
             _rows, unclaimed, frozen = workshop_text_reach(obj)
             self.message_user(
                 request,
@@ -175,6 +209,21 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                 f"{kept_text(frozen)}.",
                 messages.INFO,
             )
+
+    def _notice_message(self, request, workshop: Workshop) -> None:
+        """Say who will hear of a change to what the reminders told, and when."""
+        told = notices_reach(workshop=workshop)
+        if not told:
+            return
+        wait = settle_delay(now=default_clock().now(), starts_at=workshop.starts_at)
+        self.message_user(
+            request,
+            f"{plural(told, 'reminded attendee')} will get a change notice with the new details "
+            f"in about {_minutes(wait)} (further edits until then make one notice). To tell "
+            'them nothing, choose the action "Don\'t notify attendees of the latest change" '
+            "with a reason.",
+            messages.INFO,
+        )
 
     def save_formset(self, request, form, formset, change: bool) -> None:
         if formset.model is not Enrollment:
@@ -225,6 +274,35 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             "<tbody>{}</tbody></table>",
             summary,
             table,
+        )
+
+    @admin.display(description="Revisions and their notices")
+    def notice_revisions(self, obj: Workshop) -> str:
+        """Each revision the notice scan numbered, newest first, with its notices by status."""
+        if obj.pk is None:
+            return "-"
+        rows = workshop_notice_revisions(obj)
+        if not rows:
+            return "No change since the reminders went out."
+        body = format_html_join(
+            "",
+            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+            (
+                (
+                    row.revision.number,
+                    _revision_says(row.revision, obj.zone),
+                    row.revision.created_at.strftime("%Y-%m-%d %H:%M:%S UTC"),
+                    row.state,
+                    ", ".join(f"{n} {status}" for status, n in sorted(row.counts.items())) or "-",
+                )
+                for row in rows
+            ),
+        )
+        return format_html(
+            '<table id="notice-revisions"><thead><tr><th>Revision</th><th>Says</th>'
+            "<th>Numbered</th><th>State</th><th>Notices</th></tr></thead><tbody>{}</tbody>"
+            "</table>",
+            body,
         )
 
     def get_urls(self):
@@ -401,6 +479,22 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             "never sent twice.",
         )
 
+    @admin.action(description="Don't notify attendees of the latest change", permissions=["cancel"])
+    def silence_selected(self, request, queryset):
+        """Preview, ask for a reason, then let the reminded attendees not hear of the change."""
+        return self._workshop_decision(
+            request,
+            queryset,
+            action="silence_selected",
+            preview=workshop_silence_preview,
+            run=workshops_silence,
+            title="Don't notify attendees of the latest change",
+            eligible_label="Workshops with reminded attendees not yet told of a change",
+            verb="silence",
+            explanation="Attendees already reminded get no change notice for the workshop as it "
+            "is now (notices not yet sent are marked silenced). A later change is news again.",
+        )
+
     def _workshop_decision(
         self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation
     ):
@@ -442,16 +536,38 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
 
 
 def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dict) -> str:
-    done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
-    what = {"cancel": "cancelled", "reinstate": "planned again or marked missed or unknown"}[verb]
-    text = (
-        f"{done} {plural(result.changed, 'workshop')}; "
-        f"{plural(result.reminders, 'reminder')} {what}. The decision is recorded."
-    )
+    if verb == "silence":
+        text = (
+            f"{plural(result.reminders, 'reminded attendee')} of "
+            f"{plural(result.changed, 'workshop')} will not be told of the latest change. "
+            "The decision is recorded."
+        )
+    else:
+        done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
+        what = {"cancel": "cancelled", "reinstate": "planned again or marked missed or unknown"}[
+            verb
+        ]
+        text = (
+            f"{done} {plural(result.changed, 'workshop')}; "
+            f"{plural(result.reminders, 'reminder')} {what}. The decision is recorded."
+        )
     skipped = {**result.skipped, **missing}
     labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
     parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
     return text + (f" Skipped: {', '.join(parts)}." if parts else "")
+
+
+def _revision_says(revision, zone) -> str:
+    if revision.cancelled:
+        reason = revision.cancellation_reason
+        return f"cancelled ({reason})" if reason else "cancelled"
+    where = revision.location or revision.join_url or "no place given"
+    return f"{format_local(revision.starts_at, zone)}, {where}"
+
+
+def _minutes(wait) -> str:
+    minutes = round(wait.total_seconds() / 60)
+    return plural(minutes, "minute") if minutes else "a few seconds"
 
 
 def _request_token(value: str) -> str | None:

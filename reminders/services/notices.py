@@ -544,3 +544,56 @@ def _mark_told(notice: Notice) -> None:
         told_cancelled=notice.kind == Kind.CANCELLED,
         told_revision=notice.number,
     )
+
+
+def notices_reach(*, workshop: Workshop, clock: Clock | None = None) -> int:
+    """Return how many reminded attendees of ``workshop`` have not heard it as it is now: what
+    the next scan turns into notices (the admin's message after a save)."""
+    now = database_now(clock or default_clock())
+    return _told(now).filter(_needing_notice(), workshop=workshop).count()
+
+
+def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None) -> int:
+    """Return how many attendees of ``workshops`` hold a reminder (or notice) and would hear of
+    a cancel (``cancelled``: those not told it is cancelled) or a reinstate (those told it is)."""
+    now = database_now(clock or default_clock())
+    return (
+        _told(now)
+        .filter(
+            workshop__in=workshops,
+            enrollment__status=Enrollment.Status.ACTIVE,
+            told_cancelled=not cancelled,
+        )
+        .count()
+    )
+
+
+def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -> int:
+    """Let the attendees of ``workshop_id`` not hear of its current facts, by a staff decision.
+
+    The facts get their revision now if the scan has not numbered it yet; the
+    revision is marked silenced (planned, its notices are created ``silenced``)
+    and its notices not yet sent become ``silenced``. A later change is news
+    again. Return how many attendees this leaves untold.
+    """
+    now = database_now(clock or default_clock())
+    _revise(workshop_id, now=now)
+    with transaction.atomic():
+        workshop = Workshop.objects.select_for_update(no_key=True).filter(pk=workshop_id).first()
+        latest = (
+            WorkshopRevision.objects.filter(workshop_id=workshop_id).order_by("-number").first()
+        )
+        if (
+            workshop is None
+            or latest is None
+            or latest.superseded_at is not None
+            or Facts.of_revision(latest) != Facts.of_workshop(workshop)
+        ):
+            return 0
+        WorkshopRevision.objects.filter(pk=latest.pk).update(silenced_by=decision)
+        silenced = Notice.objects.filter(revision=latest, status=Status.PENDING).update(
+            status=Status.SILENCED, status_reason="staff chose not to notify", updated_at=now
+        )
+        if latest.planned_at is None:
+            silenced += _told(now).filter(_needing_notice(), workshop=workshop).count()
+    return silenced

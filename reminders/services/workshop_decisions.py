@@ -19,6 +19,7 @@ from django.db.models import Count, Q, QuerySet
 from clock import Clock, default_clock
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
+from reminders.services.notices import notices_reach, notices_silence, notices_told_count
 from reminders.services.replay import clean_reason
 from workshops.models import Enrollment, Workshop
 from workshops.services import workshop_cancel, workshop_reinstate
@@ -62,10 +63,14 @@ WORKSHOP_EFFECT_LABELS = {
         "(they become unknown)"
     ),
     "stay_cancelled": "Reminders whose enrollment is cancelled (they stay cancelled)",
+    "to_tell": "Reminded attendees who will be told it is cancelled (a change notice)",
+    "to_tell_back": "Attendees told it was cancelled who will be told it is back on",
+    "to_silence": "Reminded attendees who will not be told of the latest change",
 }
 WORKSHOP_SKIP_LABELS = {
     "already_cancelled": "already cancelled",
     "not_cancelled": "not cancelled",
+    "nothing_to_tell": "with no reminded attendee to tell of a change",
 }
 
 
@@ -82,6 +87,7 @@ def workshop_cancel_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview
         in_flight=Count("pk", filter=Q(status=Status.SENDING)),
         sent=Count("pk", filter=Q(status=Status.SENT)),
     )
+    counts["to_tell"] = notices_told_count(workshops=scheduled.values("pk"), cancelled=True)
     total, eligible = _sizes(selection, Workshop.Status.SCHEDULED)
     skipped = {"already_cancelled": total - eligible} if total > eligible else {}
     return WorkshopPreview(Action.CANCEL, total, eligible, skipped, counts)
@@ -105,9 +111,63 @@ def workshop_reinstate_preview(
         to_unknown=Count("pk", filter=active & late & Q(maybe_sent=True)),
         stay_cancelled=Count("pk", filter=~active),
     )
+    counts["to_tell_back"] = notices_told_count(
+        workshops=cancelled.values("pk"), cancelled=False, clock=clock
+    )
     total, eligible = _sizes(selection, Workshop.Status.CANCELLED)
     skipped = {"not_cancelled": total - eligible} if total > eligible else {}
     return WorkshopPreview(Action.REINSTATE, total, eligible, skipped, counts)
+
+
+def workshop_silence_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview:
+    """Count the workshops whose reminded attendees have a change to hear of, and how many."""
+    selection = _selection(workshops)
+    reach = {w.pk: notices_reach(workshop=w) for w in selection.order_by("pk")}
+    total = len(reach)
+    eligible = sum(1 for count in reach.values() if count)
+    skipped = {"nothing_to_tell": total - eligible} if total > eligible else {}
+    return WorkshopPreview(
+        Action.SILENCE_NOTICES, total, eligible, skipped, {"to_silence": sum(reach.values())}
+    )
+
+
+def workshops_silence(
+    *,
+    workshops: QuerySet[Workshop],
+    reason: str,
+    actor: AbstractBaseUser,
+    clock: Clock | None = None,
+) -> WorkshopDecisionResult:
+    """Tell the reminded attendees of the selected workshops nothing of their latest change.
+
+    With a reason, recorded; the notices not yet sent become ``silenced``.
+    """
+    reason = clean_reason(reason)
+    clock = clock or default_clock()
+    with transaction.atomic(durable=True):
+        counted = workshop_silence_preview(workshops=workshops)
+        audit = StaffDecision.record(
+            action=Action.SILENCE_NOTICES,
+            actor=actor,
+            created_at=clock.now(),
+            reason=reason,
+            selected=counted.selected,
+            changed=0,
+            skipped=dict(counted.skipped),
+        )
+        done, untold = [], 0
+        for workshop in _selection(workshops).order_by("pk"):
+            left = notices_silence(workshop_id=workshop.pk, decision=audit, clock=clock)
+            if left:
+                done.append(workshop.pk)
+                untold += left
+        StaffDecision.objects.filter(pk=audit.pk).update(changed=len(done), workshop_ids=done)
+    logger.info(
+        "Notices silenced by %s: %s workshops, %s attendees", audit.actor_name, len(done), untold
+    )
+    return WorkshopDecisionResult(
+        Action.SILENCE_NOTICES, counted.selected, len(done), untold, dict(counted.skipped), audit.pk
+    )
 
 
 def _sizes(selection: QuerySet[Workshop], status: str) -> tuple[int, int]:

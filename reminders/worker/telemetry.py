@@ -42,8 +42,8 @@ class WorkerObserver:
 
         self.calls = Counter(
             "reminders_provider_calls",
-            "Provider calls, by channel and by how each call ended",
-            ["channel", "outcome"],
+            "Provider calls, by channel, how each call ended, and message kind",
+            ["channel", "outcome", "kind"],
             registry=registry,
         )
         self.call_seconds = Histogram(
@@ -55,8 +55,9 @@ class WorkerObserver:
         )
         self.slack = Histogram(
             "reminders_send_slack_seconds",
-            "How long before its deadline (the cutoff) each accepted message was accepted",
-            ["channel"],
+            "How long before its deadline (a reminder's cutoff, a notice's start) each accepted "
+            "message was accepted",
+            ["channel", "kind"],
             buckets=SLACK_BUCKETS,
             registry=registry,
         )
@@ -67,26 +68,28 @@ class WorkerObserver:
             registry=registry,
         )
         # labels() takes a lock and builds a key; resolve each child once.
-        self._calls: dict[tuple[str, str], object] = {}
+        self._calls: dict[tuple[str, str, str], object] = {}
         self._call_seconds: dict[str, object] = {}
-        self._slack: dict[str, object] = {}
+        self._slack: dict[tuple[str, str], object] = {}
 
-    def call_ended(self, channel: str, outcome: str, seconds: float) -> None:
+    def call_ended(self, channel: str, outcome: str, seconds: float, kind: str) -> None:
         """Count one call and its duration."""
-        counter = self._calls.get((channel, outcome))
+        counter = self._calls.get((channel, outcome, kind))
         if counter is None:
-            counter = self._calls[channel, outcome] = self.calls.labels(channel, outcome)
+            counter = self._calls[channel, outcome, kind] = self.calls.labels(
+                channel, outcome, kind
+            )
         counter.inc()
         histogram = self._call_seconds.get(channel)
         if histogram is None:
             histogram = self._call_seconds[channel] = self.call_seconds.labels(channel)
         histogram.observe(seconds)
 
-    def sent(self, channel: str, slack_seconds: float) -> None:
+    def sent(self, channel: str, slack_seconds: float, kind: str) -> None:
         """Note how far before its deadline an accepted message went out."""
-        histogram = self._slack.get(channel)
+        histogram = self._slack.get((channel, kind))
         if histogram is None:
-            histogram = self._slack[channel] = self.slack.labels(channel)
+            histogram = self._slack[channel, kind] = self.slack.labels(channel, kind)
         histogram.observe(slack_seconds)
 
     def limiter_waited(self, seconds: float) -> None:
@@ -95,10 +98,13 @@ class WorkerObserver:
 
     def declare(self, channel: str) -> None:
         """Expose every outcome of ``channel`` at zero, so a rate over it has a start."""
-        for outcome in CALL_OUTCOMES:
-            self._calls.setdefault((channel, outcome), self.calls.labels(channel, outcome))
+        for kind in ("reminder", "notice"):
+            for outcome in CALL_OUTCOMES:
+                self._calls.setdefault(
+                    (channel, outcome, kind), self.calls.labels(channel, outcome, kind)
+                )
+            self._slack.setdefault((channel, kind), self.slack.labels(channel, kind))
         self._call_seconds.setdefault(channel, self.call_seconds.labels(channel))
-        self._slack.setdefault(channel, self.slack.labels(channel))
 
 
 def observer() -> WorkerObserver | None:

@@ -33,10 +33,10 @@ class Recorder:
         self.sends: list[tuple[str, float]] = []
         self.waits: list[float] = []
 
-    def call_ended(self, channel: str, outcome: str, seconds: float) -> None:
+    def call_ended(self, channel: str, outcome: str, seconds: float, kind: str) -> None:
         self.calls.append((channel, outcome, seconds))
 
-    def sent(self, channel: str, slack_seconds: float) -> None:
+    def sent(self, channel: str, slack_seconds: float, kind: str) -> None:
         self.sends.append((channel, slack_seconds))
 
     def limiter_waited(self, seconds: float) -> None:
@@ -141,7 +141,7 @@ def test_a_call_cut_off_by_a_stop_is_reported_as_maybe_delivered(fake_clock, mak
 
 
 class _Broken(Recorder):
-    def call_ended(self, channel, outcome, seconds):
+    def call_ended(self, channel, outcome, seconds, kind):
         raise OSError("No space left on device")
 
 

@@ -62,7 +62,8 @@ def _wait(predicate, *, timeout: float, what: str):
 
 
 def calls(samples, outcome: str) -> float:
-    return samples[("reminders_provider_calls_total", (("channel", "http"), ("outcome", outcome)))]
+    key = (("channel", "http"), ("kind", "reminder"), ("outcome", outcome))
+    return samples[("reminders_provider_calls_total", key)]
 
 
 def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, settings, client):
@@ -120,9 +121,10 @@ def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, sett
     # The deadline is 30 minutes before a start 2 hours away: every send had about 90 minutes.
     slack = {labels: value for (name, labels), value in after.items()
              if name == "reminders_send_slack_seconds_bucket"}  # fmt: skip
-    assert slack[(("channel", "http"), ("le", "3600.0"))] == 0
-    assert slack[(("channel", "http"), ("le", "7200.0"))] == 4
-    assert after[("reminders_send_slack_seconds_count", (("channel", "http"),))] == 4
+    assert slack[(("channel", "http"), ("kind", "reminder"), ("le", "3600.0"))] == 0
+    assert slack[(("channel", "http"), ("kind", "reminder"), ("le", "7200.0"))] == 4
+    count = ("reminders_send_slack_seconds_count", (("channel", "http"), ("kind", "reminder")))
+    assert after[count] == 4
     # The sum came from the files of more than one process: both pool processes sent.
     assert len(files) >= 3, files  # the main process's, and one per pool process that counted
     assert len(sink.requests) == 7

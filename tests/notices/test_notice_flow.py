@@ -19,22 +19,6 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 @pytest.fixture
-def mail(clock, smtp_sink, settings):
-    clock.autojump = False
-    settings.REMINDERS_CHANNEL = "smtp"
-    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
-    settings.REMINDERS_NOTICE_SETTLE = 300
-    return smtp_sink
-
-
-@pytest.fixture
-def notices_published(monkeypatch):
-    sent: list[list[int]] = []
-    monkeypatch.setattr("reminders.queue.publish_notices", lambda ids: sent.append(list(ids)))
-    return sent
-
-
-@pytest.fixture
 def run(clock, published, notices_published):
     """One scan, then every batch it published, as the workers would; return the scan's counts."""
 

@@ -1,0 +1,135 @@
+"""What staff see and decide about change notices: counts before a cancel or reinstate, the
+message after a move, a reasoned "don't notify", the revisions on the workshop's page, the
+notices in a reminder's trace, and the notice intro's validation."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+
+from reminders.models import Notice, Reminder, StaffDecision
+from tests.admin.conftest import messages_of, post_action
+from tests.admin.test_workshop_admin import form_data
+from workshops.models import Workshop
+from workshops.services import workshop_cancel, workshop_update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CHANGELIST = "/admin/workshops/workshop/"
+
+
+@pytest.fixture
+def reminded(make_reminders):
+    """A workshop three hours ahead whose three attendees were reminded, and one who was not."""
+    ids = make_reminders(3, "sent")
+    workshop = Reminder.objects.get(pk=ids[0]).workshop
+    make_reminders(1, "pending", workshop=workshop)
+    return workshop
+
+
+def _rows(page) -> dict:
+    return dict(page.context["effect_rows"])
+
+
+def test_cancel_and_reinstate_confirmations_say_how_many_will_be_told(
+    admin_client, reminded, clock, notices_scan
+):
+    page = post_action(admin_client, CHANGELIST, "cancel_selected", [reminded.pk])
+    assert _rows(page)["Reminded attendees who will be told it is cancelled (a change notice)"] == 3
+    post_action(
+        admin_client, CHANGELIST, "cancel_selected", [reminded.pk], confirm=True, reason="Ill"
+    )
+    assert Workshop.objects.get(pk=reminded.pk).cancellation_reason == "Ill"
+    notices_scan(sent=True)
+    assert Notice.objects.filter(kind="cancelled", status="sent").count() == 3
+    page = post_action(admin_client, CHANGELIST, "reinstate_selected", [reminded.pk])
+    assert _rows(page)["Attendees told it was cancelled who will be told it is back on"] == 3
+
+
+def test_saving_a_move_says_who_will_hear_of_it_and_when(admin_client, reminded, settings):
+    settings.REMINDERS_NOTICE_SETTLE = 300
+    local = reminded.starts_at.astimezone(reminded.zone) + timedelta(hours=1)
+    response = admin_client.post(
+        f"{CHANGELIST}{reminded.pk}/change/",
+        form_data(
+            title=reminded.title,
+            zone=reminded.timezone,
+            starts=f"{local:%Y-%m-%d %H:%M}",
+            ends=f"{local + timedelta(hours=1):%Y-%m-%d %H:%M}",
+        ),
+        follow=True,
+    )
+    [said] = [m for m in messages_of(response) if "change notice" in m]
+    assert said.startswith("3 reminded attendees will get a change notice")
+    assert "in about 5 minutes" in said
+
+
+def test_dont_notify_is_reasoned_recorded_and_sends_nothing(
+    admin_client, reminded, mail, notices_scan
+):
+    workshop_update(workshop=reminded, location="Room 12")
+    page = post_action(admin_client, CHANGELIST, "silence_selected", [reminded.pk])
+    assert _rows(page)["Reminded attendees who will not be told of the latest change"] == 3
+    refused = post_action(
+        admin_client, CHANGELIST, "silence_selected", [reminded.pk], confirm=True, reason=""
+    )
+    assert refused.status_code == 200 and not StaffDecision.objects.exists()
+    post_action(
+        admin_client,
+        CHANGELIST,
+        "silence_selected",
+        [reminded.pk],
+        confirm=True,
+        reason="Same building, signs on the door",
+    )
+    decision = StaffDecision.objects.get()
+    assert decision.action == "silence" and decision.workshop_ids == [reminded.pk]
+    assert decision.reason == "Same building, signs on the door"
+    notices_scan(sent=True)
+    assert set(Notice.objects.values_list("status", flat=True)) == {"silenced"}
+    assert len(mail.messages) == 0
+    # A later change is news again.
+    workshop_update(workshop=Workshop.objects.get(pk=reminded.pk), location="Room 14")
+    notices_scan(sent=True)
+    assert Notice.objects.filter(status="sent").count() == 3
+
+
+def test_the_workshop_page_lists_revisions_with_notices_by_status(
+    admin_client, reminded, notices_scan
+):
+    workshop_update(workshop=reminded, location="Room 12")
+    notices_scan(sent=True)
+    workshop_cancel(workshop=Workshop.objects.get(pk=reminded.pk), reason="Flooded")
+    notices_scan(sent=False)
+    page = admin_client.get(f"{CHANGELIST}{reminded.pk}/change/").content.decode()
+    table = page[page.index('id="notice-revisions"') :]
+    table = table[: table.index("</table>")]
+    assert "<td>2</td><td>cancelled (Flooded)</td>" in table
+    assert "3 pending" in table
+    assert "Room 12" in table and "3 sent" in table
+
+
+def test_a_reminders_trace_shows_its_notices(reminded, notices_scan, capsys):
+    workshop_update(workshop=reminded, location="Room 12")
+    notices_scan(sent=True)
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    call_command("reminder_trace", str(reminder.pk))
+    out = capsys.readouterr().out
+    assert f"notice 1 (changed (time, place or link), {reminder.key}-r1) planned" in out
+    assert f"notice 1 (changed (time, place or link), {reminder.key}-r1) sent on smtp" in out
+
+
+def test_the_notice_intro_refuses_an_unknown_placeholder_and_names_the_valid_ones(make_workshop):
+    workshop = make_workshop()
+    workshop.notice_intro = "Moved from {old_start_local} to {start_local}, see {old_room}"
+    with pytest.raises(ValidationError) as raised:
+        workshop.full_clean()
+    [message] = raised.value.message_dict["notice_intro"]
+    assert "Unknown placeholder {old_room}" in message and "{cancellation_reason}" in message
+    workshop.reminder_intro = "Starts {old_start_local}"
+    with pytest.raises(ValidationError) as raised:
+        workshop.full_clean()
+    assert "reminder_intro" in raised.value.message_dict  # notices' placeholders only
