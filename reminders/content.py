@@ -24,7 +24,14 @@ from django.utils.translation import gettext, gettext_noop, pgettext
 from delivery.addresses import address_problem
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.message import key_digest
-from reminders.models import MessageText, Reminder, reminder_key
+from reminders.models import (
+    MessageText,
+    Notice,
+    Reminder,
+    WorkshopRevision,
+    notice_key,
+    reminder_key,
+)
 from reminders.policy import ReminderPolicy
 from workshops.placeholders import fill
 
@@ -767,3 +774,55 @@ def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
 def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
     """Return the envelope of reminder_preview (what a test send sends)."""
     return reminder_preview(workshop=workshop, attendee=attendee, now=now).envelope
+
+
+def notice_preview(*, workshop, attendee, now: datetime) -> Preview:
+    """Return the change notice ``attendee`` would get for ``workshop`` as it is at ``now``.
+
+    "From" is what their reminder (or last notice) told them; with nothing told
+    yet, the workshop as it is (a sample of the layout, nothing marked as changed).
+    Read only: nothing is numbered or stored.
+    """
+    reminder = Reminder.objects.filter(workshop=workshop, attendee=attendee).first()
+    if reminder is None:
+        reminder = Reminder(
+            pk=0,
+            key=reminder_key(attendee_id=attendee.pk, workshop_id=workshop.pk),
+            created_at=now,
+        )
+    enrolled = workshop.enrollments.filter(attendee=attendee, status="active").exists()
+    cancelled = workshop.status == "cancelled" or not enrolled
+    told = reminder.told_starts_at is not None
+    if cancelled:
+        kind = "cancelled"
+    else:
+        kind = "reinstated" if told and reminder.told_cancelled else "changed"
+    latest = workshop.revisions.order_by("-number").values_list("number", flat=True).first()
+    revision = WorkshopRevision(
+        workshop=workshop,
+        number=(latest or 0) + 1,
+        starts_at=workshop.starts_at,
+        ends_at=workshop.ends_at,
+        location=workshop.location,
+        join_url=workshop.join_url,
+        cancelled=workshop.status == "cancelled",
+        cancellation_reason=workshop.cancellation_reason,
+        created_at=now,
+        settles_at=now,
+    )
+    notice = Notice(
+        pk=0,
+        reminder=reminder,
+        attendee=attendee,
+        workshop=workshop,
+        revision=revision,
+        number=revision.number,
+        kind=kind,
+        key=notice_key(attendee_id=attendee.pk, workshop_id=workshop.pk, revision=revision.number),
+        old_starts_at=reminder.told_starts_at if told else workshop.starts_at,
+        old_ends_at=reminder.told_ends_at if told else workshop.ends_at,
+        old_location=reminder.told_location if told else workshop.location,
+        old_join_url=reminder.told_join_url if told else workshop.join_url,
+    )
+    text = choose_notice_text(workshop=workshop, attendee=attendee, kind=kind)
+    return Preview(envelope=notice_envelope(notice=notice, text=text), text=text, frozen=False)

@@ -459,6 +459,13 @@ class StaffDecision(models.Model):
         editable=False,
         help_text="How a test send ended: sent with the provider's id, or why not.",
     )
+    tests_notice = models.BooleanField(
+        "a test of the change notice",
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text="A test send of the attendee's change notice, not of their reminder.",
+    )
     use_edited_text = models.BooleanField(
         "replayed with the edited text",
         default=False,

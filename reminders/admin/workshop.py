@@ -38,7 +38,7 @@ from reminders.admin.forms import (
     WorkshopDecisionForm,
     WorkshopForm,
 )
-from reminders.content import language_name, reminder_preview
+from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
 from reminders.selectors import (
     workshop_notice_revisions,
@@ -338,8 +338,10 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         if wanted and chosen is None:
             error = NOT_ENROLLED
         chosen = chosen or (enrolled[0] if enrolled else None)
+        notice = request.GET.get("message") == "notice"
+        render = notice_preview if notice else reminder_preview
         preview = (
-            reminder_preview(workshop=workshop, attendee=chosen, now=default_clock().now())
+            render(workshop=workshop, attendee=chosen, now=default_clock().now())
             if chosen is not None
             else None
         )
@@ -350,7 +352,9 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             "text_language": language_name(preview.text.language) if preview else "",
             "frozen": preview.frozen if preview else False,
             "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
-            "title": f"Preview of the reminder for {workshop.title}",
+            "title": f"Preview of the {'change notice' if notice else 'reminder'} for "
+            f"{workshop.title}",
+            "notice": notice,
             "subtitle": None,
             "opts": self.model._meta,
             "original": workshop,
@@ -368,18 +372,21 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             raise PermissionDenied
         wanted = request.POST.get("attendee", "")
         back = reverse("admin:workshops_workshop_preview", args=[workshop.pk])
+        notice = request.POST.get("message") == "notice"
         pk = id_from_text(wanted)
         attendee = Attendee.objects.filter(pk=pk).first() if pk is not None else None
         if attendee is None:
             self.message_user(request, "Choose an attendee to test.", messages.ERROR)
             return HttpResponseRedirect(back)
-        back += f"?{urlencode({'attendee': attendee.pk})}"
+        query = {"attendee": attendee.pk, **({"message": "notice"} if notice else {})}
+        back += f"?{urlencode(query)}"
         try:
             decision = reminder_send_test_request(
                 workshop=workshop,
                 attendee=attendee,
                 actor=request.user,
                 request_token=_request_token(request.POST.get("request_token", "")),
+                notice=notice,
             )
         except ValidationError as error:
             self.message_user(request, " ".join(error.messages), messages.ERROR)
@@ -388,9 +395,10 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         self.message_user(
             request,
             format_html(
-                "A test of {}'s reminder is on its way to {}; its outcome is on "
+                "A test of {}'s {} is on its way to {}; its outcome is on "
                 '<a href="{}">the staff decision</a>.',
                 attendee.name,
+                "change notice" if notice else "reminder",
                 request.user.email,
                 audit,
             ),

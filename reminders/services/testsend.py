@@ -33,6 +33,7 @@ def reminder_send_test_request(
     clock: Clock | None = None,
     publish_task: Callable[[int], object] | None = None,
     request_token: str | None = None,
+    notice: bool = False,
 ) -> StaffDecision:
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
@@ -50,13 +51,15 @@ def reminder_send_test_request(
             "user in the admin (Users) and try again.",
             code="no_staff_address",
         )
-    enrolled = Enrollment.objects.filter(
-        workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
-    ).exists()
-    if not enrolled:
+    enrolled = Enrollment.objects.filter(workshop=workshop, attendee=attendee)
+    if not notice:  # a change notice also goes to one whose enrollment was cancelled
+        enrolled = enrolled.filter(status=Enrollment.Status.ACTIVE)
+    if not enrolled.exists():
         raise ValidationError(NOT_ENROLLED, code="not_enrolled")
     try:
-        return _record(workshop, attendee, actor, address, clock, publish_task, request_token)
+        return _record(
+            workshop, attendee, actor, address, clock, publish_task, request_token, notice
+        )
     except IntegrityError:
         if request_token is None:
             raise
@@ -64,7 +67,7 @@ def reminder_send_test_request(
         return StaffDecision.objects.get(request_token=request_token)
 
 
-def _record(workshop, attendee, actor, address, clock, publish_task, request_token):
+def _record(workshop, attendee, actor, address, clock, publish_task, request_token, notice):
     with transaction.atomic(durable=True):
         decision = StaffDecision.record(
             request_token=request_token,
@@ -72,7 +75,9 @@ def _record(workshop, attendee, actor, address, clock, publish_task, request_tok
             state=StaffDecision.State.RUNNING,
             actor=actor,
             created_at=clock.now(),
-            reason=f"test of attendee {attendee.pk}'s reminder, to {address}",
+            reason=f"test of attendee {attendee.pk}'s {'change notice' if notice else 'reminder'}, "
+            f"to {address}",
+            tests_notice=notice,
             selected=1,
             changed=0,
             queued=1,

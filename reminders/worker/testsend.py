@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from clock import Clock, default_clock
-from reminders.content import preview_envelope
+from reminders.content import notice_preview, preview_envelope
 from reminders.models import StaffDecision
 from reminders.services.testsend import SENDING, TEST_SEND_BUDGET
 from reminders.worker import bridge
@@ -50,6 +50,8 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         attendee = Attendee.objects.get(pk=decision.selection_ids[0])
     except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
         return False, "not sent: the workshop or the attendee no longer exists"
+    if decision.tests_notice:
+        return _send_notice_test(decision, workshop, attendee, clock=clock)
     # Judged as they are now: a test of a reminder that will not go out would mislead.
     if workshop.status != Workshop.Status.SCHEDULED:
         return False, "not sent: the workshop is cancelled, so its reminders will not go out"
@@ -63,6 +65,24 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         return False, "not sent: the staff member's user is gone or has no email address"
     now = clock.now()
     real = preview_envelope(workshop=workshop, attendee=attendee, now=now)
+    return _deliver(decision, real, now=now, clock=clock)
+
+
+def _send_notice_test(decision, workshop, attendee, *, clock: Clock) -> tuple[bool, str]:
+    """Send the change notice the attendee would get now (notice_preview), to the staff member."""
+    address = decision.actor.email.strip() if decision.actor else ""
+    if not address:
+        return False, "not sent: the staff member's user is gone or has no email address"
+    if not Enrollment.objects.filter(workshop=workshop, attendee=attendee).exists():
+        return False, "not sent: the attendee is not enrolled in this workshop"
+    now = clock.now()
+    real = notice_preview(workshop=workshop, attendee=attendee, now=now).envelope
+    return _deliver(decision, real, now=now, clock=clock)
+
+
+def _deliver(decision, real, *, now, clock: Clock) -> tuple[bool, str]:
+    """Send ``real``, the attendee's message, to the staff member instead, marked a test."""
+    address = decision.actor.email.strip()
     envelope = dataclasses.replace(
         real,
         reminder_id=0,

@@ -133,3 +133,43 @@ def test_the_notice_intro_refuses_an_unknown_placeholder_and_names_the_valid_one
     with pytest.raises(ValidationError) as raised:
         workshop.full_clean()
     assert "reminder_intro" in raised.value.message_dict  # notices' placeholders only
+
+
+def test_the_preview_shows_the_change_notice_from_what_was_told_to_what_is(admin_client, reminded):
+    workshop_update(workshop=reminded, location="Room 12")
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    page = admin_client.get(
+        f"{CHANGELIST}{reminded.pk}/preview/",
+        {"attendee": reminder.attendee_id, "message": "notice"},
+    )
+    envelope = page.context["envelope"]
+    assert envelope.subject.startswith("Changed: ")
+    assert "Where: Room 12 (was none)" in envelope.text_body
+    assert "METHOD:PUBLISH" in page.context["ics"] and "SEQUENCE:1" in page.context["ics"]
+    assert Notice.objects.count() == 0  # read only
+
+
+def test_send_me_a_test_of_the_change_notice(admin_client, admin_user, reminded, mail, live_clock):
+    from reminders.worker.testsend import reminder_send_test_run
+
+    admin_user.email = "ops@example.org"
+    admin_user.save()
+    workshop_cancel(workshop=reminded, reason="Flooded")
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    queued: list[int] = []
+    from reminders.services.testsend import reminder_send_test_request
+
+    decision = reminder_send_test_request(
+        workshop=reminded,
+        attendee=reminder.attendee,
+        actor=admin_user,
+        publish_task=queued.append,
+        notice=True,
+    )
+    done = reminder_send_test_run(decision_id=decision.pk)
+    assert done.outcome.startswith("sent to ops@example.org")
+    [message] = mail.received()
+    assert message.rcpt_tos == ("ops@example.org",)
+    assert message.subject.startswith("[Test] Cancelled: ")
+    assert "Reason given: Flooded" in message.parsed().get_body(("plain",)).get_content()
+    assert not Notice.objects.exists()
