@@ -255,6 +255,8 @@ def worker_env(
         REMINDERS_CONCURRENCY=str(setting.concurrency),
         REMINDERS_RATE_LIMIT=str(setting.rate),
         REMINDERS_REQUEUE_AFTER="30",
+        # Change notices of the staff phase settle within the run.
+        REMINDERS_NOTICE_SETTLE="5",
         REMINDERS_SMTP_CONNECTIONS=str(SMTP_CONNECTIONS),
         REMINDERS_KEY_PREFIX=f"chaos{seed}",
         LOG_LEVEL="INFO",
@@ -444,6 +446,9 @@ VERDICT_ROWS = (
     ("late_after_change", "staff change: revoked calls after commit + bound"),
     ("sent_after_cancel", "  of which for a cancelled reminder"),
     ("old_time_after_move", "  of which with a moved workshop's old start"),
+    ("notices_duplicates", "change notices received twice"),
+    ("notices_after_start", "change notices arriving after their workshop's start"),
+    ("notices_unaccounted", "reminded attendees of a changed workshop without a notice outcome"),
 )
 
 
@@ -494,6 +499,11 @@ def print_table(
         ("absorbed", "re-sends absorbed by the idempotency key"),
         ("staff_changes", "staff-changes phase: changes committed"),
         ("staff_in_flight", "  their reminders sending at commit"),
+        ("notices", "change notices of the staff phase"),
+        ("notices_sent", "  sent"),
+        ("notices_missed", "  missed"),
+        ("notices_failed", "  failed"),
+        ("notices_unknown", "  unknown"),
         *VERDICT_ROWS,
         ("unknown_allowed", "unknown allowed (SIGKILLs x in-flight per worker)"),
     ]
@@ -526,7 +536,8 @@ def print_table(
         result = results[channel]
         if result is None:
             continue
-        for kind in ("missed", "failed", "unknown"):
+        for kind in ("missed", "failed", "unknown", "notice missed", "notice failed",
+                     "notice unknown"):  # fmt: skip
             for reason, count in sorted(result["reasons"].get(kind, {}).items()):
                 print(f"  {channel} {kind:<8} {count:>5}  {reason}")
     print("staff changes while sending (arrival times relative to each commit):")
@@ -1228,18 +1239,27 @@ class ChannelRun:
         reaper and a new batch need a few seconds): past that, an open row
         is stuck, and waiting the whole timeout would only delay the verdict.
         """
-        from reminders.models import Reminder
+        from reminders.models import Notice, Reminder
+        from reminders.services.notices import reminders_owed_notice
 
         def open_rows() -> dict[str, int]:
-            return self.db(
-                lambda: dict(
-                    Counter(
-                        Reminder.objects.filter(
-                            status__in=["pending", "queued", "sending"]
-                        ).values_list("status", flat=True)
-                    )
+            def read() -> dict[str, int]:
+                found = Counter(
+                    Reminder.objects.filter(
+                        status__in=["pending", "queued", "sending"]
+                    ).values_list("status", flat=True)
                 )
-            )
+                found.update(
+                    f"notice {status}"
+                    for status in Notice.objects.filter(
+                        status__in=["pending", "sending"]
+                    ).values_list("status", flat=True)
+                )
+                # A change the scans have not turned into notices yet (settling).
+                found["owed a notice"] = reminders_owed_notice(clock=CLOCK).count()
+                return {name: n for name, n in found.items() if n}
+
+            return self.db(read)
 
         began = CLOCK.monotonic()
         stillness = self.setting.lease + 60
@@ -1249,11 +1269,16 @@ class ChannelRun:
             now_open = open_rows()
             now = CLOCK.monotonic()
             if not now_open:
-                self.log(f"every reminder final {now - began:.0f} s after the last fault")
+                self.log(
+                    f"every reminder and notice final {now - began:.0f} s after the last fault"
+                )
                 return
             statuses = self.db(
-                lambda: tuple(
-                    sorted(Counter(Reminder.objects.values_list("status", flat=True)).items())
+                lambda: (
+                    tuple(
+                        sorted(Counter(Reminder.objects.values_list("status", flat=True)).items())
+                    ),
+                    tuple(sorted(Counter(Notice.objects.values_list("status", flat=True)).items())),
                 )
             )
             if statuses != last:
@@ -1314,7 +1339,7 @@ class ChannelRun:
     def collect(self) -> dict:
         from delivery.message import message_id_for
         from reminders.content import sender_domain
-        from reminders.models import Reminder
+        from reminders.models import Notice, Reminder
         from reminders.policy import ReminderPolicy
         from reminders.services.watch import REVOCATION_WINDOW
         from workshops.models import Workshop
@@ -1328,6 +1353,16 @@ class ChannelRun:
                 )
             )
         )  # fmt: skip
+        notice_rows = self.db(
+            lambda: {
+                row["key"]: row
+                for row in Notice.objects.values(
+                    "key", "status", "status_reason", "workshop__starts_at", "workshop_id"
+                )
+            }
+        )
+        # notice key -> arrival times of its accepted messages
+        notice_arrivals: dict[str, list[float]] = defaultdict(list)
         # Arrivals are CLOCK_MONOTONIC readings of the sink process; deadlines
         # are wall time. One offset, read now, converts (wall = monotonic + offset).
         offset = CLOCK.now().timestamp() - CLOCK.monotonic()
@@ -1343,9 +1378,14 @@ class ChannelRun:
         if self.channel == "smtp":
             domain = sender_domain()
             key_of = {message_id_for(key, domain).strip("<>"): key for key in by_key}
+            notice_of = {message_id_for(key, domain).strip("<>"): key for key in notice_rows}
             for record in self.sink.records():
+                message_id = (record.get("message_id") or "").strip("<>")
+                if message_id in notice_of:
+                    notice_arrivals[notice_of[message_id]].append(record["arrived_at"])
+                    continue
                 titles[record.get("subject")] += 1
-                key = key_of.get((record.get("message_id") or "").strip("<>"))
+                key = key_of.get(message_id)
                 if key is None:
                     pairs[("?", record.get("subject"))] += 1
                     continue
@@ -1356,6 +1396,10 @@ class ChannelRun:
                     pairs[(recipient.lower(), by_key[key]["workshop_id"])] += 1
         else:
             for record in self.sink.records():
+                if record["key"] in notice_rows:
+                    if record["status"] == 200 and not record["duplicate"]:
+                        notice_arrivals[record["key"]].append(record["arrived_at"])
+                    continue
                 seen = (record["arrived_at"], record.get("starts_at"))
                 if record["key"] in by_key:
                     calls[record["key"]].append(seen)
@@ -1427,6 +1471,7 @@ class ChannelRun:
                 # Sent before the cancel committed (judged by time in judge_changes).
                 counts["cancelled_with_message"] += 1
         counts["duplicates"] = sum(n - 1 for n in pairs.values() if n > 1)
+        self.judge_notices(notice_rows, notice_arrivals, counts, reasons, offset=offset)
         by_cause = self.unknown_causes()
         if by_cause:
             self.notes.append(
@@ -1454,7 +1499,9 @@ class ChannelRun:
             "sent", "missed", "failed", "unknown", "cancelled", "lost", "late", "status_disagrees",
             "unknown_unexplained",
             "late_after_change", "sent_after_cancel", "old_time_after_move", "not_due_messages",
-            "staff_changes", "staff_in_flight",
+            "staff_changes", "staff_in_flight", "notices", "notices_sent", "notices_missed",
+            "notices_failed", "notices_unknown", "notices_duplicates", "notices_after_start",
+            "notices_unaccounted",
         ):  # fmt: skip
             counts.setdefault(key, 0)
         return {
@@ -1462,6 +1509,31 @@ class ChannelRun:
             "reasons": {k: dict(v) for k, v in reasons.items()},
             "staff": staff_lines,
         }
+
+    def judge_notices(
+        self, rows: dict, arrivals: dict, counts: Counter, reasons: dict, *, offset: float
+    ) -> None:
+        """Count the change notices: each received once, none after its workshop's start (as
+        it is now), and every reminded attendee of a changed workshop accounted for."""
+        from reminders.services.notices import reminders_owed_notice
+
+        for key, row in rows.items():
+            counts["notices"] += 1
+            counts[f"notices_{row['status']}"] += 1
+            if row["status"] in ("missed", "failed", "unknown"):
+                reasons[f"notice {row['status']}"][row["status_reason"][:90]] += 1
+            if row["status"] in ("pending", "sending"):
+                counts["notices_unaccounted"] += 1
+            got = arrivals.get(key, [])
+            counts["notices_duplicates"] += max(0, len(got) - 1)
+            start = row["workshop__starts_at"].timestamp()
+            counts["notices_after_start"] += sum(1 for at in got if at + offset >= start)
+            if row["status"] == "sent" and not got:
+                counts["notices_unaccounted"] += 1
+        owed = self.db(lambda: reminders_owed_notice(clock=CLOCK).count())
+        counts["notices_unaccounted"] += owed
+        if owed:
+            self.notes.append(f"{owed} reminded attendees still owed a change notice")
 
     def carries(self, content: str | None, start: datetime, zone: str) -> bool:
         """Say whether a message's content shows ``start`` (as reminders.content renders it)."""

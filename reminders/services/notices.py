@@ -597,3 +597,11 @@ def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -
         if latest.planned_at is None:
             silenced += _told(now).filter(_needing_notice(), workshop=workshop).count()
     return silenced
+
+
+def reminders_owed_notice(*, clock: Clock | None = None):
+    """Return the reminders whose attendee has not heard the workshop as it is now and has no
+    notice for it (planned, under way or ended): what the next scans still owe. A
+    verification's query (the chaos run); empty once every change has an outcome."""
+    now = database_now(clock or default_clock())
+    return _told(now).filter(_needing_notice())

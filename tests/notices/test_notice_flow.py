@@ -261,3 +261,43 @@ def test_two_scans_racing_number_one_revision_and_plan_one_notice_each(
     assert sum(planned) == 15
     assert WorkshopRevision.objects.count() == 5
     assert Notice.objects.count() == 15
+
+
+@pytest.mark.parametrize(
+    ("language", "subject", "line"),
+    [
+        ("de", "Geändert: ", "Raum 2 (bisher Raum 1)"),
+        ("fr", "Modifié : ", "Raum 2 (auparavant Raum 1)"),
+    ],
+)
+def test_the_notice_is_written_in_the_attendees_language(
+    clock, make_workshop, make_attendee, mail, run, settings, language, subject, line
+):
+    from workshops.services import enrollment_create
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3), location="Raum 1")
+    enrollment_create(attendee=make_attendee(language=language), workshop=workshop)
+    run()
+    workshop_update(workshop=workshop, location="Raum 2")
+    run()
+    run()
+    message = mail.messages[-1].parsed()
+    assert message["Subject"].startswith(subject)
+    assert line in message.get_body(("plain",)).get_content()
+
+
+def test_a_redelivered_batch_sends_no_second_notice(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=3)
+    run()
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    [batch] = notices_published
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 3}
+    assert deliver_notices(batch, clock=clock) == {}  # the broker delivered it twice
+    assert len(mail.messages) == 6

@@ -1,0 +1,78 @@
+"""Change notices on SQLite, the database of the local run (make run): the claim writes what
+was told, the scan numbers a revision and plans a notice, whose claim and record work too."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+SCRIPT = r"""
+import json, django
+django.setup()
+from django.conf import settings
+from django.core.management import call_command
+call_command("migrate", verbosity=0)
+from datetime import timedelta
+from clock import FakeClock, SystemClock
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import Notice, Reminder, WorkshopRevision
+from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_plan
+from reminders.services.notices import notice_claim, notice_record, notices_plan, notices_revise
+from workshops.services import attendee_get_or_create, enrollment_create, workshop_create
+from workshops.services import workshop_update
+
+settings.REMINDERS_NOTICE_SETTLE = 0
+clock = FakeClock(SystemClock().now(), autojump=False)
+workshop = workshop_create(title="T", starts_at=clock.now() + timedelta(hours=3),
+                           duration=timedelta(hours=1), timezone="UTC", clock=clock,
+                           location="Room 1")
+attendee, _ = attendee_get_or_create(email="a@example.com", name="A")
+enrollment_create(attendee=attendee, workshop=workshop)
+reminders_plan(clock=clock)
+claim = reminder_claim_batch(ids=list(Reminder.objects.values_list("id", flat=True)),
+                             channel="smtp", clock=clock)
+told = Reminder.objects.values_list("told_location", flat=True).get()
+result = DeliveryResult(reminder_id=claim.reminders[0].pk, key=claim.reminders[0].key,
+                        outcome=Outcome.SENT, message_id="m1", error="", attempts=1,
+                        provider_reached=True, maybe_delivered=True)
+reminder_record_batch(claim=claim, results=[result], clock=clock)
+workshop_update(workshop=workshop, location="Room 2")
+revised = notices_revise(clock=clock)
+planned = notices_plan(clock=clock)
+notices = notice_claim(ids=list(Notice.objects.values_list("id", flat=True)), channel="smtp",
+                       clock=clock)
+notice = notices.notices[0]
+counts = notice_record(claim=notices, clock=clock, results=[DeliveryResult(
+    reminder_id=notice.pk, key=notice.key, outcome=Outcome.SENT, message_id="n1", error="",
+    attempts=1, provider_reached=True, maybe_delivered=True)])
+print(json.dumps({"told": [told, Reminder.objects.values_list("told_location", flat=True).get()],
+                  "revised": revised, "planned": planned, "counts": counts,
+                  "text": notice.text.subject, "again": notices_revise(clock=clock)}))
+"""
+
+
+@pytest.mark.slow
+def test_notices_work_on_sqlite(tmp_path):
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "CELERY_BROKER_URL")
+    }
+    env.update(DEBUG="1", REMINDERS_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.strip().splitlines()[-1])
+    assert report["told"] == ["Room 1", "Room 2"]
+    assert (report["revised"], report["planned"], report["again"]) == (1, 1, 0)
+    assert report["counts"] == {"notices_sent": 1}
+    assert report["text"].startswith("Changed: ")
