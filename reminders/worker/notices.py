@@ -13,12 +13,11 @@ from collections import Counter
 from django.conf import settings
 
 from clock import Clock, default_clock
-from delivery.results import DeliveryResult, Outcome
 from delivery.session import Interrupted
 from reminders.content import notice_envelope
-from reminders.services.feedback import suppressions_refusing
 from reminders.services.notices import notice_claim, notice_record
 from reminders.worker import bridge
+from reminders.worker.pipeline import build_envelopes
 
 logger = logging.getLogger(__name__)
 
@@ -55,19 +54,12 @@ def deliver_notices(
             )
             if not claim.notices:
                 continue
-            results: list[DeliveryResult] = []
-            envelopes = []
-            refusals = suppressions_refusing([n.attendee.email for n in claim.notices])
-            for notice in claim.notices:
-                if (refusal := refusals.get(notice.attendee.email)) is not None:
-                    results.append(_not_sent(notice, refusal))
-                    continue
-                try:
-                    envelopes.append(
-                        notice_envelope(notice=notice, send_by=claim.send_by[notice.pk])
-                    )
-                except (ValueError, TypeError, LookupError) as exc:
-                    results.append(_not_sent(notice, f"could not build the message: {exc}"))
+            envelopes, results = build_envelopes(
+                claim.notices,
+                lambda notice, send_by=claim.send_by: notice_envelope(
+                    notice=notice, send_by=send_by[notice.pk]
+                ),
+            )
             try:
                 results += bridge.deliver_envelopes(
                     envelopes,
@@ -83,16 +75,3 @@ def deliver_notices(
             counts.update(notice_record(claim=claim, results=results, clock=clock))
     logger.info("Notices %s: %s", worker or "batch", dict(counts))
     return dict(counts)
-
-
-def _not_sent(notice, error: str) -> DeliveryResult:
-    return DeliveryResult(
-        reminder_id=notice.pk,
-        key=notice.key,
-        outcome=Outcome.PERMANENT,
-        message_id=None,
-        error=error,
-        attempts=0,
-        provider_reached=False,
-        maybe_delivered=False,
-    )

@@ -307,24 +307,13 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
 def _send(
     claim, *, channel: str, clock: Clock, budget: float, stop, session
 ) -> list[DeliveryResult]:
-    envelopes, results = [], []
     try:
-        # An address that bounced or complained gets no call: failed, saying why.
-        refusals = suppressions_refusing([reminder.attendee.email for reminder in claim.reminders])
-        for reminder in claim.reminders:
-            if (refusal := refusals.get(reminder.attendee.email)) is not None:
-                results.append(_not_sent(reminder.pk, reminder.key, refusal))
-                continue
-            try:
-                envelopes.append(
-                    reminder_envelope(reminder=reminder, send_by=claim.send_by.get(reminder.pk))
-                )
-            except (ValueError, TypeError, LookupError) as exc:
-                # Bad data in one row is that reminder's permanent failure,
-                # recorded with the reason, not a crash of the batch.
-                results.append(
-                    _not_sent(reminder.pk, reminder.key, f"could not build the message: {exc}")
-                )
+        envelopes, results = build_envelopes(
+            claim.reminders,
+            lambda reminder: reminder_envelope(
+                reminder=reminder, send_by=claim.send_by.get(reminder.pk)
+            ),
+        )
         watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
         # The claim's read is the first snapshot; deliver_envelopes reads again
         # before any call if rendering outlasted REVOCATION_WINDOW.
@@ -356,6 +345,27 @@ def _send(
         record_with_retry(claim=claim, results=results + exc.results, clock=clock)
         raise exc.cause from None
     return results
+
+
+def build_envelopes(rows, build) -> tuple[list, list[DeliveryResult]]:
+    """Render each claimed row (a reminder or a notice) with ``build``; return the envelopes,
+    and the results of the rows that get no call.
+
+    An address that bounced or complained is refused: failed, saying why. Bad
+    data in one row is that row's permanent failure, recorded with the
+    reason, not a crash of the batch.
+    """
+    envelopes, results = [], []
+    refusals = suppressions_refusing([row.attendee.email for row in rows])
+    for row in rows:
+        if (refusal := refusals.get(row.attendee.email)) is not None:
+            results.append(_not_sent(row.pk, row.key, refusal))
+            continue
+        try:
+            envelopes.append(build(row))
+        except (ValueError, TypeError, LookupError) as exc:
+            results.append(_not_sent(row.pk, row.key, f"could not build the message: {exc}"))
+    return envelopes, results
 
 
 def _fresh_connection() -> None:

@@ -19,6 +19,7 @@ from clock import SystemClock
 from reminders.models import Notice, Reminder
 from reminders.worker import pipeline
 from tests.support.processes import celery_worker, process_env
+from tests.support.races import wait_until
 from workshops.models import Workshop
 from workshops.services import (
     enrollment_create,
@@ -31,15 +32,6 @@ pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
 
 _real = SystemClock()
 SETTLE = 300
-
-
-def _wait_until(predicate, timeout: float = 60, what: str = "condition") -> None:
-    deadline = _real.monotonic() + timeout
-    while _real.monotonic() < deadline:
-        if predicate():
-            return
-        _real.sleep_blocking(0.1)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def _env(sink, **extra) -> dict[str, str]:
@@ -96,7 +88,7 @@ def test_each_change_reaches_each_reminded_attendee_once_with_its_calendar_updat
 
     def scan_and_wait(what: str) -> None:
         pipeline.scan(clock=live_clock)
-        _wait_until(_quiet, what=what)
+        wait_until(_quiet, what=what)
 
     with celery_worker(_env(smtp_sink), concurrency=2):
         scan_and_wait("the reminders")
@@ -175,7 +167,7 @@ def test_a_worker_killed_mid_notice_sends_no_second_notice(
     enrol(workshop, count=4)
     with celery_worker(_env(smtp_sink), concurrency=1):
         pipeline.scan(clock=live_clock)
-        _wait_until(_quiet, what="the reminders")
+        wait_until(_quiet, what="the reminders")
     received = len(smtp_sink.received())
     _move(workshop, timedelta(hours=1))
     smtp_sink.data_delay = 0.5
@@ -183,12 +175,12 @@ def test_a_worker_killed_mid_notice_sends_no_second_notice(
     with celery_worker(env, concurrency=1, name="victim") as victim:
         pipeline.scan(clock=live_clock)
         pipeline.scan(clock=live_clock)
-        _wait_until(
+        wait_until(
             lambda: Notice.objects.filter(status="sending").exists(), what="a notice in flight"
         )
         victim.signal_group(signal.SIGKILL)
         victim.popen.wait(10)
-    _wait_until(lambda: smtp_sink.open_connections == 0, what="the dead worker's connections")
+    wait_until(lambda: smtp_sink.open_connections == 0, what="the dead worker's connections")
     smtp_sink.data_delay = 0
     in_flight = Notice.objects.filter(status="sending").count()
     assert in_flight >= 1
@@ -196,7 +188,7 @@ def test_a_worker_killed_mid_notice_sends_no_second_notice(
     live_clock.advance(settings.REMINDERS_LEASE_SECONDS + settings.REMINDERS_REQUEUE_AFTER)
     with celery_worker(_env(smtp_sink), concurrency=1, name="rescuer"):
         pipeline.scan(clock=live_clock)
-        _wait_until(_quiet, what="the other notices")
+        wait_until(_quiet, what="the other notices")
     statuses = Counter(Notice.objects.values_list("status", flat=True))
     assert statuses["unknown"] == in_flight
     assert statuses["sent"] + statuses["unknown"] == 4
@@ -204,3 +196,32 @@ def test_a_worker_killed_mid_notice_sends_no_second_notice(
     per_recipient = Counter(m.rcpt_tos[0] for m in notices)
     assert set(per_recipient.values()) == {1}, f"an attendee got two notices: {per_recipient}"
     assert len(per_recipient) >= statuses["sent"]
+
+
+def test_a_change_five_minutes_before_the_start_is_told_before_it(
+    live_clock, broker, smtp_sink, make_workshop, enrol, settings
+):
+    """The settle shrinks to a quarter of the time left (75 s), and the worker's call starts
+    before the workshop's start as it is now, judged at the SMTP server by the real clock."""
+    settings.REMINDERS_NOTICE_SETTLE = SETTLE
+    workshop = make_workshop(starts_in=timedelta(hours=3), location="Room 1")
+    enrol(workshop, count=3)
+    with celery_worker(_env(smtp_sink), concurrency=1):
+        pipeline.scan(clock=live_clock)
+        wait_until(_quiet, what="the reminders")
+        soon = live_clock.now() + timedelta(minutes=5)  # the scans judge by this clock
+        workshop_update(
+            workshop=workshop, starts_at=soon, ends_at=soon + timedelta(hours=1), location="Room 2"
+        )
+        pipeline.scan(clock=live_clock)
+        live_clock.advance(74)
+        pipeline.scan(clock=live_clock)
+        assert not Notice.objects.exists(), "planned before a quarter of the time left"
+        live_clock.advance(2)
+        pipeline.scan(clock=live_clock)
+        wait_until(_quiet, what="the notices")
+    offset = _real.now().timestamp() - _real.monotonic()
+    notices = smtp_sink.received()[3:]
+    assert len(notices) == 3, list(Notice.objects.values_list("status", "status_reason"))
+    assert Notice.objects.filter(status="sent").count() == 3
+    assert all(m.arrived_at + offset < soon.timestamp() for m in notices)

@@ -3,15 +3,9 @@ was told, the scan numbers a revision and plans a notice, whose claim and record
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import run_on_sqlite
 
 SCRIPT = r"""
 import json, django
@@ -60,18 +54,7 @@ print(json.dumps({"told": [told, Reminder.objects.values_list("told_location", f
 
 @pytest.mark.slow
 def test_notices_work_on_sqlite(tmp_path):
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DATABASE_URL", "CELERY_BROKER_URL")
-    }
-    env.update(DEBUG="1", REMINDERS_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings")
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_on_sqlite(SCRIPT, tmp_path)
     assert report["told"] == ["Room 1", "Room 2"]
     assert (report["revised"], report["planned"], report["again"]) == (1, 1, 0)
     assert report["counts"] == {"notices_sent": 1}

@@ -3,15 +3,9 @@ also run on SQLite, the database of the local run (make run)."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.processes import run_on_sqlite
 
 SCRIPT = r"""
 import json, os, django
@@ -71,18 +65,7 @@ print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts,
 
 @pytest.mark.slow
 def test_the_claim_watch_and_the_record_work_on_sqlite(tmp_path):
-    env = {
-        key: value
-        for key, value in os.environ.items()
-        if key not in ("DATABASE_URL", "CELERY_BROKER_URL")
-    }
-    env.update(DEBUG="1", REMINDERS_VAR_DIR=str(tmp_path), DJANGO_SETTINGS_MODULE="config.settings")
-    done = subprocess.run(
-        [sys.executable, "-c", SCRIPT], cwd=ROOT, env=env, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout.strip().splitlines()[-1])
+    report = run_on_sqlite(SCRIPT, tmp_path)
     # The claim's rows, read by hand-written SQL, are what select_related reads (own
     # fields, attendee, workshop, frozen text), SQLite's converters applied.
     assert report["loaded"] == [[True] * 4] * 3

@@ -165,3 +165,24 @@ def serving_on_a_new_port(
             raise AssertionError(f"{proc.name} not listening after {timeout} s:\n{proc.output()}")
     assert proc is not None
     raise AssertionError(f"{proc.name} exited on {attempts} ports:\n{proc.output()}")
+
+
+def run_on_sqlite(script: str, var_dir) -> dict:
+    """Run ``script`` in a fresh interpreter on the local run's SQLite database (and broker)
+    under ``var_dir``; return the JSON object its last line prints."""
+    import json
+    import subprocess
+    import sys
+
+    env = {
+        key: value
+        for key, value in os.environ.items()
+        if key not in ("DATABASE_URL", "CELERY_BROKER_URL")
+    }
+    env.update(DEBUG="1", REMINDERS_VAR_DIR=str(var_dir), DJANGO_SETTINGS_MODULE="config.settings")
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
