@@ -706,10 +706,18 @@ def test_a_start_woken_more_than_an_interval_late_is_not_made_and_reserved_again
             await other.aclose()
 
     skipped = run(scenario())
-    moments = sorted(moment for _, moment in starts)
-    gaps = [later - earlier for earlier, later in zip(moments, moments[1:], strict=False)]
-    assert len(moments) == 4
-    assert min(gaps) >= 0.51 * 0.9, (starts, gaps)
+    made = sorted(starts, key=lambda start: start[1])
+    first = made[0][1]
+    # Each start at or after its slot, in intervals from the first: the late caller's
+    # second slot (2) is given up and taken again after the other's (3). A loaded host
+    # can only make a start later than its slot, never earlier, so the slots, not the
+    # gaps between the starts as made, are what the limiter promises (seen in CI: the
+    # other's second start 63 ms late, 454 ms before the late caller's).
+    slots = [(name, round((moment - first) / 0.51, 2)) for name, moment in made]
+    assert [name for name, _ in made] == ["late", "other", "other", "late"], starts
+    assert all(
+        position >= slot - 0.1 for (_, position), slot in zip(slots, (0, 1, 3, 4), strict=True)
+    ), slots
     assert skipped == (1, 0)
 
 
