@@ -495,6 +495,25 @@ for _name, _value in os.environ.items():
 REMINDERS_EVENT_RETENTION_DAYS = env_int(
     "REMINDERS_EVENT_RETENTION_DAYS", 90, minimum=1, maximum=3650, unit="days"
 )
+# Where attendees reach this service (scheme, host, optional path; no trailing slash):
+# each reminder and change notice links to its "can't attend" page and one-click
+# unsubscribe under it (reminders/attendance.py). Blank: messages carry no links.
+REMINDERS_PUBLIC_URL = env_str("REMINDERS_PUBLIC_URL", "http://127.0.0.1:8000" if DEBUG else "")
+if REMINDERS_PUBLIC_URL:
+    from urllib.parse import urlsplit as _urlsplit
+
+    _public = _urlsplit(REMINDERS_PUBLIC_URL)
+    if _public.scheme not in ("http", "https") or not _public.netloc or _public.query:
+        raise ImproperlyConfigured(
+            f"REMINDERS_PUBLIC_URL={REMINDERS_PUBLIC_URL!r} is not an http(s) address: give "
+            "where attendees reach this service, e.g. https://reminders.example.com."
+        )
+    if _public.scheme != "https" and not DEBUG:
+        raise ImproperlyConfigured(
+            "REMINDERS_PUBLIC_URL must be https:// when DEBUG is off: the links in every "
+            "message carry a token that cancels an enrollment."
+        )
+    REMINDERS_PUBLIC_URL = REMINDERS_PUBLIC_URL.rstrip("/")
 # Seconds a workshop change waits before its change notices are planned, so that two
 # or three saves within it make one notice with the final facts; never more than a
 # quarter of the time left before the start (reminders.services.notices). 0: at once.

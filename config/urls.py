@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from reminders.attendance import attend, unsubscribe
 from reminders.webhooks import http_events
 
 
@@ -34,6 +35,9 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("metrics", metrics_view, name="metrics"),
     path("hooks/http/events", http_events, name="http_events"),
+    # The attendee's own links in each message (reminders/attendance.py): no login.
+    path("attend/<str:token>/", attend, name="attend"),
+    path("unsubscribe/<str:token>/", unsubscribe, name="unsubscribe"),
     # The django channel's provider reports (reminders/receivers.py): ignored unless
     # ANYMAIL_WEBHOOK_SECRET is set, which each of these views then requires.
     path("anymail/", include("anymail.urls")),

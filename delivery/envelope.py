@@ -124,6 +124,9 @@ class Envelope:
     #: also carry it inline, as ``text/calendar; method=...`` (RFC 6047), which mail
     #: clients offer as a calendar update. Blank: a plain attachment only.
     calendar_method: str = ""
+    #: RFC 8058 one-click unsubscribe address: mail channels add List-Unsubscribe and
+    #: List-Unsubscribe-Post for it. Blank: neither header.
+    unsubscribe_url: str = ""
     #: What the message is, for the observer's series: "reminder" or "notice" (a change notice).
     kind: str = "reminder"
 
@@ -148,6 +151,15 @@ class Envelope:
         ):  # fmt: skip
             if not isinstance(getattr(self, name), str):
                 raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
+        if self.unsubscribe_url and (
+            not self.unsubscribe_url.startswith(("https://", "http://"))
+            or not self.unsubscribe_url.isprintable()
+            or any(c in self.unsubscribe_url for c in " <>")
+        ):
+            raise ValueError(
+                f"Envelope.unsubscribe_url {self.unsubscribe_url!r} must be one http(s) URL "
+                "without spaces or angle brackets."
+            )
         if self.kind not in ("reminder", "notice"):
             raise ValueError(f"Envelope.kind {self.kind!r} must be 'reminder' or 'notice'.")
         if self.calendar_method not in ("", "PUBLISH", "REQUEST", "CANCEL"):

@@ -156,6 +156,10 @@ def write_message(
         headers.append(_header("Reply-To", reply_to))
     if envelope.list_id:
         headers.append(_header("List-Id", _list_id(clean_header_text(envelope.list_id))))
+    if envelope.unsubscribe_url:
+        # RFC 8058: a client's unsubscribe button POSTs here, no cookies, no confirmation.
+        headers.append(_header("List-Unsubscribe", f"<{envelope.unsubscribe_url}>"))
+        headers.append("List-Unsubscribe-Post: List-Unsubscribe=One-Click")
     headers.append("MIME-Version: 1.0")
     body = _text_part("plain", envelope.text_body, boundary)
     alternatives = [body]

@@ -24,6 +24,7 @@ from django.utils.translation import gettext, gettext_noop, pgettext
 from delivery.addresses import address_problem
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.message import key_digest
+from reminders.links import attendance_url, unsubscribe_url
 from reminders.models import (
     MessageText,
     Notice,
@@ -144,6 +145,7 @@ LABELS = {
     "reply": gettext_noop("reply to this message to reach them"),
     "calendar": gettext_noop("The attached calendar file adds it to your calendar."),
     "goodbye": gettext_noop("See you there!"),
+    "cant_attend": gettext_noop("Can't attend? Let us know:"),
 }
 ELSEWHERE = gettext_noop(", which is %(start_workshop)s where it is held (%(workshop_zone)s)")
 
@@ -269,7 +271,10 @@ def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     if values["organiser"] or values["organiser_email"]:
         who = _organiser_line(values, html=False)
         lines.append(f"{label['organiser']} {who} ({label['reply']})")
-    lines += ["", label["calendar"], "", label["goodbye"]]
+    lines += ["", label["calendar"]]
+    if values.get("attendance_url"):
+        lines += ["", f"{label['cant_attend']} {values['attendance_url']}"]
+    lines += ["", label["goodbye"]]
     return "\n".join(lines) + "\n"
 
 
@@ -300,10 +305,19 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
         f"{intro}\n"
         f"<p>{lines}</p>\n"
         f"<p>{label['calendar']}</p>\n"
+        f"{_attendance_html(values, label)}"
         f"<p>{label['goodbye']}</p>\n"
         "</body>\n"
         "</html>\n"
     )
+
+
+def _attendance_html(values: dict[str, str], label: dict) -> str:
+    url = values.get("attendance_url")
+    if not url:
+        return ""
+    url = escape(url)
+    return f'<p>{label["cant_attend"]} <a href="{url}" style="color: #1a5fb4">{url}</a></p>\n'
 
 
 def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
@@ -336,6 +350,8 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
         "join_url": join_url,
         "organiser": organiser,
         "organiser_email": workshop.contact_email,
+        # Not a placeholder: the fixed line under the calendar's (a preview has no row).
+        "attendance_url": attendance_url(reminder.pk) if reminder.pk else "",
     }
     elsewhere = ""
     if zone.key != workshop_zone.key:
@@ -353,6 +369,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
             ("location", location),
             ("join_url", join_url),
             ("reply_to", workshop.contact_email),
+            ("attendance_url", values["attendance_url"]),
         )
         if value
     }
@@ -388,6 +405,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
         reply_to=workshop.contact_email,
         reply_to_name=organiser,
         list_id=list_id(),
+        unsubscribe_url=unsubscribe_url(reminder.pk) if reminder.pk else "",
     )
 
 
@@ -678,6 +696,9 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
             lines.append(f"{label['join']} {values['join_url']}")
         lines.append("")
     lines.append(news["remove"] if cancelled else news["update"])
+    links = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
+    if links:
+        lines += ["", f"{words.labels['cant_attend']} {links}"]
     text_body = wrap_text("\n".join(lines) + "\n")
     html_body = (
         "<!doctype html>\n"
@@ -741,6 +762,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         reply_to=workshop.contact_email,
         reply_to_name=_one_line(workshop.contact_name),
         list_id=list_id(),
+        unsubscribe_url=unsubscribe_url(notice.reminder_id) if notice.pk else "",
     )
 
 

@@ -124,6 +124,13 @@ class Reminder(models.Model):
         editable=False,
         help_text="The workshop revision the attendee last heard of (0: the reminder's own facts).",
     )
+    unsubscribed_at = models.DateTimeField(
+        null=True,
+        blank=True,
+        editable=False,
+        help_text="When the attendee unsubscribed from this workshop's messages (their mail "
+        "client's one-click unsubscribe): no change notice follows; the enrollment stays.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

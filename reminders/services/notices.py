@@ -137,8 +137,10 @@ def _needing_notice() -> Q:
 
 
 def _told(now: datetime):
-    """Reminders told something of a workshop that has not started."""
-    return Reminder.objects.filter(status__in=TOLD, workshop__starts_at__gt=now)
+    """Reminders told something of a workshop that has not started, and not unsubscribed."""
+    return Reminder.objects.filter(
+        status__in=TOLD, workshop__starts_at__gt=now, unsubscribed_at__isnull=True
+    )
 
 
 def notices_revise(*, clock: Clock | None = None) -> int:

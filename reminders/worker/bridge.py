@@ -72,6 +72,9 @@ def send_with_django(envelope: Envelope) -> str:
     headers = {"Message-ID": message_id}
     if envelope.list_id:
         headers["List-Id"] = clean_header_text(envelope.list_id)
+    if envelope.unsubscribe_url:
+        headers["List-Unsubscribe"] = f"<{envelope.unsubscribe_url}>"
+        headers["List-Unsubscribe-Post"] = "List-Unsubscribe=One-Click"
     reply_to = []
     if envelope.reply_to and address_problem(envelope.reply_to) is None:
         reply_to = [_mailbox(clean_header_text(envelope.reply_to_name), envelope.reply_to)]

@@ -1,0 +1,91 @@
+"""The attendee's own pages, reached from the links in their messages; no login.
+
+``/attend/<token>/``: GET shows the workshop and asks; only the POST of that
+page (with its CSRF token) cancels the enrollment, so a mail scanner that
+follows every link changes nothing. ``/unsubscribe/<token>/``: the RFC 8058
+one-click POST (no cookies, no CSRF token: exempt, verified by the signed
+token alone) stops this workshop's messages and keeps the seat; a GET shows
+a button. A tampered or foreign token, or a workshop that has ended (judged
+from its end as it is now, not from the token), gets a clear page and changes
+nothing.
+"""
+
+from __future__ import annotations
+
+from zoneinfo import ZoneInfo
+
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+from django.utils import translation
+from django.views.decorators.cache import never_cache
+from django.views.decorators.csrf import csrf_exempt
+from django.views.decorators.http import require_http_methods
+
+from clock import default_clock
+from reminders.content import local_start, reminder_language
+from reminders.services.attendance import (
+    enrollment_cancel_by_attendee,
+    reminder_for_link,
+    reminder_unsubscribe,
+)
+from workshops.models import Enrollment
+
+TEMPLATE = "attendance/page.html"
+
+
+def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200) -> HttpResponse:
+    context = {"state": state}
+    language = "en"
+    if reminder is not None:
+        workshop, attendee = reminder.workshop, reminder.attendee
+        language = reminder_language(workshop=workshop, attendee=attendee)
+        zone = ZoneInfo(attendee.timezone or workshop.timezone)
+        context |= {
+            "title": workshop.title,
+            "when": local_start(workshop.starts_at, zone, language),
+        }
+    with translation.override(language):
+        response = render(request, TEMPLATE, context | {"language": language}, status=status)
+    # The token never leaves for another site in a Referer; same-origin, because with
+    # no-referrer browsers send "Origin: null" and the confirming POST fails the CSRF
+    # check (never_cache keeps the page out of caches).
+    response["Referrer-Policy"] = "same-origin"
+    return response
+
+
+def _usable(request, token: str, purpose: str):
+    reminder = reminder_for_link(token, purpose=purpose)
+    if reminder is None:
+        return None, _page(request, "invalid", status=404)
+    if default_clock().now() >= reminder.workshop.ends_at:
+        return None, _page(request, "ended", reminder, status=410)
+    return reminder, None
+
+
+@never_cache
+@require_http_methods(["GET", "POST"])
+def attend(request: HttpRequest, token: str) -> HttpResponse:
+    reminder, refused = _usable(request, token, "attend")
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        enrollment_cancel_by_attendee(reminder=reminder)
+        return _page(request, "cancelled", reminder)
+    if reminder.enrollment.status != Enrollment.Status.ACTIVE:
+        return _page(request, "cancelled", reminder)
+    return _page(request, "ask", reminder)
+
+
+@csrf_exempt
+@never_cache
+@require_http_methods(["GET", "POST"])
+def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
+    reminder, refused = _usable(request, token, "unsubscribe")
+    if refused is not None:
+        return refused
+    if request.method == "POST":
+        reminder_unsubscribe(reminder=reminder)
+        return _page(request, "unsubscribed", reminder)
+    if reminder.unsubscribed_at is not None:
+        return _page(request, "unsubscribed", reminder)
+    return _page(request, "ask_unsubscribe", reminder)

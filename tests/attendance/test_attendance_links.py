@@ -1,0 +1,152 @@
+"""The attendee's own links (issue 36): "can't attend" and RFC 8058 one-click unsubscribe,
+from a message a real SMTP server received, through the web views on PostgreSQL."""
+
+from __future__ import annotations
+
+import re
+from datetime import timedelta
+
+import pytest
+from django.test import Client
+
+from reminders.content import reminder_envelope
+from reminders.links import attendance_token, unsubscribe_token
+from reminders.models import Notice, Reminder, StaffDecision
+from reminders.worker import pipeline
+from reminders.worker.notices import deliver_notices
+from workshops.models import Enrollment
+from workshops.services import workshop_update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+PUBLIC = "https://reminders.example.com"
+
+
+@pytest.fixture
+def delivered(clock, make_workshop, enrol, mail, published, notices_published, settings):
+    """Two attendees reminded over SMTP with links on; return (message, reminder) of the first."""
+    settings.REMINDERS_PUBLIC_URL = PUBLIC
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3), location="Room 1")
+    enrol(workshop, count=2)
+    pipeline.scan(clock=clock)
+    for batch in list(published):
+        pipeline.deliver(batch, clock=clock)
+    reminder = Reminder.objects.select_related("attendee").order_by("pk").first()
+    [message] = [m for m in mail.received() if m.rcpt_tos == (reminder.attendee.email,)]
+    return message, reminder
+
+
+def _link(message, path: str) -> str:
+    body = message.parsed().get_body(("plain",)).get_content()
+    [url] = re.findall(rf"{re.escape(PUBLIC)}/{path}/\S+", body)
+    return url
+
+
+def test_each_message_carries_its_links_and_the_one_click_headers(delivered):
+    message, reminder = delivered
+    url = _link(message, "attend")
+    assert url == f"{PUBLIC}/attend/{attendance_token(reminder.pk)}/"
+    # No personal data in clear: the token names the reminder's id, signed.
+    assert reminder.attendee.email not in url and reminder.attendee.name not in url
+    assert message.header("List-Unsubscribe") == (
+        f"<{PUBLIC}/unsubscribe/{unsubscribe_token(reminder.pk)}/>"
+    )
+    assert message.header("List-Unsubscribe-Post") == "List-Unsubscribe=One-Click"
+    html = message.parsed().get_body(("html",)).get_content()
+    assert f'href="{url}"' in html
+    # Deterministic: a retry under the same key carries the same bytes.
+    reminder = Reminder.objects.select_related("attendee", "workshop", "text").get(pk=reminder.pk)
+    assert reminder_envelope(reminder=reminder) == reminder_envelope(reminder=reminder)
+
+
+def test_get_changes_nothing_and_the_confirming_post_cancels_once(delivered, clock):
+    message, reminder = delivered
+    path = _link(message, "attend").removeprefix(PUBLIC)
+    browser = Client(enforce_csrf_checks=True)
+    for _ in range(3):  # a mail scanner following every link
+        page = browser.get(path)
+        assert page.status_code == 200 and b'id="confirm"' in page.content
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+    token = page.cookies["csrftoken"].value
+    csrf = re.search(rb'name="csrfmiddlewaretoken" value="([^"]+)"', page.content).group(1)
+    done = browser.post(
+        path, {"csrfmiddlewaretoken": csrf.decode()}, HTTP_COOKIE=f"csrftoken={token}"
+    )
+    assert done.status_code == 200 and b'id="done"' in done.content
+    assert browser.post(path, {"csrfmiddlewaretoken": csrf.decode()}).status_code == 200
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "cancelled"
+    decision = StaffDecision.objects.get()
+    assert decision.actor is None and decision.actor_name == "the attendee (their own link)"
+    assert decision.enrollment_ids == [reminder.enrollment_id]
+    assert "no-store" in page["Cache-Control"] and page["Referrer-Policy"] == "same-origin"
+
+
+def test_a_post_without_the_pages_csrf_token_changes_nothing(delivered):
+    message, reminder = delivered
+    path = _link(message, "attend").removeprefix(PUBLIC)
+    assert Client(enforce_csrf_checks=True).post(path).status_code == 403
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+
+
+@pytest.mark.parametrize(
+    "make_path",
+    [
+        lambda r: f"/attend/{attendance_token(r.pk)[:-1]}x/",  # tampered
+        lambda r: f"/attend/{unsubscribe_token(r.pk)}/",  # another purpose's token
+        lambda r: f"/attend/{r.pk + 1000}/",  # unsigned
+        lambda r: f"/unsubscribe/{attendance_token(r.pk)}/",
+    ],
+)
+def test_a_tampered_or_foreign_link_gets_a_clear_page_and_changes_nothing(delivered, make_path):
+    _, reminder = delivered
+    client = Client()
+    for method in (client.get, client.post):
+        page = method(make_path(reminder))
+        assert page.status_code == 404
+        assert b"This link does not work" in page.content
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
+
+
+def test_the_link_ends_with_the_workshop_as_it_is_now(delivered, clock):
+    message, reminder = delivered
+    path = _link(message, "attend").removeprefix(PUBLIC)
+    workshop = reminder.workshop
+    earlier = clock.now() - timedelta(hours=2)
+    workshop_update(workshop=workshop, starts_at=earlier, ends_at=earlier + timedelta(hours=1))
+    page = Client().post(path)
+    assert page.status_code == 410 and b"has ended" in page.content
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+
+
+def test_the_page_speaks_the_attendees_language(delivered):
+    message, reminder = delivered
+    reminder.attendee.language = "de"
+    reminder.attendee.save()
+    page = Client().get(_link(message, "attend").removeprefix(PUBLIC))
+    assert "Ja, meinen Platz freigeben" in page.content.decode()
+
+
+def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
+    delivered, clock, mail, notices_published
+):
+    """RFC 8058: the client POSTs without cookies or a CSRF token."""
+    message, reminder = delivered
+    url = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    page = Client(enforce_csrf_checks=True).post(
+        url, "List-Unsubscribe=One-Click", content_type="application/x-www-form-urlencoded"
+    )
+    assert page.status_code == 200
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is not None
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+    before = len(mail.received())
+    workshop_update(workshop=reminder.workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    for batch in list(notices_published):
+        deliver_notices(batch, clock=clock)
+    # The other attendee hears of the move; the one who unsubscribed does not.
+    assert [m.rcpt_tos for m in mail.received()[before:]] != []
+    assert all(reminder.attendee.email not in m.rcpt_tos for m in mail.received()[before:])
+    assert not Notice.objects.filter(reminder=reminder).exists()

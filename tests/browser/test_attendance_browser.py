@@ -1,0 +1,86 @@
+"""An attendee opens the "can't attend" link of the reminder they received, confirms in a
+real browser, and their place is cancelled: no reminder follows, only the calendar's
+cancellation (issue 36; the cancellation notice is issue 35's)."""
+
+from __future__ import annotations
+
+import re
+import threading
+from datetime import timedelta
+
+import pytest
+from django.db import connections
+
+from reminders.models import Reminder
+from reminders.worker import pipeline
+from reminders.worker.notices import deliver_notices
+from workshops.models import Enrollment
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+
+
+def _in_thread(job) -> None:
+    """Run ``job`` in a thread of its own: Playwright's event loop runs in this one, and a
+    delivery session refuses to block a running loop."""
+    errors: list[BaseException] = []
+
+    def run():
+        try:
+            job()
+        except BaseException as exc:  # reported in the test's thread
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(60)
+    assert not errors, errors
+
+
+def test_the_link_from_a_delivered_reminder_cancels_after_one_click(
+    live_server,
+    plain_http_cookies,
+    live_clock,
+    make_workshop,
+    enrol,
+    new_page,
+    screenshot_dir,
+    smtp_sink,
+    settings,
+    published,
+    notices_published,
+):
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_PUBLIC_URL = live_server.url
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=5), title="Wheel throwing")
+    leaving, staying = enrol(workshop, count=2)
+    pipeline.scan(clock=live_clock)
+    _in_thread(lambda: [pipeline.deliver(b, clock=live_clock) for b in list(published)])
+    [message] = [m for m in smtp_sink.received() if m.rcpt_tos == (leaving.attendee.email,)]
+    body = message.parsed().get_body(("plain",)).get_content()
+    [link] = re.findall(rf"{re.escape(live_server.url)}/attend/\S+", body)
+
+    page = new_page()
+    page.goto(link)
+    assert page.locator("h1").inner_text() == "Wheel throwing"
+    assert Enrollment.objects.get(pk=leaving.pk).status == "active"  # opening changes nothing
+    page.screenshot(path=screenshot_dir / "cant-attend.png", full_page=True)
+    page.click("#confirm")
+    page.wait_for_selector("#done")
+    assert "Your place is cancelled" in page.locator("#done").inner_text()
+    assert Enrollment.objects.get(pk=leaving.pk).status == "cancelled"
+    assert Enrollment.objects.get(pk=staying.pk).status == "active"
+
+    received = len(smtp_sink.received())
+    published.clear()
+    for _ in range(2):
+        pipeline.scan(clock=live_clock)
+    assert published == []  # no reminder to send
+    _in_thread(lambda: [deliver_notices(b, clock=live_clock) for b in list(notices_published)])
+    after = smtp_sink.received()[received:]
+    assert [m.rcpt_tos for m in after] == [(leaving.attendee.email,)]
+    assert after[0].subject.startswith("Cancelled: Wheel throwing")
+    assert Reminder.objects.get(enrollment=leaving).status == "sent"
