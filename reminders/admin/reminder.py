@@ -156,6 +156,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "channel",
                     "provider_message_id",
                     "sent_at_utc",
+                    "unsubscribed_at_utc",
                 )
             },
         ),
@@ -246,6 +247,7 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
         return f"{DELIVERY_STATES[state]}, {format_utc(obj.delivery_at)}"
 
     sent_at_utc = utc_column("sent_at", "Sent at")
+    unsubscribed_at_utc = utc_column("unsubscribed_at", "Unsubscribed at")
     next_attempt_at_utc = utc_column("next_attempt_at", "Next attempt")
     queued_until_utc = utc_column("queued_until", "Queued until")
     lease_expires_at_utc = utc_column("lease_expires_at", "Lease expires")

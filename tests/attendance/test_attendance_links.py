@@ -150,3 +150,14 @@ def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
     assert [m.rcpt_tos for m in mail.received()[before:]] != []
     assert all(reminder.attendee.email not in m.rcpt_tos for m in mail.received()[before:])
     assert not Notice.objects.filter(reminder=reminder).exists()
+
+
+def test_the_reminders_page_shows_when_its_attendee_unsubscribed(delivered, admin_client, settings):
+    settings.STORAGES = {
+        **settings.STORAGES,
+        "staticfiles": {"BACKEND": "django.contrib.staticfiles.storage.StaticFilesStorage"},
+    }
+    _, reminder = delivered
+    Client().post(f"/unsubscribe/{unsubscribe_token(reminder.pk)}/")
+    page = admin_client.get(f"/admin/reminders/reminder/{reminder.pk}/change/").content.decode()
+    assert "Unsubscribed at" in page and "UTC" in page
