@@ -514,6 +514,23 @@ if REMINDERS_PUBLIC_URL:
             "message carry a token that cancels an enrollment."
         )
     REMINDERS_PUBLIC_URL = REMINDERS_PUBLIC_URL.rstrip("/")
+# DKIM for the smtp channel (delivery/dkim.py): the selector and a file holding the
+# RSA private key (PEM) published at <selector>._domainkey.<domain>; the domain is
+# DEFAULT_FROM_EMAIL's unless REMINDERS_DKIM_DOMAIN says otherwise. Both blank: no
+# signature (the relay may sign). One without the other stops start-up.
+REMINDERS_DKIM_SELECTOR = env_str("REMINDERS_DKIM_SELECTOR")
+REMINDERS_DKIM_KEY_FILE = env_str("REMINDERS_DKIM_KEY_FILE")
+REMINDERS_DKIM_DOMAIN = env_str("REMINDERS_DKIM_DOMAIN")
+if bool(REMINDERS_DKIM_SELECTOR) != bool(REMINDERS_DKIM_KEY_FILE):
+    raise ImproperlyConfigured(
+        "Set both REMINDERS_DKIM_SELECTOR and REMINDERS_DKIM_KEY_FILE to sign with DKIM, "
+        "or neither."
+    )
+if REMINDERS_DKIM_KEY_FILE and not os.access(REMINDERS_DKIM_KEY_FILE, os.R_OK):
+    raise ImproperlyConfigured(
+        f"REMINDERS_DKIM_KEY_FILE={REMINDERS_DKIM_KEY_FILE!r} cannot be read: give the path "
+        "of the PEM file holding the DKIM private key."
+    )
 # Seconds a workshop change waits before its change notices are planned, so that two
 # or three saves within it make one notice with the final facts; never more than a
 # quarter of the time left before the start (reminders.services.notices). 0: at once.

@@ -24,6 +24,7 @@ from typing import Self
 import aiosmtplib
 
 from clock import Clock
+from delivery.dkim import DkimKey, dkim_sign
 from delivery.envelope import Envelope
 from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
 from delivery.gate import last_look
@@ -60,6 +61,8 @@ class SmtpSettings:
     message_id_domain: str = ""
     local_hostname: str | None = None
     validate_certs: bool = True
+    #: Sign every message with it (delivery/dkim.py); None: the relay signs, or nobody.
+    dkim: DkimKey | None = None
 
     def __post_init__(self) -> None:
         if not self.host:
@@ -420,6 +423,8 @@ class SmtpChannel:
             envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
         )
         data, recipient = message.data, message.recipient
+        if self.settings.dkim is not None:
+            data = dkim_sign(data, self.settings.dkim)
         async with self._slots:
             reused = bool(self._idle)
             connection = self._idle.pop() if reused else await self._open()

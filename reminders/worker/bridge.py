@@ -9,6 +9,7 @@ It also turns Django settings into the engine's plain values.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -31,6 +32,7 @@ from delivery.channels.smtp import (
     translate_smtplib_error,
 )
 from delivery.channels.threaded import ThreadedChannel
+from delivery.dkim import DkimKey, check_key
 from delivery.envelope import Envelope
 from delivery.limiter import RateLimiter, RedisRateLimiter
 from delivery.limits import DeliveryLimits
@@ -63,7 +65,31 @@ def smtp_settings() -> SmtpSettings:
         timeout=float(settings.EMAIL_TIMEOUT),
         from_email=settings.DEFAULT_FROM_EMAIL,
         max_connections=settings.REMINDERS_SMTP_CONNECTIONS,
+        dkim=dkim_key(),
     )
+
+
+def dkim_key() -> DkimKey | None:
+    """Return the smtp channel's DKIM key from REMINDERS_DKIM_*, or None when unset.
+
+    Raise ``ValueError`` naming the setting when the key cannot sign.
+    """
+    if not settings.REMINDERS_DKIM_KEY_FILE:
+        return None
+    domain = settings.REMINDERS_DKIM_DOMAIN or sender_domain()
+    return _loaded_key(settings.REMINDERS_DKIM_SELECTOR, domain, settings.REMINDERS_DKIM_KEY_FILE)
+
+
+@functools.lru_cache(maxsize=4)
+def _loaded_key(selector: str, domain: str, path: str) -> DkimKey:
+    """Read and check the key once per process and setting (every batch builds the channel)."""
+    with open(path, "rb") as handle:
+        key = DkimKey(selector=selector, domain=domain, private_key=handle.read())
+    try:
+        check_key(key)
+    except ValueError as exc:
+        raise ValueError(f"REMINDERS_DKIM_KEY_FILE: {exc}") from None
+    return key
 
 
 def send_with_django(envelope: Envelope) -> str:

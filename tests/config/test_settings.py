@@ -206,3 +206,21 @@ def test_other_commands_still_need_a_secret_key():
     )  # fmt: skip
     assert result.returncode != 0
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("env", "said"),
+    [
+        ({"REMINDERS_PUBLIC_URL": "reminders.example.com"}, "is not an http(s) address"),
+        ({"REMINDERS_PUBLIC_URL": "http://reminders.example.com"}, "must be https://"),
+        ({"REMINDERS_DKIM_SELECTOR": "r1"}, "Set both REMINDERS_DKIM_SELECTOR"),
+        (
+            {"REMINDERS_DKIM_SELECTOR": "r1", "REMINDERS_DKIM_KEY_FILE": "/nonexistent/k.pem"},
+            "cannot be read",
+        ),
+    ],
+    ids=["not-a-url", "plain-http", "selector-alone", "unreadable-key"],
+)
+def test_the_attendee_links_and_dkim_settings_refuse_what_cannot_work(env, said):
+    refused = _start(DEBUG="0", SECRET_KEY=SHORT + "v", **env)
+    assert refused.returncode != 0 and said in refused.stderr
