@@ -28,7 +28,7 @@ from workshops.services import (
     workshop_update,
 )
 
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.slow, pytest.mark.long]
 
 _real = SystemClock()
 SETTLE = 300
