@@ -113,8 +113,9 @@ def test_sixty_concurrent_keep_alive_connections_are_served_in_parallel(http_sin
     durations = asyncio.run(rounds())
 
     # The proof of parallelism is the peak of 60 in flight below; the time only has to be
-    # far from one by one (18 s), whatever else the two cores are running meanwhile.
-    assert max(durations) < 60 * 0.3 / 4, durations
+    # far from one by one (18 s), whatever else the two cores are running meanwhile (in CI,
+    # beside the chaos run, one round took 5.3 s: half of one by one is the bound).
+    assert max(durations) < 60 * 0.3 / 2, durations
     stats = http_sink.stats()
     assert stats["peak_in_flight"] == 60
     assert stats["connections_opened"] == 60
