@@ -470,8 +470,9 @@ def test_each_start_is_reserved_not_polled_for_and_queued_callers_share_a_round_
         assert calls == 40 + skipped, said
     else:
         assert calls <= 2 * math.ceil(20 / block) + 2 + skipped, said
-    # Spread: 40 starts one interval (1.02 s / 100) apart take at least 39 intervals.
-    assert starts[-1] - starts[0] >= 39 * 1.02 / 100 * 0.9
+    # Spread: 40 starts reserved one interval (1.02 s / 100) apart span 39 intervals; a
+    # loaded host may make the first start up to 100 ms late (never a later one early).
+    assert starts[-1] - starts[0] >= 39 * 1.02 / 100 - 0.1
     assert max_in_window(starts, window=1.0) <= 100
 
 
@@ -908,5 +909,8 @@ def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_u
             await limiter.aclose()
 
     starts = run(scenario())
-    # Three fresh starts one interval (102 ms) apart, not three stale ones at once.
-    assert starts[-1] - starts[0] >= 2 * 0.102 * 0.9, starts
+    # Three fresh starts reserved one interval (102 ms) apart, not three stale ones at once
+    # (a spread near 0). A loaded host may start the first late, never a later one early:
+    # beside the chaos run in CI the first came 30 ms late and the spread was 172 ms, so
+    # the bound is one interval, which a burst cannot reach.
+    assert starts[-1] - starts[0] >= 0.102, starts
