@@ -104,16 +104,18 @@ def test_sigkill_mid_batch_leaves_no_duplicate_and_nothing_stuck(
     """C1/C2: a worker killed mid-send (before, or after, the server accepted the message)."""
     for _ in range(4):
         enrol(make_workshop(starts_in=timedelta(hours=3)), count=10)
-    # Each message takes half a second: before the server records it, or after
-    # it recorded it and before it answers (the provider has it, the worker not).
-    setattr(smtp_sink, "data_delay" if moment == "before_accept" else "reply_delay", 0.5)
+    # Each message takes a second: before the server records it, or after it
+    # recorded it and before it answers (the provider has it, the worker not). Half
+    # a second was too short a window on a loaded host (CI beside the chaos run):
+    # the chunk seen sending was recorded before the kill landed, leaving 0 in flight.
+    setattr(smtp_sink, "data_delay" if moment == "before_accept" else "reply_delay", 1.0)
     env = _smtp_env(smtp_sink, REMINDERS_SMTP_CONNECTIONS="2", REMINDERS_CONCURRENCY="2")
     with celery_worker(env, concurrency=1, name="victim") as victim:
         pipeline.scan(clock=live_clock)
         # Before accept, the server records a message at the end of its chunk's send:
         # waiting for the third would put the kill where the second chunk is being
         # recorded (nothing in flight); after the second, the next chunk is claimed
-        # and has half a second of DATA ahead. After accept, the third is recorded
+        # and has a second of DATA ahead. After accept, the third is recorded
         # while its chunk's reply waits.
         arrived = 2 if moment == "before_accept" else 3
         _wait_until(lambda: len(smtp_sink.received()) >= arrived, what="some messages to arrive")
