@@ -628,11 +628,6 @@ class Notice(models.Model):
         SUPERSEDED = "superseded", "Superseded by a newer revision"
         SILENCED = "silenced", "Not sent (staff chose not to notify)"
 
-    FINAL_STATUSES = (
-        Status.SENT, Status.FAILED, Status.MISSED, Status.UNKNOWN, Status.SUPERSEDED,
-        Status.SILENCED,
-    )  # fmt: skip
-
     reminder = models.ForeignKey(
         Reminder, on_delete=models.CASCADE, related_name="notices", editable=False
     )

@@ -212,7 +212,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     def _notice_message(self, request, workshop: Workshop) -> None:
         """Say who will hear of a change to what the reminders told, and when."""
-        told = notices_reach(workshop=workshop)
+        told = notices_reach(workshops=[workshop.pk]).get(workshop.pk, 0)
         if not told:
             return
         wait = settle_delay(now=default_clock().now(), starts_at=workshop.starts_at)

@@ -33,7 +33,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
@@ -50,7 +50,9 @@ Status = Notice.Status
 Kind = Notice.Kind
 # Reminders whose attendee was (or may have been) told the facts they carried.
 TOLD = (Reminder.Status.SENT, Reminder.Status.UNKNOWN)
-OPEN = (Status.PENDING, Status.SENDING)
+# The workshop's columns a notice tells, each kept as ``told_<name>`` on the reminder and
+# as ``<name>`` on a revision; whether it is cancelled is told besides.
+FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 
 STARTED = "the workshop started before the notice could be sent"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
@@ -61,31 +63,23 @@ MAYBE_SENT = "{what}; the provider may have accepted it (channel {channel} has n
 class Facts:
     """What a notice tells of a workshop: a change to any of it is news to a reminded attendee."""
 
-    starts_at: datetime
-    ends_at: datetime
-    location: str
-    join_url: str
+    values: tuple  # FACT_FIELDS, in order
     cancelled: bool
 
     @classmethod
     def of_workshop(cls, workshop: Workshop) -> Facts:
-        return cls(
-            workshop.starts_at,
-            workshop.ends_at,
-            workshop.location,
-            workshop.join_url,
-            workshop.status == Workshop.Status.CANCELLED,
-        )
+        values = tuple(getattr(workshop, name) for name in FACT_FIELDS)
+        return cls(values, workshop.status == Workshop.Status.CANCELLED)
 
     @classmethod
     def of_revision(cls, revision: WorkshopRevision) -> Facts:
-        return cls(
-            revision.starts_at,
-            revision.ends_at,
-            revision.location,
-            revision.join_url,
-            revision.cancelled,
-        )
+        return cls(tuple(getattr(revision, name) for name in FACT_FIELDS), revision.cancelled)
+
+    def columns(self, prefix: str = "") -> dict:
+        """The facts as column values, each name under ``prefix`` (``told_`` on a reminder)."""
+        return {
+            f"{prefix}{name}": value for name, value in zip(FACT_FIELDS, self.values, strict=True)
+        }
 
 
 def settle_delay(*, now: datetime, starts_at: datetime) -> timedelta:
@@ -95,17 +89,21 @@ def settle_delay(*, now: datetime, starts_at: datetime) -> timedelta:
     return min(timedelta(seconds=settings.REMINDERS_NOTICE_SETTLE), left / 4)
 
 
-# The attendee's state now, through a Reminder's relations: cancelled when the
-# workshop or their own enrollment is.
-_CANCELLED_NOW = Q(workshop__status=Workshop.Status.CANCELLED) | Q(
-    enrollment__status=Enrollment.Status.CANCELLED
-)
-_SAME_FACTS = Q(
-    told_starts_at=F("workshop__starts_at"),
-    told_ends_at=F("workshop__ends_at"),
-    told_location=F("workshop__location"),
-    told_join_url=F("workshop__join_url"),
-)
+def _cancelled_now(enrollment: str = "enrollment") -> Q:
+    """The attendee's state now, through a row's relations: cancelled when the workshop or
+    their own enrollment is (reached from a notice through ``reminder__enrollment``)."""
+    return Q(workshop__status=Workshop.Status.CANCELLED) | Q(
+        **{f"{enrollment}__status": Enrollment.Status.CANCELLED}
+    )
+
+
+def _same_facts(prefix: str, ref=F) -> Q:
+    """Each told fact (``<prefix><name>``) equals the workshop's as it is now."""
+    return Q(**{f"{prefix}{name}": ref(f"workshop__{name}") for name in FACT_FIELDS})
+
+
+_CANCELLED_NOW = _cancelled_now()
+_SAME_FACTS = _same_facts("told_")
 # What the attendee was last told differs from their state now. Cancelled is
 # cancelled: a cancelled workshop that moves is no news.
 _DIFFERS = (_CANCELLED_NOW & Q(told_cancelled=False)) | (
@@ -117,11 +115,7 @@ def _covered(*, cancelled: bool) -> Exists:
     """A notice (not superseded) already tells the attendee the workshop's facts as they are
     now, of the matching kind: sent, under way, failed or silenced, it is not planned again."""
     notices = Notice.objects.filter(
-        reminder=OuterRef("pk"),
-        revision__starts_at=OuterRef("workshop__starts_at"),
-        revision__ends_at=OuterRef("workshop__ends_at"),
-        revision__location=OuterRef("workshop__location"),
-        revision__join_url=OuterRef("workshop__join_url"),
+        _same_facts("revision__", OuterRef), reminder=OuterRef("pk")
     ).exclude(status=Status.SUPERSEDED)
     if cancelled:
         return Exists(notices.filter(kind=Kind.CANCELLED))
@@ -179,10 +173,7 @@ def _revise(workshop_id: int, *, now: datetime) -> bool:
         WorkshopRevision.objects.create(
             workshop=workshop,
             number=number,
-            starts_at=current.starts_at,
-            ends_at=current.ends_at,
-            location=current.location,
-            join_url=current.join_url,
+            **current.columns(),
             cancelled=current.cancelled,
             cancellation_reason=workshop.cancellation_reason if current.cancelled else "",
             created_at=now,
@@ -237,7 +228,7 @@ def _plan(revision_id: int, workshop_id: int, *, now: datetime) -> int:
                 .filter(_needing_notice(), workshop=workshop, told_revision__lt=revision.number)
                 .values_list(
                     "pk", "attendee_id", "enrollment__status", "told_cancelled",
-                    "told_starts_at", "told_ends_at", "told_location", "told_join_url",
+                    *(f"told_{name}" for name in FACT_FIELDS),
                 )
             )  # fmt: skip
             silenced = revision.silenced_by_id is not None
@@ -259,24 +250,24 @@ def _plan(revision_id: int, workshop_id: int, *, now: datetime) -> int:
                             workshop_id=workshop.pk,
                             revision=revision.number,
                         ),
-                        old_starts_at=old[0],
-                        old_ends_at=old[1],
-                        old_location=old[2],
-                        old_join_url=old[3],
+                        **{
+                            f"old_{name}": value
+                            for name, value in zip(FACT_FIELDS, old, strict=True)
+                        },
                         status=Status.SILENCED if silenced else Status.PENDING,
                         status_reason="staff chose not to notify" if silenced else "",
                         created_at=now,
                         updated_at=now,
                     )
                 )
-        created = Notice.objects.bulk_create(notices, ignore_conflicts=True)
+        Notice.objects.bulk_create(notices, ignore_conflicts=True)
         WorkshopRevision.objects.filter(pk=revision.pk).update(planned_at=now)
     if notices:
         logger.info(
             "Workshop %s revision %s: %s notices planned",
             workshop_id,
             revision.number,
-            len(created),
+            len(notices),
         )
     return len(notices)
 
@@ -287,7 +278,7 @@ def notices_settle(*, clock: Clock | None = None) -> dict[str, int]:
     counts: Counter[str] = Counter()
     started = Notice.objects.filter(status=Status.PENDING, workshop__starts_at__lte=now)
     for maybe_sent, status in ((False, Status.MISSED), (True, Status.UNKNOWN)):
-        counts["notices_missed"] += started.filter(maybe_sent=maybe_sent).update(
+        counts[f"notices_{status}"] += started.filter(maybe_sent=maybe_sent).update(
             status=status, status_reason=STARTED, queued_until=None, updated_at=now
         )
     lost = Notice.objects.filter(status=Status.SENDING, lease_expires_at__lte=now)
@@ -368,16 +359,12 @@ class NoticeClaim:
 def _live_now() -> Q:
     """Notices that still say what is true: their revision is the workshop as it is now, and
     their kind the attendee's state now."""
-    cancelled = Q(workshop__status=Workshop.Status.CANCELLED) | Q(
-        reminder__enrollment__status=Enrollment.Status.CANCELLED
+    cancelled = _cancelled_now("reminder__enrollment")
+    return (
+        Q(revision__superseded_at__isnull=True)
+        & _same_facts("revision__")
+        & ((Q(kind=Kind.CANCELLED) & cancelled) | (~Q(kind=Kind.CANCELLED) & ~cancelled))
     )
-    return Q(
-        revision__superseded_at__isnull=True,
-        revision__starts_at=F("workshop__starts_at"),
-        revision__ends_at=F("workshop__ends_at"),
-        revision__location=F("workshop__location"),
-        revision__join_url=F("workshop__join_url"),
-    ) & ((Q(kind=Kind.CANCELLED) & cancelled) | (~Q(kind=Kind.CANCELLED) & ~cancelled))
 
 
 def notice_claim(
@@ -537,22 +524,25 @@ def _final(status: str, reason: str, error: str) -> dict:
 
 def _mark_told(notice: Notice) -> None:
     """Record that the attendee now holds the notice's revision (unless a later one already)."""
-    revision = notice.revision
     Reminder.objects.filter(pk=notice.reminder_id, told_revision__lt=notice.number).update(
-        told_starts_at=revision.starts_at,
-        told_ends_at=revision.ends_at,
-        told_location=revision.location,
-        told_join_url=revision.join_url,
+        **Facts.of_revision(notice.revision).columns("told_"),
         told_cancelled=notice.kind == Kind.CANCELLED,
         told_revision=notice.number,
     )
 
 
-def notices_reach(*, workshop: Workshop, clock: Clock | None = None) -> int:
-    """Return how many reminded attendees of ``workshop`` have not heard it as it is now: what
-    the next scan turns into notices (the admin's message after a save)."""
+def notices_reach(*, workshops, clock: Clock | None = None) -> dict[int, int]:
+    """Return, per workshop of ``workshops`` (a queryset of ids or rows), how many reminded
+    attendees have not heard it as it is now: what the next scans turn into notices. One
+    query, however many workshops; a workshop with none is left out."""
     now = database_now(clock or default_clock())
-    return _told(now).filter(_needing_notice(), workshop=workshop).count()
+    return dict(
+        _told(now)
+        .filter(_needing_notice(), workshop__in=workshops)
+        .order_by()
+        .values_list("workshop_id")
+        .annotate(n=Count("pk"))
+    )
 
 
 def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None) -> int:

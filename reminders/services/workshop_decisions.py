@@ -122,9 +122,8 @@ def workshop_reinstate_preview(
 def workshop_silence_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview:
     """Count the workshops whose reminded attendees have a change to hear of, and how many."""
     selection = _selection(workshops)
-    reach = {w.pk: notices_reach(workshop=w) for w in selection.order_by("pk")}
-    total = len(reach)
-    eligible = sum(1 for count in reach.values() if count)
+    reach = notices_reach(workshops=selection.values("pk"))
+    total, eligible = selection.count(), len(reach)
     skipped = {"nothing_to_tell": total - eligible} if total > eligible else {}
     return WorkshopPreview(
         Action.SILENCE_NOTICES, total, eligible, skipped, {"to_silence": sum(reach.values())}
