@@ -757,6 +757,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
                 "attendee_timezone": zone.key,
                 "language": text.language,
                 "calendar_method": method,
+                **({"attendance_url": links} if links else {}),
             }
         ),
         reply_to=workshop.contact_email,

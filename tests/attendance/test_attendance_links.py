@@ -161,3 +161,19 @@ def test_the_reminders_page_shows_when_its_attendee_unsubscribed(delivered, admi
     Client().post(f"/unsubscribe/{unsubscribe_token(reminder.pk)}/")
     page = admin_client.get(f"/admin/reminders/reminder/{reminder.pk}/change/").content.decode()
     assert "Unsubscribed at" in page and "UTC" in page
+
+
+def test_a_change_notice_carries_the_same_links(delivered, clock, notices_published):
+    from reminders.content import notice_envelope
+
+    _, reminder = delivered
+    workshop_update(workshop=reminder.workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    notice = Notice.objects.select_related("attendee", "workshop", "revision", "reminder").get(
+        reminder=reminder
+    )
+    envelope = notice_envelope(notice=notice)
+    url = f"{PUBLIC}/attend/{attendance_token(reminder.pk)}/"
+    assert envelope.payload["attendance_url"] == url and url in envelope.text_body
+    assert envelope.unsubscribe_url == f"{PUBLIC}/unsubscribe/{unsubscribe_token(reminder.pk)}/"
