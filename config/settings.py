@@ -24,6 +24,7 @@ from config.env import (
     env_int,
     env_list,
     env_str,
+    parse_rate,
 )
 from config.timing import TimeBounds
 from delivery.redact import redact_text, redact_url
@@ -71,8 +72,10 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
+    "ninja",
     "workshops",
     "reminders",
+    "intake",
 ]
 
 MIDDLEWARE = [
@@ -514,6 +517,29 @@ if REMINDERS_PUBLIC_URL:
             "message carry a token that cancels an enrollment."
         )
     REMINDERS_PUBLIC_URL = REMINDERS_PUBLIC_URL.rstrip("/")
+# The HTTP API (intake/api.py): each token may send this many requests per window
+# ('600/minute'; second, minute or hour), counted in the cache below; past it, 429 with
+# Retry-After.
+REMINDERS_API_RATE = env_str("REMINDERS_API_RATE", "600/minute")
+try:
+    parse_rate(REMINDERS_API_RATE)
+except ValueError as _error:
+    raise ImproperlyConfigured(str(_error)) from None
+# The cache holds the API's request counts: on the Redis server of the limiter and the
+# broker when there is one, so every web process counts against one window; else (the
+# local run, one web process) in memory.
+CACHES = {
+    "default": (
+        {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": REMINDERS_REDIS_URL,
+            "KEY_PREFIX": "wr-cache",
+            "OPTIONS": {"socket_connect_timeout": 5, "socket_timeout": 5},
+        }
+        if REMINDERS_REDIS_URL
+        else {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}
+    )
+}
 # DKIM for the smtp channel (delivery/dkim.py): the selector and a file holding the
 # RSA private key (PEM) published at <selector>._domainkey.<domain>; the domain is
 # DEFAULT_FROM_EMAIL's unless REMINDERS_DKIM_DOMAIN says otherwise. Both blank: no

@@ -10,6 +10,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
+from intake.api import api
 from reminders.attendance import attend, unsubscribe
 from reminders.webhooks import http_events
 
@@ -33,6 +34,8 @@ admin.site.index_title = "Workshops and reminders"
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
+    # The HTTP API (intake/api.py): Bearer tokens; schema at /api/schema, docs at /api/docs.
+    path("api/", api.urls),
     path("metrics", metrics_view, name="metrics"),
     path("hooks/http/events", http_events, name="http_events"),
     # The attendee's own links in each message (reminders/attendance.py): no login.

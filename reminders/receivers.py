@@ -6,7 +6,7 @@ from __future__ import annotations
 from anymail.signals import tracking
 from django.dispatch import receiver
 
-from workshops.signals import enrollment_changed, workshop_changed
+from workshops.signals import enrollment_changed, enrollments_added, workshop_changed
 
 
 @receiver(workshop_changed, dispatch_uid="reminders.on_workshop_changed")
@@ -21,6 +21,13 @@ def on_enrollment_changed(sender, *, enrollment, created, **kwargs) -> None:
     from reminders.services import reminders_follow_enrollment
 
     reminders_follow_enrollment(enrollment=enrollment)
+
+
+@receiver(enrollments_added, dispatch_uid="reminders.on_enrollments_added")
+def on_enrollments_added(sender, *, enrollment_ids, **kwargs) -> None:
+    from reminders.services import reminders_plan_enrollments
+
+    reminders_plan_enrollments(ids=enrollment_ids)
 
 
 @receiver(tracking, dispatch_uid="reminders.on_provider_report")

@@ -15,7 +15,7 @@ from django.db import IntegrityError, transaction
 
 from clock import Clock, default_clock
 from workshops.models import Attendee, Enrollment, Workshop
-from workshops.signals import enrollment_changed, workshop_changed
+from workshops.signals import enrollment_changed, enrollments_added, workshop_changed
 
 # What a reminder shows of its workshop besides its time: where, how to join, who organises.
 DETAIL_FIELDS = frozenset({"location", "join_url", "contact_name", "contact_email"})
@@ -188,3 +188,22 @@ def enrollment_cancel(*, enrollment: Enrollment, clock: Clock | None = None) -> 
         if updated:
             enrollment_changed.send(sender=Enrollment, enrollment=enrollment, created=False)
     return enrollment
+
+
+def enrollments_add(*, pairs: list[tuple[int, int]]) -> list[int]:
+    """Enrol many (attendee id, workshop id) pairs at once; return the new enrollments' ids.
+
+    The caller has checked each pair (a scheduled workshop, an attendee not
+    erased, no enrollment yet) inside its transaction, holding the workshops'
+    rows; a pair enrolled meanwhile fails the unique constraint and the whole
+    call rolls back. Listeners plan the new enrollments' reminders in it.
+    """
+    if not pairs:
+        return []
+    with transaction.atomic():
+        made = Enrollment.objects.bulk_create(
+            [Enrollment(attendee_id=a, workshop_id=w) for a, w in pairs]
+        )
+        ids = [enrollment.pk for enrollment in made]
+        enrollments_added.send(sender=Enrollment, enrollment_ids=ids)
+    return ids

@@ -11,3 +11,5 @@ from django.dispatch import Signal
 workshop_changed = Signal()
 # Sent with enrollment=<Enrollment>, created=<bool>.
 enrollment_changed = Signal()
+# Sent with enrollment_ids=<list of int>: enrollments created together (an import, the API).
+enrollments_added = Signal()

@@ -23,6 +23,7 @@ from reminders.services.plan import (
     reminders_follow_enrollment,
     reminders_follow_workshop,
     reminders_plan,
+    reminders_plan_enrollments,
 )
 from reminders.services.reap import reminders_reap
 from reminders.services.record import (
@@ -57,6 +58,7 @@ __all__ = [
     "reminders_follow_enrollment",
     "reminders_follow_workshop",
     "reminders_plan",
+    "reminders_plan_enrollments",
     "reminders_reap",
     "reminders_settle",
     "reminders_return",

@@ -193,3 +193,12 @@ def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None =
             enrollments=Enrollment.objects.filter(pk=enrollment.pk),
             late_reason=reasons.ENROLLED_LATE,
         )
+
+
+def reminders_plan_enrollments(*, ids: list[int], clock: Clock | None = None) -> int:
+    """Plan the reminders of enrollments just created together, inside their transaction."""
+    return reminders_plan(
+        clock=clock,
+        enrollments=Enrollment.objects.filter(pk__in=ids),
+        late_reason=reasons.ENROLLED_LATE,
+    )

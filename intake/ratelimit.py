@@ -1,0 +1,42 @@
+"""A fixed-window request limit per API token, counted in Django's cache.
+
+The cache is Redis in production (config.settings: the broker's server), so
+every web process counts against the same window; ``incr`` is atomic there.
+"""
+
+from __future__ import annotations
+
+import math
+
+from django.conf import settings
+from django.core.cache import cache
+
+from clock import default_clock
+from config.env import parse_rate
+
+
+class RateLimited(Exception):
+    def __init__(self, *, limit: int, window: int, retry_after: int) -> None:
+        super().__init__(f"more than {limit} requests in {window} s")
+        self.limit = limit
+        self.window = window
+        self.retry_after = retry_after
+
+
+def rate_check(token) -> None:
+    """Count one request of ``token``; raise RateLimited past the limit of this window."""
+    limit, window = parse_rate(settings.REMINDERS_API_RATE)
+    now = default_clock().now().timestamp()
+    start = math.floor(now / window) * window
+    # The digest, not the id: a token's count never carries over to another one.
+    key = f"api-rate:{token.digest[:24]}:{int(start)}"
+    cache.add(key, 0, timeout=window + 1)
+    try:
+        count = cache.incr(key)
+    except ValueError:  # expired between add and incr
+        cache.add(key, 1, timeout=window + 1)
+        count = 1
+    if count > limit:
+        raise RateLimited(
+            limit=limit, window=window, retry_after=max(1, math.ceil(start + window - now))
+        )

@@ -1,0 +1,432 @@
+"""Enrolments from an integration: attendees upserted, enrolments created, all or nothing.
+
+A request is resolved in full before anything is written: each item's attendee
+is validated as the admin validates it (the model's own validators), found by
+the integration's id for it or by email, and each enrolment checked. One
+invalid item refuses the request with every item's reason. A valid one is
+written in one transaction with the workshops' rows held (``FOR SHARE``: a
+cancel waits for it), then the new enrolments' reminders are planned in the
+same transaction (workshops.signals.enrollments_added).
+
+Ids and emails: an attendee is one person with one email (unique, case aside).
+An integration's id names one attendee; an attendee has at most one id per
+integration. An email that belongs to an attendee holding another id of the
+same integration is a conflict, reported, never merged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from django.core.exceptions import ValidationError
+from django.db import IntegrityError, connection, transaction
+from django.db.models.functions import Lower
+
+from intake.models import AttendeeRef, Integration, WorkshopRef
+from workshops.models import Attendee, Enrollment, Workshop
+from workshops.services import enrollments_add
+
+MAX_ITEMS = 1000
+ATTENDEE_FIELDS = ("name", "language", "timezone")
+
+
+@dataclass(slots=True)
+class AttendeeIn:
+    email: str
+    name: str | None = None
+    language: str | None = None
+    timezone: str | None = None
+    external_id: str | None = None
+
+
+@dataclass(slots=True)
+class EnrolmentIn:
+    attendee: AttendeeIn
+    workshop_id: int | None = None
+    workshop_external_id: str | None = None
+
+
+@dataclass(slots=True)
+class ItemError:
+    index: int
+    field: str
+    detail: str
+    code: str
+
+
+class Refused(Exception):
+    """The request is refused as a whole; ``errors`` says why, item by item."""
+
+    def __init__(self, errors: list[ItemError], *, conflict: bool = False) -> None:
+        super().__init__(f"{len(errors)} errors")
+        self.errors = errors
+        # True when every reason is the data's state (a cancelled enrolment, an erased
+        # attendee, an id taken), not the input's shape: 409 rather than 422.
+        self.conflict = conflict
+
+
+@dataclass(slots=True)
+class AttendeeOutcome:
+    attendee: Attendee
+    outcome: str  # created | updated | unchanged
+
+
+@dataclass(slots=True)
+class EnrolmentOutcome:
+    index: int
+    outcome: str  # created | unchanged
+    attendee_id: int
+    attendee_outcome: str
+    workshop_id: int
+    enrolment_id: int
+
+
+@dataclass(slots=True)
+class _Plan:
+    errors: list[ItemError] = field(default_factory=list)
+    conflicts: int = 0
+    attendees: dict[str, Attendee] = field(default_factory=dict)  # by lower email
+    outcomes: dict[str, str] = field(default_factory=dict)  # by lower email
+    new_refs: dict[str, str] = field(default_factory=dict)  # external id -> lower email
+
+    def refuse(self, index: int, name: str, detail: str, code: str, *, conflict=False) -> None:
+        self.errors.append(ItemError(index, name, detail, code))
+        self.conflicts += conflict
+
+
+def _key(email: str) -> str:
+    return email.strip().lower()
+
+
+def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attendee | None:
+    """The attendee ``item`` describes, checked by the model's validators (as the admin's form)."""
+    candidate = Attendee(
+        email=(item.email or "").strip(),
+        name=(item.name or "").strip(),
+        language=item.language or "",
+        timezone=item.timezone or "",
+    )
+    exclude = [] if item.name is not None else ["name"]
+    try:
+        candidate.full_clean(exclude=exclude, validate_constraints=False)
+    except ValidationError as error:
+        for name, messages in error.message_dict.items():
+            for message in messages:
+                plan.refuse(index, prefix + name, message, "invalid")
+        return None
+    if item.external_id is not None and not item.external_id.strip():
+        plan.refuse(
+            index, prefix + "external_id", "Give a non-blank id, or leave it out.", "invalid"
+        )
+        return None
+    return candidate
+
+
+def _resolve_attendees(
+    integration: Integration, items: list[tuple[int, AttendeeIn]], plan: _Plan, prefix: str
+) -> None:
+    """Decide each attendee's row and outcome; record each item's reason to refuse it."""
+    checked: list[tuple[int, AttendeeIn, Attendee]] = []
+    for index, item in items:
+        candidate = _validated(index, item, plan, prefix)
+        if candidate is not None:
+            checked.append((index, item, candidate))
+    emails = {_key(c.email) for _, _, c in checked}
+    ids = {item.external_id.strip() for _, item, _ in checked if item.external_id}
+    by_email = {
+        a.email_key: a
+        for a in Attendee.objects.annotate(email_key=Lower("email")).filter(email_key__in=emails)
+    }
+    by_ref = {
+        ref.external_id: ref.attendee
+        for ref in AttendeeRef.objects.select_related("attendee").filter(
+            integration=integration, external_id__in=ids
+        )
+    }
+    ref_of = dict(
+        AttendeeRef.objects.filter(
+            integration=integration,
+            attendee__in=[a.pk for a in [*by_email.values(), *by_ref.values()]],
+        ).values_list("attendee_id", "external_id")
+    )
+    seen_ids: dict[str, str] = {}  # external id -> lower email, within this request
+    seen_emails: dict[str, str] = {}  # lower email -> external id, within this request
+    for index, item, candidate in checked:
+        key = _key(candidate.email)
+        external = item.external_id.strip() if item.external_id else None
+        if external is not None and seen_emails.setdefault(key, external) != external:
+            plan.refuse(
+                index,
+                prefix + "external_id",
+                f"{candidate.email} is given two ids in this request; one attendee has one id.",
+                "duplicate_external_id",
+            )
+            continue
+        if external is not None and seen_ids.setdefault(external, key) != key:
+            plan.refuse(
+                index,
+                prefix + "external_id",
+                f"The id {external!r} is given for two emails in this request; one id names "
+                "one attendee.",
+                "duplicate_external_id",
+            )
+            continue
+        mapped = by_ref.get(external) if external is not None else None
+        owner = by_email.get(key)
+        if mapped is not None and mapped.erased_at is not None:
+            plan.refuse(
+                index,
+                prefix + "external_id",
+                f"The attendee with id {external!r} was erased at staff's request; to enrol the "
+                "person again, send them under a new id.",
+                "attendee_erased",
+                conflict=True,
+            )
+            continue
+        if mapped is not None and owner is not None and owner.pk != mapped.pk:
+            plan.refuse(
+                index,
+                prefix + "email",
+                f"{candidate.email} belongs to another attendee (id {owner.pk}); an email is "
+                "one attendee's.",
+                "email_taken",
+                conflict=True,
+            )
+            continue
+        if (
+            mapped is None
+            and owner is not None
+            and external is not None
+            and ref_of.get(owner.pk) not in (None, external)
+        ):
+            held = ref_of[owner.pk]
+            plan.refuse(
+                index,
+                prefix + ("external_id" if external else "email"),
+                f"{candidate.email} is the attendee this integration calls {held!r}; send that "
+                "id, or none.",
+                "external_id_mismatch",
+                conflict=True,
+            )
+            continue
+        row = mapped or owner or plan.attendees.get(key)
+        if row is None:
+            if item.name is None or not candidate.name:
+                plan.refuse(index, prefix + "name", "Give the new attendee's name.", "required")
+                continue
+            row = candidate
+            plan.outcomes[key] = "created"
+        elif plan.outcomes.get(key) != "created":
+            changes = {
+                name: getattr(candidate, name)
+                for name in ATTENDEE_FIELDS
+                if getattr(item, name) is not None
+                and getattr(row, name) != getattr(candidate, name)
+            }
+            if _key(row.email) != key:  # the same address in other case is no change
+                changes["email"] = candidate.email
+            for name, value in changes.items():
+                setattr(row, name, value)
+            if plan.outcomes.get(key) != "updated":
+                plan.outcomes[key] = "updated" if changes else "unchanged"
+        plan.attendees[key] = row
+        if external is not None and ref_of.get(row.pk) is None and external not in by_ref:
+            plan.new_refs[external] = key
+
+
+def _lock_workshops(ids: list[int]) -> dict[int, Workshop]:
+    """The workshops named, held against a cancel until the caller commits."""
+    rows = Workshop.objects.filter(pk__in=ids).order_by("pk")
+    if connection.vendor == "postgresql":
+        table = connection.ops.quote_name(Workshop._meta.db_table)
+        with connection.cursor() as cursor:
+            cursor.execute(
+                f"SELECT id FROM {table} WHERE id = ANY(%s) ORDER BY id FOR SHARE", [ids]
+            )
+    return {w.pk: w for w in rows}
+
+
+def _write_attendees(integration: Integration, plan: _Plan) -> None:
+    created = [a for key, a in plan.attendees.items() if plan.outcomes[key] == "created"]
+    updated = [a for key, a in plan.attendees.items() if plan.outcomes[key] == "updated"]
+    Attendee.objects.bulk_create(created)
+    if updated:
+        Attendee.objects.bulk_update(updated, ["email", *ATTENDEE_FIELDS])
+    AttendeeRef.objects.bulk_create(
+        [
+            AttendeeRef(integration=integration, external_id=ext, attendee=plan.attendees[key])
+            for ext, key in plan.new_refs.items()
+        ]
+    )
+
+
+def _refuse_if(plan: _Plan) -> None:
+    if plan.errors:
+        plan.errors.sort(key=lambda e: e.index)
+        raise Refused(plan.errors, conflict=plan.conflicts == len(plan.errors))
+
+
+ATTEMPTS = 5
+
+
+def _retrying(work):
+    """Run ``work`` in a transaction; again if a concurrent request took a row first.
+
+    Each attempt that loses sees the winner's rows on the next one, so only a
+    request that loses to ATTEMPTS different writers in a row fails.
+    """
+    for attempt in range(ATTEMPTS):
+        try:
+            with transaction.atomic():
+                return work()
+        except IntegrityError:
+            if attempt == ATTEMPTS - 1:
+                raise
+    raise AssertionError("unreachable")
+
+
+def attendees_upsert(*, integration: Integration, items: list[AttendeeIn]) -> list[AttendeeOutcome]:
+    """Create or update attendees by the integration's id or by email; all or nothing."""
+
+    def work():
+        plan = _Plan()
+        _resolve_attendees(integration, list(enumerate(items)), plan, "")
+        _refuse_if(plan)
+        _write_attendees(integration, plan)
+        return [
+            AttendeeOutcome(plan.attendees[_key(i.email)], plan.outcomes[_key(i.email)])
+            for i in items
+        ]
+
+    return _retrying(work)
+
+
+def workshop_by_external_id(integration: Integration, external_id: str) -> Workshop | None:
+    ref = (
+        WorkshopRef.objects.select_related("workshop")
+        .filter(integration=integration, external_id=external_id)
+        .first()
+    )
+    return ref.workshop if ref else None
+
+
+def enrolments_upsert(
+    *, integration: Integration, items: list[EnrolmentIn]
+) -> list[EnrolmentOutcome]:
+    """Enrol each item's attendee (upserted) in its workshop; all or nothing.
+
+    An enrolment that exists and is active is ``unchanged``; a cancelled one
+    refuses the request (reactivation is its own action), as does an erased
+    attendee or a cancelled workshop.
+    """
+    if len(items) > MAX_ITEMS:
+        raise Refused(
+            [ItemError(-1, "items", f"Send at most {MAX_ITEMS} items per request.", "too_many")]
+        )
+
+    def work():
+        plan = _Plan()
+        refs = dict(
+            WorkshopRef.objects.filter(
+                integration=integration,
+                external_id__in={i.workshop_external_id for i in items if i.workshop_external_id},
+            ).values_list("external_id", "workshop_id")
+        )
+        wanted: list[int | None] = []
+        for index, item in enumerate(items):
+            if item.workshop_id is None and item.workshop_external_id is None:
+                plan.refuse(
+                    index,
+                    "workshop",
+                    "Name the workshop: workshop or workshop_external_id.",
+                    "required",
+                )
+                wanted.append(None)
+            elif item.workshop_id is not None:
+                wanted.append(item.workshop_id)
+            else:
+                wanted.append(refs.get(item.workshop_external_id, -1))
+        workshops = _lock_workshops(sorted({w for w in wanted if w and w > 0}))
+        for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
+            if wid is None:
+                continue
+            workshop = workshops.get(wid)
+            if workshop is None:
+                where = (
+                    f"id {item.workshop_id}"
+                    if item.workshop_id is not None
+                    else f"external id {item.workshop_external_id!r}"
+                )
+                plan.refuse(index, "workshop", f"No workshop has {where}.", "not_found")
+            elif not workshop.is_scheduled:
+                plan.refuse(
+                    index,
+                    "workshop",
+                    f"Workshop {wid} is cancelled; enrol in a scheduled workshop.",
+                    "workshop_cancelled",
+                    conflict=True,
+                )
+        _resolve_attendees(
+            integration, [(i, item.attendee) for i, item in enumerate(items)], plan, "attendee."
+        )
+        bad = {e.index for e in plan.errors}
+        known = [
+            (plan.attendees[_key(item.attendee.email)].pk, wid)
+            for index, (item, wid) in enumerate(zip(items, wanted, strict=True))
+            if index not in bad and plan.attendees[_key(item.attendee.email)].pk
+        ]
+        existing = {}
+        if known:
+            existing = {
+                (e.attendee_id, e.workshop_id): e
+                for e in Enrollment.objects.filter(
+                    attendee_id__in={a for a, _ in known}, workshop_id__in={w for _, w in known}
+                )
+            }
+        for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
+            if index in bad:
+                continue
+            attendee = plan.attendees[_key(item.attendee.email)]
+            if attendee.erased_at is not None:
+                plan.refuse(
+                    index,
+                    "attendee",
+                    "This attendee was erased at staff's request.",
+                    "attendee_erased",
+                    conflict=True,
+                )
+                continue
+            enrolment = existing.get((attendee.pk, wid))
+            if enrolment is not None and enrolment.status == Enrollment.Status.CANCELLED:
+                plan.refuse(
+                    index,
+                    "attendee",
+                    f"Enrolment {enrolment.pk} was cancelled; a re-post does not bring it back. "
+                    f"To enrol the attendee again, POST /api/enrolments/{enrolment.pk}/reactivate.",
+                    "enrolment_cancelled",
+                    conflict=True,
+                )
+        _refuse_if(plan)
+        _write_attendees(integration, plan)
+        pairs: dict[tuple[int, int], int] = {}  # new (attendee, workshop) -> first item
+        chosen = []
+        for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
+            key = _key(item.attendee.email)
+            pair = (plan.attendees[key].pk, wid)
+            chosen.append((key, pair))
+            if pair not in existing:
+                pairs.setdefault(pair, index)
+        made = dict(zip(pairs, enrollments_add(pairs=list(pairs)), strict=True))
+        return [
+            EnrolmentOutcome(
+                index,
+                "created" if pairs.get(pair) == index else "unchanged",
+                pair[0],
+                plan.outcomes[key],
+                pair[1],
+                existing[pair].pk if pair in existing else made[pair],
+            )
+            for index, (key, pair) in enumerate(chosen)
+        ]
+
+    return _retrying(work)
