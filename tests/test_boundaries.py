@@ -13,7 +13,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-PACKAGES = ("clock", "config", "delivery", "loopback", "reminders", "workshops")
+PACKAGES = ("clock", "config", "delivery", "intake", "loopback", "reminders", "workshops")
 
 
 @pytest.fixture
