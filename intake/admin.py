@@ -5,10 +5,19 @@ from __future__ import annotations
 
 from django import forms
 from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied
+from django.db import transaction
+from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
+from django.urls import path, reverse
 
-from intake.models import ApiToken, ApiWrite, Integration
+from clock import default_clock
+from intake import csvfile
+from intake.imports import ImportForm, export_rows, import_preview
+from intake.models import ApiToken, ApiWrite, CsvTransfer, Integration
+from intake.services import EnrolmentIn, Refused, enrolments_upsert
 from intake.tokens import SCOPES, token_create, token_revoke
+from workshops.models import Workshop
 
 
 class TokenForm(forms.ModelForm):
@@ -135,3 +144,138 @@ class ApiWriteAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+@admin.register(CsvTransfer)
+class CsvTransferAdmin(admin.ModelAdmin):
+    """The audit of CSV imports and exports, and the two views that make them."""
+
+    list_display = ("created_at", "kind", "workshop", "actor_name", "rows", "created", "unchanged")
+    list_filter = ("kind",)
+    readonly_fields = (
+        "kind", "workshop", "actor_name", "created_at", "filename", "integration", "rows",
+        "created", "unchanged",
+    )  # fmt: skip
+
+    def has_add_permission(self, request) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
+
+    def get_urls(self):
+        return [
+            path(
+                "import/<int:workshop_id>/",
+                self.admin_site.admin_view(self.import_view),
+                name="intake_import_attendees",
+            ),
+            path(
+                "export/<int:workshop_id>/",
+                self.admin_site.admin_view(self.export_view),
+                name="intake_export_attendees",
+            ),
+            *super().get_urls(),
+        ]
+
+    def _workshop(self, request, workshop_id: int, perm: str) -> Workshop:
+        if not request.user.has_perm(f"intake.{perm}"):
+            raise PermissionDenied
+        workshop = Workshop.objects.filter(pk=workshop_id).first()
+        if workshop is None:
+            raise Http404("No such workshop.")
+        return workshop
+
+    def import_view(self, request, workshop_id: int):
+        """Upload, preview every row's outcome, confirm: all rows or none."""
+        workshop = self._workshop(request, workshop_id, "import_attendees")
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Import attendees into {workshop.title}",
+            "workshop": workshop,
+            "opts": Workshop._meta,
+            "columns": csvfile.COLUMNS,
+            "max_rows": csvfile.MAX_ROWS,
+            "form": ImportForm(),
+        }
+        if request.method != "POST":
+            return TemplateResponse(request, "admin/intake/import.html", context)
+        form = ImportForm(request.POST, request.FILES)
+        context["form"] = form
+        if not form.is_valid():
+            return TemplateResponse(request, "admin/intake/import.html", context, status=400)
+        try:
+            rows = csvfile.read_attendees(form.file_bytes())
+        except csvfile.CsvRefused as error:
+            context["refusal"] = str(error)
+            return TemplateResponse(request, "admin/intake/import.html", context, status=400)
+        integration_name = form.cleaned_data["integration"]
+        integration = Integration.objects.filter(name=integration_name).first() or Integration(
+            name=integration_name
+        )
+        items = [EnrolmentIn(attendee=row, workshop_id=workshop.pk) for row in rows]
+        preview = import_preview(integration, items)
+        context.update(preview=preview, rows=len(rows), filename=form.filename())
+        if preview.invalid or "confirm" not in request.POST:
+            context["csv_text"] = form.file_bytes().decode("utf-8-sig")
+            status = 400 if preview.invalid else 200
+            return TemplateResponse(request, "admin/intake/import.html", context, status=status)
+        with transaction.atomic():
+            integration, _ = Integration.objects.get_or_create(name=integration_name)
+            try:
+                done = enrolments_upsert(
+                    integration=integration, items=items, limit=csvfile.MAX_ROWS
+                )
+            except Refused:
+                # Changed since the preview (someone cancelled an enrolment, say): show it again.
+                transaction.set_rollback(True)
+                context["preview"] = import_preview(integration, items)
+                context["csv_text"] = form.file_bytes().decode("utf-8-sig")
+                context["changed"] = True
+                return TemplateResponse(request, "admin/intake/import.html", context, status=409)
+            created = sum(r.outcome == "created" for r in done)
+            audit = CsvTransfer.objects.create(
+                kind=CsvTransfer.Kind.IMPORT,
+                workshop=workshop,
+                actor=request.user,
+                actor_name=request.user.get_username(),
+                created_at=default_clock().now(),
+                filename=form.filename(),
+                integration=integration.name,
+                rows=len(done),
+                created=created,
+                unchanged=len(done) - created,
+            )
+        self.message_user(
+            request,
+            f"Imported {len(done)} rows into {workshop.title}: {created} enrolled, "
+            f"{len(done) - created} already were (import {audit.pk}).",
+            messages.SUCCESS,
+        )
+        return HttpResponseRedirect(reverse("admin:workshops_workshop_change", args=[workshop.pk]))
+
+    def export_view(self, request, workshop_id: int):
+        """The workshop's attendees with their enrolment and reminder status, as CSV; audited."""
+        workshop = self._workshop(request, workshop_id, "export_attendees")
+        integration = request.GET.get("integration", "csv")
+        header, rows = export_rows(workshop, integration=integration)
+        CsvTransfer.objects.create(
+            kind=CsvTransfer.Kind.EXPORT,
+            workshop=workshop,
+            actor=request.user,
+            actor_name=request.user.get_username(),
+            created_at=default_clock().now(),
+            integration=integration[:100],
+            rows=len(rows),
+        )
+        response = HttpResponse(
+            csvfile.write_rows(header, rows), content_type="text/csv; charset=utf-8"
+        )
+        response["Content-Disposition"] = (
+            f'attachment; filename="workshop-{workshop.pk}-attendees.csv"'
+        )
+        response["Cache-Control"] = "no-store"
+        return response

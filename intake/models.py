@@ -9,6 +9,7 @@ case-insensitively across every integration and the admin).
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 
 from workshops.models import Attendee, Workshop
@@ -119,3 +120,50 @@ class ApiWrite(models.Model):
 
     def __str__(self) -> str:
         return f"{self.method} {self.path} by {self.token_label}"
+
+
+class CsvTransfer(models.Model):
+    """One CSV import into, or export of, a workshop's attendees by staff (append-only)."""
+
+    class Kind(models.TextChoices):
+        IMPORT = "import", "Import"
+        EXPORT = "export", "Export"
+
+    kind = models.CharField(max_length=8, choices=Kind.choices, editable=False)
+    workshop = models.ForeignKey(
+        Workshop, on_delete=models.PROTECT, related_name="+", editable=False
+    )
+    actor = models.ForeignKey(
+        settings.AUTH_USER_MODEL,
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="+",
+        editable=False,
+    )
+    actor_name = models.CharField(max_length=150, editable=False)
+    created_at = models.DateTimeField(editable=False)
+    filename = models.CharField(max_length=255, blank=True, editable=False)
+    integration = models.CharField(
+        max_length=100,
+        blank=True,
+        editable=False,
+        help_text="Whose ids the file's external_id column holds.",
+    )
+    rows = models.PositiveIntegerField(default=0, editable=False)
+    created = models.PositiveIntegerField(
+        default=0, editable=False, help_text="Enrolments the import created."
+    )
+    unchanged = models.PositiveIntegerField(default=0, editable=False)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        verbose_name = "CSV import or export"
+        verbose_name_plural = "CSV imports and exports"
+        permissions = [
+            ("import_attendees", "Can import attendees into a workshop from CSV"),
+            ("export_attendees", "Can export a workshop's attendees and reminder statuses"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_kind_display()} of {self.rows} rows by {self.actor_name}"

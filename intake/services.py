@@ -311,18 +311,21 @@ def workshop_by_external_id(integration: Integration, external_id: str) -> Works
 
 
 def enrolments_upsert(
-    *, integration: Integration, items: list[EnrolmentIn]
+    *,
+    integration: Integration,
+    items: list[EnrolmentIn],
+    limit: int = MAX_ITEMS,
+    dry_run: bool = False,
 ) -> list[EnrolmentOutcome]:
     """Enrol each item's attendee (upserted) in its workshop; all or nothing.
 
     An enrolment that exists and is active is ``unchanged``; a cancelled one
     refuses the request (reactivation is its own action), as does an erased
-    attendee or a cancelled workshop.
+    attendee or a cancelled workshop. With ``dry_run`` nothing stays written: the
+    same work runs and is rolled back, so a preview says what a write would do.
     """
-    if len(items) > MAX_ITEMS:
-        raise Refused(
-            [ItemError(-1, "items", f"Send at most {MAX_ITEMS} items per request.", "too_many")]
-        )
+    if len(items) > limit:
+        raise Refused([ItemError(-1, "items", f"Send at most {limit} items.", "too_many")])
 
     def work():
         plan = _Plan()
@@ -429,4 +432,14 @@ def enrolments_upsert(
             for index, (key, pair) in enumerate(chosen)
         ]
 
+    if dry_run:
+        return _rolled_back(work)
     return _retrying(work)
+
+
+def _rolled_back(work):
+    with transaction.atomic():
+        try:
+            return work()
+        finally:
+            transaction.set_rollback(True)

@@ -1,0 +1,127 @@
+"""Attendee CSV files: read for an import (every refusal says what to do), written for an export.
+
+An import file has a header row naming its columns (any order, case aside):
+``name`` and ``email`` are required, ``language``, ``timezone`` and
+``external_id`` optional. Comma, semicolon or tab separated, UTF-8 with or
+without a byte-order mark, at most MAX_ROWS rows and MAX_BYTES bytes. A blank
+optional cell leaves an existing attendee's value as it is.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+from collections.abc import Iterable
+
+from intake.services import AttendeeIn
+
+COLUMNS = ("name", "email", "language", "timezone", "external_id")
+REQUIRED = ("name", "email")
+MAX_ROWS = 5000
+# Under Django's 2.5 MB cap on a posted form (DATA_UPLOAD_MAX_MEMORY_SIZE): the preview
+# posts the file's text back with the confirmation.
+MAX_BYTES = 2 * 1024 * 1024
+# A cell a spreadsheet would run as a formula (OWASP's list: the four signs, tab, CR).
+FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+
+
+class CsvRefused(ValueError):
+    """The file as a whole cannot be read; the message says what to do."""
+
+
+def read_attendees(data: bytes) -> list[AttendeeIn]:
+    """The attendees a CSV file lists, one per row, in order; CsvRefused if it cannot be read."""
+    if not data.strip():
+        raise CsvRefused("The file is empty: export the attendee list with a header row first.")
+    if len(data) > MAX_BYTES:
+        raise CsvRefused(
+            f"The file is {len(data) / 1048576:.1f} MB; an import takes at most "
+            f"{MAX_BYTES // 1048576} MB ({MAX_ROWS:,} rows): split it into smaller files."
+        )
+    if (
+        b"\x00" in data
+        or data[:4] in (b"PK\x03\x04", b"%PDF")
+        or data[:8] == b"\xd0\xcf\x11\xe0\xa1\xb1\x1a\xe1"
+    ):
+        raise CsvRefused(
+            "This is not a CSV file (a spreadsheet or other binary file?): save it from your "
+            "spreadsheet as 'CSV UTF-8' and upload that."
+        )
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        line = data[: error.start].count(b"\n") + 1
+        raise CsvRefused(
+            f"The file is not UTF-8 (line {line} has bytes UTF-8 does not allow, as "
+            "Latin-1 or Windows-1252 files do): save it as 'CSV UTF-8' and upload again."
+        ) from None
+    first = text.split("\n", 1)[0]
+    delimiter = max(",;\t", key=first.count)  # the header's separator; Excel's own quoting
+    reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
+    try:
+        header = [cell.strip().lower() for cell in next(reader)]
+        rows = _rows(reader, header)
+    except csv.Error as error:
+        raise CsvRefused(
+            f"The file is not valid CSV at line {reader.line_num} ({error}): check its quotes."
+        ) from None
+    if not rows:
+        raise CsvRefused("The file has a header row but no attendees below it.")
+    return rows
+
+
+def _rows(reader, header: list[str]) -> list[AttendeeIn]:
+    unknown = [name for name in header if name and name not in COLUMNS]
+    missing = [name for name in REQUIRED if name not in header]
+    if unknown or missing:
+        said = []
+        if missing:
+            said.append(f"no {' or '.join(missing)} column")
+        if unknown:
+            said.append(f"unknown columns {', '.join(unknown)}")
+        raise CsvRefused(
+            f"The header row has {'; '.join(said)}. The first row names the columns: "
+            f"{', '.join(COLUMNS)} (name and email required)."
+        )
+    if len(set(header)) != len(header):
+        raise CsvRefused("The header row names a column twice; name each once.")
+    rows = []
+    for cells in reader:
+        if not any(cell.strip() for cell in cells):
+            continue  # blank lines (a trailing one, or spacing) are no attendee
+        if len(rows) >= MAX_ROWS:
+            raise CsvRefused(
+                f"The file has more than {MAX_ROWS:,} attendees; an import takes at most "
+                f"{MAX_ROWS:,}: split it into smaller files."
+            )
+        if len(cells) > len(header):
+            raise CsvRefused(
+                f"Line {reader.line_num} has {len(cells)} cells but the header names "
+                f"{len(header)} columns: quote cells that contain the separator."
+            )
+        values = dict(zip(header, cells, strict=False))
+        rows.append(
+            AttendeeIn(
+                email=values.get("email", "").strip(),
+                name=values.get("name", "").strip(),
+                language=values.get("language", "").strip() or None,
+                timezone=values.get("timezone", "").strip() or None,
+                external_id=values.get("external_id", "").strip() or None,
+            )
+        )
+    return rows
+
+
+def safe_cell(value) -> str:
+    """A cell as text that a spreadsheet shows, never runs: a formula start gets a quote."""
+    text = "" if value is None else str(value)
+    return "'" + text if text.startswith(FORMULA_STARTS) else text
+
+
+def write_rows(header: Iterable[str], rows: Iterable[Iterable]) -> str:
+    out = io.StringIO()
+    writer = csv.writer(out)
+    writer.writerow(list(header))
+    for row in rows:
+        writer.writerow([safe_cell(cell) for cell in row])
+    return out.getvalue()

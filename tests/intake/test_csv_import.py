@@ -1,0 +1,259 @@
+"""The admin's CSV import (preview, all or nothing, clear refusals) and export (own
+permission, audited, formulas escaped), through the admin's views on PostgreSQL."""
+
+from __future__ import annotations
+
+import csv
+import io
+from datetime import timedelta
+
+import pytest
+from django.contrib.auth.models import Permission
+from django.core.files.uploadedfile import SimpleUploadedFile
+from django.test import Client
+
+from intake.models import AttendeeRef, CsvTransfer
+from reminders.models import Reminder
+from workshops.models import Attendee, Enrollment
+
+pytestmark = pytest.mark.django_db
+
+GOOD = (
+    "name,email,language,timezone,external_id\n"
+    "Ada Lovelace,ada@example.com,en,Europe/London,a-1\n"
+    "Émile Zola,emile@example.com,fr,,a-2\n"
+    "Grace Hopper,grace@example.com,,America/New_York,\n"
+)
+
+
+@pytest.fixture
+def staff(django_user_model):
+    def make(*codenames: str) -> Client:
+        user = django_user_model.objects.create_user(
+            username=f"staff-{'-'.join(codenames) or 'none'}", password="pw", is_staff=True
+        )
+        for codename in ("view_workshop", "change_workshop", *codenames):
+            user.user_permissions.add(Permission.objects.get(codename=codename))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+@pytest.fixture
+def importer(staff):
+    return staff("import_attendees")
+
+
+def upload(client, workshop, data: bytes | str, *, name="attendees.csv", integration="csv"):
+    if isinstance(data, str):
+        data = data.encode()
+    return client.post(
+        f"/admin/intake/csvtransfer/import/{workshop.pk}/",
+        {
+            "file": SimpleUploadedFile(name, data, content_type="text/csv"),
+            "integration": integration,
+        },
+    )
+
+
+def confirm(client, workshop, preview):
+    context = preview.context
+    return client.post(
+        f"/admin/intake/csvtransfer/import/{workshop.pk}/",
+        {
+            "csv_text": context["csv_text"],
+            "filename_seen": context["filename"],
+            "integration": context["form"].cleaned_data["integration"],
+            "confirm": "yes",
+        },
+    )
+
+
+def state() -> tuple[int, ...]:
+    return (
+        Attendee.objects.count(),
+        Enrollment.objects.count(),
+        Reminder.objects.count(),
+        AttendeeRef.objects.count(),
+    )
+
+
+def test_the_preview_shows_each_rows_outcome_and_writes_nothing_until_confirmed(
+    importer, make_workshop, make_attendee
+):
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    make_attendee(email="Grace@Example.com", name="Grace Hopper")
+    preview = upload(importer, workshop, GOOD)
+    assert preview.status_code == 200
+    outcomes = [row.outcome for row in preview.context["preview"].rows]
+    assert outcomes == [
+        "New attendee, enrolled",
+        "New attendee, enrolled",
+        "Existing attendee (details updated), enrolled",
+    ]
+    assert state() == (1, 0, 0, 0)
+    done = confirm(importer, workshop, preview)
+    assert done.status_code == 302
+    assert state() == (3, 3, 3, 2)  # inside the lead: each reminder planned with its enrolment
+    assert Attendee.objects.get(email="emile@example.com").language == "fr"
+    assert Attendee.objects.get(email="Grace@Example.com").timezone == "America/New_York"
+    audit = CsvTransfer.objects.get()
+    assert (audit.kind, audit.rows, audit.created, audit.unchanged) == ("import", 3, 3, 0)
+    assert audit.filename == "attendees.csv" and audit.actor_name.startswith("staff-")
+
+
+def test_reimporting_the_same_file_changes_nothing(importer, make_workshop):
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    confirm(importer, workshop, upload(importer, workshop, GOOD))
+    before = state()
+    again = upload(importer, workshop, GOOD)
+    assert {row.outcome for row in again.context["preview"].rows} == {"Already enrolled"}
+    confirm(importer, workshop, again)
+    assert state() == before
+    assert CsvTransfer.objects.order_by("pk").last().unchanged == 3
+
+
+def test_one_invalid_row_blocks_the_import_and_the_preview_names_it(importer, make_workshop):
+    workshop = make_workshop()
+    bad = GOOD + "No Email,,de,,\nBad Zone,zone@example.com,en,Mars/Olympus,\n"
+    preview = upload(importer, workshop, bad)
+    assert preview.status_code == 400
+    rows = preview.context["preview"].rows
+    invalid = [(row.line, row.reasons) for row in rows if row.reasons]
+    assert invalid == [
+        (5, ["email: This field cannot be blank."]),
+        (
+            6,
+            [
+                "timezone: Mars/Olympus is not a known time zone; use an IANA name such as Europe/Berlin."
+            ],
+        ),
+    ]
+    assert b'id="import-confirm"' not in preview.content
+    assert b"Nothing is imported while one row is invalid" in preview.content
+    # Posting a confirmation anyway writes nothing either.
+    forced = importer.post(
+        f"/admin/intake/csvtransfer/import/{workshop.pk}/",
+        {"csv_text": bad, "integration": "csv", "confirm": "yes"},
+    )
+    assert forced.status_code == 400
+    assert state() == (0, 0, 0, 0) and not CsvTransfer.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"", "The file is empty"),
+        (b"name,email\n", "no attendees below it"),
+        ("name,email\nZoë,zoe@example.com\n".encode("latin-1"), "not UTF-8 (line 2"),
+        (b"PK\x03\x04\x14\x00\x06\x00\x08\x00", "not a CSV file"),
+        (b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR", "not a CSV file"),
+        (b"full name,mail\nAda,ada@example.com\n", "no name or email column"),
+        (b'name,email\n"Ada,ada@example.com\n', "not valid CSV"),
+        (b"name,email\nAda,ada@example.com,extra,cells\n", "Line 2 has 4 cells"),
+        (
+            ("name,email\n" + "".join(f"P{i},p{i}@example.com\n" for i in range(100_000))).encode(),
+            "5,000 rows): split it",
+        ),
+    ],
+    ids=[
+        "empty",
+        "header-only",
+        "latin-1",
+        "xlsx",
+        "png",
+        "columns",
+        "quotes",
+        "cells",
+        "100k-rows",
+    ],
+)
+def test_a_file_that_cannot_be_read_gets_a_clear_message_not_a_500(
+    importer, make_workshop, data, says
+):
+    workshop = make_workshop()
+    response = upload(importer, workshop, data)
+    assert response.status_code == 400
+    assert says in response.context["refusal"], response.context["refusal"]
+    assert b'id="import-refusal"' in response.content
+    assert state() == (0, 0, 0, 0)
+
+
+def test_a_huge_file_is_refused_by_size_before_it_is_parsed(importer, make_workshop):
+    workshop = make_workshop()
+    data = b"name,email\n" + b"x" * (3 * 1024 * 1024)
+    response = upload(importer, workshop, data)
+    assert response.status_code == 400 and "split it" in response.context["refusal"]
+
+
+def test_semicolons_and_a_byte_order_mark_are_read(importer, make_workshop):
+    workshop = make_workshop()
+    data = "\ufeffName;Email\nJosé;jose@example.com\n".encode()
+    preview = upload(importer, workshop, data)
+    assert [r.email for r in preview.context["preview"].rows] == ["jose@example.com"]
+
+
+def test_ids_in_the_file_are_the_named_integrations(importer, make_workshop, make_token, client):
+    """An integration's API ids and its CSV ids name the same attendee."""
+    import json
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    secret = make_token(integration="shop").secret
+    client.post(
+        "/api/attendees",
+        json.dumps({"email": "ada@example.com", "name": "Ada", "external_id": "a-1"}),
+        content_type="application/json",
+        headers={"Authorization": f"Bearer {secret}"},
+    )
+    # In the shop's ids Ada is a-1: the file calling her b-9 is refused, and says so.
+    clash = "name,email,external_id\nAda,ada@example.com,b-9\n"
+    refused = upload(importer, workshop, clash, integration="shop")
+    assert refused.status_code == 400
+    assert "this integration calls 'a-1'" in refused.context["preview"].rows[0].reasons[0]
+    # In the file's own ids (csv) b-9 is new, and names Ada.
+    assert upload(importer, workshop, clash, integration="csv").status_code == 200
+
+
+def test_import_needs_its_permission(staff, make_workshop):
+    workshop = make_workshop()
+    plain = staff()
+    assert upload(plain, workshop, GOOD).status_code == 403
+    page = plain.get(f"/admin/workshops/workshop/{workshop.pk}/change/")
+    assert b"Import attendees" not in page.content and b"Export attendees" not in page.content
+    assert (
+        b"Import attendees"
+        in staff("import_attendees").get(f"/admin/workshops/workshop/{workshop.pk}/change/").content
+    )
+
+
+def test_the_export_needs_its_own_permission_is_audited_and_escapes_formulas(
+    staff, importer, make_workshop
+):
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    evil = (
+        "name,email,external_id\n"
+        '"=HYPERLINK(""http://x"")",eq@example.com,+1\n'
+        "-minus,minus@example.com,@at\n"
+        "Plain,plain@example.com,p-1\n"
+    )
+    confirm(importer, workshop, upload(importer, workshop, evil))
+    url = f"/admin/intake/csvtransfer/export/{workshop.pk}/"
+    assert importer.get(url).status_code == 403
+    assert CsvTransfer.objects.filter(kind="export").count() == 0
+    exporter = staff("export_attendees")
+    response = exporter.get(url)
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert "attachment" in response["Content-Disposition"]
+    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    by_email = {row["email"]: row for row in rows}
+    assert by_email["eq@example.com"]["name"] == '\'=HYPERLINK("http://x")'
+    assert by_email["eq@example.com"]["external_id"] == "'+1"
+    assert by_email["minus@example.com"]["name"] == "'-minus"
+    assert by_email["minus@example.com"]["external_id"] == "'@at"
+    assert by_email["plain@example.com"]["name"] == "Plain"
+    assert {row["reminder_status"] for row in rows} == {"pending"}
+    assert {row["enrolment_status"] for row in rows} == {"active"}
+    audit = CsvTransfer.objects.get(kind="export")
+    assert audit.rows == 3 and audit.actor_name == "staff-export_attendees"
