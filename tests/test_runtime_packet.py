@@ -27,7 +27,7 @@ DOCS = {
     "readme": README,
     "staff": STAFF,
 }
-OWN_PACKAGES = {"clock", "config", "delivery", "loopback", "reminders", "workshops"}
+OWN_PACKAGES = {"clock", "config", "delivery", "intake", "loopback", "reminders", "workshops"}
 
 # The least each doc must name, so a check that finds nothing cannot pass unnoticed:
 # (code references, test references).
@@ -83,8 +83,9 @@ def _file_references(doc: str) -> list[str]:
     """Return the backticked paths into this repository.
 
     Left out: URLs (``://``), absolute host paths and URL paths (``/...``),
-    paths outside the repository (``../``), and ``var/``, which the local run
-    creates.
+    paths outside the repository (``../``), ``var/``, which the local run
+    creates, and what no path looks like: a rate (``600/minute``), a media
+    type (``application/problem+json``), a pattern (``api:<name>/<label>``).
     """
     return sorted(
         {
@@ -95,6 +96,7 @@ def _file_references(doc: str) -> list[str]:
             and "://" not in ref
             and " " not in ref
             and not ref.startswith(("/", "../", "var/"))
+            and re.fullmatch(r"[A-Za-z_.][\w.\-/]*", ref)
         }
     )
 
