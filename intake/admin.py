@@ -94,7 +94,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
     def response_add(self, request, obj, post_url_continue=None):
         made = request.api_token_made
-        return TemplateResponse(
+        response = TemplateResponse(
             request,
             "admin/intake/token_created.html",
             {
@@ -105,6 +105,8 @@ class ApiTokenAdmin(admin.ModelAdmin):
                 "opts": self.model._meta,
             },
         )
+        response["Cache-Control"] = "no-store"  # the token is on this page, once
+        return response
 
     def has_revoke_permission(self, request) -> bool:
         return request.user.has_perm("intake.revoke_apitoken")

@@ -14,6 +14,7 @@ from typing import Annotated, Literal
 
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
+from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import transaction
 from django.db.models import Prefetch, QuerySet
@@ -163,7 +164,10 @@ def _invalid(request, exc: NinjaValidationError):
         if where and where[0] in ("query", "path"):
             where = where[1:]
         message = error.get("msg", "Invalid value.").removeprefix("Value error, ")
-        items.append({"field": ".".join(where) or "body", "detail": message, "code": "invalid"})
+        item = {"field": ".".join(where) or "body", "detail": message, "code": "invalid"}
+        if len(where) > 2 and where[0] == "items" and where[1].isdigit():
+            item.update(index=int(where[1]), field=".".join(where[2:]))
+        items.append(item)
     return problem(
         422, "The request is invalid; see errors for each field.", code="invalid", errors=items
     )
@@ -221,6 +225,16 @@ def _unauthenticated(request, exc):
 @api.exception_handler(AuthorizationError)
 def _forbidden(request, exc):
     return problem(403, exc.message, code="forbidden")
+
+
+@api.exception_handler(RequestDataTooBig)
+def _too_big(request, exc):
+    return problem(
+        413,
+        f"The request body is larger than {settings.DATA_UPLOAD_MAX_MEMORY_SIZE // 1024} KiB: "
+        "send fewer items per request.",
+        code="too_large",
+    )
 
 
 @api.exception_handler(Http404)

@@ -434,3 +434,30 @@ def test_past_its_rate_a_token_gets_429_with_retry_after(api_as, settings, clock
     assert other.get("/api/workshops").status_code == 200  # per token
     clock.advance(45)
     assert reader.get("/api/workshops").status_code == 200
+
+
+def test_a_malformed_item_is_named_by_its_index_and_nothing_is_written(api, make_workshop):
+    workshop = make_workshop()
+    items = [item(workshop.pk, n) for n in range(5)]
+    items[3]["workshop"] = "seven"
+    body = assert_problem(api.post("/api/enrolments/bulk", {"items": items}), 422, "invalid")
+    assert [(e["index"], e["field"]) for e in body["errors"]] == [(3, "workshop")]
+    assert counts()[1:3] == (0, 0)
+
+
+def test_a_body_that_is_no_json_or_too_large_gets_a_problem_and_changes_nothing(
+    api, make_workshop, settings
+):
+    workshop = make_workshop()
+    broken = api.client.post(
+        "/api/enrolments/bulk",
+        "{not json",
+        content_type="application/json",
+        headers=api._headers(),
+    )
+    assert broken.status_code in (400, 422) and broken["Content-Type"] == "application/problem+json"
+    settings.DATA_UPLOAD_MAX_MEMORY_SIZE = 10_000
+    big = [item(workshop.pk, n, name="x" * 150) for n in range(100)]
+    body = assert_problem(api.post("/api/enrolments/bulk", {"items": big}), 413, "too_large")
+    assert "fewer items" in body["detail"]
+    assert counts()[1:3] == (0, 0)

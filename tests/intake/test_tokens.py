@@ -1,0 +1,59 @@
+"""API tokens from the command line: printed once, stored as a digest, scoped, revoked."""
+
+from __future__ import annotations
+
+import hashlib
+from io import StringIO
+
+import pytest
+from django.core.management import CommandError, call_command
+
+from intake.models import ApiToken
+from tests.intake.conftest import Api
+
+pytestmark = pytest.mark.django_db
+
+
+def create(*argv: str) -> tuple[str, str]:
+    out, err = StringIO(), StringIO()
+    call_command("create_api_token", *argv, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+def test_the_command_prints_the_token_alone_on_its_last_line_and_stores_only_a_digest(client):
+    out, err = create("shop", "--scope", "read", "--label", "production")
+    secret = out.strip().splitlines()[-1]
+    assert secret.startswith("wr_") and " " not in secret and len(secret) > 40
+    token = ApiToken.objects.get()
+    assert token.digest == hashlib.sha256(secret.encode()).hexdigest()
+    assert secret not in {token.prefix, token.digest, token.name}
+    assert token.scopes == ["read"] and token.integration.name == "shop"
+    assert token.prefix in err and "shown once" in err
+    api = Api(client, secret)
+    assert api.get("/api/workshops").status_code == 200
+    assert api.post("/api/attendees", {"email": "a@example.com", "name": "A"}).status_code == 403
+
+
+def test_without_a_scope_a_token_may_read_and_enrol_but_not_change_workshops():
+    create("lms")
+    assert ApiToken.objects.get().scopes == ["read", "enrolments"]
+
+
+def test_an_unknown_scope_or_a_blank_name_is_refused_and_nothing_is_made():
+    with pytest.raises(CommandError, match="invalid choice: 'admin'"):
+        create("shop", "--scope", "admin")
+    with pytest.raises(CommandError, match="Name the integration"):
+        create("  ")
+    assert not ApiToken.objects.exists()
+
+
+def test_revoke_by_prefix_then_the_token_gets_401(client):
+    out, _ = create("shop")
+    secret = out.strip().splitlines()[-1]
+    token = ApiToken.objects.get()
+    said = StringIO()
+    call_command("revoke_api_token", token.prefix + "…", stdout=said)
+    assert said.getvalue().startswith("Revoked shop/default")
+    assert Api(client, secret).get("/api/workshops").status_code == 401
+    with pytest.raises(CommandError, match="No API token starts with 'wr_nope'"):
+        call_command("revoke_api_token", "wr_nope")
