@@ -28,7 +28,7 @@ from pydantic import AfterValidator, BeforeValidator
 
 from clock import default_clock
 from intake import services
-from intake.models import ApiToken, ApiWrite, WorkshopRef
+from intake.models import ApiToken, ApiWrite, AttendeeRef, WorkshopRef
 from intake.problems import PROBLEM_TYPE, Problem, field_errors, problem
 from intake.ratelimit import RateLimited, rate_check
 from intake.tokens import token_authenticate
@@ -588,8 +588,6 @@ def list_attendees(
     if email:
         rows = rows.filter(email__iexact=email)
     if external_id:
-        from intake.models import AttendeeRef
-
         rows = rows.filter(
             pk__in=AttendeeRef.objects.filter(
                 integration_id=token.integration_id, external_id=external_id
