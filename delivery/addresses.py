@@ -61,3 +61,20 @@ def address_problem(address: str) -> str | None:
     if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):
         return f"recipient address {address!r} has an invalid domain"
     return None
+
+
+def attendee_address_refusal(address: str) -> tuple[str, str] | None:
+    """(message, code) if an attendee may not be given ``address``, else None.
+
+    The admin's attendee form and the intake (API, CSV) refuse the same
+    addresses with the same words: one no reminder could reach, and one under
+    ``.invalid`` (RFC 2606), where erasure writes its placeholders.
+    """
+    if address and (problem := address_problem(address)) is not None:
+        return f"No reminder could reach it: {problem}.", "undeliverable"
+    if address.lower().rstrip(".").endswith(".invalid"):
+        return (
+            "An address under .invalid can not receive mail; enter the attendee's real address.",
+            "reserved_domain",
+        )
+    return None

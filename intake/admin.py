@@ -75,6 +75,9 @@ class ApiTokenAdmin(admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # revoked, not deleted: its writes stay attributed
 
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False  # made once, never edited: make a new one and revoke this
+
     def get_actions(self, request):
         actions = super().get_actions(request)
         actions.pop("delete_selected", None)

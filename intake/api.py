@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
-from django.db import transaction
+from django.db import IntegrityError, OperationalError, transaction
 from django.db.models import Prefetch, QuerySet
 from django.http import Http404
 from ninja import Field, NinjaAPI, Path, Query, Router, Schema, Status
@@ -32,6 +32,7 @@ from intake.models import ApiToken, ApiWrite, AttendeeRef, WorkshopRef
 from intake.problems import PROBLEM_TYPE, Problem, field_errors, problem
 from intake.ratelimit import RateLimited, rate_check
 from intake.tokens import token_authenticate
+from reminders.locks import lock_not_available
 from reminders.models import DeliveryAttempt, Notice, Reminder
 from reminders.services.enrollment_decisions import enrollments_cancel
 from reminders.services.workshop_decisions import workshops_cancel, workshops_reinstate
@@ -39,7 +40,7 @@ from workshops.models import Attendee, Enrollment, Workshop
 from workshops.services import enrollment_create, workshop_create, workshop_update
 
 Scope = ApiToken.Scope
-MAX_ID = 2**31 - 1
+MAX_ID = 2**63 - 1  # BigAutoField
 MAX_PAGE = 100_000
 
 
@@ -60,9 +61,13 @@ def _aware(value: datetime) -> datetime:
     if value.tzinfo is None:
         raise ValueError("Give a time zone with the time, e.g. 2027-03-01T09:00:00+01:00.")
     try:
-        return value.astimezone(UTC)
+        value = value.astimezone(UTC)
     except OverflowError:
-        raise ValueError("The time is out of range.") from None
+        value = None
+    # The admin's range (reminders.admin.forms.aware_in_zone): past it a zone's offset overflows.
+    if value is None or not 1971 <= value.year <= 9998:
+        raise ValueError("The date is out of range: give one between 1971 and 9998.")
+    return value
 
 
 Text = Annotated[str, AfterValidator(_plain_text)]
@@ -237,6 +242,18 @@ def _too_big(request, exc):
     )
 
 
+@api.exception_handler(OperationalError)
+def _busy(request, exc: OperationalError):
+    if not lock_not_available(exc):
+        raise exc
+    return problem(
+        503,
+        "Staff or a worker hold these rows right now; nothing changed: retry in a moment.",
+        code="busy",
+        headers={"Retry-After": "1"},
+    )
+
+
 @api.exception_handler(Http404)
 def _not_found(request, exc):
     return problem(404, str(exc) or "Not found.", code="not_found")
@@ -266,7 +283,7 @@ api.get_openapi_schema = _schema
 
 
 def errors(*statuses: int) -> dict:
-    return {s: Problem for s in (401, 403, 429, *statuses)}
+    return {s: Problem for s in (401, 403, 429, 503, *statuses)}
 
 
 def _get(queryset: QuerySet, pk: int, what: str):
@@ -440,11 +457,18 @@ def create_workshop(request, body: WorkshopIn):
                         ],
                     )
                 return Status(200, _workshop_out(existing, body.external_id))
-        workshop = workshop_create(**values)
-        if body.external_id is not None:
-            WorkshopRef.objects.create(
-                integration=token.integration, external_id=body.external_id, workshop=workshop
-            )
+        try:
+            with transaction.atomic():
+                workshop = workshop_create(**values)
+                if body.external_id is not None:
+                    WorkshopRef.objects.create(
+                        integration=token.integration,
+                        external_id=body.external_id,
+                        workshop=workshop,
+                    )
+        except IntegrityError:
+            # A concurrent POST took the id first: answer as the repeat it is.
+            return create_workshop(request, body)
         _audit(request, 201, workshop=workshop.pk, outcome="created")
     return Status(201, _workshop_out(workshop, body.external_id))
 
@@ -545,13 +569,14 @@ class AttendeePage(Schema):
 
 
 def _attendee_out(attendee: Attendee, **extra) -> dict:
+    erased = attendee.erased_at is not None  # its placeholders are nobody's to see
     return {
         "id": attendee.pk,
-        "email": attendee.email,
-        "name": attendee.name,
+        "email": "" if erased else attendee.email,
+        "name": "" if erased else attendee.name,
         "language": attendee.language,
         "timezone": attendee.timezone,
-        "erased": attendee.erased_at is not None,
+        "erased": erased,
         **extra,
     }
 

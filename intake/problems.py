@@ -36,6 +36,7 @@ TITLES = {
     413: "Content Too Large",
     422: "Unprocessable Content",
     429: "Too Many Requests",
+    503: "Service Unavailable",
 }
 
 

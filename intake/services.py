@@ -19,14 +19,20 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from django.core.exceptions import ValidationError
-from django.db import IntegrityError, connection, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.db.models.functions import Lower
 
+from delivery.addresses import attendee_address_refusal
 from intake.models import AttendeeRef, Integration, WorkshopRef
+from reminders.locks import _sqlstate_in
 from workshops.models import Attendee, Enrollment, Workshop
 from workshops.services import enrollments_add
 
 MAX_ITEMS = 1000
+EXTERNAL_ID_LENGTH = 200
+# Deadlock and serialization failure: two requests inserting the same new people.
+RETRIED_SQLSTATES = frozenset({"40P01", "40001"})
 ATTENDEE_FIELDS = ("name", "language", "timezone")
 
 
@@ -83,23 +89,43 @@ class EnrolmentOutcome:
 
 @dataclass(slots=True)
 class _Plan:
+    keys: dict[str, str]  # each email as given (stripped) -> as the database lowers it
     errors: list[ItemError] = field(default_factory=list)
     conflicts: int = 0
-    attendees: dict[str, Attendee] = field(default_factory=dict)  # by lower email
-    outcomes: dict[str, str] = field(default_factory=dict)  # by lower email
-    new_refs: dict[str, str] = field(default_factory=dict)  # external id -> lower email
+    attendees: dict[str, Attendee] = field(default_factory=dict)  # by key
+    outcomes: dict[str, str] = field(default_factory=dict)  # by key
+    new_refs: dict[str, str] = field(default_factory=dict)  # external id -> key
 
     def refuse(self, index: int, name: str, detail: str, code: str, *, conflict=False) -> None:
         self.errors.append(ItemError(index, name, detail, code))
         self.conflicts += conflict
 
+    def key(self, email: str) -> str:
+        return self.keys[(email or "").strip()]
 
-def _key(email: str) -> str:
-    return email.strip().lower()
+    def existing_ids(self) -> set[int]:
+        return {a.pk for a in self.attendees.values() if a.pk}
+
+
+def _lowered(emails: set[str]) -> dict[str, str]:
+    """Each email as the database lowers it: the unique constraint's LOWER(email), which
+    differs from Python's str.lower() for some letters (İ), so the two never disagree."""
+    if not emails:
+        return {}
+    ordered = sorted(emails)
+    with connection.cursor() as cursor:
+        if connection.vendor == "postgresql":
+            cursor.execute("SELECT v, LOWER(v) FROM unnest(%s::text[]) AS v", [ordered])
+            return dict(cursor.fetchall())
+        lowered = {}
+        for email in ordered:
+            cursor.execute("SELECT LOWER(%s)", [email])
+            lowered[email] = cursor.fetchone()[0]
+        return lowered
 
 
 def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attendee | None:
-    """The attendee ``item`` describes, checked by the model's validators (as the admin's form)."""
+    """The attendee ``item`` describes, checked as the admin's attendee form checks it."""
     candidate = Attendee(
         email=(item.email or "").strip(),
         name=(item.name or "").strip(),
@@ -107,52 +133,63 @@ def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attend
         timezone=item.timezone or "",
     )
     exclude = [] if item.name is not None else ["name"]
+    errors: dict[str, list[str]] = {}
     try:
         candidate.full_clean(exclude=exclude, validate_constraints=False)
     except ValidationError as error:
-        for name, messages in error.message_dict.items():
-            for message in messages:
-                plan.refuse(index, prefix + name, message, "invalid")
-        return None
-    if item.external_id is not None and not item.external_id.strip():
-        plan.refuse(
-            index, prefix + "external_id", "Give a non-blank id, or leave it out.", "invalid"
-        )
-        return None
-    return candidate
+        errors = error.message_dict
+    if "email" not in errors and (refusal := attendee_address_refusal(candidate.email)):
+        errors["email"] = [refusal[0]]
+    if item.external_id is not None:
+        external = item.external_id.strip()
+        if not external:
+            errors["external_id"] = ["Give a non-blank id, or leave it out."]
+        elif len(external) > EXTERNAL_ID_LENGTH:
+            errors["external_id"] = [f"Shorten the id to {EXTERNAL_ID_LENGTH} characters."]
+    for name, messages in errors.items():
+        for message in messages:
+            plan.refuse(index, prefix + name, message, "invalid")
+    return None if errors else candidate
 
 
 def _resolve_attendees(
     integration: Integration, items: list[tuple[int, AttendeeIn]], plan: _Plan, prefix: str
 ) -> None:
-    """Decide each attendee's row and outcome; record each item's reason to refuse it."""
+    """Decide each attendee's row and outcome; record each item's reason to refuse it.
+
+    Reads the rows as they are now: called again once they are locked.
+    """
     checked: list[tuple[int, AttendeeIn, Attendee]] = []
     for index, item in items:
         candidate = _validated(index, item, plan, prefix)
         if candidate is not None:
             checked.append((index, item, candidate))
-    emails = {_key(c.email) for _, _, c in checked}
     ids = {item.external_id.strip() for _, item, _ in checked if item.external_id}
-    by_email = {
-        a.email_key: a
-        for a in Attendee.objects.annotate(email_key=Lower("email")).filter(email_key__in=emails)
-    }
-    by_ref = {
-        ref.external_id: ref.attendee
-        for ref in AttendeeRef.objects.select_related("attendee").filter(
-            integration=integration, external_id__in=ids
+    keys = {plan.key(c.email) for _, _, c in checked}
+    refs = dict(
+        AttendeeRef.objects.filter(integration=integration, external_id__in=ids).values_list(
+            "external_id", "attendee_id"
+        )
+    )
+    # One instance per row, however it is found, each with its email as the database lowers it.
+    rows = {
+        a.pk: a
+        for a in Attendee.objects.annotate(email_key=Lower("email")).filter(
+            Q(email_key__in=keys) | Q(pk__in=refs.values())
         )
     }
+    by_email = {a.email_key: a for a in rows.values() if a.email_key in keys}
+    by_ref = {external: rows[pk] for external, pk in refs.items()}
     ref_of = dict(
-        AttendeeRef.objects.filter(
-            integration=integration,
-            attendee__in=[a.pk for a in [*by_email.values(), *by_ref.values()]],
-        ).values_list("attendee_id", "external_id")
+        AttendeeRef.objects.filter(integration=integration, attendee__in=list(rows)).values_list(
+            "attendee_id", "external_id"
+        )
     )
-    seen_ids: dict[str, str] = {}  # external id -> lower email, within this request
-    seen_emails: dict[str, str] = {}  # lower email -> external id, within this request
+    seen_ids: dict[str, str] = {}  # external id -> key, within this request
+    seen_emails: dict[str, str] = {}  # key -> external id, within this request
+    planned_as: dict[int, str] = {}  # id() of a planned row -> its key
     for index, item, candidate in checked:
-        key = _key(candidate.email)
+        key = plan.key(candidate.email)
         external = item.external_id.strip() if item.external_id else None
         if external is not None and seen_emails.setdefault(key, external) != external:
             plan.refuse(
@@ -173,12 +210,12 @@ def _resolve_attendees(
             continue
         mapped = by_ref.get(external) if external is not None else None
         owner = by_email.get(key)
-        if mapped is not None and mapped.erased_at is not None:
+        if (mapped or owner) is not None and (mapped or owner).erased_at is not None:
             plan.refuse(
                 index,
-                prefix + "external_id",
-                f"The attendee with id {external!r} was erased at staff's request; to enrol the "
-                "person again, send them under a new id.",
+                prefix + ("external_id" if mapped else "email"),
+                "This attendee was erased at staff's request; to enrol the person again, send "
+                "their real address" + (" under a new id." if mapped else "."),
                 "attendee_erased",
                 conflict=True,
             )
@@ -199,17 +236,27 @@ def _resolve_attendees(
             and external is not None
             and ref_of.get(owner.pk) not in (None, external)
         ):
-            held = ref_of[owner.pk]
             plan.refuse(
                 index,
-                prefix + ("external_id" if external else "email"),
-                f"{candidate.email} is the attendee this integration calls {held!r}; send that "
-                "id, or none.",
+                prefix + "external_id",
+                f"{candidate.email} is the attendee this integration calls "
+                f"{ref_of[owner.pk]!r}; send that id, or none.",
                 "external_id_mismatch",
                 conflict=True,
             )
             continue
         row = mapped or owner or plan.attendees.get(key)
+        if (key in plan.attendees and plan.attendees[key] is not row) or (
+            row is not None and planned_as.get(id(row), key) != key
+        ):
+            plan.refuse(
+                index,
+                prefix + "email",
+                f"{candidate.email} and another item of this request name the same attendee "
+                "with different emails; send one.",
+                "conflicting_items",
+            )
+            continue
         if row is None:
             if item.name is None or not candidate.name:
                 plan.refuse(index, prefix + "name", "Give the new attendee's name.", "required")
@@ -223,13 +270,14 @@ def _resolve_attendees(
                 if getattr(item, name) is not None
                 and getattr(row, name) != getattr(candidate, name)
             }
-            if _key(row.email) != key:  # the same address in other case is no change
-                changes["email"] = candidate.email
+            if row.pk and row.email_key != key:
+                changes["email"] = candidate.email  # another address (case alone is none)
             for name, value in changes.items():
                 setattr(row, name, value)
             if plan.outcomes.get(key) != "updated":
                 plan.outcomes[key] = "updated" if changes else "unchanged"
         plan.attendees[key] = row
+        planned_as[id(row)] = key
         if external is not None and ref_of.get(row.pk) is None and external not in by_ref:
             plan.new_refs[external] = key
 
@@ -246,16 +294,43 @@ def _lock_workshops(ids: list[int]) -> dict[int, Workshop]:
     return {w.pk: w for w in rows}
 
 
+def _resolve_locked(
+    integration: Integration, items: list[tuple[int, AttendeeIn]], prefix: str
+) -> _Plan:
+    """Resolve with the existing attendees it names locked (``FOR NO KEY UPDATE``, id
+    order), then again, so that what is written is checked against the rows as they are:
+    an erasure that committed meanwhile is seen, one that starts waits."""
+    keys = _lowered({(item.email or "").strip() for _, item in items})
+    locked: set[int] = set()
+    for _ in range(3):
+        plan = _Plan(keys)
+        _resolve_attendees(integration, items, plan, prefix)
+        wanted = plan.existing_ids() - locked
+        if not wanted:
+            break
+        list(
+            Attendee.objects.filter(pk__in=wanted)
+            .order_by("pk")
+            .select_for_update(no_key=True)
+            .values_list("pk", flat=True)
+        )
+        locked |= wanted
+    return plan
+
+
 def _write_attendees(integration: Integration, plan: _Plan) -> None:
-    created = [a for key, a in plan.attendees.items() if plan.outcomes[key] == "created"]
-    updated = [a for key, a in plan.attendees.items() if plan.outcomes[key] == "updated"]
+    """Insert and update in the order of the emails, as every request does: two requests
+    creating the same people wait for each other instead of deadlocking."""
+    ordered = sorted(plan.attendees.items())
+    created = [a for key, a in ordered if plan.outcomes[key] == "created"]
+    updated = [a for key, a in ordered if plan.outcomes[key] == "updated"]
     Attendee.objects.bulk_create(created)
     if updated:
         Attendee.objects.bulk_update(updated, ["email", *ATTENDEE_FIELDS])
     AttendeeRef.objects.bulk_create(
         [
             AttendeeRef(integration=integration, external_id=ext, attendee=plan.attendees[key])
-            for ext, key in plan.new_refs.items()
+            for ext, key in sorted(plan.new_refs.items())
         ]
     )
 
@@ -269,18 +344,22 @@ def _refuse_if(plan: _Plan) -> None:
 ATTEMPTS = 5
 
 
-def _retrying(work):
+def _retrying(work, *, rollback: bool = False):
     """Run ``work`` in a transaction; again if a concurrent request took a row first.
 
     Each attempt that loses sees the winner's rows on the next one, so only a
-    request that loses to ATTEMPTS different writers in a row fails.
+    request that loses to ATTEMPTS different writers in a row fails. With
+    ``rollback`` nothing it wrote stays (a preview).
     """
     for attempt in range(ATTEMPTS):
         try:
             with transaction.atomic():
-                return work()
-        except IntegrityError:
-            if attempt == ATTEMPTS - 1:
+                result = work()
+                transaction.set_rollback(rollback)
+                return result
+        except (IntegrityError, OperationalError) as error:
+            lost = isinstance(error, IntegrityError) or _sqlstate_in(error, RETRIED_SQLSTATES)
+            if not lost or attempt == ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
 
@@ -289,12 +368,11 @@ def attendees_upsert(*, integration: Integration, items: list[AttendeeIn]) -> li
     """Create or update attendees by the integration's id or by email; all or nothing."""
 
     def work():
-        plan = _Plan()
-        _resolve_attendees(integration, list(enumerate(items)), plan, "")
+        plan = _resolve_locked(integration, list(enumerate(items)), "")
         _refuse_if(plan)
         _write_attendees(integration, plan)
         return [
-            AttendeeOutcome(plan.attendees[_key(i.email)], plan.outcomes[_key(i.email)])
+            AttendeeOutcome(plan.attendees[plan.key(i.email)], plan.outcomes[plan.key(i.email)])
             for i in items
         ]
 
@@ -328,7 +406,10 @@ def enrolments_upsert(
         raise Refused([ItemError(-1, "items", f"Send at most {limit} items.", "too_many")])
 
     def work():
-        plan = _Plan()
+        # The lock order: attendees, then workshops.
+        plan = _resolve_locked(
+            integration, [(i, item.attendee) for i, item in enumerate(items)], "attendee."
+        )
         refs = dict(
             WorkshopRef.objects.filter(
                 integration=integration,
@@ -369,14 +450,11 @@ def enrolments_upsert(
                     "workshop_cancelled",
                     conflict=True,
                 )
-        _resolve_attendees(
-            integration, [(i, item.attendee) for i, item in enumerate(items)], plan, "attendee."
-        )
         bad = {e.index for e in plan.errors}
         known = [
-            (plan.attendees[_key(item.attendee.email)].pk, wid)
+            (plan.attendees[plan.key(item.attendee.email)].pk, wid)
             for index, (item, wid) in enumerate(zip(items, wanted, strict=True))
-            if index not in bad and plan.attendees[_key(item.attendee.email)].pk
+            if index not in bad and plan.attendees[plan.key(item.attendee.email)].pk
         ]
         existing = {}
         if known:
@@ -389,7 +467,7 @@ def enrolments_upsert(
         for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
             if index in bad:
                 continue
-            attendee = plan.attendees[_key(item.attendee.email)]
+            attendee = plan.attendees[plan.key(item.attendee.email)]
             if attendee.erased_at is not None:
                 plan.refuse(
                     index,
@@ -414,12 +492,13 @@ def enrolments_upsert(
         pairs: dict[tuple[int, int], int] = {}  # new (attendee, workshop) -> first item
         chosen = []
         for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
-            key = _key(item.attendee.email)
+            key = plan.key(item.attendee.email)
             pair = (plan.attendees[key].pk, wid)
             chosen.append((key, pair))
             if pair not in existing:
                 pairs.setdefault(pair, index)
-        made = dict(zip(pairs, enrollments_add(pairs=list(pairs)), strict=True))
+        new = sorted(pairs)  # in one order for every request, as the attendees
+        made = dict(zip(new, enrollments_add(pairs=new), strict=True))
         return [
             EnrolmentOutcome(
                 index,
@@ -432,14 +511,4 @@ def enrolments_upsert(
             for index, (key, pair) in enumerate(chosen)
         ]
 
-    if dry_run:
-        return _rolled_back(work)
-    return _retrying(work)
-
-
-def _rolled_back(work):
-    with transaction.atomic():
-        try:
-            return work()
-        finally:
-            transaction.set_rollback(True)
+    return _retrying(work, rollback=dry_run)

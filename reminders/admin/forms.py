@@ -10,7 +10,7 @@ from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
 
 from clock import default_clock
-from delivery.addresses import address_problem
+from delivery.addresses import attendee_address_refusal
 from reminders.models import StaffDecision, id_from_text
 from reminders.services.replay import (
     REASON_MAX_LENGTH,
@@ -310,14 +310,8 @@ class WorkshopDecisionForm(forms.Form):
 
 def deliverable_address(value: str) -> str:
     """Refuse an address the delivery engine would refuse at send time, with its reason."""
-    if value and (problem := address_problem(value)) is not None:
-        raise ValidationError(f"No reminder could reach it: {problem}.", code="undeliverable")
-    if value.lower().rstrip(".").endswith(".invalid"):
-        # RFC 2606 reserves .invalid; erasure writes its placeholders there.
-        raise ValidationError(
-            "An address under .invalid can not receive mail; enter the attendee's real address.",
-            code="reserved_domain",
-        )
+    if (refusal := attendee_address_refusal(value)) is not None:
+        raise ValidationError(refusal[0], code=refusal[1])
     return value
 
 
