@@ -461,3 +461,28 @@ def test_a_body_that_is_no_json_or_too_large_gets_a_problem_and_changes_nothing(
     body = assert_problem(api.post("/api/enrolments/bulk", {"items": big}), 413, "too_large")
     assert "fewer items" in body["detail"]
     assert counts()[1:3] == (0, 0)
+
+
+@pytest.mark.parametrize(
+    "values",
+    [
+        {"email": "not-an-email", "name": "A"},
+        {"email": "a@example.invalid", "name": "A"},
+        {"email": ("x" * 65) + "@example.com", "name": "A"},
+        {"email": "a@example.com", "name": "A", "timezone": "Mars/Olympus"},
+        {"email": "a@example.com", "name": "A", "timezone": "Europe"},
+        {"email": "a@example.com", "name": "x" * 201},
+    ],
+    ids=["email", "reserved-domain", "long-local-part", "zone", "zone-folder", "long-name"],
+)
+def test_an_attendee_is_refused_as_the_admins_attendee_form_refuses_it(api, values):
+    from reminders.admin.forms import AttendeeForm
+
+    form = AttendeeForm(data={"language": "", "timezone": "", **values})
+    assert not form.is_valid()
+    response = api.post("/api/attendees", values)
+    said = {}
+    for error in assert_problem(response, 422, "invalid")["errors"]:
+        said.setdefault(error["field"], []).append(error["detail"])
+    assert said == {name: list(messages) for name, messages in form.errors.items()}
+    assert Attendee.objects.count() == 0
