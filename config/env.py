@@ -88,15 +88,3 @@ def env_list(name: str, default: Iterable[str] = ()) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
-
-
-def parse_rate(text: str) -> tuple[int, int]:
-    """'600/minute' -> (600, 60). Units: second, minute, hour."""
-    count, _, unit = text.partition("/")
-    seconds = {"second": 1, "minute": 60, "hour": 3600}.get(unit.strip().rstrip("s"))
-    if not count.strip().isdigit() or int(count) < 1 or seconds is None:
-        raise ValueError(
-            f"REMINDERS_API_RATE must look like '600/minute' (a count per second, minute or "
-            f"hour), not {text!r}."
-        )
-    return int(count), seconds

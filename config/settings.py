@@ -24,7 +24,6 @@ from config.env import (
     env_int,
     env_list,
     env_str,
-    parse_rate,
 )
 from config.timing import TimeBounds
 from delivery.redact import redact_text, redact_url
@@ -522,6 +521,8 @@ if REMINDERS_PUBLIC_URL:
 # Retry-After.
 REMINDERS_API_RATE = env_str("REMINDERS_API_RATE", "600/minute")
 try:
+    from intake.ratelimit import parse_rate
+
     parse_rate(REMINDERS_API_RATE)
 except ValueError as _error:
     raise ImproperlyConfigured(str(_error)) from None

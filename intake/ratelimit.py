@@ -12,7 +12,6 @@ from django.conf import settings
 from django.core.cache import cache
 
 from clock import default_clock
-from config.env import parse_rate
 
 
 class RateLimited(Exception):
@@ -21,6 +20,18 @@ class RateLimited(Exception):
         self.limit = limit
         self.window = window
         self.retry_after = retry_after
+
+
+def parse_rate(text: str) -> tuple[int, int]:
+    """'600/minute' -> (600, 60). Units: second, minute, hour."""
+    count, _, unit = text.partition("/")
+    seconds = {"second": 1, "minute": 60, "hour": 3600}.get(unit.strip().rstrip("s"))
+    if not count.strip().isdigit() or int(count) < 1 or seconds is None:
+        raise ValueError(
+            f"REMINDERS_API_RATE must look like '600/minute' (a count per second, minute or "
+            f"hour), not {text!r}."
+        )
+    return int(count), seconds
 
 
 def rate_check(token) -> None:

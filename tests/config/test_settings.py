@@ -69,6 +69,12 @@ def _start(**env: str) -> subprocess.CompletedProcess:
         ({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, "CELERY_BROKER_URL must be redis://"),
         ({"DATABASE_URL": "oracle-ish://nope"}, "DATABASE_URL must be a database URL"),
         ({"REMINDERS_RATE_LIMIT": "-1"}, "REMINDERS_RATE_LIMIT must be a whole number"),
+        (
+            {"REMINDERS_API_RATE": "lots"},
+            "REMINDERS_API_RATE must look like '600/minute' (a count per second, minute or "
+            "hour), not 'lots'.",
+        ),
+        ({"REMINDERS_API_RATE": "0/minute"}, "REMINDERS_API_RATE must look like"),
     ],
 )
 def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
