@@ -8,7 +8,9 @@
     └── PermanentError             never retried
         └── HedgePermanentError    every hedged endpoint failed permanently
 
-``HedgeRefusedError`` (a ``ValueError``) is a programming error.
+``HedgeRefusedError`` (a ``ValueError``) is a programming error. Anything else a
+channel raises ends only its envelope: ``OSError`` counts as ``OutcomeUnknownError``,
+any other exception as ``PERMANENT`` and possibly delivered (a bug another try repeats).
 """
 
 from __future__ import annotations

@@ -1,14 +1,11 @@
-"""Delivery results, one per envelope, and their summary."""
+"""Delivery results, one per envelope."""
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from types import MappingProxyType
 
-__all__ = ["Outcome", "DeliveryResult", "Summary", "summarise"]
+__all__ = ["Outcome", "DeliveryResult"]
 
 
 class Outcome(StrEnum):
@@ -50,50 +47,3 @@ class DeliveryResult:
     def ok(self) -> bool:
         """Return True when the provider accepted the message."""
         return self.outcome is Outcome.SENT
-
-
-@dataclass(frozen=True, slots=True)
-class Summary:
-    """A batch's results grouped by reminder id.
-
-    ``CANCELLED`` and ``WITHDRAWN`` results are ``unfinished``, not failures:
-    the caller releases them for a later batch (or marks them unknown when
-    ``maybe_delivered``).
-    """
-
-    successes: Mapping[int, DeliveryResult]
-    failures: Mapping[int, DeliveryResult]
-    unfinished: Mapping[int, DeliveryResult]
-    counts: Mapping[Outcome, int]
-
-    @property
-    def total(self) -> int:
-        """Return how many results were summarised."""
-        return len(self.successes) + len(self.failures) + len(self.unfinished)
-
-
-def summarise(results: Iterable[DeliveryResult]) -> Summary:
-    """Group ``results`` by reminder id; raise ``ValueError`` on a repeated id."""
-    successes: dict[int, DeliveryResult] = {}
-    failures: dict[int, DeliveryResult] = {}
-    unfinished: dict[int, DeliveryResult] = {}
-    counts: Counter[Outcome] = Counter()
-    for result in results:
-        rid = result.reminder_id
-        if rid in successes or rid in failures or rid in unfinished:
-            raise ValueError(
-                f"reminder {rid} has two results; summarise() needs one result per reminder id."
-            )
-        counts[result.outcome] += 1
-        if result.outcome is Outcome.SENT:
-            successes[rid] = result
-        elif result.outcome in (Outcome.CANCELLED, Outcome.WITHDRAWN):
-            unfinished[rid] = result
-        else:
-            failures[rid] = result
-    return Summary(
-        successes=MappingProxyType(successes),
-        failures=MappingProxyType(failures),
-        unfinished=MappingProxyType(unfinished),
-        counts=MappingProxyType({outcome: counts[outcome] for outcome in Outcome}),
-    )

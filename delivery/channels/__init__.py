@@ -1,12 +1,11 @@
 """Ways of handing a message to a provider.
 
 ``HttpChannel`` and ``FileChannel`` honour idempotency keys, ``SmtpChannel``
-does not; ``ThreadedChannel`` and ``MemoryChannel`` do as declared.
+does not; ``ThreadedChannel`` does as declared.
 """
 
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
-from delivery.channels.memory import MemoryCall, MemoryChannel
 from delivery.channels.smtp import SmtpChannel, SmtpSettings
 from delivery.channels.threaded import ThreadedChannel
 
@@ -14,8 +13,6 @@ __all__ = [
     "FileChannel",
     "HttpChannel",
     "HttpSettings",
-    "MemoryCall",
-    "MemoryChannel",
     "SmtpChannel",
     "SmtpSettings",
     "ThreadedChannel",

@@ -3,7 +3,7 @@
 import pytest
 
 from delivery import DeliveryLimits, Outcome, deliver
-from delivery.channels.memory import MemoryChannel
+from tests.support.memory_channel import MemoryChannel
 
 from .conftest import run, tasks_left
 

@@ -16,10 +16,10 @@ from delivery import (
     TransientError,
     deliver,
 )
-from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
 from loopback.windows import max_in_window
 from tests.delivery.conftest import run, tasks_left
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -14,10 +14,10 @@ from datetime import timedelta
 import pytest
 
 from delivery import DeliveryLimits, Outcome, TransientError, deliver
-from delivery.channels import MemoryChannel
 from delivery.gate import Gate
 from delivery.limiter import LocalRateLimiter
 from tests.delivery.conftest import run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

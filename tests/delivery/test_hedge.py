@@ -11,9 +11,10 @@ from delivery import (
     PermanentError,
     TransientError,
 )
-from delivery.channels import MemoryChannel, SmtpChannel, SmtpSettings
+from delivery.channels import SmtpChannel, SmtpSettings
 from delivery.hedge import hedged_send
 from tests.delivery.conftest import run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -15,10 +15,10 @@ import pytest
 
 from clock import SystemClock
 from delivery import DeliveryLimits, Outcome, deliver
-from delivery.channels import MemoryChannel
 from delivery.limiter import DeadlineReached, LocalRateLimiter, RedisRateLimiter
 from loopback.windows import max_in_window
 from tests.delivery.conftest import run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -10,9 +10,9 @@ from datetime import timedelta
 import pytest
 
 from delivery import DeliveryLimits, Outcome, RateLimitedError, TransientError, deliver
-from delivery.channels import MemoryChannel
 from delivery.gate import Gate
 from delivery.limiter import DeadlineReached, LocalRateLimiter, RedisRateLimiter
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -19,10 +19,10 @@ from delivery import (
     TransientError,
     deliver,
 )
-from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
 from delivery.observer import Observer
 from tests.delivery.conftest import run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

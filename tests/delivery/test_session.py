@@ -10,10 +10,10 @@ import threading
 import pytest
 
 from delivery import DeliveryLimits, Outcome, Session
-from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
 from delivery.session import Interrupted
 from tests.delivery.conftest import run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -9,9 +9,9 @@ import threading
 import pytest
 
 from delivery import DeliveryLimits, Outcome
-from delivery.channels import MemoryChannel
 from delivery.limiter import LocalRateLimiter
 from tests.delivery.conftest import deliver_once, run
+from tests.support.memory_channel import MemoryChannel
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -6,8 +6,8 @@ from datetime import timedelta
 import pytest
 
 from delivery import DeliveryLimits, Outcome, deliver
-from delivery.channels.memory import MemoryChannel
 from delivery.errors import TransientError
+from tests.support.memory_channel import MemoryChannel
 
 from .conftest import run
 
