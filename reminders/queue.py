@@ -19,57 +19,50 @@ TEST_TASK = "reminders.send_test"
 NOTICES_TASK = "reminders.deliver_notices"
 
 
+def _send(task: str, args: list, *, failed: str) -> bool:
+    """Send one message; on a broker failure log ``failed`` (with the error) and return False."""
+    try:
+        current_app.send_task(task, args=args)
+    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
+        logger.error(failed, exc)
+        return False
+    return True
+
+
 def publish_batch(ids: list[int]) -> bool:
     """Send one ``reminders.deliver_batch`` message; return whether it went out.
 
     No Celery ``expires``: a worker would judge it by its own host's clock; when
     the message stops counting is the database's business (``queued_until``).
     """
-    try:
-        current_app.send_task(DELIVER_TASK, args=[ids])
-    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
-        logger.error(
-            "Could not publish a batch of %s reminders (%s); the next scan queues them again",
-            len(ids),
-            exc,
-        )
-        return False
-    return True
+    return _send(
+        DELIVER_TASK,
+        [ids],
+        failed=f"Could not publish a batch of {len(ids)} reminders (%s); the next scan "
+        "queues them again",
+    )
 
 
 def publish_notices(ids: list[int]) -> bool:
-    """Send one ``reminders.deliver_notices`` message; return whether it went out.
-
-    A failed publish loses nothing: the notices stay pending and the next scan
-    publishes them again.
-    """
-    try:
-        current_app.send_task(NOTICES_TASK, args=[ids])
-    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
-        logger.error(
-            "Could not publish %s change notices (%s); the next scan publishes them again",
-            len(ids),
-            exc,
-        )
-        return False
-    return True
+    """Send one ``reminders.deliver_notices`` message; a failure leaves the notices pending
+    for the next scan."""
+    return _send(
+        NOTICES_TASK,
+        [ids],
+        failed=f"Could not publish {len(ids)} change notices (%s); the next scan publishes "
+        "them again",
+    )
 
 
 def publish_replay(decision_id: int) -> bool:
-    """Send one ``reminders.replay_selection`` message for a background replay.
-
-    A failed publish loses nothing: the decision stays ``running`` without a
-    heartbeat, and the scan hands it to a worker again
-    (reminders.services.dispatch.replays_resume).
-    """
-    try:
-        current_app.send_task(REPLAY_TASK, args=[decision_id])
-    except (OperationalError, ConnectionError, OSError, TimeoutError) as exc:
-        logger.error(
-            "Could not publish background replay %s (%s); the scan resumes it", decision_id, exc
-        )
-        return False
-    return True
+    """Send one ``reminders.replay_selection`` message; a failure leaves the decision
+    ``running`` without a heartbeat, and the scan hands it to a worker again
+    (reminders.services.dispatch.replays_resume)."""
+    return _send(
+        REPLAY_TASK,
+        [decision_id],
+        failed=f"Could not publish background replay {decision_id} (%s); the scan resumes it",
+    )
 
 
 def publish_test(decision_id: int) -> None:
