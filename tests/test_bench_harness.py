@@ -138,7 +138,7 @@ def test_a_driver_started_deaf_to_sighup_stays_so(driver):
     assert _gone_within(server, 10)
 
 
-@pytest.mark.parametrize("program", ["chaos", "e2e", "dblayer", "scan_million"])
+@pytest.mark.parametrize("program", ["chaos", "e2e", "dblayer", "scan_million", "api_bulk"])
 def test_each_benchmark_that_starts_servers_runs_through_run_program(program):
     tree = ast.parse(Path(ROOT, "bench", f"{program}.py").read_text())
     guard = tree.body[-1]
