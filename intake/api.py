@@ -468,6 +468,10 @@ def create_workshop(request, body: WorkshopIn):
                     )
         except IntegrityError:
             # A concurrent POST took the id first: answer as the repeat it is.
+            if body.external_id is None or not services.workshop_by_external_id(
+                token.integration, body.external_id
+            ):
+                raise
             return create_workshop(request, body)
         _audit(request, 201, workshop=workshop.pk, outcome="created")
     return Status(201, _workshop_out(workshop, body.external_id))

@@ -6,12 +6,16 @@ every web process counts against the same window; ``incr`` is atomic there.
 
 from __future__ import annotations
 
+import logging
 import math
 
 from django.conf import settings
 from django.core.cache import cache
+from redis.exceptions import RedisError
 
 from clock import default_clock
+
+logger = logging.getLogger(__name__)
 
 
 class RateLimited(Exception):
@@ -41,12 +45,18 @@ def rate_check(token) -> None:
     start = math.floor(now / window) * window
     # The digest, not the id: a token's count never carries over to another one.
     key = f"api-rate:{token.digest[:24]}:{int(start)}"
-    cache.add(key, 0, timeout=window + 1)
     try:
-        count = cache.incr(key)
-    except ValueError:  # expired between add and incr
-        cache.add(key, 1, timeout=window + 1)
-        count = 1
+        cache.add(key, 0, timeout=window + 1)
+        try:
+            count = cache.incr(key)
+        except ValueError:  # expired between add and incr
+            cache.add(key, 1, timeout=window + 1)
+            count = 1
+    except (RedisError, OSError) as error:
+        # The limit guards the service, not the data: with the cache unreachable the
+        # request is served, as the admin would be, and the outage is logged.
+        logger.warning("API rate limit not counted (the cache is unreachable: %s)", error)
+        return
     if count > limit:
         raise RateLimited(
             limit=limit, window=window, retry_after=max(1, math.ceil(start + window - now))

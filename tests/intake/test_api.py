@@ -486,3 +486,17 @@ def test_an_attendee_is_refused_as_the_admins_attendee_form_refuses_it(api, valu
         said.setdefault(error["field"], []).append(error["detail"])
     assert said == {name: list(messages) for name, messages in form.errors.items()}
     assert Attendee.objects.count() == 0
+
+
+def test_with_the_cache_unreachable_requests_are_served_and_the_outage_logged(
+    api, settings, refusing_port, caplog
+):
+    settings.CACHES = {
+        "default": {
+            "BACKEND": "django.core.cache.backends.redis.RedisCache",
+            "LOCATION": f"redis://127.0.0.1:{refusing_port()}/0",
+            "OPTIONS": {"socket_connect_timeout": 1},
+        }
+    }
+    assert api.get("/api/workshops").status_code == 200
+    assert "API rate limit not counted (the cache is unreachable" in caplog.text
