@@ -133,6 +133,46 @@ def test_a_notice_not_yet_sent_is_superseded_by_a_newer_revision(
     assert [events[1:] for events in _kinds_by_recipient(mail).values()] == [[("PUBLISH", 2)]] * 2
 
 
+def test_a_notice_claimed_before_a_second_change_is_followed_by_the_next_revision(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, monkeypatch
+):
+    """A notice already claimed when the workshop moves again goes out with the facts it
+    was claimed with (no claim watch for notices); the next revision then tells each
+    attendee the start as it is, in a calendar update with a higher SEQUENCE."""
+    from reminders.worker import notices as notice_worker
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # revision 1
+    pipeline.scan(clock=clock)  # its notices published
+    [batch] = notices_published
+    claim = notice_worker.notice_claim
+
+    def claim_then_move_again(**kwargs):
+        claimed = claim(**kwargs)
+        _move(workshop, timedelta(hours=1))  # committed while the notices are held
+        return claimed
+
+    monkeypatch.setattr(notice_worker, "notice_claim", claim_then_move_again)
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 2}
+    monkeypatch.setattr(notice_worker, "notice_claim", claim)
+    run()  # revision 2, its notices planned and sent
+    assert dict(Notice.objects.values_list("number", "status").distinct()) == {
+        1: "sent",
+        2: "sent",
+    }
+    workshop.refresh_from_db()
+    for sequence in _kinds_by_recipient(mail).values():
+        assert sequence == [("PUBLISH", 0), ("PUBLISH", 1), ("PUBLISH", 2)]
+    last = {}
+    for message, calendar in _calendars(mail):
+        last[message["To"].addresses[0].addr_spec] = calendar.walk("VEVENT")[0]
+    assert {event.decoded("DTSTART") for event in last.values()} == {workshop.starts_at}
+
+
 def test_moved_back_then_moved_again_while_settling_is_one_notice(
     clock, make_workshop, enrol, mail, run
 ):
