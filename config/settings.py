@@ -516,7 +516,7 @@ if REMINDERS_PUBLIC_URL:
             "message carry a token that cancels an enrollment."
         )
     REMINDERS_PUBLIC_URL = REMINDERS_PUBLIC_URL.rstrip("/")
-# The HTTP API (intake/api.py): each token may send this many requests per window
+# The HTTP API (intake/api/): each token may send this many requests per window
 # ('600/minute'; second, minute or hour), counted in the cache below; past it, 429 with
 # Retry-After.
 REMINDERS_API_RATE = env_str("REMINDERS_API_RATE", "600/minute")

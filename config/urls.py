@@ -34,7 +34,7 @@ admin.site.index_title = "Workshops and reminders"
 urlpatterns = [
     path("", RedirectView.as_view(url="/admin/", permanent=False)),
     path("admin/", admin.site.urls),
-    # The HTTP API (intake/api.py): Bearer tokens; schema at /api/schema, docs at /api/docs.
+    # The HTTP API (intake/api/): Bearer tokens; schema at /api/schema, docs at /api/docs.
     path("api/", api.urls),
     path("metrics", metrics_view, name="metrics"),
     path("hooks/http/events", http_events, name="http_events"),
