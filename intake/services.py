@@ -1,11 +1,12 @@
 """Enrolments from an integration: attendees upserted, enrolments created, all or nothing.
 
-A request is resolved in full before anything is written: each item's attendee
-is validated as the admin validates it (the model's own validators), found by
-the integration's id for it or by email, and each enrolment checked. One
-invalid item refuses the request with every item's reason. A valid one is
-written in one transaction with the workshops' rows held (``FOR SHARE``: a
-cancel waits for it), then the new enrolments' reminders are planned in the
+A request is resolved in full before anything is written, in one transaction:
+each item's attendee is validated as the admin validates it, found by the
+integration's id for it or by email and locked (``FOR NO KEY UPDATE``: an
+erasure either committed first and is seen, or waits), then the workshops are
+held (``FOR SHARE``: a cancel waits) and each enrolment checked. One invalid
+item refuses the request with every item's reason. A valid one is written in
+the order of the emails, and the new enrolments' reminders are planned in the
 same transaction (workshops.signals.enrollments_added).
 
 Ids and emails: an attendee is one person with one email (unique, case aside).
@@ -25,14 +26,14 @@ from django.db.models.functions import Lower
 
 from delivery.addresses import attendee_address_refusal
 from intake.models import AttendeeRef, Integration, WorkshopRef
-from reminders.locks import _sqlstate_in
+from reminders.locks import lost_a_race
 from workshops.models import Attendee, Enrollment, Workshop
 from workshops.services import enrollments_add
 
 MAX_ITEMS = 1000
 EXTERNAL_ID_LENGTH = 200
-# Deadlock and serialization failure: two requests inserting the same new people.
-RETRIED_SQLSTATES = frozenset({"40P01", "40001"})
+# Runs of a request that lost a row to a concurrent one (reminders.locks.lost_a_race).
+ATTEMPTS = 5
 ATTENDEE_FIELDS = ("name", "language", "timezone")
 
 
@@ -103,9 +104,6 @@ class _Plan:
     def key(self, email: str) -> str:
         return self.keys[(email or "").strip()]
 
-    def existing_ids(self) -> set[int]:
-        return {a.pk for a in self.attendees.values() if a.pk}
-
 
 def _lowered(emails: set[str]) -> dict[str, str]:
     """Each email as the database lowers it: the unique constraint's LOWER(email), which
@@ -157,7 +155,8 @@ def _resolve_attendees(
 ) -> None:
     """Decide each attendee's row and outcome; record each item's reason to refuse it.
 
-    Reads the rows as they are now: called again once they are locked.
+    The attendees it finds are locked as they are read, in id order, so what is
+    decided holds until the caller commits.
     """
     checked: list[tuple[int, AttendeeIn, Attendee]] = []
     for index, item in items:
@@ -174,9 +173,10 @@ def _resolve_attendees(
     # One instance per row, however it is found, each with its email as the database lowers it.
     rows = {
         a.pk: a
-        for a in Attendee.objects.annotate(email_key=Lower("email")).filter(
-            Q(email_key__in=keys) | Q(pk__in=refs.values())
-        )
+        for a in Attendee.objects.annotate(email_key=Lower("email"))
+        .filter(Q(email_key__in=keys) | Q(pk__in=refs.values()))
+        .order_by("pk")
+        .select_for_update(no_key=True)
     }
     by_email = {a.email_key: a for a in rows.values() if a.email_key in keys}
     by_ref = {external: rows[pk] for external, pk in refs.items()}
@@ -294,27 +294,9 @@ def _lock_workshops(ids: list[int]) -> dict[int, Workshop]:
     return {w.pk: w for w in rows}
 
 
-def _resolve_locked(
-    integration: Integration, items: list[tuple[int, AttendeeIn]], prefix: str
-) -> _Plan:
-    """Resolve with the existing attendees it names locked (``FOR NO KEY UPDATE``, id
-    order), then again, so that what is written is checked against the rows as they are:
-    an erasure that committed meanwhile is seen, one that starts waits."""
-    keys = _lowered({(item.email or "").strip() for _, item in items})
-    locked: set[int] = set()
-    for _ in range(3):
-        plan = _Plan(keys)
-        _resolve_attendees(integration, items, plan, prefix)
-        wanted = plan.existing_ids() - locked
-        if not wanted:
-            break
-        list(
-            Attendee.objects.filter(pk__in=wanted)
-            .order_by("pk")
-            .select_for_update(no_key=True)
-            .values_list("pk", flat=True)
-        )
-        locked |= wanted
+def _resolved(integration: Integration, items: list[tuple[int, AttendeeIn]], prefix: str) -> _Plan:
+    plan = _Plan(_lowered({(item.email or "").strip() for _, item in items}))
+    _resolve_attendees(integration, items, plan, prefix)
     return plan
 
 
@@ -341,9 +323,6 @@ def _refuse_if(plan: _Plan) -> None:
         raise Refused(plan.errors, conflict=plan.conflicts == len(plan.errors))
 
 
-ATTEMPTS = 5
-
-
 def _retrying(work, *, rollback: bool = False):
     """Run ``work`` in a transaction; again if a concurrent request took a row first.
 
@@ -358,7 +337,7 @@ def _retrying(work, *, rollback: bool = False):
                 transaction.set_rollback(rollback)
                 return result
         except (IntegrityError, OperationalError) as error:
-            lost = isinstance(error, IntegrityError) or _sqlstate_in(error, RETRIED_SQLSTATES)
+            lost = isinstance(error, IntegrityError) or lost_a_race(error)
             if not lost or attempt == ATTEMPTS - 1:
                 raise
     raise AssertionError("unreachable")
@@ -368,7 +347,7 @@ def attendees_upsert(*, integration: Integration, items: list[AttendeeIn]) -> li
     """Create or update attendees by the integration's id or by email; all or nothing."""
 
     def work():
-        plan = _resolve_locked(integration, list(enumerate(items)), "")
+        plan = _resolved(integration, list(enumerate(items)), "")
         _refuse_if(plan)
         _write_attendees(integration, plan)
         return [
@@ -407,7 +386,7 @@ def enrolments_upsert(
 
     def work():
         # The lock order: attendees, then workshops.
-        plan = _resolve_locked(
+        plan = _resolved(
             integration, [(i, item.attendee) for i, item in enumerate(items)], "attendee."
         )
         refs = dict(

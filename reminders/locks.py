@@ -54,6 +54,12 @@ def lock_not_available(exc: BaseException) -> bool:
     return _sqlstate_in(exc, frozenset({"55P03"}))
 
 
+def lost_a_race(exc: BaseException) -> bool:
+    """Return whether ``exc`` is PostgreSQL ending a transaction that lost to a concurrent one
+    (deadlock 40P01, serialization failure 40001): running it again is safe."""
+    return _sqlstate_in(exc, frozenset({"40P01", "40001"}))
+
+
 def gave_up_waiting(exc: BaseException) -> bool:
     """Return whether ``exc`` is a lock or statement timeout firing (55P03, 57014)."""
     return _sqlstate_in(exc, frozenset({"55P03", "57014"}))

@@ -40,10 +40,28 @@ def closing(work):
     return run
 
 
+def wait_for_a_lock_wait(timeout: float = 10) -> None:
+    """Return once another session of this database waits for a row lock (the upsert)."""
+    clock = default_clock()
+    deadline = clock.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while clock.monotonic() < deadline:
+            cursor.execute("SELECT pg_stat_clear_snapshot()")  # fresh within a transaction
+            cursor.execute(
+                "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                "AND pid <> pg_backend_pid() AND wait_event_type = 'Lock'"
+            )
+            if cursor.fetchone()[0]:
+                return
+            clock.sleep_blocking(0.02)
+    raise AssertionError(f"no session waited for a lock within {timeout} s")
+
+
 @pytest.mark.django_db(transaction=True)
 def test_an_erasure_committing_while_an_upsert_waits_is_seen_not_undone(make_token):
-    """The upsert locks the rows it will write and reads them again: the erasure's
-    placeholders stay, and the request is refused as for any erased attendee."""
+    """The upsert locks the rows it reads: it waits for the erasure holding Ann's row, then
+    sees her erased. The erasure's placeholders stay, and the request is refused as for
+    any erased attendee."""
     secret = make_token().secret
     ann = Attendee.objects.create(name="Ann Smith", email="ann@example.com")
     AttendeeRef.objects.create(
@@ -55,7 +73,7 @@ def test_an_erasure_committing_while_an_upsert_waits_is_seen_not_undone(make_tok
         with transaction.atomic():
             Attendee.objects.select_for_update().get(pk=ann.pk)
             holding.set()
-            default_clock().sleep_blocking(0.5)
+            wait_for_a_lock_wait()
             Attendee.objects.filter(pk=ann.pk).update(
                 name="(erased)", email="erased-x@erased.invalid", erased_at=default_clock().now()
             )
