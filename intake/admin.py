@@ -218,49 +218,50 @@ class CsvTransferAdmin(admin.ModelAdmin):
             context["refusal"] = str(error)
             return TemplateResponse(request, "admin/intake/import.html", context, status=400)
         integration_name = form.cleaned_data["integration"]
-        integration = Integration.objects.filter(name=integration_name).first() or Integration(
-            name=integration_name
-        )
         items = [EnrolmentIn(attendee=row, workshop_id=workshop.pk) for row in rows]
-        preview = import_preview(integration, items)
-        context.update(preview=preview, rows=len(rows), filename=form.filename())
-        if preview.invalid or "confirm" not in request.POST:
-            context["csv_text"] = form.file_bytes().decode("utf-8-sig")
-            status = 400 if preview.invalid else 200
-            return TemplateResponse(request, "admin/intake/import.html", context, status=status)
-        with transaction.atomic():
-            integration, _ = Integration.objects.get_or_create(name=integration_name)
-            try:
-                done = enrolments_upsert(
-                    integration=integration, items=items, limit=csvfile.MAX_ROWS
-                )
-            except Refused:
-                # Changed since the preview (someone cancelled an enrolment, say): show it again.
-                transaction.set_rollback(True)
-                context["preview"] = import_preview(integration, items)
-                context["csv_text"] = form.file_bytes().decode("utf-8-sig")
-                context["changed"] = True
-                return TemplateResponse(request, "admin/intake/import.html", context, status=409)
-            created = sum(r.outcome == "created" for r in done)
-            audit = CsvTransfer.objects.create(
-                kind=CsvTransfer.Kind.IMPORT,
-                workshop=workshop,
-                actor=request.user,
-                actor_name=request.user.get_username(),
-                created_at=default_clock().now(),
-                filename=form.filename(),
-                integration=integration.name,
-                rows=len(done),
-                created=created,
-                unchanged=len(done) - created,
-            )
-        self.message_user(
-            request,
-            f"Imported {len(done)} rows into {workshop.title}: {created} enrolled, "
-            f"{len(done) - created} already were (import {audit.pk}).",
-            messages.SUCCESS,
+        context.update(
+            rows=len(rows),
+            filename=form.filename(),
+            csv_text=form.file_bytes().decode("utf-8-sig"),
         )
-        return HttpResponseRedirect(reverse("admin:workshops_workshop_change", args=[workshop.pk]))
+        if "confirm" in request.POST:
+            try:
+                with transaction.atomic():
+                    integration, _ = Integration.objects.get_or_create(name=integration_name)
+                    done = enrolments_upsert(
+                        integration=integration, items=items, limit=csvfile.MAX_ROWS
+                    )
+                    created = sum(r.outcome == "created" for r in done)
+                    audit = CsvTransfer.objects.create(
+                        kind=CsvTransfer.Kind.IMPORT,
+                        workshop=workshop,
+                        actor=request.user,
+                        actor_name=request.user.get_username(),
+                        created_at=default_clock().now(),
+                        filename=form.filename(),
+                        integration=integration.name,
+                        rows=len(done),
+                        created=created,
+                        unchanged=len(done) - created,
+                    )
+            except Refused:
+                pass  # shown below with each row's reason; nothing was written
+            else:
+                self.message_user(
+                    request,
+                    f"Imported {len(done)} rows into {workshop.title}: {created} enrolled, "
+                    f"{len(done) - created} already were (import {audit.pk}).",
+                    messages.SUCCESS,
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:workshops_workshop_change", args=[workshop.pk])
+                )
+        preview = import_preview(integration_name, items)
+        # A confirmation refused although every row is valid: something changed meanwhile.
+        refused = "confirm" in request.POST
+        context.update(preview=preview, changed=refused and not preview.invalid)
+        status = 400 if preview.invalid else 409 if refused else 200
+        return TemplateResponse(request, "admin/intake/import.html", context, status=status)
 
     def export_view(self, request, workshop_id: int):
         """The workshop's attendees with their enrolment and reminder status, as CSV; audited."""

@@ -103,11 +103,11 @@ def _dry_run(integration_name: str, items: list[EnrolmentIn]):
             transaction.set_rollback(True)
 
 
-def import_preview(integration: Integration, items: list[EnrolmentIn]) -> Preview:
+def import_preview(integration_name: str, items: list[EnrolmentIn]) -> Preview:
     """Each row's outcome if the import ran now: invalid rows with every reason."""
     reasons: dict[int, list[str]] = {}
     try:
-        results = {r.index: r for r in _dry_run(integration.name, items)}
+        results = {r.index: r for r in _dry_run(integration_name, items)}
     except Refused as refused:
         for error in refused.errors:
             where = error.field.removeprefix("attendee.")
@@ -115,7 +115,7 @@ def import_preview(integration: Integration, items: list[EnrolmentIn]) -> Previe
         valid = [i for i in range(len(items)) if i not in reasons]
         results = {}
         try:
-            found = _dry_run(integration.name, [items[i] for i in valid]) if valid else []
+            found = _dry_run(integration_name, [items[i] for i in valid]) if valid else []
             results = {valid[r.index]: r for r in found}
         except Refused:
             pass  # the valid rows' outcomes depend on the invalid ones; shown as unknown

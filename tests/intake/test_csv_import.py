@@ -257,3 +257,21 @@ def test_the_export_needs_its_own_permission_is_audited_and_escapes_formulas(
     assert {row["enrolment_status"] for row in rows} == {"active"}
     audit = CsvTransfer.objects.get(kind="export")
     assert audit.rows == 3 and audit.actor_name == "staff-export_attendees"
+
+
+def test_a_confirmation_the_data_no_longer_allows_writes_nothing_and_says_why(
+    importer, make_workshop
+):
+    """Previewed, then the workshop is cancelled: the confirmation is refused, the page lists
+    each row's reason again, and nothing is written (no 500 from the refused write)."""
+    from workshops.services import workshop_cancel
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    preview = upload(importer, workshop, GOOD)
+    workshop_cancel(workshop=workshop, reason="Teacher ill")
+    refused = confirm(importer, workshop, preview)
+    assert refused.status_code == 400
+    reasons = [row.reasons for row in refused.context["preview"].rows]
+    assert all("is cancelled; enrol in a scheduled workshop" in r[0] for r in reasons), reasons
+    assert b'id="import-confirm"' not in refused.content
+    assert state() == (0, 0, 0, 0) and not CsvTransfer.objects.exists()
