@@ -34,28 +34,20 @@ os.environ.setdefault("SECRET_KEY", "bench-only-0a1b2c3d4e5f6a7b8c9d0e1f2a")
 os.environ.setdefault("CELERY_BROKER_URL", "redis://127.0.0.1:6379/13")
 os.environ["REMINDERS_API_RATE"] = "100000/minute"
 
-from bench.harness import run_program  # noqa: E402  (after the environment it reads)
+from bench.harness import CLOCK, run_program  # noqa: E402  (after the environment it reads)
 
 TARGET_SECONDS = 10.0
 
 
-def _wait_for_port(port: int, timeout: float) -> None:
+def _listening(port: int) -> bool:
     import socket
 
-    from clock import SystemClock
-
-    clock = SystemClock()
-    deadline = clock.monotonic() + timeout
-    while clock.monotonic() < deadline:
-        with socket.socket() as sock:
-            if sock.connect_ex(("127.0.0.1", port)) == 0:
-                return
-        clock.sleep_blocking(0.1)
-    raise SystemExit(f"the web server did not listen on {port} within {timeout} s")
+    with socket.socket() as sock:
+        return sock.connect_ex(("127.0.0.1", port)) == 0
 
 
 def _serve(port: int, logs):
-    from bench.harness import PYTHON, Proc
+    from bench.harness import PYTHON, Proc, wait_until
 
     env = {
         **os.environ,
@@ -69,15 +61,12 @@ def _serve(port: int, logs):
         "web",
         logs,
     )
-    _wait_for_port(port, timeout=30)
+    wait_until(lambda: _listening(port), timeout=30, what=f"the web server on port {port}")
     return server
 
 
 def _round_bulk(client, workshops, *, requests: int, items: int, tag: str) -> float:
-    from clock import SystemClock
-
-    clock = SystemClock()
-    started = clock.monotonic()
+    started = CLOCK.monotonic()
     for number in range(requests):
         workshop = workshops[number % len(workshops)]
         body = {
@@ -98,14 +87,11 @@ def _round_bulk(client, workshops, *, requests: int, items: int, tag: str) -> fl
             raise SystemExit(
                 f"bulk request {number} failed: {response.status_code} {response.text[:500]}"
             )
-    return clock.monotonic() - started
+    return CLOCK.monotonic() - started
 
 
 def _round_single(client, workshop: int, *, count: int, tag: str) -> float:
-    from clock import SystemClock
-
-    clock = SystemClock()
-    started = clock.monotonic()
+    started = CLOCK.monotonic()
     for i in range(count):
         response = client.post(
             "/api/enrolments",
@@ -122,7 +108,7 @@ def _round_single(client, workshop: int, *, count: int, tag: str) -> float:
             raise SystemExit(
                 f"single request {i} failed: {response.status_code} {response.text[:500]}"
             )
-    return clock.monotonic() - started
+    return CLOCK.monotonic() - started
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -153,7 +139,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from django.core.management import call_command
 
-    from clock import SystemClock
     from intake.models import ApiToken, ApiWrite, AttendeeRef, Integration, WorkshopRef
     from intake.tokens import token_create
     from reminders.models import Reminder, ScanRun
@@ -181,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     secret = token_create(
         integration="bench", name="bench", scopes=["read", "enrolments"], created_by="bench"
     ).secret
-    now = SystemClock().now()
+    now = CLOCK.now()
 
     def workshops(count: int) -> list[int]:
         made = Workshop.objects.bulk_create(
