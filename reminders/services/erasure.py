@@ -24,6 +24,7 @@ from clock import Clock, default_clock
 from reminders.models import (
     DeliveryAttempt,
     DeliveryEvent,
+    Notice,
     Reminder,
     StaffDecision,
     Suppression,
@@ -138,6 +139,16 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
         Reminder.objects.filter(pk=reminder.pk).update(
             last_error=scrub(reminder.last_error, about=True),
             status_reason=scrub(reminder.status_reason, about=True)[:200],
+        )
+    # Their notices: none is sent any more (the address is gone), none quotes them.
+    Notice.objects.filter(attendee=attendee, status=Notice.Status.PENDING).update(
+        status=Notice.Status.SILENCED, status_reason="the attendee was erased", updated_at=now
+    )
+    notices = Notice.objects.filter(attendee=attendee)
+    for notice in notices.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
+        Notice.objects.filter(pk=notice.pk).update(
+            last_error=scrub(notice.last_error, about=True),
+            status_reason=scrub(notice.status_reason, about=True)[:200],
         )
     attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
     for attempt in attempts.filter(_quoting(words, "error")):

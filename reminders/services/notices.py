@@ -131,9 +131,13 @@ def _needing_notice() -> Q:
 
 
 def _told(now: datetime):
-    """Reminders told something of a workshop that has not started, and not unsubscribed."""
+    """Reminders told something of a workshop that has not started, whose attendee neither
+    unsubscribed nor was erased (their address is gone: nothing may be sent to them)."""
     return Reminder.objects.filter(
-        status__in=TOLD, workshop__starts_at__gt=now, unsubscribed_at__isnull=True
+        status__in=TOLD,
+        workshop__starts_at__gt=now,
+        unsubscribed_at__isnull=True,
+        attendee__erased_at__isnull=True,
     )
 
 
@@ -141,7 +145,9 @@ def notices_revise(*, clock: Clock | None = None) -> int:
     """Number a new revision for each workshop whose facts some reminded attendee has not
     heard; return how many were numbered."""
     now = database_now(clock or default_clock())
-    differing = _told(now).filter(_needing_notice()).values_list("workshop_id", flat=True)
+    differing = (
+        _told(now).filter(_needing_notice()).order_by().values_list("workshop_id", flat=True)
+    )
     settling = WorkshopRevision.objects.filter(
         planned_at__isnull=True, superseded_at__isnull=True, workshop__starts_at__gt=now
     ).values_list("workshop_id", flat=True)
@@ -378,9 +384,8 @@ def notice_claim(
 
     Judged from the workshop and enrollment as they are now, by the database's
     clock: pending, past any retry time, the workshop not started, and the
-    notice still true (``_live_now``). The guarded UPDATE re-checks
-    ``status = 'pending'`` on each row it takes, so of two claimers exactly one
-    wins it. Notices of a workshop that started are marked missed here. Each
+    notice still true (``_live_now``), its attendee not erased, all in the one
+    guarded UPDATE that takes it, so of two claimers exactly one wins it. Notices of a workshop that started are marked missed here. Each
     notice's text is frozen at its first claim, as a reminder's.
     """
     clock = clock or default_clock()
@@ -388,19 +393,17 @@ def notice_claim(
     now = database_now(clock)
     token = uuid.uuid4()
     lease = timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
-    eligible = list(
-        Notice.objects.filter(
-            _live_now(),
-            Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
-            pk__in=ids,
-            status=Status.PENDING,
-            workshop__starts_at__gt=now,
-        ).values_list("pk", flat=True)
-    )
     taken = [
         pk
         for pk, _ in update_returning(
-            Notice.objects.filter(pk__in=eligible, status=Status.PENDING),
+            Notice.objects.filter(
+                _live_now(),
+                Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+                pk__in=ids,
+                status=Status.PENDING,
+                workshop__starts_at__gt=now,
+                attendee__erased_at__isnull=True,
+            ),
             status=Status.SENDING,
             claim_token=token,
             lease_expires_at=now + lease,

@@ -230,6 +230,40 @@ def test_no_notice_call_starts_after_the_start(
     }
 
 
+def test_an_erased_attendee_gets_no_notice_and_their_pending_one_is_silenced(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
+):
+    """Erasure cancels the enrollment of a reminded attendee; their address is gone, so no
+    cancellation notice is planned for them, and one already planned is never sent."""
+    from reminders.services.erasure import attendees_erase
+    from workshops.models import Attendee
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    staff = django_user_model.objects.create_user("staff")
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    ada, bob, cy = (e.attendee for e in enrol(workshop, count=3))
+    run()
+    attendees_erase(attendees=Attendee.objects.filter(pk=ada.pk), reason="asked", actor=staff)
+    run()
+    run()
+    assert not Notice.objects.filter(attendee=ada).exists()
+    # A notice planned, then its attendee erased before a worker takes it.
+    workshop_update(workshop=workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    batches = list(notices_published)
+    attendees_erase(attendees=Attendee.objects.filter(pk=bob.pk), reason="asked", actor=staff)
+    for batch in batches:
+        deliver_notices(batch, clock=clock)
+    assert dict(Notice.objects.values_list("attendee_id", "status")) == {
+        bob.pk: "silenced",
+        cy.pk: "sent",
+    }
+    received = [m.parsed()["To"].addresses[0].addr_spec for m in mail.messages]
+    assert received.count(Attendee.objects.get(pk=cy.pk).email) == 2  # reminder, notice
+    assert len(received) == 4  # three reminders, one notice
+
+
 def test_an_attendee_who_cancels_after_the_reminder_gets_a_cancellation_alone(
     clock, make_workshop, enrol, mail, run, settings
 ):
