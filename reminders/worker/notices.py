@@ -17,7 +17,7 @@ from delivery.session import Interrupted
 from reminders.content import notice_envelope
 from reminders.services.notices import notice_claim, notice_record
 from reminders.worker import bridge
-from reminders.worker.pipeline import build_envelopes
+from reminders.worker.pipeline import build_envelopes, record_with_retry
 
 logger = logging.getLogger(__name__)
 
@@ -71,8 +71,12 @@ def deliver_notices(
                     session=session,
                 )
             except Interrupted as exc:
-                notice_record(claim=claim, results=results + exc.results, clock=clock)
+                record_with_retry(
+                    claim=claim, results=results + exc.results, clock=clock, record=notice_record
+                )
                 raise exc.cause from None
-            counts.update(notice_record(claim=claim, results=results, clock=clock))
+            counts.update(
+                record_with_retry(claim=claim, results=results, clock=clock, record=notice_record)
+            )
     logger.info("Notices %s: %s", worker or "batch", dict(counts))
     return dict(counts)

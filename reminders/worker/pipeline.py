@@ -264,8 +264,11 @@ def deliver(
     return dict(counts)
 
 
-def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> dict[str, int]:
-    """Record a chunk's outcomes, retrying while the database is briefly unreachable.
+def record_with_retry(
+    *, claim, results: list[DeliveryResult], clock: Clock, record=reminder_record_batch
+) -> dict[str, int]:
+    """Record a chunk's outcomes with ``record`` (reminders', or notices' own), retrying while
+    the database is briefly unreachable.
 
     Outcomes are known once the engine returns; losing them to a database
     restart would leave the reaper to guess (``unknown`` on SMTP). The record
@@ -278,7 +281,7 @@ def record_with_retry(*, claim, results: list[DeliveryResult], clock: Clock) -> 
     interrupted: BaseException | None = None
     while True:
         try:
-            counts = reminder_record_batch(claim=claim, results=results, clock=clock)
+            counts = record(claim=claim, results=results, clock=clock)
         except BaseException as exc:
             if not isinstance(_interruption(exc), OperationalError | InterfaceError):
                 # Interrupted inside the record (a soft time limit): the transaction

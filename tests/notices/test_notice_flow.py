@@ -230,6 +230,42 @@ def test_no_notice_call_starts_after_the_start(
     }
 
 
+def test_notices_sent_are_recorded_through_a_lost_database_connection(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, monkeypatch
+):
+    """As a reminder's (C7): the connection dies between the sends and the record; the
+    record waits for the database and keeps the outcomes, instead of leaving the notices
+    to the lease (unknown on smtp)."""
+    from django.db import connection, connections
+
+    from reminders.worker import notices as notice_worker
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    workshop_update(workshop=workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    [batch] = notices_published
+    deliver = notice_worker.bridge.deliver_envelopes
+
+    def deliver_then_lose_the_connection(*args, **kwargs):
+        results = deliver(*args, **kwargs)
+        other = connections.create_connection("default")
+        with other.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(%s)", [connection.connection.info.backend_pid]
+            )
+        other.close()
+        return results
+
+    monkeypatch.setattr(notice_worker.bridge, "deliver_envelopes", deliver_then_lose_the_connection)
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 2}
+    assert set(Notice.objects.values_list("status", flat=True)) == {"sent"}
+    assert len(mail.messages) == 4
+
+
 def test_an_erased_attendee_gets_no_notice_and_their_pending_one_is_silenced(
     clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
 ):
