@@ -44,7 +44,7 @@ from reminders.selectors import (
     workshop_notice_revisions,
     workshop_text_reach,
 )
-from reminders.services.notices import notices_reach, settle_delay
+from reminders.services.notices import FACT_FIELDS, notices_reach, settle_delay
 from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.services.workshop_decisions import (
     WORKSHOP_EFFECT_LABELS,
@@ -69,7 +69,7 @@ from workshops.services import (
 
 Status = Reminder.Status
 # What a change notice tells: saving a change to any of them may make one.
-NOTICED_FIELDS = frozenset({"starts_at", "ends_at", "location", "join_url"})
+NOTICED_FIELDS = frozenset(FACT_FIELDS)
 
 
 class EnrollmentInline(admin.TabularInline):

@@ -40,6 +40,7 @@ from delivery.redact import redact_text
 from delivery.results import DeliveryResult, Outcome
 from reminders.content import choose_notice_text
 from reminders.models import MessageText, Notice, Reminder, WorkshopRevision, notice_key
+from reminders.services import reasons
 from reminders.services._sql import database_now, update_returning
 from reminders.services.record import channel_honours_keys, retry_delay
 from workshops.models import Enrollment, Workshop
@@ -56,7 +57,6 @@ FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 
 STARTED = "the workshop started before the notice could be sent"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
-MAYBE_SENT = "{what}; the provider may have accepted it (channel {channel} has no idempotency key)"
 
 
 @dataclass(frozen=True, slots=True)
@@ -491,7 +491,7 @@ def _verdict(*, notice: Notice, result: DeliveryResult, channel: str, now: datet
         what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
             result.outcome, "failed without a definite answer"
         )
-        reason = MAYBE_SENT.format(what=what, channel=channel)
+        reason = reasons.MAYBE_SENT.format(what=what, channel=channel)
         return _final(Status.UNKNOWN, reason, error)
     if result.outcome == Outcome.PERMANENT:
         return _final(Status.UNKNOWN if maybe else Status.FAILED, error, error)
