@@ -131,8 +131,11 @@ def reminder_claim_batch(
                 params=[claim_token_param(token), Status.SENDING.value],
             )
             numbers = _record_attempts(token=token, worker=worker)
-        if taken:
-            _freeze_texts([reminder for reminder in claimed if reminder.text_id is None])
+        if taken and (lost := _freeze_texts([r for r in claimed if r.text_id is None])):
+            # Reaped and claimed again before this claim fixed their texts (a worker
+            # frozen between the two statements): they are the newer claim's to send.
+            claimed = [reminder for reminder in claimed if reminder.pk not in lost]
+            numbers = {pk: number for pk, number in numbers.items() if pk not in lost}
     # Each reminder's deadline on this host's clock: the time the database said
     # was left when the statement ran, counted from this host's reading taken
     # before it (so never later than the database's deadline, whatever the skew).
@@ -296,8 +299,9 @@ def _open_locked(ids) -> tuple[str, list]:
     )
 
 
-def _freeze_texts(reminders: list[Reminder]) -> None:
-    """Fix the language and text of reminders claimed for the first time.
+def _freeze_texts(reminders: list[Reminder]) -> set[int]:
+    """Fix the language and text of reminders claimed for the first time; return the ids
+    of those whose text a newer claim fixed first.
 
     One statement when the texts are stored already (point the reminders at
     them, joined by digest); two more for the first batch of a new text
@@ -312,7 +316,7 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
     any retry, requeue, reap or replay, renders from that row.
     """
     if not reminders:
-        return
+        return set()
     # A text in another language matters only to attendees whose language is
     # not their workshop's: most batches need no read of them at all.
     languages = {
@@ -338,26 +342,30 @@ def _freeze_texts(reminders: list[Reminder]) -> None:
             )
         chosen[reminder.pk] = by_language[key]
     rows = {row.digest: row for row in chosen.values()}
-    ids = _point_at_texts(chosen)
-    if missing := [rows[digest] for digest in sorted(rows) if digest not in ids]:
+    pointed = _point_at_texts(chosen)
+    if unpointed := {pk: row for pk, row in chosen.items() if pk not in pointed}:
         # Only the first batch of a new text writes. A claimer inserting the
         # same text at the same moment: one insert wins, the other does nothing
         # and points its rows at the winner's; no existing row is ever locked
         # or rewritten.
-        MessageText.objects.bulk_create(missing, ignore_conflicts=True)
-        new = {row.digest for row in missing}
-        ids.update(_point_at_texts({pk: row for pk, row in chosen.items() if row.digest in new}))
+        missing = {row.digest: rows[row.digest] for row in unpointed.values()}
+        MessageText.objects.bulk_create(
+            [missing[digest] for digest in sorted(missing)], ignore_conflicts=True
+        )
+        pointed.update(_point_at_texts(unpointed))
     for reminder in reminders:
-        row = rows[chosen[reminder.pk].digest]
-        row.pk, row._state.adding = ids[row.digest], False
-        reminder.text = row
+        if reminder.pk in pointed:
+            row = rows[chosen[reminder.pk].digest]
+            row.pk, row._state.adding = pointed[reminder.pk], False
+            reminder.text = row
+    return {reminder.pk for reminder in reminders if reminder.pk not in pointed}
 
 
 def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
-    """Point each reminder id of ``chosen`` at its stored text; return those texts' ids by digest.
+    """Point each reminder id of ``chosen`` at its stored text; return the text ids by reminder id.
 
     One UPDATE joined to the stored texts by digest: a reminder whose text is
-    not stored yet is left alone and its digest is missing from the result.
+    not stored yet, or whose text is fixed already, is left alone and missing from the result.
     The UPDATE keeps any text a row already has. RETURNING names the
     reminder's own columns only, as SQLite requires.
     """
@@ -383,7 +391,7 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
             f"RETURNING {reminder_table}.id, {reminder_table}.text_id",
             params,
         )
-        return {chosen[pk].digest: text_id for pk, text_id in cursor.fetchall()}
+        return dict(cursor.fetchall())
 
 
 def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:

@@ -35,8 +35,8 @@ CHUNK = 2
 
 @contextmanager
 def _provider(channel: str, smtp_sink):
-    """Yield (environment, call start times at the provider) for one that answers after a
-    second."""
+    """Yield (environment, call start times at the provider, calls begun so far) for one
+    that answers after a second."""
     if channel == "smtp":
         smtp_sink.data_delay = PROVIDER_DELAY
         env = {
@@ -48,7 +48,11 @@ def _provider(channel: str, smtp_sink):
         # When each call began (its connection's EHLO, or MAIL FROM on a reused one), not
         # when its data was accepted: a call started before the freeze may finish after
         # SIGCONT.
-        yield env, lambda: [message.began_at for message in smtp_sink.received()]
+        yield (
+            env,
+            lambda: [message.began_at for message in smtp_sink.received()],
+            lambda: len(smtp_sink.mail_commands),
+        )
         return
     with HttpSink(clock=_real) as sink:
         sink.configure(delay=PROVIDER_DELAY)
@@ -57,12 +61,15 @@ def _provider(channel: str, smtp_sink):
             "REMINDERS_HTTP_URL": sink.url,
             "REMINDERS_HTTP_SECRET": "s3cret-s3cret-s3cret-s3cret-s3cret",
         }
-        yield env, sink.call_starts
+        yield env, sink.call_starts, lambda: len(sink.call_starts())
 
 
-def _freeze_with_a_chunk_in_flight(victim) -> None:
+def _freeze_with_a_chunk_in_flight(victim, begun) -> None:
+    # Claimed is not enough: the provider must have seen the calls begin (it answers
+    # a second later). A worker frozen between its claim and its calls:
+    # tests/reminders/test_frozen_text.py.
     wait_until(
-        lambda: Reminder.objects.filter(status="sending").count() == CHUNK,
+        lambda: Reminder.objects.filter(status="sending").count() == CHUNK and begun() == CHUNK,
         what="the victim's first chunk in flight",
     )
     victim.signal_group(signal.SIGSTOP)
@@ -75,14 +82,17 @@ def _continue_and_watch(victim, arrivals) -> float:
     )
     continued = _real.monotonic()
     victim.signal_group(signal.SIGCONT)
-    wait_until(
-        lambda: (
-            any("finished" in line and "Batch of" in line for line in victim.lines)
-            or any("deliver_batch" in line and "succeeded" in line for line in victim.lines)
-        ),
-        timeout=60,
-        what="the victim to finish its batch",
-    )
+    try:
+        wait_until(
+            lambda: (
+                any("finished" in line and "Batch of" in line for line in victim.lines)
+                or any("deliver_batch" in line and "succeeded" in line for line in victim.lines)
+            ),
+            timeout=60,
+            what="the victim to finish its batch",
+        )
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; it printed:\n{victim.output()}") from None
     return continued
 
 
@@ -91,14 +101,14 @@ def test_a_frozen_worker_whose_lease_was_reaped_starts_no_call_and_overwrites_no
     live_clock, broker, smtp_sink, make_workshop, enrol, settings, channel
 ):
     enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
-    with _provider(channel, smtp_sink) as (provider_env, arrivals):
+    with _provider(channel, smtp_sink) as (provider_env, arrivals, begun):
         env = process_env(
             REMINDERS_CONCURRENCY=str(CHUNK), REMINDERS_BATCH_SIZE="8", **provider_env
         )
         with celery_worker(env, name="victim") as victim:
             try:
                 pipeline.scan(clock=live_clock)
-                _freeze_with_a_chunk_in_flight(victim)
+                _freeze_with_a_chunk_in_flight(victim, begun)
                 held = set(Reminder.objects.filter(status="sending").values_list("id", flat=True))
                 # Frozen past its lease: the reaper (keyed rows back to pending, smtp's
                 # unknown) and the next scan queue what it held and had not claimed.
@@ -147,14 +157,14 @@ def test_a_worker_frozen_past_the_deadline_starts_no_call_after_it(
     # Time for the first chunk's calls to start (none starts under 2 s before the
     # deadline, DeliveryLimits.min_call_window), not for the rest.
     enrol(make_workshop(starts_in=cutoff + timedelta(seconds=12)), count=6)
-    with _provider("smtp", smtp_sink) as (provider_env, arrivals):
+    with _provider("smtp", smtp_sink) as (provider_env, arrivals, begun):
         env = process_env(
             REMINDERS_CONCURRENCY=str(CHUNK), REMINDERS_BATCH_SIZE="6", **provider_env
         )
         with celery_worker(env, name="victim") as victim:
             try:
                 pipeline.scan(clock=live_clock)
-                _freeze_with_a_chunk_in_flight(victim)
+                _freeze_with_a_chunk_in_flight(victim, begun)
                 deadline = Reminder.objects.select_related("workshop").first().deadline_at
                 wait_until(
                     lambda: _real.now() > deadline + timedelta(seconds=1), what="the deadline"

@@ -12,6 +12,7 @@ from django.db import connections
 from delivery.results import Outcome
 from reminders.content import reminder_envelope
 from reminders.models import MessageText, Reminder, StaffDecision
+from reminders.services import claim as claim_module
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_reap
 from reminders.services.replay import reminder_replay, reminder_replay_later, replay_step
 from tests.reminders.test_claim import _result
@@ -154,6 +155,34 @@ def test_claimers_freezing_the_same_new_text_at_once_store_it_once(clock, due_re
     (only,) = MessageText.objects.values_list("pk", flat=True)
     assert texts == [{only}] * 4
     assert set(Reminder.objects.filter(pk__in=ids).values_list("text_id", flat=True)) == {only}
+
+
+def test_a_claim_overtaken_before_it_fixed_its_texts_gives_the_rows_up(
+    clock, make_workshop, enrol, settings, monkeypatch
+):
+    """A worker frozen between its claim and the fixing of texts (two statements) wakes
+    to find its rows reaped, claimed again and their texts fixed: they are not its own."""
+    enrol(make_workshop(starts_in=timedelta(hours=2)), count=2)
+    ids = sorted(Reminder.objects.values_list("pk", flat=True))
+    fix_texts = claim_module._freeze_texts
+    newer = []
+
+    def overtaken(reminders):
+        monkeypatch.setattr(claim_module, "_freeze_texts", fix_texts)
+        clock.advance(settings.REMINDERS_LEASE_SECONDS + settings.REMINDERS_REQUEUE_AFTER)
+        assert reminders_reap(clock=clock)["requeued"] == 2
+        newer.append(reminder_claim_batch(ids=ids, channel="http", clock=clock))
+        return fix_texts(reminders)
+
+    monkeypatch.setattr(claim_module, "_freeze_texts", overtaken)
+    stale = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+    assert (stale.ids, stale.attempt_numbers) == ([], {})
+    assert newer[0].ids == ids
+    (text,) = MessageText.objects.values_list("pk", flat=True)
+    assert {r.text_id for r in newer[0].reminders} == {text}
+    assert set(Reminder.objects.filter(pk__in=ids).values_list("claim_token", flat=True)) == {
+        newer[0].token
+    }
 
 
 def _failed_after_edit(clock, make_workshop, enrol):
