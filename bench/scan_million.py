@@ -11,7 +11,10 @@ until nothing is left to dispatch: the first plans every reminder in the
 window and dispatches up to REMINDERS_DISPATCH_LIMIT, the next ones dispatch
 the rest, the last finds nothing to do (the steady state of every later
 minute). For each scan it prints the statements sent, their time, and what
-each phase did.
+each phase did. Then every queued reminder is recorded sent, as its worker
+would, and one more scan is timed: the steady state once reminders went out,
+where the change notices compare what each attendee was told with their
+workshop.
 
 While each scan runs, a probe thread plays a worker: with
 ``lock_timeout = 100ms`` on its own connection, it claims, again and again,
@@ -350,14 +353,19 @@ def _run(seeded: dict, *, explain: bool) -> dict:
         by_status = dict(cursor.fetchall())
     print(f"reminders by status after the scans: {by_status}")
 
-    run = {**seeded, "in_lead_window": scans[0]["planned"], "scans": scans}
+    run = {
+        **seeded,
+        "in_lead_window": scans[0]["planned"],
+        "scans": scans,
+        "told": _told_scan(pipeline, connection),
+    }
     if explain:
-        # The plans: the steady scan as it is now, and the cold scan on a fresh copy.
-        # The plans: the steady scan as it is now, then the cold scan on emptied
-        # reminders (the last step: that scan plans and dispatches for real).
+        # The plans: the steady scan as it is now (the reminders sent), then the cold
+        # scan on emptied reminders (the last step: that scan plans and dispatches for real).
         plans = {"steady": _explained_scan(pipeline, connection)}
         with connection.cursor() as cursor:
-            cursor.execute("TRUNCATE reminders_deliveryattempt, reminders_reminder")
+            # CASCADE: the notices and providers' reports that reference reminders.
+            cursor.execute("TRUNCATE reminders_deliveryattempt, reminders_reminder CASCADE")
             cursor.execute("VACUUM ANALYZE reminders_reminder")
         plans["cold"] = _explained_scan(pipeline, connection)
         for name, statements in plans.items():
@@ -370,6 +378,42 @@ def _run(seeded: dict, *, explain: bool) -> dict:
                 )
         run["plans"] = plans
     return run
+
+
+def _told_scan(pipeline, connection) -> dict:
+    """Record every queued reminder as sent, as its worker would (what the attendee was
+    told is the workshop as it is now), then time one scan: the steady state once
+    reminders went out, where the change notices compare each told row with its workshop.
+    """
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "UPDATE reminders_reminder r SET status = 'sent', sent_at = %s, "
+            "(told_starts_at, told_ends_at, told_location, told_join_url, told_cancelled) = "
+            "(SELECT starts_at, ends_at, location, join_url, FALSE FROM workshops_workshop w "
+            "WHERE w.id = r.workshop_id) WHERE status = 'queued'",
+            [CLOCK.now()],
+        )
+        told = cursor.rowcount
+        cursor.execute("VACUUM ANALYZE reminders_reminder")
+    capture = Capture()
+    started = time.perf_counter()
+    with connection.execute_wrapper(capture):
+        counts = pipeline.scan(publish=lambda ids: None)
+    row = {
+        "reminders": told,
+        "statements": len(capture.statements),
+        "seconds": round(time.perf_counter() - started, 3),
+        "revisions": counts.get("revisions", 0),
+        "slowest": [
+            f"{s['kind']} {s['ms']} ms"
+            for s in sorted(capture.statements, key=lambda s: -s["ms"])[:3]
+        ],
+    }
+    print(
+        f"told: {told} reminders sent; the next scan sent {row['statements']} statements in "
+        f"{row['seconds']:.2f} s, {row['revisions']} revisions; {'; '.join(row['slowest'])}"
+    )
+    return row
 
 
 def _summary(runs: list[dict]) -> dict:
@@ -403,7 +447,10 @@ def _summary(runs: list[dict]) -> dict:
         "statements_per_transaction": STATEMENTS_PER_TRANSACTION,
         "cold_fixed_statements": cold,
         "steady_fixed_statements": steady,
-        "statements_constant": len(set(cold)) == 1 and len(set(steady)) == 1,
+        "told_statements": [run["told"]["statements"] for run in runs],
+        "statements_constant": len(set(cold)) == 1
+        and len(set(steady)) == 1
+        and len({run["told"]["statements"] for run in runs}) == 1,
         "most_statements_per_scan": cold[0]
         + STATEMENTS_PER_TRANSACTION
         * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / per_transaction),
@@ -413,6 +460,8 @@ def _summary(runs: list[dict]) -> dict:
         "scans": largest["scans"],
         "cold_scan_seconds": largest["scans"][0]["seconds"],
         "steady_scan_seconds": largest["scans"][-1]["seconds"],
+        "told_reminders": largest["told"]["reminders"],
+        "told_scan_seconds": largest["told"]["seconds"],
         "probe_claims": sum(row["probe_claims"] for row in scans),
         "lock_waits_over_budget": sum(row["probe_blocked"] for row in scans),
         "longest_claim_ms": max(row["probe_longest_ms"] for row in scans),
