@@ -1,8 +1,7 @@
 """How long this process's database sessions wait for a row lock, and what staff see then.
 
-Every PostgreSQL session sets ``lock_timeout`` on connect, so neither workers nor
-staff wait without bound behind each other: workers use REMINDERS_WORKER_LOCK_TIMEOUT,
-other processes REMINDERS_STAFF_LOCK_TIMEOUT.
+Every PostgreSQL session sets ``lock_timeout`` on connect, so neither workers nor staff wait
+unbounded behind each other (REMINDERS_WORKER_LOCK_TIMEOUT, else REMINDERS_STAFF_LOCK_TIMEOUT).
 """
 
 from __future__ import annotations

@@ -105,10 +105,8 @@ class Reminder(models.Model):
         editable=False,
         help_text="The language and text frozen at the first claim; every later send uses it.",
     )
-    # What the attendee was last told of the workshop: written by each claim of
-    # the reminder (the facts its message shows), then by each change notice
-    # sent (or perhaps sent) after it. History, never a deadline: the notice
-    # scan compares it with the workshop as it is now (reminders.services.notices).
+    # What the attendee was last told: written by each claim (what its message shows), then by
+    # each notice (perhaps) sent. History, not a deadline: notices compare it with the workshop.
     told_starts_at = models.DateTimeField(null=True, blank=True, editable=False)
     told_ends_at = models.DateTimeField(null=True, blank=True, editable=False)
     told_location = models.CharField(
@@ -204,9 +202,8 @@ class Reminder(models.Model):
 class MessageText(models.Model):
     """One language, subject and intro that a reminder was frozen with (immutable).
 
-    Written by the first claim, placeholders unfilled, and shared by content
-    (``digest`` is unique). Every later send renders from it, so a staff edit
-    never changes the bytes sent under a key.
+    Written by the first claim, placeholders unfilled, shared by content (``digest`` is unique).
+    Every later send renders from it, so a staff edit never changes the bytes sent under a key.
     """
 
     class Source(models.TextChoices):
@@ -269,9 +266,8 @@ class DeliveryAttempt(models.Model):
 class DeliveryEvent(models.Model):
     """What a provider reported after it accepted a reminder (append-only history).
 
-    One row per provider event: the unique (channel, event id) makes a webhook the
-    provider retries count once. The reminder's delivery state is its latest
-    event's kind; no column copies it.
+    One row per provider event: the unique (channel, event id) counts a retried webhook once.
+    The reminder's delivery state is its latest event's kind; no column copies it.
     """
 
     class Kind(models.TextChoices):
@@ -327,9 +323,8 @@ class DroppedReports(models.Model):
 class Suppression(models.Model):
     """An address no reminder goes to: it bounced hard, or its owner marked a reminder as spam.
 
-    Matched by ``address_key``, a keyed HMAC of the address in lower case
-    (reminders.services.feedback.address_key), so an erased attendee's address
-    stays suppressed while ``address`` itself is blanked. One live row per
+    Matched by ``address_key``, a keyed HMAC of the lower-cased address (feedback.address_key),
+    so an erased attendee's address stays suppressed with ``address`` blanked. One live row per
     address; lifting it (with a reason, audited) keeps the row as history.
     """
 
@@ -376,8 +371,7 @@ class Suppression(models.Model):
 class StaffDecision(models.Model):
     """One staff decision on reminders, workshops or attendees (append-only).
 
-    Written by the service in the transaction that makes the change, so a row
-    exists exactly when the change committed.
+    Written in the transaction that makes the change, so a row exists exactly when it committed.
     """
 
     class Action(models.TextChoices):
@@ -509,7 +503,7 @@ class StaffDecision(models.Model):
 
     @classmethod
     def record(cls, *, actor, **fields) -> StaffDecision:
-        """Create a decision by ``actor``, named as they are now (an unsaved user: the name only)."""
+        """Create a decision by ``actor``, named as now (an unsaved user: the name only)."""
         return cls.objects.create(
             actor=actor if actor.pk else None, actor_name=actor.get_username(), **fields
         )
@@ -566,10 +560,9 @@ def notice_key(*, attendee_id: int, workshop_id: int, revision: int) -> str:
 class WorkshopRevision(models.Model):
     """One numbered state of a workshop's facts that its reminded attendees must hear of.
 
-    Numbered by the notice scan, under the workshop row's lock, when it finds
-    what some reminded attendee was told differing from the workshop as it is
-    now (reminders.services.notices). Its notices are planned once it
-    settles; a newer revision supersedes its unsent ones.
+    Numbered by the notice scan under the workshop's lock when what some reminded attendee was
+    told differs from the workshop now. Its notices are planned once it settles; a newer
+    revision supersedes its unsent ones.
     """
 
     workshop = models.ForeignKey(
@@ -608,9 +601,8 @@ class WorkshopRevision(models.Model):
 class Notice(models.Model):
     """One change notice: tells one reminded attendee what a workshop revision changed.
 
-    At most one per (attendee, workshop, revision), by a unique constraint:
-    the notice's sent marker, as (attendee, workshop) is the reminder's. Its
-    status changes only through guarded UPDATEs in reminders.services.notices.
+    At most one per (attendee, workshop, revision), by a unique constraint: its sent marker, as
+    (attendee, workshop) is the reminder's. Its status changes only by guarded UPDATEs in notices.
     """
 
     class Kind(models.TextChoices):

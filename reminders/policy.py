@@ -1,8 +1,7 @@
 """The one deadline rule: when a reminder's send window opens and when it closes.
 
-Both are computed only here, in UTC (so daylight saving cannot shift them), from
-the workshop's start as it is now: no row stores them. The claim enforces the
-rule (reminders.services.reminder_claim_batch).
+Both are computed only here, in UTC (so daylight saving cannot shift them), from the workshop's
+start as it is now: no row stores them. The claim enforces the rule (reminder_claim_batch).
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Every enqueue of the project, by task name, so no caller imports a task module.
 
-Callers publish from ``transaction.on_commit`` (S3). A publish that fails
-(B1) is logged and reported, never raised into a scan or a request.
+Callers publish from ``transaction.on_commit`` (S3); a failed publish (B1) is logged and
+reported, never raised into a scan or a request.
 """
 
 from __future__ import annotations
@@ -32,8 +32,7 @@ def _send(task: str, args: list, *, failed: str) -> bool:
 def publish_batch(ids: list[int]) -> bool:
     """Send one ``reminders.deliver_batch`` message; return whether it went out.
 
-    No Celery ``expires``: a worker would judge it by its own host's clock; when
-    the message stops counting is the database's business (``queued_until``).
+    No Celery ``expires`` (a worker's clock would judge it): ``queued_until`` in the database does.
     """
     return _send(
         DELIVER_TASK,
@@ -55,9 +54,8 @@ def publish_notices(ids: list[int]) -> bool:
 
 
 def publish_replay(decision_id: int) -> bool:
-    """Send one ``reminders.replay_selection`` message; a failure leaves the decision
-    ``running`` without a heartbeat, and the scan hands it to a worker again
-    (reminders.services.dispatch.replays_resume)."""
+    """Send one ``reminders.replay_selection`` message; on failure the decision stays ``running``
+    without a heartbeat and the scan resumes it (dispatch.replays_resume)."""
     return _send(
         REPLAY_TASK,
         [decision_id],

@@ -1,8 +1,7 @@
 """Reads for the staff surface: scheduler health, and what a replay or resolution would do.
 
-Nothing is cached: a cache could claim beat is alive when it is not. The send
-path never imports this module: every delivery decision is a guarded UPDATE on
-the rows, never an earlier read (tests/admin/test_health.py enforces it).
+Nothing is cached: a cache could claim beat is alive when it is not. The send path never imports
+this module: delivery decides by guarded UPDATEs, never earlier reads (tests/admin/test_health.py).
 """
 
 from __future__ import annotations
@@ -279,9 +278,8 @@ class TextReach:
 
 
 def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
-    """Return the text each language's attendees get now, and the reminders an edit
-    would reach (unclaimed and open) and not (frozen).
-    """
+    """Return the text each language's attendees get now, and how many reminders an edit would
+    reach (unclaimed and open) and not (frozen)."""
     texts = {text.language: text for text in workshop.texts.all()}
     enrolled = Counter()
     for language, count in (

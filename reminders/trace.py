@@ -1,8 +1,7 @@
 """One reminder's history, read back from the database (``manage.py reminder_trace``).
 
-Read only: every line comes from a durable record (the row, its Dispatches,
-DeliveryAttempts, the provider's DeliveryEvents, its change notices and the
-StaffDecisions that name it).
+Read only: every line comes from a durable record (the row, its Dispatches, DeliveryAttempts,
+the provider's DeliveryEvents, its change notices and the StaffDecisions that name it).
 """
 
 from __future__ import annotations
@@ -41,10 +40,7 @@ def reminder_lookup(identifier: str) -> Reminder:
 
 
 def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
-    """Return the reminder's events, oldest first.
-
-    Events at the same instant keep this order: planned, attempts, decisions, dispatches.
-    """
+    """Return its events, oldest first (ties: planned, attempts, decisions, dispatches)."""
     workshop = reminder.workshop
     events = [
         TraceEvent(

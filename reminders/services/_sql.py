@@ -41,9 +41,8 @@ def reads_database_clock(clock) -> bool:
 def database_now(clock) -> datetime.datetime:
     """Return the time by the database server's clock (``clock.now()`` under a FakeClock).
 
-    Phases of several statements read it once at their start: a later statement
-    then judges by a time a little behind, which only delays what it decides,
-    never brings it early.
+    Phases of several statements read it once at their start: a later statement judging by a
+    time a little behind only delays what it decides, never brings it early.
     """
     if not reads_database_clock(clock):
         return clock.now()
@@ -82,9 +81,8 @@ def values_rows(rows: list[tuple]) -> str:
     return ", ".join([row] * len(rows))
 
 
-# On PostgreSQL a list of values goes as one array parameter per column, so a
-# statement's text is the same for a chunk of any size. The array is sent as the
-# text of its literal: psycopg would quote a Python list element by element.
+# On PostgreSQL a list goes as one array parameter per column, so a statement's text is the same
+# for any chunk size. It is sent as its literal's text: psycopg would quote each element apart.
 
 _ARRAY_NUMBER_KINDS = frozenset({"bigint", "integer"})
 
@@ -143,8 +141,7 @@ def claim_token_param(token):
 def _compiled_timestamps(cursor) -> None:
     """Read this cursor's ``timestamptz`` columns with psycopg's compiled loader.
 
-    Only when the connection's zone is UTC, where it returns what Django's
-    Python loader would.
+    Only when the connection's zone is UTC, where it returns what Django's loader would.
     """
     connection = cursor.db
     if connection.vendor == "postgresql" and connection.timezone is datetime.UTC:
@@ -182,9 +179,8 @@ class RowsWithRelated:
     ) -> list[tuple]:
         """Return ``(instance, (extra values...))`` per row, in ``order``.
 
-        ``prefix`` goes before the SELECT (a ``WITH``), ``source`` replaces the
-        base table in its FROM, ``extra`` adds columns; ``params`` are the
-        prefix's, then the where's.
+        ``prefix`` goes before the SELECT (a ``WITH``), ``source`` replaces the base table,
+        ``extra`` adds columns; ``params`` are the prefix's, then the where's.
         """
         connection = cursor.db
         columns, joins, parts = self._plan(connection)

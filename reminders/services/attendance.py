@@ -34,9 +34,8 @@ def reminder_for_link(token: str, *, purpose: str) -> Reminder | None:
 def enrollment_cancel_by_attendee(*, reminder: Reminder, clock: Clock | None = None) -> bool:
     """Cancel the reminder's enrollment as the attendee asked; return whether it changed.
 
-    The same service as a staff cancel (its unsent reminder is cancelled in the
-    same transaction; a sent one brings the attendee a cancellation notice),
-    recorded as a decision whose actor is the attendee. Twice is once.
+    The staff cancel's service (an unsent reminder is cancelled, a sent one brings a cancellation
+    notice), recorded as a decision whose actor is the attendee. Twice is once.
     """
     clock = clock or default_clock()
     with transaction.atomic(durable=True):

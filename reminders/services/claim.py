@@ -29,8 +29,7 @@ from workshops.models import Enrollment, Workshop, WorkshopText
 Status = Reminder.Status
 
 
-# What the claim reads of each reminder it takes, with its attendee, workshop
-# and frozen text (none before its first claim).
+# Each claimed reminder with its attendee, workshop and frozen text (none before its first claim).
 _CLAIMED = RowsWithRelated(Reminder, ("attendee", "workshop", "text"))
 
 
@@ -44,13 +43,11 @@ class Claim:
     reminders: list[Reminder]
     # The DeliveryAttempt number of this claim, per reminder id (logs carry it).
     attempt_numbers: dict[int, int] = field(default_factory=dict)
-    # When (clock.monotonic()) the claim's read began: the rows, workshops and
-    # enrollments it returned were as they are now at least that late
-    # (ClaimWatch.seed). None only for the empty Claim a release builds
-    # (reminder_release_interrupted), which is never sent.
+    # clock.monotonic() when the claim's read began: what it returned was current at least that
+    # late (ClaimWatch.seed). None only in the empty Claim of a release, which is never sent.
     read_at: float | None = None
-    # The instant, on this host's clock, after which no call for each reminder
-    # may start (its deadline as the database's clock counted it at the claim).
+    # Per reminder, the instant on this host's clock after which no call may start (its
+    # deadline by the database's clock at the claim).
     send_by: dict[int, datetime] = field(default_factory=dict)
 
     @property
@@ -69,20 +66,13 @@ def reminder_claim_batch(
 ) -> Claim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
-    One guarded UPDATE (status and retry time, and the workshop's status and
-    current start, in its WHERE) takes the rows: under PostgreSQL's READ
-    COMMITTED, a concurrent claimer blocks on the row lock, then re-evaluates
-    the WHERE against the committed row, sees ``status = 'sending'`` and
-    changes nothing. Exactly one claimer wins each row. This is also the one
-    place the deadline is *enforced*, from the workshop's start as the
-    statement reads it: ids refused for lateness become ``missed`` here
-    (``unknown`` when a call of an earlier claim may have reached the
-    provider), ids of a cancelled workshop or enrollment ``cancelled``. The claim, its lease,
-    each first-claimed reminder's frozen text and a DeliveryAttempt per
-    reminder commit before any provider is called.
+    One guarded UPDATE takes the rows: under READ COMMITTED a concurrent claimer blocks on the
+    row lock, re-evaluates the WHERE, sees ``sending`` and changes nothing. It is also the one
+    place the deadline is enforced: refused late ids become ``missed`` (``unknown`` if an
+    earlier call may have reached the provider), those of a cancelled workshop or enrollment
+    ``cancelled``. Claim, lease, frozen texts and attempts commit before any provider call.
 
-    ``token`` is the claim's fence, new by default; a caller passes its own to
-    release a claim interrupted before it returned (it may have committed).
+    ``token`` (new by default) lets a caller release a claim interrupted before it returned.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -91,17 +81,14 @@ def reminder_claim_batch(
     token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
-    # The time the claim's statement decided by, in the database's clock.
+    # When the statement decided, by the database's clock.
     decided_at = now
     read_at = clock.monotonic()
     # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
     together = connection.vendor == "postgresql"
-    # On PostgreSQL every step below is one statement, atomic by itself, so
-    # none needs a transaction around it (BEGIN and COMMIT were 2 of a chunk's
-    # round trips): rows taken but not yet frozen when the worker dies or the
-    # database goes are released by the caller as a claim that may have
-    # committed (reminders.worker.pipeline), or reaped; nothing was sent from them.
-    # SQLite's three steps commit together.
+    # On PostgreSQL each step is one atomic statement, so no BEGIN/COMMIT (two round trips):
+    # rows taken but not frozen when the worker or database dies are released by the caller
+    # (reminders.worker.pipeline) or reaped; nothing was sent. SQLite's steps commit together.
     with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
         if together and ids:
             claimed, numbers, stamped = _claim_read_postgres(
@@ -132,13 +119,12 @@ def reminder_claim_batch(
             )
             numbers = _record_attempts(token=token, worker=worker)
         if taken and (lost := _freeze_texts([r for r in claimed if r.text_id is None])):
-            # Reaped and claimed again before this claim fixed their texts (a worker
-            # frozen between the two statements): they are the newer claim's to send.
+            # Reaped and claimed again before this claim fixed their texts (a worker frozen
+            # between the statements): the newer claim sends them.
             claimed = [reminder for reminder in claimed if reminder.pk not in lost]
             numbers = {pk: number for pk, number in numbers.items() if pk not in lost}
-    # Each reminder's deadline on this host's clock: the time the database said
-    # was left when the statement ran, counted from this host's reading taken
-    # before it (so never later than the database's deadline, whatever the skew).
+    # Deadlines on this host's clock: the time the database said was left, counted from this host's
+    # reading before the statement, so never later than the database's deadline whatever the skew.
     policy = ReminderPolicy.from_settings()
     send_by = {
         reminder.pk: now + (policy.deadline_at(reminder.workshop.starts_at) - decided_at)
@@ -160,12 +146,8 @@ def _claim_update(
 ) -> tuple[str, list]:
     """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
-    Written by hand (the ORM compiled it again for every chunk): open, past
-    any retry time, its enrollment active and its workshop scheduled with a
-    start that puts the row inside its window and before its deadline, all
-    judged in the statement itself from the workshop and enrollment rows and
-    by the statement's clock (``now``: the database's, in production), which
-    also stamps the lease.
+    Hand-written (the ORM recompiled it per chunk). The statement judges everything from the
+    workshop and enrollment rows by its own clock (``now``: the database's in production).
     """
     ops = cursor.db.ops
     quote = ops.quote_name
@@ -180,8 +162,7 @@ def _claim_update(
         f"UPDATE {reminders} SET status = %s, claim_token = %s, "
         f"lease_expires_at = {lease_sql}, attempts = attempts + 1, channel = %s, "
         f"queued_until = NULL, next_attempt_at = NULL, updated_at = %s, "
-        # What the message rendered from this claim's read shows (the same
-        # snapshot): what the attendee is told if it goes (notices compare it).
+        # What this claim's message tells the attendee, from the same snapshot (notices compare).
         "(told_starts_at, told_ends_at, told_location, told_join_url, told_cancelled) = "
         f"(SELECT starts_at, ends_at, location, join_url, FALSE FROM {workshops} "
         f"WHERE {workshops}.id = {reminders}.workshop_id) WHERE {among} "
@@ -222,16 +203,10 @@ def _claim_read_postgres(
 ) -> tuple[list[Reminder], dict[int, int], datetime | None]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
-    The guarded UPDATE returns the rows it took; an INSERT in the same WITH
-    opens one in-flight DeliveryAttempt for each (``_attempt_insert``), and
-    the SELECT joins the taken rows to their attendee, workshop and text.
-    What the three statements did apart, in one round trip, and atomic by
-    itself. Return the claimed reminders in send order, their attempt
-    numbers, and the database's clock when the statement ran.
+    Return the claimed reminders in send order, their attempt numbers and the database's clock.
     """
-    # The open rows are locked in id order first, as every writer that meets
-    # them does (a staff change's settle): an UPDATE alone locks them in the
-    # order its plan reads them, and two orders over the same rows deadlock.
+    # Lock the open rows in id order first, as every writer does (a staff settle): an UPDATE
+    # alone locks in its plan's order, and two orders over the same rows deadlock.
     lock, lock_params = _open_locked(ids)
     update, params = _claim_update(
         cursor,
@@ -268,12 +243,11 @@ def _claim_read_postgres(
 
 
 def _refuse(cursor, *, ids, now: StatementNow) -> None:
-    """Decide, at the claim's refusal, the fate of those of ``ids`` that can never be sent.
+    """Settle those of the refused ``ids`` that can never be sent.
 
-    An open row of a cancelled workshop or enrollment becomes ``cancelled``;
-    one whose workshop now starts within the cutoff ``missed`` (``unknown``
-    if ``maybe_sent``: fate.refusal_sql). Rows refused for anything else
-    (window not open yet, retry time ahead, held by another claim) are left.
+    Open rows of a cancelled workshop or enrollment become ``cancelled``; those now within the
+    cutoff ``missed`` (``unknown`` if ``maybe_sent``). Others (window not open, retry ahead,
+    held by another claim) are left.
     """
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
     opened = f"r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
@@ -300,25 +274,15 @@ def _open_locked(ids) -> tuple[str, list]:
 
 
 def _freeze_texts(reminders: list[Reminder]) -> set[int]:
-    """Fix the language and text of reminders claimed for the first time; return the ids
-    of those whose text a newer claim fixed first.
+    """Fix the text of first-claimed reminders; return the ids a newer claim fixed first.
 
-    One statement when the texts are stored already (point the reminders at
-    them, joined by digest); two more for the first batch of a new text
-    (insert it, then point its reminders at it the same way); one more to
-    read the workshops' texts in other languages when an attendee's language
-    differs from their workshop's.
-
-    Each gets the text ``reminders.content.choose_text`` picks from its
-    workshop and attendee as they are now; the rows are shared by content,
-    so the insert usually finds them there already. The UPDATE keeps any
-    text a row already has. From here on every send of these reminders, on
-    any retry, requeue, reap or replay, renders from that row.
+    Each gets ``choose_text`` of its workshop and attendee as they are now. Texts are shared by
+    content and a fixed one is never replaced: every later send (retry, requeue, reap, replay)
+    renders from it. One statement when the texts are stored; two more for a new text.
     """
     if not reminders:
         return set()
-    # A text in another language matters only to attendees whose language is
-    # not their workshop's: most batches need no read of them at all.
+    # Other-language texts matter only to attendees whose language is not their workshop's.
     languages = {
         reminder.pk: reminder_language(workshop=reminder.workshop, attendee=reminder.attendee)
         for reminder in reminders
@@ -327,9 +291,8 @@ def _freeze_texts(reminders: list[Reminder]) -> set[int]:
     others = {r.workshop_id for r in reminders if languages[r.pk] != r.workshop.language}
     for text in WorkshopText.objects.filter(workshop_id__in=others) if others else ():
         texts.setdefault(text.workshop_id, {})[text.language] = text
-    # The text depends on the attendee only through the language: chosen once
-    # per workshop and language (the claim read every workshop row in one
-    # statement, so its copies agree).
+    # The text depends on the attendee only through the language: chosen once per workshop and
+    # language (one statement read every workshop row, so its copies agree).
     by_language: dict[tuple[int, str], MessageText] = {}
     chosen = {}
     for reminder in reminders:
@@ -344,10 +307,8 @@ def _freeze_texts(reminders: list[Reminder]) -> set[int]:
     rows = {row.digest: row for row in chosen.values()}
     pointed = _point_at_texts(chosen)
     if unpointed := {pk: row for pk, row in chosen.items() if pk not in pointed}:
-        # Only the first batch of a new text writes. A claimer inserting the
-        # same text at the same moment: one insert wins, the other does nothing
-        # and points its rows at the winner's; no existing row is ever locked
-        # or rewritten.
+        # Only a new text's first batch writes. Of two concurrent inserts one wins, the other
+        # does nothing and points at the winner's; no existing row is locked or rewritten.
         missing = {row.digest: rows[row.digest] for row in unpointed.values()}
         MessageText.objects.bulk_create(
             [missing[digest] for digest in sorted(missing)], ignore_conflicts=True
@@ -362,12 +323,10 @@ def _freeze_texts(reminders: list[Reminder]) -> set[int]:
 
 
 def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
-    """Point each reminder id of ``chosen`` at its stored text; return the text ids by reminder id.
+    """Point each reminder of ``chosen`` at its stored text; return text ids by reminder id.
 
-    One UPDATE joined to the stored texts by digest: a reminder whose text is
-    not stored yet, or whose text is fixed already, is left alone and missing from the result.
-    The UPDATE keeps any text a row already has. RETURNING names the
-    reminder's own columns only, as SQLite requires.
+    A reminder whose text is not stored yet, or is fixed already, is left out. RETURNING names
+    the reminder's own columns only, as SQLite requires.
     """
     reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
     text_table = connection.ops.quote_name(MessageText._meta.db_table)
@@ -375,8 +334,7 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
     wanted, params = rows_cte(connection, "v", {"id": "bigint", "digest": "text"}, pairs)
     source = "v"
     if connection.vendor == "postgresql":
-        # Run in autocommit after the claim: the rows it writes come to it
-        # through ``locked``, which locks them in id order, as every writer does.
+        # Autocommit after the claim: lock the rows in id order, as every writer does.
         lock, lock_params = lock_in_id_order(
             chosen, where="text_id IS NULL", params=[], mode="NO KEY UPDATE"
         )
@@ -397,10 +355,8 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
 def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:
     """Return the INSERT of one in-flight DeliveryAttempt per row of ``source`` (alias ``r``).
 
-    Each attempt is numbered after the reminder's highest earlier one, not by
-    ``Reminder.attempts``: that counter goes down when a claim is refunded
-    (released before any provider call, or replayed by staff), and the
-    history must stay append-only and uniquely numbered.
+    Numbered after the reminder's highest attempt, not ``Reminder.attempts``: that goes down
+    when a claim is refunded, and the history must stay append-only and uniquely numbered.
     """
     attempt = connection.ops.quote_name(DeliveryAttempt._meta.db_table)
     sql = (
@@ -416,8 +372,7 @@ def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:
 
 
 def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
-    """Insert one in-flight DeliveryAttempt per reminder of the claim (SQLite; on
-    PostgreSQL the claim's own statement does)."""
+    """Insert an in-flight attempt per claimed reminder (SQLite; PostgreSQL's claim does it)."""
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
     insert, params = _attempt_insert(source=reminder, worker=worker)
     with connection.cursor() as cursor:

@@ -33,9 +33,8 @@ STATEMENTS_PER_TRANSACTION = 3
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
     """Return when a batch message carrying reminders with these deadlines stops being useful.
 
-    At the batch's *latest* deadline, or ``requeue_after`` from now if sooner.
-    Its rows are queued until that same instant, so an expiry never strands a
-    row that still has time.
+    At the batch's *latest* deadline, or ``requeue_after`` from now if sooner; its rows are
+    queued until then, so an expiry never strands a row that still has time.
     """
     return min(now + requeue_after, max(deadlines))
 
@@ -50,12 +49,10 @@ def reminders_dispatch(
 ) -> int:
     """Queue due reminders and publish them by id in batches after commit; return how many.
 
-    Due: workshop scheduled with its window open, enrollment active, retry time
-    reached, and never queued or queued under an expired message (so this is
-    also the reconciler). A row is queued only by the UPDATE that finds it due,
-    so two dispatchers never both publish it. Rows are locked and queued
-    ``ROWS_PER_TRANSACTION`` at a time, so a claim waits for one short
-    transaction at most. ``ids`` restricts the dispatch to those reminders.
+    Due: workshop scheduled with its window open, enrollment active, retry time reached, and
+    never queued or queued under an expired message (so this is also the reconciler). Only the
+    UPDATE finding a row due queues it, so two dispatchers never both publish it. Rows are
+    locked ``ROWS_PER_TRANSACTION`` at a time, so a claim waits one short transaction at most.
     """
     clock = clock or default_clock()
     now = database_now(clock)
@@ -77,9 +74,8 @@ def reminders_dispatch(
         # Inside a caller's transaction (a replay) every lock lasts until it commits.
         chunks = [due[:limit]]
     else:
-        # Pick the rows in deadline order without locks, then lock each share by
-        # id alone (the due rule re-checked under the lock): with ORDER BY or
-        # LIMIT, PostgreSQL reads the whole partial index of open rows.
+        # Pick in deadline order unlocked, then lock each share by id, re-checking the due rule:
+        # locking with ORDER BY or LIMIT makes PostgreSQL read the whole index of open rows.
         per_transaction = max(batch_size, ROWS_PER_TRANSACTION // batch_size * batch_size)
         candidates = list(due.values_list("id", flat=True)[:limit])
         unordered = due.order_by()
@@ -130,9 +126,8 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
         )
         batches.append(([pk for pk, _ in batch], expires_at))
         by_expiry[expires_at].extend(pk for pk, _ in batch)
-    # On PostgreSQL the FOR UPDATE re-checked the due rule, so rows match by id
-    # alone (repeating the rule makes the planner scan every open row). SQLite
-    # takes no row locks, so there the UPDATE re-checks the rule itself.
+    # PostgreSQL's FOR UPDATE re-checked the due rule: match by id alone (repeating it scans
+    # every open row). SQLite takes no row locks, so there the UPDATE re-checks the rule.
     target = Reminder.objects.filter(id__in=[pk for pk, _ in rows])
     if connection.vendor != "postgresql":
         target = target.filter(due_now)
@@ -188,10 +183,9 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
 def replays_resume(*, publish: Callable[[int], object], clock: Clock | None = None) -> int:
     """Hand each background replay whose heartbeat stopped to a worker again; return how many.
 
-    A heartbeat older than the claim lease means no live task. A guarded UPDATE
-    moves it to now, so only one of two scans resumes the replay; one that was
-    merely slow then runs in two tasks, harmlessly, as each chunk is taken under
-    the decision row's lock.
+    A heartbeat older than the claim lease means no live task. A guarded UPDATE moves it to now,
+    so only one of two scans resumes it; a merely slow one then runs in two tasks, harmlessly,
+    as each chunk is taken under the decision's lock.
     """
     now = database_now(clock or default_clock())
     stalled = StaffDecision.objects.filter(

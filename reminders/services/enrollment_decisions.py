@@ -1,10 +1,8 @@
 """Staff cancelling enrollments: previewed, reasoned and audited, as a workshop cancel is.
 
-One durable transaction locks the selected active enrollments in id order
-(``FOR NO KEY UPDATE``, the staff lock of the packet's lock order), cancels each
-through the workshops service, whose signal cancels its unsent reminder in the
-same transaction, and writes one StaffDecision row. A ``sent`` reminder stays
-sent; a ``sending`` one is left to its worker, which starts no new call for it.
+One durable transaction locks the active enrollments in id order (``FOR NO KEY UPDATE``, the
+staff lock), cancels each through the workshops service, whose signal cancels its unsent
+reminder, and writes a StaffDecision. ``sent`` stays sent; ``sending`` is left to its worker.
 """
 
 from __future__ import annotations

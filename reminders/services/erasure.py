@@ -1,9 +1,8 @@
 """Erase an attendee's personal data (GDPR), keeping what stops a second send.
 
-The reminder rows stay: a ``sent`` row is the durable sent marker. A worker that
-claimed a reminder before the erasure withdraws its calls not yet started, and
-its record scrubs what it writes (``personal.erased_among`` orders the two). The
-``file`` channel's ``.eml`` files are not touched.
+Reminder rows stay (a ``sent`` row is the durable sent marker). A worker that claimed before
+the erasure withdraws calls not yet started and scrubs what it records (``erased_among``
+orders the two). The ``file`` channel's ``.eml`` files are not touched.
 """
 
 from __future__ import annotations
@@ -203,9 +202,8 @@ def _scrub_for(attendee: Attendee):
 
 
 def _scrub_admin_log(scrub, words: list[str], objects: dict[type, list[int]]) -> None:
-    """Scrub Django's admin log: the entries on the attendee, their enrollments and
-    reminders, and any other entry quoting them (a workshop's inline "added enrollment
-    'Zoë Müller <zoe@…> in …'"). Change messages are JSON with non-ASCII escaped."""
+    """Scrub admin log entries on the attendee, their enrollments and reminders, and any other
+    quoting them (an inline "added enrollment 'Zoë <zoe@…>'"), JSON-escaped forms included."""
     types = ContentType.objects.get_for_models(*objects)
     about = Q()
     for model, ids in objects.items():

@@ -1,11 +1,9 @@
 """A reminder's fate, re-derived from its workshop and enrollment as they are now.
 
-``sources_locked`` reads those ``FOR SHARE``: a cancel or a move either committed
-first and is seen, or waits until the returning transaction commits. Lock order
-everywhere: attendee, workshop, enrollment, reminder, delivery attempt. Writers
-that may meet on the same ``sending`` rows first lock them in id order
-(``reminders_locked``, ``claimed_locked``): two UPDATEs locking the same rows in
-their plans' orders can deadlock.
+``sources_locked`` reads those ``FOR SHARE``: a cancel or move either committed first and is
+seen, or waits for the returning transaction. Lock order everywhere: attendee, workshop,
+enrollment, reminder, delivery attempt. Writers that may meet on the same ``sending`` rows
+lock them in id order first: two UPDATEs locking them in their plans' orders can deadlock.
 """
 
 from __future__ import annotations
@@ -72,11 +70,9 @@ def reminder_fate(
 ) -> Fate:
     """Return the fate of a reminder going back towards delivery (pure).
 
-    ``cancelled`` when its workshop or enrollment is, even at the cap; ``failed``
-    with ``gave_up`` at the attempt cap; ``missed`` with ``late_reason`` when the
-    deadline passes by ``retry_at``; else ``pending``. When the provider may hold
-    it (``maybe_sent``, or the row's own mark) ``unknown`` replaces ``failed`` and
-    ``missed``.
+    ``cancelled`` if its workshop or enrollment is, even at the cap; ``failed`` with ``gave_up``
+    at the cap; ``missed`` with ``late_reason`` if late by ``retry_at``; else ``pending``. If
+    the provider may hold it (``maybe_sent``), ``unknown`` replaces ``failed`` and ``missed``.
     """
     deadline = policy.deadline_at(source.starts_at)
     maybe_sent = maybe_sent or source.maybe_sent
@@ -98,10 +94,7 @@ def reminder_fate(
 
 
 def late_values(reason: str | Expression) -> dict[str, Expression]:
-    """Return SET values giving late open rows with live sources their ``reminder_fate``.
-
-    ``missed`` with ``reason``, or ``unknown`` where ``maybe_sent`` is set.
-    """
+    """Return SET values giving late open rows with live sources ``missed`` (or ``unknown``)."""
     if isinstance(reason, str):
         reason = Value(reason)
     prefix = Value(reasons.MAYBE_SENT_NOT_RETRIED.format(why=""))
@@ -123,10 +116,8 @@ def late_values(reason: str | Expression) -> dict[str, Expression]:
 def refusal_sql(late_reason: str, *, now) -> tuple[str, list]:
     """Return ``(sql, params)`` of an UPDATE giving rows that can never be sent their fate.
 
-    As ``reminder_fate``, joined to the workshop and enrollment: ``cancelled``,
-    else ``missed`` (or ``unknown``) within the cutoff; other rows are left alone.
-    ``now`` is a ``StatementNow``. The reminder's alias is ``r``; the caller
-    appends ``AND ...`` conditions on it.
+    As ``reminder_fate``: ``cancelled``, else ``missed`` (or ``unknown``) within the cutoff;
+    others are left. ``now`` is a ``StatementNow``; the caller appends ``AND ...`` on ``r``.
     """
     quote = connection.ops.quote_name
     stamp = connection.ops.adapt_datetimefield_value
@@ -168,8 +159,7 @@ def refusal_sql(late_reason: str, *, now) -> tuple[str, list]:
 def sources_locked(ids: Iterable[int]) -> dict[int, Source]:
     """Return the current workshop and enrollment facts of each reminder in ``ids``.
 
-    On PostgreSQL those rows stay locked ``FOR SHARE`` until the caller's
-    transaction ends (call it inside ``atomic``); SQLite serialises writers.
+    On PostgreSQL they stay locked ``FOR SHARE`` until the caller's ``atomic`` ends.
     """
     ids = sorted(set(ids))
     if not ids:
@@ -210,8 +200,7 @@ def reminders_locked(ids: Iterable[int], guard: Q) -> None:
 def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str = "UPDATE"):
     """Return ``(sql, params)`` locking the reminders of ``ids`` matching ``where``, in id order.
 
-    Run it alone inside a transaction, or as a ``MATERIALIZED`` CTE that a
-    one-statement writer joins, so it writes only rows it holds already.
+    Run it alone in a transaction, or as a ``MATERIALIZED`` CTE a one-statement writer joins.
     """
     table = connection.ops.quote_name(Reminder._meta.db_table)
     sql = f"SELECT id FROM {table} WHERE id = ANY(%s::bigint[]) AND {where} ORDER BY id FOR {mode}"
@@ -246,10 +235,9 @@ def reminders_return(
 ) -> dict[int, str]:
     """Write each reminder's fate with a guarded UPDATE; return ``{id: status}`` of rows changed.
 
-    A row changes only while it still matches ``guard`` (the caller's fence),
-    re-checked by PostgreSQL against the committed row after any lock wait. One
-    statement per distinct fate. ``refund`` gives back the attempt a claim
-    counted; ``extra`` adds the same values to every row.
+    A row changes only while it matches ``guard``, which PostgreSQL re-checks after any lock
+    wait. One statement per fate; ``refund`` gives back the claim's attempt; ``extra`` adds
+    the same values to every row.
     """
     errors = errors or {}
     refund = set(refund)

@@ -1,4 +1,4 @@
-"""What providers report after they accepted a reminder: delivered, deferred, bounced, complained."""
+"""What providers report after accepting a reminder: delivered, deferred, bounced, complained."""
 
 from __future__ import annotations
 
@@ -49,8 +49,7 @@ class MalformedEvents(ValueError):
 def parse_events(document: object) -> list[ProviderEvent]:
     """Return the events of ``{"events": [...]}``, or raise MalformedEvents naming each fault.
 
-    All or nothing: one bad item refuses the document, so a provider fixes and
-    resends it whole.
+    All or nothing: one bad item refuses the document, so a provider fixes and resends it whole.
     """
     if not isinstance(document, dict) or not isinstance(document.get("events"), list):
         raise MalformedEvents(['the body must be an object {"events": [...]}'])
@@ -104,10 +103,9 @@ def delivery_events_record(
 ) -> dict[str, int]:
     """Store each event once; return how many were recorded, seen before, or dropped.
 
-    An event is dropped, and nothing of it stored, when its key names no
-    reminder this system sent (or may have sent), or one whose attendee was
-    erased. A provider retrying a webhook records nothing new: the unique
-    (channel, event id) holds that, whoever races.
+    An event whose key names no reminder sent here (or maybe sent), or one of an erased
+    attendee, is dropped unstored. A retried webhook records nothing new: the unique (channel,
+    event id) holds that, whoever races.
     """
     clock = clock or default_clock()
     sent = Reminder.objects.filter(
@@ -229,8 +227,7 @@ _ANYMAIL_KINDS = {
     "delivered": (Kind.DELIVERED, ""),
     "deferred": (Kind.DEFERRED, ""),
     "bounced": (Kind.BOUNCED, Bounce.HARD),
-    # The provider refused to send to the address (its own suppression list, an
-    # invalid address): as final for us as a hard bounce.
+    # Refused by the provider (its suppression list, an invalid address): final as a hard bounce.
     "rejected": (Kind.BOUNCED, Bounce.HARD),
     "complained": (Kind.COMPLAINED, ""),
 }
@@ -239,12 +236,10 @@ _ANYMAIL_KINDS = {
 def anymail_report(event, esp_name: str) -> ProviderEvent | None:
     """Return the report in a django-anymail tracking event, or None when it keeps none.
 
-    The reminder is found by the key each message carries in its metadata
-    (``reminder_key``, set by the django channel). Opens, clicks and queued or
-    sent notices are not kept; neither is "unsubscribed": the provider itself then
-    refuses later messages to that address, and reports them "rejected", which
-    suppresses it. The event's own id is used when the provider gives one, else a
-    digest of its payload, so a retried webhook is one report.
+    The reminder is found by the ``reminder_key`` metadata the django channel sets. Opens,
+    clicks, queued and sent are not kept, nor "unsubscribed": the provider then refuses later
+    messages as "rejected", which suppresses. The id is the event's own, else a digest of its
+    payload, so a retried webhook is one report.
     """
     kind, bounce = _ANYMAIL_KINDS.get(event.event_type, (None, ""))
     key = (event.metadata or {}).get("reminder_key")

@@ -1,24 +1,18 @@
 """Change notices: a reminded attendee hears when their workshop changes, once per revision.
 
-Driven by the scan from a difference, never by a hook on one write path: what
-each attendee was last told (``Reminder.told_*``, written by the claim that
-rendered their reminder and by each notice sent after it) against the
-workshop and their enrollment as they are now. A change made in the admin, by
-a service, or by ``QuerySet.update()`` in a shell is found the same way.
+Driven by the scan from a difference, never a hook on one write path: what each attendee was
+last told (``Reminder.told_*``, written by the claim and each notice sent since) against the
+workshop and enrollment now, so a change in the admin, a service or a shell is found alike.
 
-1. ``notices_revise`` numbers a WorkshopRevision under the workshop row's
-   lock when the facts differ from what some attendee was told; a newer
-   revision supersedes the notices of older ones not yet sent. Edits within
-   REMINDERS_NOTICE_SETTLE of the first (never more than a quarter of the
-   time left) fold into one revision.
-2. ``notices_plan``: once a revision settles, one Notice per attendee whose
-   state differs, unique on (attendee, workshop, revision number).
-3. ``notices_settle``: open notices of a workshop that started are missed;
-   a claim whose lease expired is ``unknown`` (or tried again with the same
-   key on a channel that honours keys).
-4. ``notices_dispatch`` publishes the due ones; a worker claims them
-   (``notice_claim``), sends them on the reminders' engine, and records each
-   outcome fenced by its claim (``notice_record``).
+1. ``notices_revise`` numbers a WorkshopRevision under the workshop's lock when the facts
+   differ from what some attendee was told, superseding older unsent notices. Edits within
+   REMINDERS_NOTICE_SETTLE (at most a quarter of the time left) fold into one revision.
+2. ``notices_plan``: once it settles, one Notice per attendee whose state differs, unique on
+   (attendee, workshop, revision number).
+3. ``notices_settle``: open notices of a started workshop are missed; a lost claim is
+   ``unknown`` (or retried with the same key on a keyed channel).
+4. ``notices_dispatch`` publishes due ones; a worker claims them (``notice_claim``), sends on
+   the reminders' engine and records each outcome fenced by its claim (``notice_record``).
 """
 
 from __future__ import annotations
@@ -83,15 +77,13 @@ class Facts:
 
 
 def settle_delay(*, now: datetime, starts_at: datetime) -> timedelta:
-    """Return how long a change waits for more edits: REMINDERS_NOTICE_SETTLE, at most a
-    quarter of the time left before the start."""
+    """Return the wait for more edits: REMINDERS_NOTICE_SETTLE, at most a quarter of time left."""
     left = max(timedelta(0), starts_at - now)
     return min(timedelta(seconds=settings.REMINDERS_NOTICE_SETTLE), left / 4)
 
 
 def _cancelled_now(enrollment: str = "enrollment") -> Q:
-    """The attendee's state now, through a row's relations: cancelled when the workshop or
-    their own enrollment is (reached from a notice through ``reminder__enrollment``)."""
+    """Cancelled now: the workshop, or the attendee's ``enrollment`` (a path from the row)."""
     return Q(workshop__status=Workshop.Status.CANCELLED) | Q(
         **{f"{enrollment}__status": Enrollment.Status.CANCELLED}
     )
@@ -104,16 +96,15 @@ def _same_facts(prefix: str, ref=F) -> Q:
 
 _CANCELLED_NOW = _cancelled_now()
 _SAME_FACTS = _same_facts("told_")
-# What the attendee was last told differs from their state now. Cancelled is
-# cancelled: a cancelled workshop that moves is no news.
+# What the attendee was last told differs from now; a cancelled workshop that moves is no news.
 _DIFFERS = (_CANCELLED_NOW & Q(told_cancelled=False)) | (
     ~_CANCELLED_NOW & (Q(told_cancelled=True) | ~_SAME_FACTS)
 )
 
 
 def _covered(*, cancelled: bool) -> Exists:
-    """A notice (not superseded) already tells the attendee the workshop's facts as they are
-    now, of the matching kind: sent, under way, failed or silenced, it is not planned again."""
+    """A notice of the matching kind, not superseded, already tells the facts now (whatever its
+    status): none is planned again."""
     notices = Notice.objects.filter(
         _same_facts("revision__", OuterRef), reminder=OuterRef("pk")
     ).exclude(status=Status.SUPERSEDED)
@@ -142,8 +133,7 @@ def _told(now: datetime):
 
 
 def notices_revise(*, clock: Clock | None = None) -> int:
-    """Number a new revision for each workshop whose facts some reminded attendee has not
-    heard; return how many were numbered."""
+    """Number a revision per workshop whose facts a reminded attendee lacks; return how many."""
     now = database_now(clock or default_clock())
     differing = (
         _told(now).filter(_needing_notice()).order_by().values_list("workshop_id", flat=True)
@@ -167,8 +157,7 @@ def _revise(workshop_id: int, *, now: datetime) -> bool:
         if latest is not None and latest.planned_at is None and latest.superseded_at is None:
             if Facts.of_revision(latest) == current:
                 return False  # settling, with the facts as they are
-            # Edited again while settling: one notice, with the final facts, when the
-            # first edit's period ends.
+            # Edited again while settling: one notice of the final facts when the first wait ends.
             settles_at = min(latest.settles_at, now + delay)
         else:
             needing = _told(now).filter(_needing_notice(), workshop=workshop)
@@ -363,8 +352,7 @@ class NoticeClaim:
 
 
 def _live_now() -> Q:
-    """Notices that still say what is true: their revision is the workshop as it is now, and
-    their kind the attendee's state now."""
+    """Notices still true: their live revision is the workshop now, their kind the attendee's."""
     cancelled = _cancelled_now("reminder__enrollment")
     return (
         Q(revision__superseded_at__isnull=True)
@@ -382,11 +370,9 @@ def notice_claim(
 ) -> NoticeClaim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
-    Judged from the workshop and enrollment as they are now, by the database's
-    clock: pending, past any retry time, the workshop not started, and the
-    notice still true (``_live_now``), its attendee not erased, all in the one
-    guarded UPDATE that takes it, so of two claimers exactly one wins it. Notices of a workshop that started are marked missed here. Each
-    notice's text is frozen at its first claim, as a reminder's.
+    One guarded UPDATE judges, by the database's clock: pending, past any retry time, workshop
+    not started, notice still true (``_live_now``), attendee not erased; of two claimers one
+    wins. Notices of a started workshop become missed; texts are frozen at the first claim.
     """
     clock = clock or default_clock()
     host_now = clock.now()
@@ -453,8 +439,7 @@ def notice_record(
 ) -> dict[str, int]:
     """Write each outcome, fenced by the claim; return counts by the new status.
 
-    Sent, or perhaps sent (``unknown``), moves what the attendee was told
-    forward to the notice's revision.
+    Sent or ``unknown`` moves what the attendee was told forward to the notice's revision.
     """
     now = database_now(clock or default_clock())
     by_id = {notice.pk: notice for notice in claim.notices}
@@ -535,9 +520,8 @@ def _mark_told(notice: Notice) -> None:
 
 
 def notices_reach(*, workshops, clock: Clock | None = None) -> dict[int, int]:
-    """Return, per workshop of ``workshops`` (a queryset of ids or rows), how many reminded
-    attendees have not heard it as it is now: what the next scans turn into notices. One
-    query, however many workshops; a workshop with none is left out."""
+    """Return per workshop of ``workshops`` (ids or rows) how many reminded attendees have not
+    heard it as it is now (the next scans' notices), one query; a workshop with none is left out."""
     now = database_now(clock or default_clock())
     return dict(
         _told(now)
@@ -566,10 +550,9 @@ def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None
 def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -> int:
     """Let the attendees of ``workshop_id`` not hear of its current facts, by a staff decision.
 
-    The facts get their revision now if the scan has not numbered it yet; the
-    revision is marked silenced (planned, its notices are created ``silenced``)
-    and its notices not yet sent become ``silenced``. A later change is news
-    again. Return how many attendees this leaves untold.
+    The facts get their revision now if the scan has not numbered it; it is marked silenced (its
+    notices are planned ``silenced``) and its unsent ones become ``silenced``. A later change is
+    news again. Return how many attendees this leaves untold.
     """
     now = database_now(clock or default_clock())
     _revise(workshop_id, now=now)
@@ -595,8 +578,7 @@ def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -
 
 
 def reminders_owed_notice(*, clock: Clock | None = None):
-    """Return the reminders whose attendee has not heard the workshop as it is now and has no
-    notice for it (planned, under way or ended): what the next scans still owe. A
-    verification's query (the chaos run); empty once every change has an outcome."""
+    """Return reminders whose attendee has not heard the workshop now and has no notice for it:
+    what the scans still owe. The chaos run checks it is empty once every change has an outcome."""
     now = database_now(clock or default_clock())
     return _told(now).filter(_needing_notice())

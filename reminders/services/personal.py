@@ -1,7 +1,6 @@
 """Remove an attendee's address and name from texts staff can read (provider errors, reasons).
 
-Used by the erasure, and by the record of a worker that claimed a reminder
-before the erasure: a provider's error often echoes the old address.
+Used by the erasure, and by the record of a reminder claimed before it (errors echo addresses).
 """
 
 from __future__ import annotations
@@ -16,9 +15,8 @@ from delivery.addresses import idna_domain
 from workshops.models import Attendee
 
 ERASED_TEXT = "[erased]"
-# Name parts shorter than this are removed only from texts about the attendee (their
-# reminders, attempts, admin log entries), not from every staff decision's reason: across
-# the whole table "Bo" or "An" would hit ordinary words in other people's notes.
+# Shorter name parts are scrubbed only from texts about the attendee, not from every staff
+# decision's reason, where "Bo" or "An" would hit ordinary words in other people's notes.
 MIN_NAME_TO_SCRUB = 4
 _NAME_PARTS = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
 
@@ -26,9 +24,8 @@ _NAME_PARTS = re.compile(r"[^\W\d_](?:[\w'’.-]*\w)?")
 def personal_words(*, email: str, name: str, short_names: bool = True) -> list[str]:
     """Return every form of the attendee's address and name that was sent or echoed.
 
-    The address as typed and with its domain in punycode (what goes on the wire, and
-    what providers quote back); the full name and each of its parts (a provider's
-    "Dear Zoë"), parts under ``MIN_NAME_TO_SCRUB`` characters only with ``short_names``.
+    The address as typed and with a punycode domain (as sent and quoted back); the full name
+    and each part ("Dear Zoë"), parts under ``MIN_NAME_TO_SCRUB`` only with ``short_names``.
     """
     words: list[str] = []
     if email:
@@ -84,9 +81,8 @@ def scrub_json_text(text: str, scrub) -> str:
 def erased_among(attendee_ids: Iterable[int]) -> set[int]:
     """Return which of ``attendee_ids`` are erased, holding their rows until the transaction ends.
 
-    The erasure's ``FOR UPDATE`` waits for this ``FOR KEY SHARE``: either it
-    committed first (the caller scrubs) or it scrubs the caller's text after.
-    Call it inside ``atomic``, before any reminder row is locked.
+    The erasure's ``FOR UPDATE`` waits for this ``FOR KEY SHARE``: it committed first (the caller
+    scrubs) or scrubs the caller's text after. Call in ``atomic``, before any reminder lock.
     """
     ids = sorted(set(attendee_ids))
     if not ids:

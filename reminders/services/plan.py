@@ -58,9 +58,8 @@ _PLAN_COLUMNS = (
 def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet | None:
     """Return the enrollments of the workshops in the lead window, or None if there are none.
 
-    On PostgreSQL the workshops' ids go as one array, so the INSERT's plan starts
-    from their enrollments whatever ANALYZE sampled (joined, the planner may read
-    every enrollment).
+    On PostgreSQL the ids go as one array, so the INSERT's plan starts from their enrollments
+    whatever ANALYZE sampled (joined, the planner may read every enrollment).
     """
     if connection.vendor != "postgresql":
         return Enrollment.objects.all()
@@ -90,8 +89,7 @@ def _plan_source(
         enrollments.filter(
             status=Enrollment.Status.ACTIVE,
             workshop__status=Workshop.Status.SCHEDULED,
-            # Workshops that started less than a lead ago are still planned, so
-            # a reminder nobody could send shows up as missed, not as nothing.
+            # Planned up to a lead after the start: a reminder nobody could send shows as missed.
             workshop__starts_at__gt=now - policy.lead,
             workshop__starts_at__lte=now + policy.lead,
             reminders__isnull=True,
@@ -143,10 +141,9 @@ def reminders_plan(
 ) -> int:
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
-    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: the unique constraint on
-    (attendee, workshop) makes overlapping plans create each row once. Rows past
-    their deadline are created ``missed`` with ``late_reason``. Return how many
-    were created.
+    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: the unique (attendee, workshop) makes
+    overlapping plans create each row once. Rows past their deadline are created ``missed``
+    with ``late_reason``. Return how many were created.
     """
     clock = clock or default_clock()
     policy = policy or ReminderPolicy.from_settings()
@@ -175,8 +172,7 @@ def reminders_follow_workshop(
 ) -> None:
     """Bring a workshop's unsent reminders in line with its new state, at once.
 
-    Runs inside the workshop service's transaction (workshops.signals), which
-    holds the workshop row's lock until commit.
+    Runs in the workshop service's transaction (workshops.signals), holding the workshop's lock.
     """
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
     reminders_settle(clock=clock, scope=Q(workshop=workshop), late_reason=late_reason)

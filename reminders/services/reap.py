@@ -29,11 +29,10 @@ Status = Reminder.Status
 def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
     """Resolve reminders whose claim lease expired; return counts by what happened.
 
-    A keyed channel's reminder goes back with the same key, its fate re-derived
-    (``unknown`` past its deadline or the cap); any other becomes ``unknown``:
-    the lost worker may have reached the provider. Rows change only while
-    ``sending`` with an expired lease, so a racing record wins whole or changes
-    nothing. The lease outlasts Celery's hard time limit.
+    A keyed channel's reminder goes back with the same key, its fate re-derived (``unknown``
+    past its deadline or the cap); any other becomes ``unknown``, as the lost worker may have
+    reached the provider. Rows change only while ``sending`` with an expired lease, so a racing
+    record wins whole or changes nothing. The lease outlasts Celery's hard time limit.
     """
     clock = clock or default_clock()
     # The claim stamped the lease by the database's clock: judge it by that too.

@@ -1,11 +1,8 @@
 """What a worker writes after its provider calls: the record of each outcome, or a release.
 
-Both are fenced by the claim (``claim_token = <this claim> AND status =
-'sending'``): a worker whose lease was reaped, and whose reminder may now
-belong to a newer claim, changes nothing. Outcomes that end the reminder
-(``sent``, ``failed``, ``unknown``) are written as they are; every other
-outcome hands the reminder back, and its fate is re-derived from the workshop
-and enrollment as they are now (reminders.services.fate).
+Both are fenced by the claim (its token and ``sending``): a reaped worker changes nothing.
+``sent``, ``failed`` and ``unknown`` are written as they are; any other outcome hands the
+reminder back to a fate re-derived from its workshop and enrollment (reminders.services.fate).
 """
 
 from __future__ import annotations
@@ -39,8 +36,7 @@ from reminders.services.personal import erased_among, personal_words, scrubber
 Status = Reminder.Status
 Attempt = DeliveryAttempt.Outcome
 
-# Channels whose provider deduplicates by the reminder's key: a send whose
-# outcome is unknown may be repeated with the same key without a duplicate.
+# Providers deduplicating by the reminder's key: an unknown send may be repeated with that key.
 CHANNELS_HONOURING_KEYS = frozenset({"http", "file"})
 
 
@@ -58,11 +54,9 @@ def retry_delay(attempts: int) -> timedelta:
 class Verdict:
     """What one delivery result means for its reminder's row.
 
-    ``status`` is final (``sent``, ``failed``, ``unknown``) or ``pending``,
-    which means "hand it back": the fate then decides between ``pending``,
-    ``missed`` (with ``late_reason``; ``unknown`` if ``maybe_sent``),
-    ``failed`` at the attempt cap (``gave_up``; ``unknown`` if ``maybe_sent``)
-    and ``cancelled``, which wins over both.
+    ``status`` is final or ``pending`` ("hand it back"): the fate then picks ``pending``,
+    ``missed`` (``late_reason``) or ``failed`` at the attempt cap (``gave_up``), each
+    ``unknown`` if ``maybe_sent``, or ``cancelled``, which wins over both.
     """
 
     status: str
@@ -73,11 +67,10 @@ class Verdict:
     retry_at: datetime | None = None
     refund_attempt: bool = False
     late_reason: str = ""
-    #: A call may have reached the provider (a keyed channel: retrying is safe, but a
-    #: reminder not tried again is ``unknown``, not ``missed``: reminder_fate).
+    #: A call may have reached the provider: a keyed retry is safe, but a reminder not tried
+    #: again is ``unknown``, not ``missed``.
     maybe_sent: bool = False
-    #: The attempt cap was reached (why): ``failed``, or ``unknown`` if maybe sent, unless
-    #: the fate finds it cancelled.
+    #: Why the attempt cap was reached: ``failed`` (``unknown`` if maybe sent) unless cancelled.
     gave_up: str = ""
 
     @property
@@ -101,17 +94,11 @@ def reminder_verdict(
 ) -> Verdict:
     """Decide what becomes of a claimed reminder from its delivery result (pure).
 
-    A result that may have reached the provider on a channel without keys is
-    ``unknown`` whatever else it says (a "permanent" error after an ambiguous
-    call included): marking it ``failed`` would invite a replay that sends it
-    twice. On a channel with keys it goes back to be tried again with the same
-    key, unless the provider refused it (``unknown`` then: a refusal does not
-    say the call with no answer never arrived); the fate then finds whether it
-    cannot be (its deadline, the attempt cap): ``unknown`` too, since "failed"
-    or "missed" would say it was not delivered, unless it is ``cancelled``. The
-    row's own ``maybe_sent`` (a call of an earlier claim got no answer) counts
-    the same, and makes a refusal (any channel) ``unknown`` rather than
-    ``failed``.
+    A result that may have reached a provider without keys is ``unknown`` whatever it says:
+    ``failed`` would invite a replay that sends it twice. With keys it goes back to be retried
+    with the same key, unless refused (``unknown``: a refusal does not say an unanswered call
+    never arrived); if the fate finds it cannot be retried, ``unknown`` too, unless
+    ``cancelled``. The row's own ``maybe_sent`` counts the same, and makes any refusal ``unknown``.
     """
     outcome = result.outcome
     error = redact_text(result.error)  # whatever the channel quoted, no secret is stored
@@ -127,8 +114,7 @@ def reminder_verdict(
     maybe_sent = result.maybe_delivered or reminder.maybe_sent
     if outcome == Outcome.PERMANENT:
         if maybe_sent:
-            # An earlier call (in this envelope or an earlier claim) got no answer: a
-            # refusal now does not say the provider lacks the first one.
+            # An earlier call got no answer: a refusal now does not say the provider lacks it.
             reason = reasons.MAYBE_SENT_NOT_RETRIED.format(why=error)
             return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
         return Verdict(Status.FAILED, attempt_outcome, reason=error, error=error)
@@ -171,14 +157,10 @@ def reminder_record_batch(
 ) -> dict[str, int]:
     """Write the outcome of every claimed reminder, fenced by the claim.
 
-    Guarantee: a reminder row changes only while it is still ``sending``
-    under this claim's token, and its DeliveryAttempt changes only when the
-    reminder row did (and only while ``in_flight``), so a reaped worker's late
-    record touches neither. Locks are taken attendee, workshop, enrollment,
-    reminder, attempt, the one order every writer uses. An outcome whose text
-    quotes an attendee erased since the claim (a provider echoing the old
-    address) is written with that address and name removed. Return counts by
-    the new status of the rows actually changed.
+    A row changes only while ``sending`` under this claim's token, and its attempt only with it
+    (and while ``in_flight``), so a reaped worker's late record touches neither. Locks are taken
+    attendee, workshop, enrollment, reminder, attempt, as every writer does. Text quoting an
+    attendee erased since the claim is scrubbed. Return counts by the new status of changed rows.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -198,18 +180,14 @@ def reminder_record_batch(
     if connection.vendor == "postgresql" and not any(
         verdict.returns or verdict.error or verdict.reason for verdict, _ in verdicts.values()
     ):
-        # The common chunk: every outcome final and quoting no one (all sent).
-        # Nothing to hand back, so no workshop or enrollment to lock, and no
-        # text to scrub, so no attendee: the one statement that locks the rows
-        # in id order, writes them and closes their attempts is the whole
-        # record, atomic by itself, without BEGIN and COMMIT around it.
+        # The common chunk (all sent, quoting no one): nothing else to lock, so one statement,
+        # atomic alone, locks the rows in id order, writes them and closes their attempts.
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items()}
         changed, _ = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
         return dict(Counter(str(status) for status in changed.values()))
     with transaction.atomic():
         if any(verdict.returns for verdict, _ in verdicts.values()):
-            # Handing rows back decides times (the retry, lateness): by the
-            # database's clock, as the claim that takes them again judges them.
+            # Handing back decides times by the database's clock, as the next claim judges.
             now = database_now(clock)
             verdicts = {
                 pk: (
@@ -262,11 +240,8 @@ def reminder_record_batch(
 def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
     """Scrub the texts of verdicts whose attendee was erased while the reminder was claimed.
 
-    Only verdicts carrying text need the check (a plain ``sent`` carries
-    none), so a record without errors sends no extra statement. The late
-    reason needs no scrub: the erasure cancelled the enrollment, so a
-    returning reminder of an erased attendee ends ``cancelled``, never
-    ``missed`` with that reason.
+    Only verdicts carrying text are checked, so a record without errors costs no statement. The
+    late reason needs none: erasure cancelled the enrollment, so such a reminder ends cancelled.
     """
     quoting = [pk for pk, (v, _) in verdicts.items() if v.error or v.reason]
     erased = erased_among(by_id[pk].attendee_id for pk in quoting)
@@ -311,17 +286,11 @@ def _record_finals(
 ) -> tuple[dict[int, str], set[int]]:
     """Write the final verdicts in one fenced ``UPDATE ... FROM`` a table of rows.
 
-    One row of values per reminder (``_sql.rows_cte``: arrays on PostgreSQL),
-    so the statement's cost grows with the chunk, not with chunk x columns as
-    a CASE per column would (the ORM's CASE expressions took most of the
-    record's CPU). Return ``({id: new status}, ids whose attempt is closed
-    too)``: on PostgreSQL the same statement first locks the rows it may
-    change, ``FOR UPDATE`` in id order as ``fate.claimed_locked`` does (a
-    no-op where the caller holds them already; alone, it keeps every
-    writer's lock order), and closes the attempts of the rows it changed (a
-    second UPDATE in the WITH, fed by the first one's RETURNING, run after
-    it), so a chunk whose outcomes are all final costs one statement.
-    SQLite cannot update in a WITH: ``_finish_attempts`` closes them.
+    One row of values per reminder (``rows_cte``): cost grows with the chunk, not chunk x
+    columns as the ORM's CASE per column did. Return ``({id: new status}, ids whose attempt is
+    closed too)``: on PostgreSQL the statement first locks the rows in id order (every writer's
+    order) and closes their attempts, so an all-final chunk costs one statement. SQLite cannot
+    update in a WITH: ``_finish_attempts`` closes them.
     """
     if not finals:
         return {}, set()
@@ -341,9 +310,7 @@ def _record_finals(
     fence_params = [token, Status.SENDING.value]
     source = "v"
     if postgres:
-        # Every row the UPDATE writes comes to it through ``locked``: the
-        # reminders are locked in id order, and the UPDATE never waits for a
-        # row it does not hold already.
+        # The UPDATE writes only rows ``locked`` took in id order, so never waits on another.
         lock, lock_params = lock_in_id_order(finals, where=fence, params=fence_params)
         values += f", locked AS MATERIALIZED ({lock})"
         params += lock_params
@@ -359,8 +326,7 @@ def _record_finals(
     )
     params += [Status.SENT.value, stamp, Status.UNKNOWN.value, stamp, *fence_params]
     if postgres:
-        # A data-modifying WITH that the main query does not read runs after
-        # it: the attempts are locked after every reminder, as in every writer.
+        # An unread data-modifying WITH runs last: attempts lock after reminders, as everywhere.
         attempt = _table(DeliveryAttempt)
         sql = (
             f"WITH {values}, done AS ({update}), "
@@ -421,14 +387,11 @@ def reminder_release(
     clock: Clock | None = None,
     whoever_holds: bool = False,
 ) -> int:
-    """Hand claimed reminders whose provider call never started back, re-deriving their fate.
+    """Hand back claimed reminders whose provider call never started, re-deriving their fate.
 
-    Used when a batch stops before the engine ran (a crash while building
-    envelopes, a stop signal between chunks). The attempt is refunded: no
-    provider was called, so it must not count towards the attempt cap.
-    Fenced like the record; return how many rows changed. With
-    ``whoever_holds`` the rows are locked whatever their claim, which waits
-    for a transaction still holding them (``reminder_release_interrupted``).
+    For a batch stopped before the engine ran. The attempt is refunded: no provider was called.
+    Fenced like the record; return how many rows changed. ``whoever_holds`` locks the rows
+    whatever their claim, waiting for a transaction still holding them.
     """
     clock = clock or default_clock()
     now = database_now(clock)  # the fate's lateness, by the database's clock
@@ -458,13 +421,9 @@ def reminder_release_interrupted(
 ) -> int:
     """Release what a claim of ``ids`` interrupted before it returned holds under ``token``.
 
-    Its statement (or, on SQLite, its COMMIT) may have gone out before the
-    interruption: the server then commits it, perhaps only after the caller
-    dropped that connection and opened another. So the rows are locked
-    whoever holds them, in id order after their workshops and enrollments
-    (the order every writer uses), which queues behind that statement and
-    waits for it to end; the release then reads them as it left them.
-    Return how many rows were handed back.
+    Its statement (or SQLite COMMIT) may have gone out and commit later, even after the caller
+    reconnected. So the rows are locked whoever holds them, in the usual order, which waits for
+    that statement; the release then reads them as it left them. Return how many were released.
     """
     clock = clock or default_clock()
     claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])

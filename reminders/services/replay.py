@@ -1,11 +1,9 @@
 """Staff decisions on reminders: replay, and the resolution of unknown outcomes.
 
-Each runs in one durable transaction: a guarded ``UPDATE ... WHERE status IN
-(...)``, a dispatch published after commit (FAULTS S3), one StaffDecision row.
-Under READ COMMITTED a concurrent replay of the same rows waits on their locks,
-re-checks the WHERE and changes nothing: each reminder is re-armed and published
-once (D3). No replay leaves ``sent`` (D3) or touches the ``pending``, ``queued``
-or ``sending`` rows of the automatic path (D4).
+Each is one durable transaction: a guarded UPDATE, a dispatch after commit (FAULTS S3) and a
+StaffDecision row. A concurrent replay of the same rows waits on their locks, re-checks the
+WHERE and changes nothing, so each reminder is re-armed and published once (D3). No replay
+leaves ``sent`` (D3) or touches the automatic path's ``pending``, ``queued`` or ``sending`` (D4).
 """
 
 from __future__ import annotations
@@ -206,9 +204,8 @@ def clean_reason(reason: str | None) -> str:
 def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
     """Return the rows of ``candidates`` still matching ``guard``, with the guard on the row itself.
 
-    After a concurrent change PostgreSQL re-checks an UPDATE's own WHERE against
-    the new row, but not a subquery's answer; and Django moves a filter across
-    relations into ``pk IN (subquery)``. So the relations stay in ``candidates``.
+    PostgreSQL re-checks an UPDATE's own WHERE after a concurrent change, not a subquery's, and
+    Django turns filters across relations into ``pk IN (subquery)``: they stay in ``candidates``.
     """
     return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
 
@@ -223,8 +220,7 @@ def _rearm(
 ) -> list[int]:
     """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is still ``pending``.
 
-    They get a fresh attempt count, and no frozen text with ``use_edited_text``.
-    Return the ids the guarded UPDATE changed.
+    Reset their attempt count (and frozen text with ``use_edited_text``); return the ids changed.
     """
     ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
@@ -256,8 +252,7 @@ def reminder_replay_selection(
     reason: str = "",
     use_edited_text: bool = False,
 ) -> StaffActionResult:
-    """Replay a staff selection: in this request up to REMINDERS_REPLAY_INLINE_LIMIT
-    reminders, on a worker beyond (``reminder_replay_later``)."""
+    """Replay a staff selection: inline up to REMINDERS_REPLAY_INLINE_LIMIT, else on a worker."""
     replay = (
         reminder_replay_later
         if selection_of(reminders).count() > settings.REMINDERS_REPLAY_INLINE_LIMIT
@@ -332,9 +327,8 @@ def replay_step(
 ) -> StaffDecision:
     """Re-arm and queue the next chunk of a background replay, or close it when none is left.
 
-    ``progress`` and ``heartbeat_at`` move on in the chunk's transaction, under
-    the decision row's lock, so a lost or redelivered task resumes after the
-    last committed chunk and never re-arms one twice.
+    ``progress`` and ``heartbeat_at`` move in the chunk's transaction under the decision's lock,
+    so a lost or redelivered task resumes after the last chunk and never re-arms one twice.
     """
     clock = clock or default_clock()
     chunk = chunk or settings.REMINDERS_REPLAY_CHUNK

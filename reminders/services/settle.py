@@ -1,13 +1,11 @@
 """Keep unsent reminders in step with their workshop and enrollment as they are now.
 
-Each rule is one guarded UPDATE whose WHERE reads the workshop and enrollment
-when it runs, so whatever changed them, the next settle puts every unsent row
-where they say:
+Each rule is one guarded UPDATE reading them as it runs, so whatever changed them, the next
+settle puts every unsent row where they say:
 
 1. open in a cancelled workshop or enrollment: ``cancelled``;
 2. open, starting within the cutoff: ``missed`` (``unknown`` if maybe sent);
-3. ``cancelled`` for its workshop or enrollment, both live again: ``pending``,
-   or late as in 2;
+3. ``cancelled`` for its workshop or enrollment, both live again: ``pending``, or late as in 2;
 4. ``missed``, never maybe sent, with the deadline ahead again: ``pending`` (S7).
 
 Nothing here can lead to a late send: the claim judges every row again.
@@ -138,8 +136,7 @@ def _update(rows: QuerySet[Reminder], **values) -> int:
     total = 0
     while True:
         with transaction.atomic():
-            # Ids first: as a subquery of the UPDATE, PostgreSQL may run the
-            # LIMIT ... SKIP LOCKED once per row and take every row.
+            # Ids first: in the UPDATE's subquery, LIMIT ... SKIP LOCKED may run once per row.
             chunk = list(
                 rows.select_for_update(skip_locked=True, of=("self",))
                 .order_by("id")

@@ -37,10 +37,9 @@ def reminder_send_test_request(
 ) -> StaffDecision:
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
-    Raise ``ValidationError``, recording nothing, when the staff member has no
-    usable address or the attendee is not enrolled. A ``request_token`` seen
-    before (the same form posted twice) returns that request's decision and
-    queues nothing more: the unique constraint decides between two at once.
+    Raise ``ValidationError``, recording nothing, if the staff member has no usable address or
+    the attendee is not enrolled. A ``request_token`` seen before (a form posted twice) returns
+    that decision and queues nothing: the unique constraint decides between two at once.
     """
     clock = clock or default_clock()
     address = (actor.email or "").strip()

@@ -12,8 +12,7 @@ from reminders.models import Reminder
 from reminders.services._sql import claim_token_param, one_of, rows_cte
 from workshops.models import Enrollment, Workshop
 
-# No provider call starts more than this many seconds after staff commit a cancel
-# or a move: the claim watch's snapshot is at most this old when a call starts.
+# No call starts over this many seconds after staff commit a cancel or move (snapshot max age).
 REVOCATION_WINDOW = 1.0
 # How often the claim watch re-reads the claimed rows while a batch runs.
 WATCH_INTERVAL = 0.25
@@ -24,9 +23,8 @@ logger = logging.getLogger(__name__)
 class ClaimWatch:
     """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
 
-    Runs in the calling thread, between the engine's loop turns. An envelope is
-    withdrawn when its reminder is no longer ``sending`` under this claim, its
-    workshop or enrollment is cancelled, or what it shows of the workshop changed.
+    Runs in the calling thread between engine turns. An envelope is withdrawn once its reminder
+    is not ``sending`` under this claim, its workshop or enrollment is off, or what it shows moved.
     """
 
     def __init__(self, *, token, reminders, clock: Clock) -> None:
@@ -43,13 +41,12 @@ class ClaimWatch:
     def seed(self, read_at: float) -> None:
         """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot.
 
-        The claim took only live rows and rendered what it read, so nothing is
-        withdrawn as of ``read_at``.
+        The claim took only live rows and rendered what it read: nothing is withdrawn then.
         """
         self.gate.publish({}, taken_at=read_at)
 
     def refresh(self) -> None:
-        """Read the rows once and publish the withdrawals; a database error leaves the gate stale."""
+        """Read the rows once and publish withdrawals; a database error leaves the gate stale."""
         taken_at = self._clock.monotonic()
         try:
             unchanged = self._unchanged()

@@ -1,9 +1,8 @@
 """Staff decisions on workshops: cancel and reinstate, each previewed, reasoned and audited.
 
-Each runs in one durable transaction: it locks the selected workshops, changes
-each through the workshops service, whose signal settles their reminders in the
-same transaction, and writes one StaffDecision row. A ``sent`` reminder is never
-touched; ``sending`` ones are left to their worker.
+Each is one durable transaction: it locks the selected workshops, changes each through the
+workshops service (whose signal settles their reminders) and writes a StaffDecision. ``sent``
+reminders are never touched; ``sending`` ones are left to their worker.
 """
 
 from __future__ import annotations
@@ -251,8 +250,7 @@ def _decide(
 def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:
     """Lock, in id order, the selected workshops still in ``status``.
 
-    ``FOR NO KEY UPDATE``: a plan inserting their reminders takes ``FOR KEY SHARE``,
-    which must not wait for this.
+    ``FOR NO KEY UPDATE``, so a plan's ``FOR KEY SHARE`` (inserting reminders) need not wait.
     """
     return list(
         _selection(workshops)
