@@ -1,14 +1,10 @@
 """Deliver reminders to providers: immutable envelopes in, exactly one result each out.
 
-Nothing here knows Django, the ORM or Celery (an import-linter contract says
-so). A worker prepares envelopes with the ORM, opens one ``Session``
-(delivery.session) and calls its ``deliver`` per chunk, then records the
-``DeliveryResult`` values with the ORM: no ORM call happens inside the loop,
-and no event loop outlives its session. ``deliver`` (delivery.engine) runs one
-batch: concurrency, per-call timeouts, retries with backoff, the rate
-limiter (delivery.limiter) and a clean stop; how each failure is retried is
-in delivery.errors, where cancellation lands in delivery.engine. Time comes
-only from the injected ``clock``.
+Nothing here knows Django, the ORM or Celery (an import-linter contract says so). A worker
+builds envelopes with the ORM, delivers each chunk on one ``Session`` and records the results
+after: no ORM call inside the loop, no event loop outliving its session. delivery.engine runs
+a batch (concurrency, timeouts, retries, the limiter, a clean stop); delivery.errors says what
+is retried. Time comes only from the injected ``clock``.
 """
 
 from delivery.channel import Channel

@@ -1,7 +1,6 @@
 """Check recipient addresses and make display text safe for one header line.
 
-Display text with a line break is folded to one line; an address with one is
-never fixed up, and its envelope fails permanently.
+Display text is folded onto one line; an address with a line break fails permanently.
 """
 
 from __future__ import annotations
@@ -66,9 +65,8 @@ def address_problem(address: str) -> str | None:
 def attendee_address_refusal(address: str) -> tuple[str, str] | None:
     """(message, code) if an attendee may not be given ``address``, else None.
 
-    The admin's attendee form and the intake (API, CSV) refuse the same
-    addresses with the same words: one no reminder could reach, and one under
-    ``.invalid`` (RFC 2606), where erasure writes its placeholders.
+    Shared by the admin's attendee form and the intake (API, CSV): an address no reminder
+    could reach, or one under ``.invalid`` (RFC 2606), where erasure writes its placeholders.
     """
     if address and (problem := address_problem(address)) is not None:
         return f"No reminder could reach it: {problem}.", "undeliverable"

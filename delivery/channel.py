@@ -14,12 +14,11 @@ __all__ = ["Channel"]
 class Channel(Protocol):
     """A connection to a provider, opened once per batch or per ``Session``.
 
-    ``send`` returns the provider's message id or raises ``TransientError``/
-    ``PermanentError``; it may be cancelled at any ``await`` and must leave
-    the channel usable. ``honours_idempotency_keys`` promises the provider
-    deduplicates by ``envelope.key``: only then are lost answers retried and
-    calls hedged. ``max_concurrency`` keeps calls from queueing inside the
-    channel, where a timeout could not tell "never sent" from "sent".
+    ``send`` returns the message id or raises ``TransientError``/``PermanentError``; cancelled
+    at any ``await``, it leaves the channel usable. ``honours_idempotency_keys``: the provider
+    dedupes by ``envelope.key``, so (only then) lost answers are retried and calls hedged.
+    ``max_concurrency`` keeps calls from queueing inside the channel, where a timeout could
+    not tell "never sent" from "sent".
     """
 
     name: str

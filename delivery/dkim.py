@@ -1,9 +1,8 @@
 """DKIM signatures (RFC 6376) for the smtp channel, with dkimpy.
 
-RFC 8058's one-click unsubscribe counts only when a DKIM signature covers
-List-Unsubscribe and List-Unsubscribe-Post; providers sign what the http and
-django channels hand them, and a relay may sign for the smtp channel, but
-where neither does, the channel signs itself with the configured key.
+RFC 8058's one-click unsubscribe counts only if a DKIM signature covers List-Unsubscribe and
+List-Unsubscribe-Post. Providers sign for the http and django channels and a relay may for
+smtp; where neither does, the smtp channel signs with the configured key.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Fan envelopes out to a channel within limits, and return one result per envelope.
 
-Shape of a batch (structured: every task lives inside a ``TaskGroup`` and is
-awaited before ``deliver`` returns)::
+Every task lives in a ``TaskGroup`` and is awaited before ``deliver`` returns::
 
     deliver
     └── TaskGroup
@@ -11,10 +10,9 @@ awaited before ``deliver`` returns)::
                 └── send:<reminder id>  slot -> deadline check -> rate limiter -> call
                                         -> classify -> (backoff without the slot) -> ...
 
-A stop cancels ``feed``; cancellation reaches each envelope wherever it
-waits, the channel's own cleanup runs, and each envelope records how far it
-got. Envelopes never handed to a task are reported ``CANCELLED`` with
-``provider_reached=False``.
+A stop cancels ``feed``: cancellation reaches each envelope wherever it waits, the channel's
+cleanup runs, and each envelope records how far it got. Envelopes never handed to a task end
+``CANCELLED`` with ``provider_reached=False``.
 """
 
 from __future__ import annotations
@@ -57,7 +55,7 @@ logger = logging.getLogger("delivery")
 
 
 class Flag(Protocol):
-    """A stop flag set from another thread or process (``threading.Event``, ``multiprocessing.Event``)."""
+    """A stop flag set by another thread or process (a threading or multiprocessing ``Event``)."""
 
     def is_set(self) -> bool: ...
 
@@ -127,8 +125,7 @@ class _Batch:
         flags: tuple[Flag, ...] = (),
     ) -> None:
         self._progress = [_Progress(envelope) for envelope in envelopes]
-        # The caller's own stop flags (threading or multiprocessing events),
-        # looked at before every call start: none starts once one is set.
+        # The caller's stop flags, read before every call start: none starts once one is set.
         self._flags = flags
         self._stop: asyncio.Event | None = None
         self._observer = observer
@@ -243,8 +240,7 @@ class _Batch:
             self._stop_reason = f"budget of {self._policy.budget:g}s used up"
             await self._drain(abort=stop)
         else:
-            # A stop (warm shutdown) ends the batch like the budget does: no
-            # new call starts, and calls in flight get the drain to finish.
+            # A stop (warm shutdown) acts as the budget: no new call, calls in flight get the drain.
             self._stop_reason = "stop signal"
             await self._drain(abort=None)
         raise _Stopped(self._stop_reason)
@@ -252,8 +248,7 @@ class _Batch:
     def _stopping(self) -> bool:
         """Return whether no new call may start: draining, or a caller's flag now set.
 
-        A flag found set starts the stop here and now (``_watch`` then drains),
-        so no call starts after it, whenever the caller's thread passes it on.
+        A flag found set stops the batch at once (``_watch`` drains), not when the caller relays it.
         """
         if not self._draining and any(flag.is_set() for flag in self._flags):
             self._draining = True
@@ -264,9 +259,8 @@ class _Batch:
     async def _drain(self, abort: asyncio.Event | None) -> None:
         """Start no new call; give calls in flight up to ``policy.drain`` to end.
 
-        A call that ends here has a known outcome; one cut off by the stop
-        that follows may have reached the provider. ``abort`` (the stop
-        signal, when the budget started the drain) ends it at once.
+        A call ending here has a known outcome; one cut off by the stop after may have reached
+        the provider. ``abort`` (the stop signal, when the budget began the drain) ends it early.
         """
         self._draining = True
         if self._policy.drain <= 0 or self._calls_in_flight == 0:
@@ -349,11 +343,9 @@ class _Batch:
                         "start at or after the deadline",
                     )
                     return
-                # Give the slot back while backing off. A slot stands for a call in
-                # flight; holding it through a sleep would let a few greylisted or
-                # throttled recipients (SMTP 451, Retry-After of minutes) idle the
-                # whole batch while healthy envelopes wait. Provider-wide trouble is
-                # throttled by the limiter pause and the attempt cap instead.
+                # Back off without the slot (a call in flight): a few greylisted or throttled
+                # recipients (SMTP 451, Retry-After of minutes) would otherwise idle the batch.
+                # Provider-wide trouble is slowed by the limiter pause and the attempt cap.
                 slots.release()
                 holding = False
                 await self._clock.sleep(delay)
@@ -369,11 +361,7 @@ class _Batch:
             self._log_result(progress)
 
     async def _try_once(self, progress: _Progress) -> _Failure | None:
-        """Make one try: wait for the rate limiter, call the channel, classify the end.
-
-        Return None when the envelope is finished (sent, or its deadline came
-        while waiting for the limiter), else the failure of this try.
-        """
+        """Try once (limiter, gate, call); return the failure, or None if the envelope is done."""
         envelope = progress.envelope
         if self._gate is not None and self._withdraw(
             progress, self._gate.withdrawn(envelope.reminder_id)
@@ -491,8 +479,7 @@ class _Batch:
         progress.reached = True
         progress.maybe_delivered = True
         if isinstance(exc, OSError):
-            # Network trouble a channel did not translate: the request may or may
-            # not have left, so it is retried only where keys make that safe.
+            # Network trouble the channel did not translate: maybe sent, so retried only with keys.
             return _Failure(
                 Outcome.TRANSIENT,
                 f"{type(exc).__name__} from channel {self._name!r}: {exc}",
@@ -591,8 +578,7 @@ class _Batch:
             return
         fields = {"reminder_id": result.reminder_id, "key": result.key}
         if result.outcome is Outcome.SENT:
-            # DEBUG, not INFO: the attempt row already records every send durably,
-            # and a line per sent reminder cost 4 % of a worker's CPU.
+            # DEBUG: attempt rows record every send; a line each cost 4 % of a worker's CPU.
             logger.debug(
                 "Sent reminder %s via %s as %s after %d attempts",
                 result.reminder_id,
@@ -637,26 +623,20 @@ async def deliver(
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
-    Open the channel once, fan out at most ``policy.concurrency`` calls (and
-    no more than the channel's ``max_concurrency``), start calls no faster
-    than ``limiter`` allows, and retry transient failures with backoff until
-    ``policy.max_attempts`` or each envelope's deadline. No call starts at or
-    after its envelope's deadline, and none runs past it (its timeout is
-    clamped). With a ``gate``, no call starts for an envelope the gate
-    withdrew, nor under a snapshot older than ``gate.max_age``. Setting
-    ``stop`` or using up ``policy.budget`` starts no new call, lets calls in
-    flight finish within ``policy.drain``, cancels what is left and returns
-    partial results. Per-envelope failures are results; only a batch that
-    cannot run at all (the same reminder id twice) raises.
+    Open the channel once; run at most ``policy.concurrency`` calls (and no more than the
+    channel's ``max_concurrency``), started no faster than ``limiter`` allows; retry transient
+    failures with backoff until ``policy.max_attempts`` or the envelope's deadline. No call
+    starts at or after its deadline, nor runs past it (its timeout is clamped). With a ``gate``,
+    no call starts for a withdrawn envelope, nor under a snapshot older than ``gate.max_age``.
+    ``stop`` or a spent ``policy.budget`` starts no new call, lets calls in flight finish within
+    ``policy.drain``, cancels the rest and returns partial results. Per-envelope failures are
+    results; only a batch that cannot run at all (the same reminder id twice) raises.
 
-    ``flags`` are the caller's own stop flags (anything with ``is_set()``,
-    read from another thread or process): every call start looks at them,
-    and one found set stops the batch as ``stop`` does; a caller that wants
-    waiting calls woken sooner sets ``stop`` as well (``Session`` does).
-
-    The caller owns ``limiter`` and ``gate``; ``random`` draws the backoff
-    jitter; ``observer`` (delivery.observer) is told of each provider call,
-    each send's slack before its deadline and each wait for the limiter.
+    ``flags`` (anything with ``is_set()``, set by another thread or process) are read at every
+    call start; one found set stops the batch as ``stop`` does (to wake waiting calls sooner,
+    set ``stop`` too, as ``Session`` does). The caller owns ``limiter`` and ``gate``; ``random``
+    draws the backoff jitter; ``observer`` (delivery.observer) hears of each provider call, each
+    send's slack before its deadline and each wait for the limiter.
     """
     batch = _Batch(
         list(envelopes),

@@ -1,8 +1,7 @@
 """The immutable input of a delivery: one message for one recipient.
 
-Programming errors raise at construction; bad data (a malformed recipient)
-is accepted and becomes a ``PERMANENT`` result, so one bad row never stops
-the rest of a batch.
+Programming errors raise at construction; bad data (a malformed recipient) becomes a
+``PERMANENT`` result, so one bad row never stops the rest of a batch.
 """
 
 from __future__ import annotations
@@ -101,9 +100,8 @@ class Attachment:
 class Envelope:
     """One message to deliver.
 
-    ``send_by`` is the deadline on the sending host's clock, kept out of the
-    content so a retry on another host sends the same bytes. Mail channels
-    leave out a ``reply_to`` that is not a usable address.
+    ``send_by`` is the deadline on the sending host's clock, kept out of the content so a
+    retry on another host sends the same bytes. Mail channels drop an unusable ``reply_to``.
     """
 
     reminder_id: int
@@ -120,12 +118,10 @@ class Envelope:
     reply_to_name: str = ""
     list_id: str = ""
     send_by: datetime | None = None
-    #: iTIP method (PUBLISH, CANCEL) of the text/calendar attachment: mail channels then
-    #: also carry it inline, as ``text/calendar; method=...`` (RFC 6047), which mail
-    #: clients offer as a calendar update. Blank: a plain attachment only.
+    #: iTIP method (PUBLISH, CANCEL) of the text/calendar attachment; mail channels also carry
+    #: it inline (``method=...``, RFC 6047) for clients to offer as an update. Blank: attached only.
     calendar_method: str = ""
-    #: RFC 8058 one-click unsubscribe address: mail channels add List-Unsubscribe and
-    #: List-Unsubscribe-Post for it. Blank: neither header.
+    #: RFC 8058 one-click unsubscribe URL: mail channels add List-Unsubscribe(-Post). Blank: none.
     unsubscribe_url: str = ""
     #: What the message is, for the observer's series: "reminder" or "notice" (a change notice).
     kind: str = "reminder"

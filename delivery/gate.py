@@ -1,8 +1,7 @@
 """Snapshots of which envelopes were withdrawn since they were claimed.
 
-A call may start only under a snapshot whose read began at most ``max_age``
-seconds before, so no call starts later than ``max_age`` after a withdrawal
-is committed. Without a fresh snapshot, calls wait instead of guessing.
+A call starts only under a snapshot whose read began at most ``max_age`` seconds before, so
+none starts over ``max_age`` after a withdrawal commits; without a fresh one, calls wait.
 """
 
 from __future__ import annotations
@@ -33,10 +32,7 @@ class Gate:
         self._snapshot: tuple[float, Mapping[int, str]] | None = None
 
     def publish(self, withdrawn: Mapping[int, str], *, taken_at: float) -> None:
-        """Record ``withdrawn`` from a read that began at ``taken_at`` (monotonic).
-
-        An older snapshot never replaces a newer one.
-        """
+        """Keep ``withdrawn`` (read begun at ``taken_at``, monotonic) unless a newer one is held."""
         current = self._snapshot
         if current is not None and current[0] > taken_at:
             return
@@ -52,10 +48,7 @@ class Gate:
         return current is not None and self._clock.monotonic() - current[0] <= self.max_age
 
     async def clearance(self, reminder_id: int) -> str | None:
-        """Wait for a fresh snapshot; return the withdrawal reason, or None to go ahead.
-
-        The wait is unbounded; the caller bounds or cancels it.
-        """
+        """Wait (unbounded) for a fresh snapshot; return the withdrawal reason, or None to go."""
         while True:
             current = self._snapshot
             if current is not None and self._clock.monotonic() - current[0] <= self.max_age:
@@ -70,11 +63,10 @@ current_call: ContextVar[tuple[Gate, int] | None] = ContextVar("delivery_call", 
 def last_look() -> None:
     """Refuse the current call if its snapshot went stale or withdrew it since the engine's check.
 
-    A channel calls it just before the message's first byte, after whatever it
-    awaited since the engine cleared the call (opening a connection): a process
-    paused in between (a VM pause, SIGSTOP) must not wake and send under the old
-    snapshot. The refusal is transient and the provider never saw the message,
-    so the engine's next try waits for a fresh snapshot.
+    A channel calls it just before the first byte, after whatever it awaited since the engine's
+    check (opening a connection): a process paused in between (a VM pause, SIGSTOP) must not
+    wake and send under the old snapshot. The refusal is transient and nothing reached the
+    provider, so the next try waits for a fresh snapshot.
     """
     call = current_call.get()
     if call is None:

@@ -1,7 +1,6 @@
 """Send one message to several endpoints and keep the first success.
 
-Two endpoints may both accept the message, so hedging is refused unless
-every channel honours idempotency keys.
+Two endpoints may both accept it, so every channel must honour idempotency keys.
 """
 
 from __future__ import annotations
@@ -53,8 +52,7 @@ async def hedged_send(
 ) -> str:
     """Send ``envelope`` through every open channel; return the first message id.
 
-    Channel *i* starts ``stagger`` seconds after channel *i-1*, or as soon as
-    that one failed.
+    Channel *i* starts ``stagger`` seconds after channel *i-1*, or once that one failed.
     """
     check_hedgeable(channels)
     count = len(channels)

@@ -1,40 +1,30 @@
 """Rate limiters: at most R provider call starts in any window of one second.
 
-A concurrency limit bounds calls in flight; a provider also bounds calls per
-second, and a 429 costs more than waiting. Both limiters keep an exact sliding
-window (a log of recent starts, not a token bucket, which would let 2R
-through across a window boundary), so no window of ``window`` seconds ever
-holds more than ``per_second`` starts.
+A provider bounds calls per second as well as in flight, and a 429 costs more than waiting.
+Both limiters keep an exact sliding window (a log of recent starts; a token bucket would let
+2R through at a window boundary): no ``window`` seconds ever hold more than ``per_second`` starts.
 
-By default they also *spread* starts evenly, one every
-``(window + margin) / per_second`` seconds, instead of granting R at once and
-then nothing: a burst of R requests leaves a client over tens of
-milliseconds and reaches the provider bunched and reordered, and the start of
-the next burst can then land inside the provider's window of the previous
-one. Evenly spread starts each keep a full interval of slack, and the
-provider sees a smooth rate. The schedule is anchored to the ideal start
-times (a start that wakes a millisecond late does not push every later one
-back), and restarts only after the limiter sat idle for a whole interval.
-Pass ``spread=False`` for the bare window.
+By default they also *spread* starts, one every ``(window + margin) / per_second`` seconds,
+each with a full interval of slack: a burst of R leaves the client over tens of milliseconds,
+reaches the provider bunched and reordered, and the next burst can land in the provider's
+window of the last. The schedule is anchored to ideal start times (one late wake does not push
+every later start back), restarting only after a whole idle interval; ``spread=False`` turns it off.
 
-``margin`` lengthens the window the limiter enforces a little beyond the
-provider's, for the same reason: the provider counts *arrivals*, which trail
-our starts by network and scheduling jitter. The default costs 2% of
-throughput. A reserved start its process wakes for more than one interval
-late (a stall: the GIL, the host's scheduler) is not made: the caller
-reserves again, once, instead of bunching with the on-time starts reserved
-after it, so the margin need not cover such stalls.
+``margin`` stretches the enforced window past the provider's, which counts *arrivals*,
+trailing our starts by network and scheduling jitter (the default costs 2% of throughput). A
+reserved start its process wakes for over one interval late (a stall: the GIL, the host's
+scheduler) is not made: the caller reserves again, once, rather than bunch with the on-time
+starts reserved after it, so the margin need not cover stalls.
 
-- ``LocalRateLimiter``: one event loop, driven by the injected clock.
-- ``RedisRateLimiter``: every worker process on every host shares one window
-  through Redis; a Lua script prunes, counts and reserves the next allowed
-  start atomically using Redis's own ``TIME``, so hosts with different clocks
-  still agree, and each start costs one round trip (the caller sleeps until
-  its reserved start instead of polling and losing it to another worker).
+- ``LocalRateLimiter``: one event loop, on the injected clock.
+- ``RedisRateLimiter``: every worker process on every host shares one window in Redis; a Lua
+  script prunes, counts and reserves the next start atomically on Redis's own ``TIME`` (so
+  hosts' clocks need not agree), one round trip per start: the caller sleeps until its
+  reservation rather than poll and lose it to another worker.
 
-Both raise ``DeadlineReached`` from ``acquire`` when the wait would end at or
-after the caller's deadline (without sleeping through it), and give up the
-wait at once when cancelled. ``pause`` is how a 429 slows every caller down.
+``acquire`` raises ``DeadlineReached`` when the wait would end at or after the caller's
+deadline (without sleeping through it) and gives up at once when cancelled. ``pause`` is how
+a 429 slows every caller down.
 """
 
 from __future__ import annotations
@@ -64,8 +54,7 @@ DEFAULT_WINDOW = 1.0
 DEFAULT_MARGIN = 0.02
 # How many starts one Redis round trip may reserve for the callers queued in one process.
 DEFAULT_BLOCK = 8
-# A start that began more than this many seconds after its reserved time is moved, in
-# Redis's log, to when it really began (less is scheduling noise).
+# Seconds late past which a start is moved, in Redis's log, to when it really began (less: noise).
 LATE_ENOUGH_TO_MOVE = 0.001
 # How long a 429 without Retry-After pauses the limiter, in windows.
 DEFAULT_PAUSE_WINDOWS = 1.0
@@ -110,10 +99,8 @@ def _seconds_left(clock: Clock, deadline_at: datetime | None) -> float | None:
 class LocalRateLimiter:
     """Limit call starts within one event loop (one batch, or one process's loop).
 
-    Waiters are served first come, first served (an ``asyncio.Lock`` is FIFO):
-    the head of the queue sleeps until the next start is allowed.
-    Create one per event loop; for a limit shared by processes use
-    ``RedisRateLimiter``.
+    Waiters are served in order (``asyncio.Lock`` is FIFO); the head sleeps until the next
+    start is allowed. Create one per event loop; ``RedisRateLimiter`` is shared by processes.
     """
 
     def __init__(
@@ -186,19 +173,17 @@ class LocalRateLimiter:
         return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
 
 
-# KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included;
-# KEYS[2]: pause-until (µs); KEYS[3]: when the next spread start is due (µs).
-# ARGV[1]: starts allowed per span; ARGV[2]: span in µs; ARGV[3]: unique member
-# prefix; ARGV[4]: interval between spread starts in µs (0: no spreading); ARGV[5]:
-# the longest wait the first caller accepts in µs (its deadline; -1: none);
-# ARGV[6], ARGV[7]: unused; ARGV[8]: how many starts to reserve (one per caller
-# queued in the process); ARGV[9...]: pairs of a member this process reserved
-# earlier and how many µs late it really started, so the window counts each of
-# those starts when it happened (applied even while paused). Reserves, one after the other, the earliest starts that keep both
-# rules (no more than ARGV[1] starts in any span, at least ARGV[4] between starts)
-# and returns {1, µs until each}; the callers sleep that long and start. Returns
-# {0, µs to wait} and reserves nothing while paused, or when the first start would
-# come at or after the first caller's deadline.
+# KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included; KEYS[2]:
+# pause-until (µs); KEYS[3]: when the next spread start is due (µs). ARGV[1]: starts allowed
+# per span; ARGV[2]: span (µs); ARGV[3]: unique member prefix; ARGV[4]: µs between spread
+# starts (0: no spreading); ARGV[5]: the longest wait (µs) the first caller accepts (its
+# deadline; -1: none); ARGV[6], ARGV[7]: unused; ARGV[8]: starts to reserve (one per caller
+# queued in the process); ARGV[9...]: pairs of a member this process reserved earlier and how
+# many µs late it really started, so the window counts it when it happened (even if paused).
+# Reserves in turn the earliest starts that keep both rules (at most ARGV[1] in any span, at
+# least ARGV[4] apart) and returns {1, µs until each}; callers sleep that long and start.
+# Returns {0, µs to wait}, reserving nothing, while paused or when the first start would come
+# at or after the first caller's deadline.
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -261,18 +246,16 @@ return 1
 class RedisRateLimiter:
     """Limit call starts across every process that shares ``account`` in Redis.
 
-    Within a process, waiters queue on a local lock so only the head of the
-    queue asks Redis; across processes the Lua script decides, by reserving
-    the earliest start both rules allow. A pause set by one worker (after a
-    429) stops every new reservation until it ends; starts another process
-    had already reserved (at most ``block`` of them, a few intervals ahead)
-    still go out, and the process that saw the 429 drops its own.
+    In a process, waiters queue on a local lock so only the head asks Redis; across processes
+    the Lua script reserves the earliest start both rules allow. A pause one worker sets (after
+    a 429) stops new reservations until it ends; starts other processes reserved already (at
+    most ``block``, a few intervals ahead) still go out, and the process that saw the 429 drops
+    its own.
 
-    The client is created lazily inside the running event loop (a
-    ``redis.asyncio`` client belongs to one loop), so build one limiter per
-    batch, e.g. through ``Session(limiter_factory=...)``. Every Redis
-    call has a socket timeout; if Redis is unreachable ``acquire`` raises and
-    the engine counts a transient failure that never reached the provider.
+    The client is made lazily in the running loop (a ``redis.asyncio`` client belongs to one
+    loop): build one limiter per batch, e.g. via ``Session(limiter_factory=...)``. Redis calls
+    have a socket timeout; with Redis unreachable ``acquire`` raises, which the engine counts
+    as a transient failure that never reached the provider.
     """
 
     def __init__(
@@ -316,12 +299,10 @@ class RedisRateLimiter:
         self._acquire_script = None
         self._pause_script = None
         self._lock = asyncio.Lock()
-        # (member, µs) of this limiter's starts that began later than reserved, sent
-        # with the next reservation.
+        # (member, µs late) of starts made later than reserved, sent with the next reservation.
         self._late: list[tuple[str, int]] = []
         self._block = block
-        # A reserved start taken more than one spread interval after its time is stale:
-        # it is dropped, not made, so starts left unused never fire in a burst.
+        # A reserved start over an interval late is dropped: unused starts never fire in a burst.
         self._stale_after = self._span_us / per_second / 1_000_000
         self._pauses = 0  # bumped by pause(): a reservation answered across one is dropped
         #: Starts not made because this process woke for them more than an interval late.
@@ -387,9 +368,8 @@ class RedisRateLimiter:
     async def _reserve(self, acquire_script, deadline_at: datetime | None) -> list:
         """Reserve a start for this caller and for each caller queued behind it (one round trip).
 
-        Return ``[True]`` with the starts added to ``_ready``, or ``[False,
-        seconds to wait]`` when nothing was reserved (paused, or the first start
-        would come at or after ``deadline_at``).
+        Return ``[True]``, the starts added to ``_ready``, or ``[False, seconds to wait]`` when
+        paused or the first start would come at or after ``deadline_at``.
         """
         member = f"{self._member_prefix}:{next(self._members)}"
         left = _seconds_left(self._clock, deadline_at)
@@ -421,13 +401,11 @@ class RedisRateLimiter:
     async def _take_reserved(self, deadline_at: datetime | None, *, may_skip: bool) -> bool:
         """Take the oldest start reserved for this process, sleep until it; False if not made.
 
-        A caller whose deadline comes first leaves it to the next caller. A
-        start left unused (cancelled, or no caller left) only lowers the rate.
-        A start the host's scheduler made late by up to one interval is moved
-        to when it really happened with the next reservation; later than that
-        (and ``may_skip``) it is not made at all and the caller reserves again:
-        the starts reserved after it, by other processes, are on time, and
-        firing it late would bunch it with them at the provider.
+        A caller whose deadline comes first leaves it to the next; a start left unused (cancelled,
+        no caller left) only lowers the rate. One made up to an interval late (the host's
+        scheduler) is moved to when it really happened with the next reservation; later (and
+        ``may_skip``) it is not made and the caller reserves again: firing it would bunch it at
+        the provider with the on-time starts other processes reserved after it.
         """
         member, start_at = self._ready[0]
         wait = start_at - self._clock.monotonic()

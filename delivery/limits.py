@@ -54,9 +54,8 @@ class DeliveryLimits:
     drain: float = 0.0
     #: Seconds the channel may take to close; results are decided before it.
     close_timeout: float = DEFAULT_CALL_TIMEOUT
-    #: No call starts with less than this many seconds before the deadline, as
-    #: a call cut off there has an unknown outcome that cannot be retried. 0
-    #: disables it.
+    #: No call starts under this many seconds before the deadline: one cut off there has an
+    #: unknown outcome that cannot be retried. 0 disables it.
     min_call_window: float = DEFAULT_MIN_CALL_WINDOW
 
     def __post_init__(self) -> None:
@@ -104,8 +103,7 @@ class DeliveryLimits:
     def backoff(self, retry: int, *, draw: float, retry_after: float | None = None) -> float:
         """Return the wait before retry number ``retry`` (1 for the first).
 
-        ``draw`` is in [0, 1); jitter only shortens the wait, so ``backoff_max``
-        is never exceeded.
+        ``draw`` is in [0, 1); jitter only shortens the wait, so it never exceeds ``backoff_max``.
         """
         exponent = min(max(retry - 1, 0), 62)
         delay = min(self.backoff_max, self.backoff_base * 2.0**exponent)

@@ -1,8 +1,7 @@
 """Write RFC 5322 messages from envelopes as 7-bit CRLF bytes.
 
-Header text is folded onto one line and non-ASCII text encoded, so no header
-can be injected. The output matches the stdlib ``email`` package's build
-(tests/delivery/test_message.py).
+Header text is folded onto one line and non-ASCII encoded, so no header can be injected; the
+output matches the stdlib ``email`` package's (tests/delivery/test_message.py).
 """
 
 from __future__ import annotations
@@ -304,8 +303,7 @@ _ASCII_BYTES = bytes(range(128))
 def _quoted_printable(body: bytes) -> str:
     """Return ``body`` quoted-printable with lines of at most 76 characters.
 
-    ``b2a_qp`` can leave a trailing ``=20``/``=09`` past 76; such a line gets
-    one more soft break.
+    ``b2a_qp`` can leave a trailing ``=20``/``=09`` past 76: such lines get one more soft break.
     """
     written = binascii.b2a_qp(body, istext=True).decode("ascii")
     lines = written.split(CRLF)

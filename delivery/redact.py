@@ -15,9 +15,8 @@ _QUERY_VALUE = re.compile(r"=([^&;#]*)")
 def redact_url(url: str) -> str:
     """Return ``url`` with its password and query values masked.
 
-    Everything up to the last ``@`` is taken as user info before parsing, as
-    a password may hold ``/``, ``?``, ``#`` or ``@``. An unparseable URL is
-    masked whole.
+    User info runs to the last ``@``, as a password may hold ``/``, ``?``, ``#`` or ``@``;
+    an unparseable URL is masked whole.
     """
     scheme, separator, rest = url.partition("://")
     userinfo = ""

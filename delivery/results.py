@@ -29,9 +29,8 @@ class Outcome(StrEnum):
 class DeliveryResult:
     """The outcome of one envelope.
 
-    ``provider_reached`` is False only when it is certain no call reached the
-    provider, so a re-send cannot duplicate. ``maybe_delivered`` is True for
-    ``SENT`` and for a failure where some call ended without a definite answer.
+    ``provider_reached`` is False only when surely no call reached the provider (a re-send
+    cannot duplicate); ``maybe_delivered`` is True for ``SENT`` or if a call had no clear answer.
     """
 
     reminder_id: int

@@ -1,9 +1,8 @@
 """The synchronous side of the crossing: a Session runs batches on an event loop of its own.
 
-A worker keeps one Session for a whole job (claim, send, record, next chunk):
-the chunks share the loop, the provider connections and the rate limiter's
-client. The loop runs only while ``deliver`` runs, so the caller's
-synchronous work (the ORM) never overlaps it.
+A worker keeps one Session for a whole job (claim, send, record, next chunk): the chunks share
+the loop, the provider connections and the rate limiter's client. The loop runs only while
+``deliver`` runs, so the caller's synchronous work (the ORM) never overlaps it.
 """
 
 from __future__ import annotations
@@ -52,18 +51,10 @@ class Interrupted(Exception):
 class Session:
     """One event loop, channel and rate limiter kept for several batches run from synchronous code.
 
-    The synchronous side of the crossing: a caller that delivers a large job
-    in chunks (claim, send, record, next chunk) opens one session for the
-    job, so the chunks share one event loop, one set of provider
-    connections (SMTP sessions, an HTTP connection pool) and one rate
-    limiter client instead of opening and closing them per chunk. The loop
-    runs only while ``deliver`` runs: between chunks nothing asynchronous
-    happens, so the caller's synchronous work (the ORM) never overlaps it.
-
-    Use it as a context manager; leaving it closes the channel (bounded by
-    ``close_timeout``) and the limiter inside the loop, then the loop. The
-    channel is opened at the first chunk that needs it and, if that fails,
-    tried again at the next. Not for use from inside a running event loop
+    A job's chunks share them (SMTP sessions, an HTTP pool) instead of opening them per chunk.
+    Use it as a context manager; leaving it closes the channel (within ``close_timeout``) and
+    the limiter inside the loop, then the loop. The channel opens at the first chunk that needs
+    it, and again at the next if that fails. Not for use inside a running event loop
     (``RuntimeError``), nor from two threads at once.
     """
 
@@ -107,9 +98,8 @@ class Session:
     def close(self) -> None:
         """Close the channel and the limiter inside the loop, then end the loop (idempotent).
 
-        An exception raised into the calling thread meanwhile (a soft time
-        limit) is raised once everything is closed and the loop's thread
-        has ended.
+        An exception raised into the calling thread meanwhile (a soft time limit) is raised
+        once everything is closed and the loop's thread has ended.
         """
         if self._thread is None:
             return
@@ -147,27 +137,23 @@ class Session:
     ) -> list[DeliveryResult]:
         """Run one batch on the session's loop and return one result per envelope (blocking).
 
-        The calling thread waits for the loop and, every ``tick_interval``
-        seconds meanwhile, calls ``tick`` (the caller's chance to refresh
-        ``gate`` with its own, synchronous, resources). ``stop`` is any object
-        with ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event``
-        set by another process); it is bridged into the loop. The batch runs
-        in the caller's context (its context variables, such as the claim
-        its log lines carry: reminders/worker/logcontext.py).
+        Meanwhile the calling thread calls ``tick`` every ``tick_interval`` seconds (its chance
+        to refresh ``gate`` with its own synchronous resources). ``stop``, anything with
+        ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event`` set by another
+        process), is bridged into the loop. The batch runs in the caller's context (its context
+        variables, such as the claim its log lines carry: reminders/worker/logcontext.py).
 
-        An exception raised in the calling thread while it waits (a Celery
-        soft time limit, KeyboardInterrupt) stops the batch as ``stop`` would;
-        once the batch has ended, ``Interrupted`` is raised with its results
-        and the cause.
+        An exception raised in the calling thread while it waits (a Celery soft time limit,
+        KeyboardInterrupt) stops the batch as ``stop`` would; once it has ended,
+        ``Interrupted`` is raised with its results and the cause.
         """
         if self._thread is None:
             raise RuntimeError("Session.deliver() needs the session open: use 'with Session(...)'.")
         envelopes = list(envelopes)
         interrupt = threading.Event()
         stops = [flag for flag in (stop, interrupt) if flag is not None]
-        # The batch's loop and its stop event, once it runs: the calling thread
-        # sets that event when it finds a flag set, at each tick and when it is
-        # interrupted, so the loop needs no timer of its own to look.
+        # The batch's loop and stop event once it runs: the calling thread sets that event when
+        # it finds a flag set (each tick, or interrupted), so the loop needs no timer to look.
         running: list[tuple[asyncio.AbstractEventLoop, asyncio.Event]] = []
 
         async def batch() -> list[DeliveryResult]:
@@ -196,8 +182,7 @@ class Session:
 
     def _resources(self) -> tuple[_KeptOpen, RateLimiter | None]:
         if self._channel is None:
-            # Both or neither: a limiter that failed to build must never leave
-            # later batches running with the channel and no limit.
+            # Both or neither: a limiter that failed to build must leave no later batch unlimited.
             limiter = self._limiter_factory() if self._limiter_factory is not None else None
             channel = _KeptOpen(self._channel_factory())
             self._channel, self._limiter = channel, limiter
@@ -220,8 +205,7 @@ class Session:
     def _run(self, job, *, stop, tick, tick_interval: float, wake=None):
         """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking.
 
-        ``wake`` is called after each tick and after ``stop`` is set: the batch's
-        chance to learn of a stop flag set meanwhile.
+        ``wake`` runs after each tick and after ``stop`` is set: the batch learns of new flags.
         """
         assert self._jobs is not None
         outcome: dict[str, object] = {}
@@ -356,10 +340,9 @@ async def _deliver_with_stops(
 async def _reap_leftovers(*, engine_only: bool = True) -> None:
     """Cancel and await any task still running that should not be; the engine leaves none.
 
-    After each batch of a session only the engine's own tasks count (named
-    ``delivery.*`` and ``hedge:*``): the channel stays open and may own tasks of its own,
-    such as a DNS lookup aiohttp shields from a cancelled request. When the
-    session closes, every task does.
+    After a batch only the engine's tasks (``delivery.*``, ``hedge:*``) count: the channel stays
+    open and may own tasks, such as a DNS lookup aiohttp shields from a cancelled request. When
+    the session closes, every task counts.
     """
     current = asyncio.current_task()
     leftovers = [

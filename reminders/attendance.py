@@ -1,13 +1,11 @@
 """The attendee's own pages, reached from the links in their messages; no login.
 
-``/attend/<token>/``: GET shows the workshop and asks; only the POST of that
-page (with its CSRF token) cancels the enrollment, so a mail scanner that
-follows every link changes nothing. ``/unsubscribe/<token>/``: the RFC 8058
-one-click POST (no cookies, no CSRF token: exempt, verified by the signed
-token alone) stops this workshop's messages and keeps the seat; a GET shows
-a button. A tampered or foreign token, or a workshop that has ended (judged
-from its end as it is now, not from the token), gets a clear page and changes
-nothing.
+``/attend/<token>/``: GET shows the workshop and asks; only that page's POST (with its CSRF
+token) cancels the enrollment, so a mail scanner following every link changes nothing.
+``/unsubscribe/<token>/``: the RFC 8058 one-click POST (no cookies, no CSRF token: exempt, the
+signed token alone verifies it) stops this workshop's messages and keeps the seat; GET shows a
+button. A tampered or foreign token, or an ended workshop (by its end as it is now, not the
+token's), gets a clear page and changes nothing.
 """
 
 from __future__ import annotations
@@ -46,9 +44,8 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)
-    # The token never leaves for another site in a Referer; same-origin, because with
-    # no-referrer browsers send "Origin: null" and the confirming POST fails the CSRF
-    # check (never_cache keeps the page out of caches).
+    # same-origin keeps the token out of other sites' Referer; no-referrer would make browsers send
+    # "Origin: null", failing the confirming POST's CSRF check. never_cache keeps it out of caches.
     response["Referrer-Policy"] = "same-origin"
     return response
 

@@ -1,8 +1,7 @@
 """The scheduler celery-beat runs (CELERY_BEAT_SCHEDULER).
 
-It syncs the scan's row before its first read, not on ``beat_init`` (sent after
-that read): otherwise one of two beats starting together can miss the other's
-change and keep the old interval until a full reload.
+It syncs the scan's row before its first read, not on ``beat_init`` (sent after that read):
+else one of two beats starting together may miss the other's change until a full reload.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Render a claimed reminder or change notice into a delivery envelope (sync, before any async work).
+"""Render a claimed reminder or change notice as a delivery envelope (sync, before any async work).
 
 The body is the reminder's frozen text (MessageText) filled with the facts as
 they are now. Times are in the attendee's zone, else the workshop's.
@@ -323,9 +323,8 @@ def _attendance_html(values: dict[str, str], label: dict) -> str:
 def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
     """Return the envelope for a reminder whose attendee and workshop are loaded.
 
-    The text is ``text``, else the frozen one, else the one a claim would freeze
-    now. ``send_by`` (``Claim.send_by``) is not content. Deterministic: the same
-    rows give byte-identical content, whenever it runs.
+    The text is ``text``, else the frozen one, else what a claim would freeze now. ``send_by``
+    (``Claim.send_by``) is not content: the same rows always give byte-identical content.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
     # From the workshop's start, as the claim judges it: no row stores a copy.
@@ -520,11 +519,10 @@ def event_ics(
 ) -> bytes:
     """Return an iCalendar object (RFC 5545) for one message about ``event``.
 
-    ``uid`` and ``sequence`` make a later message update the entry an earlier one
-    made (RFC 5546): every message for an attendee's copy carries the same UID,
-    and each change notice a higher SEQUENCE. ``method`` is PUBLISH (the entry as
-    it is now) or CANCEL, which also says STATUS:CANCELLED and names ``attendee``
-    (name, address). ORGANIZER is the workshop's organiser, else the sender.
+    ``uid`` and ``sequence`` let a later message update the entry an earlier one made (RFC 5546):
+    an attendee's messages share one UID, each change notice a higher SEQUENCE. ``method`` is
+    PUBLISH (the entry as it is now) or CANCEL, which also says STATUS:CANCELLED and names
+    ``attendee`` (name, address). ORGANIZER is the workshop's organiser, else the sender.
     """
     words = _words(language or settings.LANGUAGE_CODE)
     held_in = words.held_in.replace("{zone}", event.timezone)
@@ -779,8 +777,7 @@ class Preview:
 def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
     """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only).
 
-    The planned reminder is used if there is one, so the bytes are those that
-    would be sent; else an unsaved one with the key it would get, made ``now``.
+    The planned reminder if any (the very bytes), else an unsaved one with its key, made ``now``.
     """
     reminder = (
         Reminder.objects.filter(workshop=workshop, attendee=attendee).select_related("text").first()
@@ -807,9 +804,8 @@ def preview_envelope(*, workshop, attendee, now: datetime) -> Envelope:
 def notice_preview(*, workshop, attendee, now: datetime) -> Preview:
     """Return the change notice ``attendee`` would get for ``workshop`` as it is at ``now``.
 
-    "From" is what their reminder (or last notice) told them; with nothing told
-    yet, the workshop as it is (a sample of the layout, nothing marked as changed).
-    Read only: nothing is numbered or stored.
+    "From" is what their reminder (or last notice) told them, else the workshop as it is (a
+    sample of the layout, nothing marked changed). Read only: nothing is numbered or stored.
     """
     reminder = Reminder.objects.filter(workshop=workshop, attendee=attendee).first()
     if reminder is None:

@@ -1,9 +1,8 @@
 """The attendee's own links in each message: "can't attend" and one-click unsubscribe.
 
-A token names one reminder by its id and is signed with SECRET_KEY (a salt per
-purpose), so it is deterministic: a retry carries the same bytes under its key.
-It holds no date and no personal data: the server judges it against the
-workshop and enrollment as they are now (reminders/attendance.py).
+A token is a reminder's id signed with SECRET_KEY (a salt per purpose): deterministic, so a
+retry under its key carries the same bytes. It holds no date nor personal data; the server
+judges it against the workshop and enrollment as they are now (reminders/attendance.py).
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """Celery entry points: thin wrappers that check their arguments, call one job, return counts.
 
-Nothing imports this module; messages name the tasks (reminders/queue.py). The
-scan has no task here: every worker's scan lane consumes its queue
-(reminders/worker/scanlane.py).
-
-Settings that shape their runtime (acks late, prefetch 1, time limits above
-the batch budget, no requeue of a lost worker's message) are in
-config/settings.py, each with its reason.
+Nothing imports this module; messages name the tasks (reminders/queue.py). The scan has no
+task here: every worker's scan lane consumes its queue (reminders/worker/scanlane.py).
+Settings that shape their runtime (acks late, prefetch 1, time limits above the batch budget,
+no requeue of a lost worker's message) are in config/settings.py, each with its reason.
 """
 
 from __future__ import annotations
@@ -31,7 +28,7 @@ DATABASE_RETRIES = 5
 
 
 def parse_ids(value: object) -> list[int] | None:
-    """Return the list of ids in ``value`` (ints from 1 to MAX_ID), or None when it is malformed."""
+    """Return the ids in ``value`` (ints from 1 to MAX_ID), or None when it is malformed."""
     if not isinstance(value, list) or not value or len(value) > settings.REMINDERS_BATCH_SIZE * 10:
         return None
     if not all(
@@ -78,11 +75,10 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
             ids, worker=self.request.hostname or "", stop=shutdown.flag(), held=held
         )
     except pipeline.DatabaseUnavailable as exc:
-        # Nothing was sent; the claim the database went away in may hold some
-        # (exc.held), and the retry releases it first. Try again shortly instead
-        # of letting the queue drain into errors while PostgreSQL restarts. After
-        # the last retry the reminders stay queued (any that claim holds wait for
-        # their lease) and the scan dispatches them again.
+        # Nothing was sent; the claim the database went away in may hold some (exc.held),
+        # released first by the retry. Retry shortly rather than drain the queue into errors
+        # while PostgreSQL restarts; after the last retry the reminders stay queued (any that
+        # claim holds wait for their lease) and the scan dispatches them again.
         if self.request.retries >= DATABASE_RETRIES:
             logger.error("Database still unavailable; %s reminders left to the scan", len(exc.ids))
             return {"database_unavailable": len(exc.ids)}
@@ -108,8 +104,7 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
 def deliver_notices(notice_ids) -> dict[str, int]:
     """Deliver the change notices named by id (reminders.worker.notices).
 
-    A database that is away for a moment is waited out: each claim is guarded,
-    so running again claims only what is still pending.
+    A brief database outage is waited out; guarded claims make a rerun take only what is pending.
     """
     ids = parse_ids(notice_ids)
     if ids is None:
@@ -120,8 +115,7 @@ def deliver_notices(notice_ids) -> dict[str, int]:
     )
 
 
-# Both tasks take a StaffDecision id and are safe to run again: a database
-# that is away for a moment is waited out.
+# Both tasks take a StaffDecision id and are safe to rerun: a brief database outage is waited out.
 STAFF_TASK = {
     "ignore_result": True,
     "autoretry_for": (OperationalError,),
@@ -142,12 +136,10 @@ def _well_formed(decision_id, task: str) -> bool:
 def replay_selection(decision_id) -> dict[str, int]:
     """Replay the next chunk of a background replay (StaffDecision ``decision_id``).
 
-    Each chunk is a task of its own, which queues the next one when it has
-    committed: a worker lost or a time limit costs at most the chunk under
-    way, and a replay left without a task (that queueing lost) is handed to a
-    worker again by the scan once its heartbeat is older than the claim
-    lease. Safe to run twice or after a crash: each chunk commits with its
-    progress.
+    Each chunk is a task that queues the next once committed: a lost worker or a time limit
+    costs at most the chunk under way, and a replay left without a task (that queueing lost) is
+    handed to a worker again by the scan once its heartbeat is older than the claim lease. Each
+    chunk commits with its progress, so running twice or after a crash is safe.
     """
     if not _well_formed(decision_id, "replay_selection"):
         return {"rejected": 1}
@@ -167,7 +159,7 @@ def replay_selection(decision_id) -> dict[str, int]:
 
 @shared_task(name="reminders.send_test", **STAFF_TASK)
 def send_test(decision_id) -> dict[str, int]:
-    """Send the test reminder StaffDecision ``decision_id`` asks for (reminders.services.testsend)."""
+    """Send the test StaffDecision ``decision_id`` asks for (reminders.services.testsend)."""
     if not _well_formed(decision_id, "send_test"):
         return {"rejected": 1}
     decision = reminder_send_test_run(decision_id=decision_id)

@@ -1,4 +1,4 @@
-"""Providers' reports on messages they accepted: POST /hooks/http/events (delivery/HTTP_CONTRACT.md)."""
+"""Providers' reports on accepted messages: POST /hooks/http/events (delivery/HTTP_CONTRACT.md)."""
 
 from __future__ import annotations
 

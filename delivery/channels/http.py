@@ -149,8 +149,7 @@ def _loopback(parts: SplitResult) -> bool:
 def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
     """Return the HMAC-SHA256 signature of ``timestamp LF key LF body``.
 
-    Neither the timestamp (digits) nor the key holds a line break, so the
-    parts cannot shift into one another.
+    The timestamp (digits) and the key hold no line break, so the parts cannot shift.
     """
     if not key.isascii() or "\r" in key or "\n" in key:
         raise ValueError(f"An idempotency key must be ASCII on one line; got {key!r}.")

@@ -1,8 +1,7 @@
 """Send through an SMTP server with aiosmtplib, pooling connections within a batch.
 
-4xx replies are transient, 5xx permanent. A failure during DATA leaves the
-outcome unknown, never retried as SMTP has no idempotency keys. A connection
-whose send was cancelled or failed mid-transaction is never reused.
+4xx is transient, 5xx permanent; a failure in DATA has an unknown outcome, never retried (no
+idempotency keys). A connection cancelled or failed mid-transaction is never reused.
 """
 
 from __future__ import annotations
@@ -39,12 +38,10 @@ logger = logging.getLogger(__name__)
 class SmtpSettings:
     """Where and how to connect, e.g. from Django's EMAIL_* settings.
 
-    ``use_tls`` is implicit TLS; ``starttls`` is None to upgrade whenever
-    offered, True to require it, False never. ``require_tls`` refuses a
-    session that stays unencrypted (no STARTTLS offered, or the offer removed
-    on the way) before anything is sent: ``plaintext_smtp_allowed`` says for
-    which hosts it may be False. No password is sent without TLS unless
-    ``allow_plaintext_auth`` is set.
+    ``use_tls`` is implicit TLS; ``starttls`` None upgrades whenever offered, True requires it,
+    False never. ``require_tls`` refuses, before sending, a session left unencrypted (no
+    STARTTLS offered, or the offer stripped on the way); ``plaintext_smtp_allowed`` says for
+    which hosts it may be False. No password goes without TLS unless ``allow_plaintext_auth``.
     """
 
     host: str
@@ -103,9 +100,8 @@ class SmtpSettings:
 def plaintext_smtp_allowed(host: str, plaintext_hosts: Iterable[str] = ()) -> bool:
     """Return True if SMTP to ``host`` may stay unencrypted (pure).
 
-    Only this machine (``localhost``, 127.0.0.0/8, ``::1``) and the hosts the
-    operator lists (EMAIL_PLAINTEXT_HOSTS) may; names are compared without
-    case or a trailing dot. Any other host gets TLS or nothing.
+    Only this machine (``localhost``, 127.0.0.0/8, ``::1``) and EMAIL_PLAINTEXT_HOSTS may (names
+    compared without case or a trailing dot); any other host gets TLS or nothing.
     """
     name = _host_name(host)
     if not name:
@@ -150,8 +146,7 @@ class _ReplyError(Exception):
 class _Pipeline(asyncio.Protocol):
     """A pipelined SMTP session after set-up (aiosmtplib drops unawaited replies).
 
-    Any reply not owed, malformed or late ends the session; ``reply`` and
-    ``write`` then raise ``_ReplyError``.
+    Any reply not owed, malformed or late ends it; then ``reply``/``write`` raise ``_ReplyError``.
     """
 
     def __init__(self, transport: asyncio.Transport, *, timeout: float, clock: Clock) -> None:
@@ -385,10 +380,9 @@ class SmtpChannel:
         return connection
 
     def _refuse_plaintext_session(self, connection: aiosmtplib.SMTP) -> None:
-        """Refuse an unencrypted session where TLS is required: nothing is sent on it.
+        """Refuse an unencrypted session where TLS is required, before anything is sent on it.
 
-        Transient, like a failed connection: the server may gain STARTTLS, or a
-        man in the middle who removed the offer may go away; nothing was sent.
+        Transient: the server may gain STARTTLS, or a man in the middle stripping it may go away.
         """
         if connection.get_transport_info("sslcontext") is not None:
             return

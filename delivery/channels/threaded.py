@@ -1,10 +1,8 @@
 """Run a blocking send callable, one thread per call, within the engine's limits.
 
-A thread cannot be cancelled: a call cut off may still succeed, so it is
-reported maybe delivered and its late outcome only logged. A thread per call
-(not a pool) keeps an abandoned call from making a later one queue. The
-callable should raise ``TransientError``/``PermanentError`` and must not
-touch the ORM.
+A thread cannot be cancelled: a call cut off may still succeed, so it is reported maybe delivered
+and its late outcome only logged. One thread per call, no pool: an abandoned call never queues a
+later one. The callable raises ``TransientError``/``PermanentError`` and must not touch the ORM.
 """
 
 from __future__ import annotations

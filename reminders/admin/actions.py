@@ -1,4 +1,4 @@
-"""What every confirmed staff action shares: the preview page, the permission check, the messages."""
+"""What confirmed staff actions share: the preview page, the permission check, the messages."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Staff decisions: the read-only audit of every replay, resolution, cancel, reinstate, erasure and test."""
+"""Staff decisions, read-only: every replay, resolution, cancel, reinstate, erasure and test."""
 
 from __future__ import annotations
 

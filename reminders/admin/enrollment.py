@@ -1,5 +1,4 @@
-"""Enrollments: created through workshops.services, cancelled only by the audited action,
-never deleted."""
+"""Enrollments: made via workshops.services, cancelled only by the audited action, never deleted."""
 
 from __future__ import annotations
 

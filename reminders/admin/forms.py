@@ -170,10 +170,9 @@ def _cancels(form: forms.ModelForm) -> bool:
 class ChosenByIdMixin:
     """Foreign keys chosen with the admin's autocomplete take an id or nothing.
 
-    Django's autocomplete widget looks a posted value up to show it again: anything
-    but an id (" ", "²") made that lookup raise while the refused form was drawn, a
-    500 instead of a field error. Such a value is dropped before the form reads it
-    and the field says what to do.
+    Django's autocomplete widget looks a posted value up to redraw it: anything but an id
+    (" ", "²") made that lookup raise while drawing the refused form, a 500 instead of a field
+    error. Such a value is dropped before the form reads it, and the field says what to do.
     """
 
     chosen_by_id: tuple[str, ...] = ()

@@ -1,4 +1,4 @@
-"""Reminders: view-only rows with their timeline and message, the health page, replay and resolve."""
+"""Reminders: view-only rows with timeline and message, the health page, replay and resolve."""
 
 from __future__ import annotations
 

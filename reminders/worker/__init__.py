@@ -1,1 +1,1 @@
-"""What a worker process runs: its signal hooks, the batch pipeline, the sync/async bridge and the scan lane."""
+"""What a worker runs: signal hooks, the batch pipeline, the sync/async bridge and the scan lane."""

@@ -1,10 +1,9 @@
 """The one place where synchronous and asynchronous code meet.
 
-Above it: the admin, the services, the ORM, the Celery tasks. Below it: the
-asyncio delivery engine (package ``delivery``, which never imports Django).
-``deliver_envelopes`` runs a chunk on the batch's event loop and returns plain
-results: no ORM call happens while the loop runs, and no coroutine escapes it.
-It also turns Django settings into the engine's plain values.
+Above it the admin, services, ORM and Celery tasks; below it the asyncio engine (package
+``delivery``, which never imports Django). ``deliver_envelopes`` runs a chunk on the event loop
+and returns plain results: no ORM call while the loop runs, no coroutine escaping it. It also
+turns Django settings into the engine's plain values.
 """
 
 from __future__ import annotations
@@ -70,10 +69,7 @@ def smtp_settings() -> SmtpSettings:
 
 
 def dkim_key() -> DkimKey | None:
-    """Return the smtp channel's DKIM key from REMINDERS_DKIM_*, or None when unset.
-
-    Raise ``ValueError`` naming the setting when the key cannot sign.
-    """
+    """Return the smtp channel's DKIM key (REMINDERS_DKIM_*), or None; ValueError if unusable."""
     if not settings.REMINDERS_DKIM_KEY_FILE:
         return None
     domain = settings.REMINDERS_DKIM_DOMAIN or sender_domain()
@@ -221,8 +217,7 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 
         return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     url = settings.REMINDERS_REDIS_URL
-    # The margin covers the network and the provider, not long stalls: the limiter
-    # makes no start its process woke for too late.
+    # The margin covers network and provider jitter, not stalls: a start woken too late is skipped.
     return lambda: RedisRateLimiter(
         url=url,
         account=RATE_LIMIT_ACCOUNT,
@@ -253,10 +248,9 @@ def delivery_limits(*, budget: float) -> DeliveryLimits:
 def delivery_session(*, channel: str, clock: Clock) -> Iterator[Session]:
     """Yield the engine session a Celery batch delivers its chunks on.
 
-    With ``REMINDERS_KEEP_CONNECTIONS`` seconds, the process's main thread keeps
-    one session (event loop, provider connections, limiter client) from batch to
-    batch, replaced when idle longer, built for other settings or inherited, and
-    closed when a batch raises; otherwise each batch opens its own.
+    With ``REMINDERS_KEEP_CONNECTIONS`` seconds, the main thread keeps one session (loop,
+    provider connections, limiter client) across batches, replaced when idle longer, built for
+    other settings or inherited, and closed when a batch raises; else each batch opens its own.
     """
     keep = float(settings.REMINDERS_KEEP_CONNECTIONS)
     # A session serves one thread at a time; a prefork pool process runs tasks in its main one.
@@ -339,10 +333,9 @@ def deliver_envelopes(
 ) -> list[DeliveryResult]:
     """Deliver a chunk on the event loop and return one result per envelope (blocking).
 
-    Without ``session`` (a staff test send), on one from ``delivery_session``.
-    With ``watch``, no call starts for an envelope it withdrew. Raise
-    ``delivery.session.Interrupted`` (with the results) when interrupted
-    mid-chunk, e.g. by Celery's soft time limit.
+    Without ``session`` (a staff test send), on one from ``delivery_session``. With ``watch``,
+    no call starts for an envelope it withdrew. Raise ``delivery.session.Interrupted`` (with
+    the results) when interrupted mid-chunk, e.g. by Celery's soft time limit.
     """
     if not envelopes:
         return []

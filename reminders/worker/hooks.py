@@ -1,7 +1,6 @@
 """The worker's signal handlers, connected when config/celery.py imports this module.
 
-Each handler imports what it needs when it runs, so loading the Celery app
-loads no Django model.
+Each handler imports what it needs when it runs, so loading the Celery app loads no model.
 """
 
 from __future__ import annotations
@@ -17,7 +16,7 @@ from celery.signals import (
 
 @worker_init.connect
 def prepare_main_process(sender, **kwargs) -> None:
-    """Before the pool forks: the shutdown flag, the metrics server, lock timeouts, a warm send path."""
+    """Set up the shutdown flag, metrics, lock timeouts and a warm send path before the fork."""
     from reminders import locks
     from reminders.worker import shutdown, telemetry
 
@@ -30,9 +29,8 @@ def prepare_main_process(sender, **kwargs) -> None:
 def warm_send_path() -> None:
     """Load the send path in a main process before it forks, so pool processes share it.
 
-    Each child would otherwise import the channels' clients and look up every
-    language's words at its first batch. ``gc.freeze`` keeps the collector from
-    copying the shared pages.
+    Else each child imports the channels' clients and looks up every language's words at its
+    first batch; ``gc.freeze`` keeps the collector from copying the shared pages.
     """
     import gc
 
@@ -58,7 +56,7 @@ def start_scan_lane(sender, **kwargs) -> None:
 
 @worker_shutting_down.connect
 def announce_shutdown(sender, **kwargs) -> None:
-    """Stop running batches from starting new calls; runs in a signal handler, so only sets flags."""
+    """Stop running batches starting new calls; only sets flags, as it runs in a signal handler."""
     from reminders.worker import scanlane, shutdown
 
     shutdown.announce()

@@ -32,11 +32,10 @@ def deliver_notices(
 ) -> dict[str, int]:
     """Claim, render, send and record the notices ``ids``; return counts by outcome.
 
-    No call starts after a notice's workshop starts (its envelope's ``send_by``),
-    and ``stop`` ends the batch between chunks; what is not claimed stays
-    pending for the next scan. A worker lost mid-send leaves its chunk
-    ``sending`` until the lease; then the scan sends it again under its key
-    (http, file) or marks it ``unknown``.
+    No call starts after a notice's workshop starts (its envelope's ``send_by``); ``stop`` ends
+    the batch between chunks, and what is not claimed stays pending for the next scan. A worker
+    lost mid-send leaves its chunk ``sending`` until the lease, when the scan sends it again
+    under its key (http, file) or marks it ``unknown``.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL

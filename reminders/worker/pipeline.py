@@ -1,8 +1,7 @@
 """Compose the services into the two jobs the workers run: the scan and a delivery batch.
 
-Both are synchronous and own no state: every decision is a guarded UPDATE in
-reminders.services, so a scan or batch may run twice, overlap another, or die
-at any line without sending anything twice.
+Both are synchronous and own no state: each decision is a guarded UPDATE in reminders.services,
+so a scan or batch may run twice, overlap another or die at any line without sending twice.
 """
 
 from __future__ import annotations
@@ -53,10 +52,9 @@ logger = logging.getLogger(__name__)
 class DatabaseUnavailable(Exception):
     """The database could not be reached before ``ids`` were claimed; nothing was sent.
 
-    ``held`` is ``(token, chunk)`` when the connection was lost inside the claim
-    of ``chunk``: its statement may have committed, so the retry first
-    releases whatever that token holds (``deliver(..., held=...)``), instead of
-    leaving those rows ``sending`` until their lease expires.
+    ``held`` is ``(token, chunk)`` when the connection was lost inside the claim of ``chunk``,
+    which may have committed: the retry first releases what that token holds
+    (``deliver(..., held=...)``) instead of leaving those rows ``sending`` until their lease.
     """
 
     def __init__(self, ids: list[int], held: tuple[uuid.UUID, list[int]] | None = None) -> None:
@@ -79,10 +77,9 @@ def scan(
 ) -> dict[str, int]:
     """Settle unsent rows, reap lost claims, plan new reminders and dispatch due ones.
 
-    Ends by recording its own completion (reminders.models.ScanRun), which the
-    health view compares with beat's last publish. ``publish`` replaces the
-    broker publish (benchmarks count messages with it); ``notices_publish``
-    the change notices' one.
+    Ends by recording its completion (reminders.models.ScanRun), which the health view compares
+    with beat's last publish. ``publish`` and ``notices_publish`` replace the broker publishes of
+    reminders and change notices (benchmarks count messages with them).
     """
     clock = clock or default_clock()
     started = clock.monotonic()
@@ -95,9 +92,8 @@ def scan(
         try:
             return job()
         except OperationalError as exc:
-            # A phase that waited too long for a lock (a long staff transaction)
-            # or ran past REMINDERS_SCAN_STATEMENT_TIMEOUT is left to the next
-            # scan; the other phases still run.
+            # A phase that waited too long for a lock (a long staff transaction) or ran past
+            # REMINDERS_SCAN_STATEMENT_TIMEOUT is left to the next scan; the others still run.
             if not gave_up_waiting(exc):
                 raise
             logger.warning("Scan phase %s gave up (%s); the next scan runs it", phase, exc)
@@ -171,17 +167,13 @@ def deliver(
 ) -> dict[str, int]:
     """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
 
-    A chunk is never larger than the concurrency limit, so a worker killed
-    mid-batch leaves at most that many reminders in ``sending`` for the reaper
-    (the rest are still queued and are dispatched again). Ids that cannot be
-    claimed (sent, cancelled, unknown, held by another worker) are skipped.
-    ``stop`` (anything with ``is_set()``, the worker's shutdown flag in
-    production) ends the batch: no new call, calls in flight drain, and the
-    ids not yet claimed are due again at the next scan. The chunks share one
-    event loop, the provider connections and the rate limiter's client
-    (``bridge.delivery_session``); each chunk is still claimed, sent and
-    recorded before the next is claimed. ``held`` is a ``DatabaseUnavailable``'s:
-    that claim is released first.
+    A worker killed mid-batch thus leaves at most a chunk ``sending`` for the reaper (the rest
+    are still queued and dispatched again). Ids not claimable (sent, cancelled, unknown, held by
+    another worker) are skipped. ``stop`` (anything with ``is_set()``; in production the
+    worker's shutdown flag) ends the batch: no new call, calls in flight drain, unclaimed ids
+    are due at the next scan. Chunks share one event loop, provider connections and limiter
+    client (``bridge.delivery_session``), each claimed, sent and recorded before the next is
+    claimed. ``held`` is a ``DatabaseUnavailable``'s: that claim is released first.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
@@ -198,14 +190,12 @@ def deliver(
             logger.warning(
                 "Handed back %s reminders a claim cut off from the database held", released
             )
-    # A chunk is what can really be in flight at once, so a killed worker
-    # leaves no more than that to the reaper.
+    # A chunk is what can really be in flight at once.
     chunk_size = bridge.check_channel(channel, clock=clock)
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()
-    # One event loop, one set of provider connections and one limiter client
-    # for the whole batch; between chunks the loop does not run.
+    # One loop, connection set and limiter client for the batch; idle between chunks.
     with bridge.delivery_session(channel=channel, clock=clock) as session:
         for offset in range(0, len(ids), chunk_size):
             remaining = budget - (clock.monotonic() - started)
@@ -223,9 +213,8 @@ def deliver(
                 )
             except BaseException as exc:
                 if isinstance(_interruption(exc), OperationalError | InterfaceError):
-                    # Nothing after this chunk is claimed, and this chunk's claim
-                    # may have committed as the connection went: the retry
-                    # releases it first, then delivers them all.
+                    # Nothing later is claimed, and this chunk's claim may have committed
+                    # as the connection went: the retry releases it, then delivers them all.
                     connection.close()
                     raise DatabaseUnavailable(ids[offset:], held=(token, chunk)) from exc
                 # Interrupted (a soft time limit), perhaps after the claim committed.
@@ -267,15 +256,13 @@ def deliver(
 def record_with_retry(
     *, claim, results: list[DeliveryResult], clock: Clock, record=reminder_record_batch
 ) -> dict[str, int]:
-    """Record a chunk's outcomes with ``record`` (reminders', or notices' own), retrying while
-    the database is briefly unreachable.
+    """Record a chunk's outcomes with ``record``, retrying while the database is briefly away.
 
-    Outcomes are known once the engine returns; losing them to a database
-    restart would leave the reaper to guess (``unknown`` on SMTP). The record
-    is fenced by the claim token, so running it again is harmless.
+    Losing known outcomes to a database restart would leave the reaper to guess (``unknown``
+    on SMTP); ``record`` (the reminders' or notices' own) is fenced by the claim token, so
+    running it again is harmless.
     """
-    # Far inside the lease (config/timing.py), so no reaper can take the rows
-    # meanwhile; the record is fenced, so a retry is safe.
+    # Far inside the lease (config/timing.py): no reaper takes the rows meanwhile.
     give_up_at = clock.monotonic() + settings.REMINDERS_TIME_BOUNDS.record_retry
     delay = 0.5
     interrupted: BaseException | None = None
@@ -284,11 +271,9 @@ def record_with_retry(
             counts = record(claim=claim, results=results, clock=clock)
         except BaseException as exc:
             if not isinstance(_interruption(exc), OperationalError | InterfaceError):
-                # Interrupted inside the record (a soft time limit): the transaction
-                # rolled back, or it committed and the interruption came before its
-                # answer. Record once more on a fresh connection (fenced: a record
-                # that committed changes nothing the second time), then go on with
-                # the interruption.
+                # Interrupted inside the record (a soft time limit): it rolled back, or it
+                # committed and the interruption beat the answer. Record again on a fresh
+                # connection (fenced: no change if it committed), then raise the interruption.
                 if interrupted is not None:
                     raise
                 interrupted = exc
@@ -341,9 +326,8 @@ def _send(
             )
         )
     except Interrupted as exc:
-        # A soft time limit stopped the batch mid-chunk: keep what is known. It
-        # may have landed inside the claim watch's query, so the connection is
-        # not trusted: the record starts on a fresh one.
+        # A soft time limit stopped the chunk: keep what is known. It may have landed in the
+        # claim watch's query, so the record starts on a fresh connection.
         _fresh_connection()
         record_with_retry(claim=claim, results=results + exc.results, clock=clock)
         raise exc.cause from None
@@ -351,12 +335,10 @@ def _send(
 
 
 def build_envelopes(rows, build) -> tuple[list, list[DeliveryResult]]:
-    """Render each claimed row (a reminder or a notice) with ``build``; return the envelopes,
-    and the results of the rows that get no call.
+    """Render claimed rows (reminders or notices) with ``build``; return envelopes and results.
 
-    An address that bounced or complained is refused: failed, saying why. Bad
-    data in one row is that row's permanent failure, recorded with the
-    reason, not a crash of the batch.
+    The results are of rows that get no call: a bounced or complained address is refused
+    saying why, and bad data fails its row permanently with the reason, never the batch.
     """
     envelopes, results = [], []
     refusals = suppressions_refusing([row.attendee.email for row in rows])
@@ -378,13 +360,10 @@ def _fresh_connection() -> None:
 
 
 def _interruption(exc: BaseException) -> BaseException:
-    """Return what interrupted a database call: the first exception in ``exc``'s chain that
-    is not a database error, or ``exc`` itself when there is none.
+    """Return the interruption: the first non-database error in ``exc``'s chain, else ``exc``.
 
-    A soft time limit that lands while COMMIT is on its way out leaves the
-    connection busy; Django's clean-up then fails with a ProgrammingError
-    raised while handling it, and that error, not the interruption, would
-    reach Celery.
+    A soft time limit landing while COMMIT goes out leaves the connection busy; Django's
+    clean-up then raises a ProgrammingError, which, not the interruption, would reach Celery.
     """
     seen = exc
     while isinstance(seen, Error | psycopg.Error):
@@ -413,11 +392,9 @@ def _claim_interrupted(
 ) -> None:
     """Clean up after the claim of ``chunk`` ended with ``exc`` instead of a claim.
 
-    An interruption may have come after its statement went out: release what
-    it holds under ``token`` on a fresh connection (waiting for that statement
-    if it is still under way), and make the rest of the batch, ``rest``, due at the
-    next scan. If the database cannot be reached, the lease and the next scan
-    decide.
+    The interruption may have come after its statement went out: release what ``token`` holds
+    on a fresh connection (waiting for that statement if still under way) and make ``rest``,
+    the rest of the batch, due at the next scan. Without the database, the lease and scan decide.
     """
     _fresh_connection()
     cause = type(_interruption(exc)).__name__

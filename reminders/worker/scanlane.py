@@ -1,9 +1,8 @@
 """The scan's own lane: a thread in every worker's main process that consumes the scan queue.
 
-Delivery batches may keep every pool process busy for minutes, and a scan queued
-behind them would expire unrun; so the pool consumes only delivery. A scan with
-another waiting behind it is dropped (only the newest is worth running), judged
-by the queue, never by beat's clock.
+Delivery batches may keep every pool process busy for minutes, and a scan queued behind them
+would expire unrun, so the pool consumes only delivery. A scan with another waiting behind it
+is dropped (only the newest is worth running), judged by the queue, never by beat's clock.
 """
 
 from __future__ import annotations

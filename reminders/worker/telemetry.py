@@ -1,9 +1,8 @@
 """A worker's own series for Prometheus: provider calls, slack before the deadline, limiter waits.
 
-Off unless ``REMINDERS_METRICS_PORT`` is set. Each pool process writes its counts
-to a file of its own in a directory the worker owns, and the main process serves
-their sum. The series' names are a contract (deploy/prometheus/alerts.yml,
-docs/operations.md).
+Off unless ``REMINDERS_METRICS_PORT`` is set. Each pool process writes its counts to a file of
+its own in a directory the worker owns, and the main process serves their sum. The series'
+names are a contract (deploy/prometheus/alerts.yml, docs/operations.md).
 """
 
 from __future__ import annotations
