@@ -27,6 +27,30 @@ def pytest_configure(config):
             "reminders (make test does this).",
             returncode=2,
         )
+    _empty_tables_by_delete()
+
+
+def _empty_tables_by_delete() -> None:
+    """Empty the tables after a transactional test with DELETE, not TRUNCATE.
+
+    TRUNCATE of the project's 37 tables took 130-180 ms on PostgreSQL here, DELETE of
+    a test's few rows a few ms; the foreign-key triggers are off for that transaction
+    only (``session_replication_role``), so the order does not matter. A flush that
+    resets sequences still truncates.
+    """
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    truncate = DatabaseOperations.sql_flush
+
+    def sql_flush(self, style, tables, *, reset_sequences=False, allow_cascade=False):
+        if not tables or reset_sequences:
+            return truncate(
+                self, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade
+            )
+        deletes = [f"DELETE FROM {self.quote_name(table)};" for table in tables]
+        return ["SET LOCAL session_replication_role = replica;", *deletes]
+
+    DatabaseOperations.sql_flush = sql_flush
 
 
 def pytest_collection_modifyitems(config, items):
