@@ -47,14 +47,13 @@ class FileChannel:
         from_email: str,
         clock: Clock,
         name: str = "file",
-        message_id_domain: str = "",
     ) -> None:
         if not str(directory):
             raise ValueError("FileChannel needs a directory to write .eml files into.")
         self.name = name
         self.directory = Path(directory)
         self._sender = parse_sender(from_email, setting="FileChannel from_email")
-        self._domain = message_id_domain or self._sender.domain
+        self._domain = self._sender.domain
         self._clock = clock
 
     def path_for(self, key: str) -> Path:

@@ -14,7 +14,6 @@ import json
 import logging
 import math
 import ssl
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -26,7 +25,7 @@ import aiohttp
 
 from clock import Clock
 from delivery.addresses import clean_header_text
-from delivery.envelope import Envelope, FrozenMap
+from delivery.envelope import Envelope
 from delivery.errors import (
     OutcomeUnknownError,
     PermanentError,
@@ -69,13 +68,11 @@ class HttpSettings:
     hedge_urls: tuple[str, ...] = ()
     hedge_stagger: float = 0.0
     max_connections: int = 100
-    headers: Mapping[str, str] = field(default_factory=FrozenMap)
     #: Plain http:// to a host other than this machine (REMINDERS_HTTP_ALLOW_INSECURE).
     allow_insecure_http: bool = False
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "hedge_urls", tuple(self.hedge_urls))
-        object.__setattr__(self, "headers", FrozenMap(self.headers))
         for name, url in [("url", self.url)] + [("hedge_urls", u) for u in self.hedge_urls]:
             parts = urlsplit(url or "")
             if parts.scheme not in ("http", "https") or not parts.netloc:
@@ -239,7 +236,7 @@ class HttpChannel:
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=settings.timeout, connect=settings.timeout),
-            headers={"User-Agent": USER_AGENT, **settings.headers},
+            headers={"User-Agent": USER_AGENT},
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
         )

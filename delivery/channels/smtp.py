@@ -55,8 +55,6 @@ class SmtpSettings:
     allow_plaintext_auth: bool = False
     timeout: float = 10.0
     max_connections: int = 1
-    message_id_domain: str = ""
-    local_hostname: str | None = None
     validate_certs: bool = True
     #: Sign every message with it (delivery/dkim.py); None: the relay signs, or nobody.
     dkim: DkimKey | None = None
@@ -287,7 +285,7 @@ class SmtpChannel:
         self.max_concurrency = settings.max_connections
         self._clock = clock
         self._sender: Sender = parse_sender(settings.from_email, setting="SmtpSettings.from_email")
-        self._domain = settings.message_id_domain or self._sender.domain
+        self._domain = self._sender.domain
         self._idle: list[aiosmtplib.SMTP | _Pipeline] = []
         self._slots: asyncio.Semaphore | None = None
         self.connections_opened = 0
@@ -339,7 +337,6 @@ class SmtpChannel:
             use_tls=settings.use_tls,
             start_tls=False if settings.starttls is False else None,
             timeout=settings.timeout,
-            local_hostname=settings.local_hostname,
             validate_certs=settings.validate_certs,
         )
         try:

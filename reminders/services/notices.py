@@ -366,7 +366,6 @@ def notice_claim(
     ids: list[int],
     channel: str,
     clock: Clock | None = None,
-    lease_seconds: int | None = None,
 ) -> NoticeClaim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
@@ -378,7 +377,7 @@ def notice_claim(
     host_now = clock.now()
     now = database_now(clock)
     token = uuid.uuid4()
-    lease = timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
+    lease = timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
     taken = [
         pk
         for pk, _ in update_returning(

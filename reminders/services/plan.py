@@ -135,7 +135,6 @@ def _plan_source(
 def reminders_plan(
     *,
     clock: Clock | None = None,
-    policy: ReminderPolicy | None = None,
     enrollments: QuerySet[Enrollment] | None = None,
     late_reason: str = reasons.PLANNED_LATE,
 ) -> int:
@@ -146,7 +145,7 @@ def reminders_plan(
     with ``late_reason``. Return how many were created.
     """
     clock = clock or default_clock()
-    policy = policy or ReminderPolicy.from_settings()
+    policy = ReminderPolicy.from_settings()
     now = database_now(clock)
     scanning = enrollments is None
     if enrollments is None:

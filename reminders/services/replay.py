@@ -127,7 +127,6 @@ def reminder_resolve_unknown(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
-    publish: Publish | None = None,
 ) -> StaffActionResult:
     """Decide the reminders of a selection whose outcome is ``unknown``, recording why.
 
@@ -155,7 +154,7 @@ def reminder_resolve_unknown(
                 reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason),
                 now=now,
             )
-            queued = _dispatch(changed, clock=clock, publish=publish)
+            queued = _dispatch(changed, clock=clock, publish=None)
         else:
             changed = _update_ids(
                 _guarded(unknown, selection),

@@ -26,7 +26,6 @@ def deliver_notices(
     ids: list[int],
     *,
     clock: Clock | None = None,
-    channel: str | None = None,
     worker: str = "",
     stop=None,
 ) -> dict[str, int]:
@@ -38,7 +37,7 @@ def deliver_notices(
     under its key (http, file) or marks it ``unknown``.
     """
     clock = clock or default_clock()
-    channel = channel or settings.REMINDERS_CHANNEL
+    channel = settings.REMINDERS_CHANNEL
     chunk_size = bridge.check_channel(channel, clock=clock)
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
