@@ -440,11 +440,6 @@ def _summary(runs: list[dict]) -> dict:
 
     cold = [fixed(run["scans"][0]) for run in runs]
     steady = [fixed(run["scans"][-1]) for run in runs]
-    # The prune's DELETE runs only when there are old dispatch records: data, not size.
-    steady_unpruned = {
-        fixed(run["scans"][-1]) - run["scans"][-1]["by_kind"].get("DELETE reminders_dispatch", 0)
-        for run in runs
-    }
     largest = runs[-1]
     scans = [row for run in runs for row in run["scans"]]
     return {
@@ -453,7 +448,7 @@ def _summary(runs: list[dict]) -> dict:
         "cold_fixed_statements": cold,
         "steady_fixed_statements": steady,
         "told_statements": [run["told"]["statements"] for run in runs],
-        "statements_constant": len(set(cold)) == 1 and len(steady_unpruned) == 1,
+        "statements_constant": len(set(cold)) == 1 and len(set(steady)) == 1,
         "most_statements_per_scan": cold[0]
         + STATEMENTS_PER_TRANSACTION
         * math.ceil(settings.REMINDERS_DISPATCH_LIMIT / per_transaction),
