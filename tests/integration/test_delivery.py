@@ -119,8 +119,15 @@ def test_sigkill_mid_batch_leaves_no_duplicate_and_nothing_stuck(
         # while its chunk's reply waits.
         arrived = 2 if moment == "before_accept" else 3
         _wait_until(lambda: len(smtp_sink.received()) >= arrived, what="some messages to arrive")
+        # The first chunk recorded and the next one sending: the first chunk's own rows
+        # stay "sending" until its record, and a kill landing just after that record
+        # (seen in CI) left nothing in flight.
         _wait_until(
-            lambda: Reminder.objects.filter(status="sending").exists(), what="a claim in flight"
+            lambda: (
+                Reminder.objects.filter(status="sent").count() >= 2
+                and Reminder.objects.filter(status="sending").exists()
+            ),
+            what="the next chunk in flight",
         )
         victim.signal_group(signal.SIGKILL)
         victim.popen.wait(10)
