@@ -96,10 +96,17 @@ def _same_facts(prefix: str, ref=F) -> Q:
 
 _CANCELLED_NOW = _cancelled_now()
 _SAME_FACTS = _same_facts("told_")
-# What the attendee was last told differs from now; a cancelled workshop that moves is no news.
-_DIFFERS = (_CANCELLED_NOW & Q(told_cancelled=False)) | (
-    ~_CANCELLED_NOW & (Q(told_cancelled=True) | ~_SAME_FACTS)
-)
+
+
+def _differs(cancelled_now: Q) -> Q:
+    """What the attendee was last told differs from now, ``cancelled_now`` being their state;
+    a cancelled workshop that moves is no news."""
+    return (cancelled_now & Q(told_cancelled=False)) | (
+        ~cancelled_now & (Q(told_cancelled=True) | ~_SAME_FACTS)
+    )
+
+
+_DIFFERS = _differs(_CANCELLED_NOW)
 
 
 def _covered(*, cancelled: bool) -> Exists:
@@ -141,11 +148,7 @@ def _differing_workshops(now: datetime) -> set[int]:
     four more tables, so it runs on their workshops only (docs/scaling.md, the fifth wall).
     """
     told = Reminder.objects.filter(status__in=TOLD, workshop__starts_at__gt=now).order_by()
-    cancelled = Q(workshop__status=Workshop.Status.CANCELLED)
-    by_workshop = told.filter(
-        (cancelled & Q(told_cancelled=False))
-        | (~cancelled & (Q(told_cancelled=True) | ~_SAME_FACTS))
-    )
+    by_workshop = told.filter(_differs(Q(workshop__status=Workshop.Status.CANCELLED)))
     by_enrollment = told.filter(
         enrollment__status=Enrollment.Status.CANCELLED, told_cancelled=False
     )
