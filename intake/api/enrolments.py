@@ -182,6 +182,10 @@ def cancel_enrolment(request, enrolment_id: Path[Id], body: Reason):
         reason=body.reason,
         actor=TokenActor(token),
     )
+    if not result.changed:  # cancelled by another request since the read above
+        return problem(
+            409, f"Enrolment {enrolment.pk} is already cancelled.", code="already_cancelled"
+        )
     audit(request, 200, enrolment=enrolment.pk, decision=result.audit_id)
     enrolment.refresh_from_db()
     return _enrolment_out(enrolment)

@@ -229,6 +229,10 @@ def cancel_workshop(request, workshop_id: Path[Id], body: Reason):
         reason=body.reason,
         actor=TokenActor(token),
     )
+    if not result.changed:  # cancelled by another request since the read above
+        return problem(
+            409, f"Workshop {workshop.pk} is already cancelled.", code="already_cancelled"
+        )
     audit(request, 200, workshop=workshop.pk, decision=result.audit_id, reminders=result.reminders)
     workshop.refresh_from_db()
     return one_workshop(token, workshop)
@@ -246,6 +250,8 @@ def reinstate_workshop(request, workshop_id: Path[Id], body: Reason):
         reason=body.reason,
         actor=TokenActor(token),
     )
+    if not result.changed:  # reinstated by another request since the read above
+        return problem(409, f"Workshop {workshop.pk} is not cancelled.", code="not_cancelled")
     audit(request, 200, workshop=workshop.pk, decision=result.audit_id, reminders=result.reminders)
     workshop.refresh_from_db()
     return one_workshop(token, workshop)

@@ -241,6 +241,48 @@ def test_the_same_enrolment_posted_twice_is_one_enrolment_and_one_reminder(api, 
     assert ApiWrite.objects.count() == 1  # the repeat wrote nothing
 
 
+@pytest.mark.parametrize("action", ["cancel enrolment", "cancel workshop", "reinstate workshop"])
+def test_a_decision_another_request_made_first_is_a_409_and_no_audit(
+    api, make_workshop, enrol, monkeypatch, action
+):
+    """The view reads the row, then another request decides it before the service runs:
+    the service changes nothing, and the answer says so instead of 200."""
+    import importlib
+
+    # The modules, not the routers of the same names that intake.api exports.
+    enrolment_views = importlib.import_module("intake.api.enrolments")
+    workshop_views = importlib.import_module("intake.api.workshops")
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    (enrolment,) = enrol(workshop)
+    if action == "reinstate workshop":
+        api.post(f"/api/workshops/{workshop.pk}/cancel", {"reason": "Teacher ill"})
+        workshop.refresh_from_db()
+    views, stale, path, code = {
+        "cancel enrolment": (
+            enrolment_views, enrolment, f"/api/enrolments/{enrolment.pk}/cancel",
+            "already_cancelled",
+        ),
+        "cancel workshop": (
+            workshop_views, workshop, f"/api/workshops/{workshop.pk}/cancel", "already_cancelled"
+        ),
+        "reinstate workshop": (
+            workshop_views, workshop, f"/api/workshops/{workshop.pk}/reinstate", "not_cancelled"
+        ),
+    }[action]  # fmt: skip
+    # The other request, committed between the view's read and its service call.
+    if action == "cancel enrolment":
+        Enrollment.objects.filter(pk=enrolment.pk).update(status="cancelled")
+    elif action == "cancel workshop":
+        Workshop.objects.filter(pk=workshop.pk).update(status="cancelled")
+    else:
+        Workshop.objects.filter(pk=workshop.pk).update(status="scheduled")
+    monkeypatch.setattr(views, "get_or_404", lambda *args: stale)
+    audits = ApiWrite.objects.count()
+    assert_problem(api.post(path, {"reason": "Both at once"}), 409, code)
+    assert ApiWrite.objects.count() == audits
+
+
 def test_a_repost_never_brings_back_a_cancelled_enrolment_reactivation_does(api, make_workshop):
     workshop = make_workshop(starts_in=timedelta(hours=5))
     made = api.post("/api/enrolments", item(workshop.pk, 1)).json()
