@@ -12,7 +12,7 @@ import pytest
 from django.db import connection, transaction
 from django.test import Client
 
-from clock import default_clock
+from clock import SystemClock, default_clock
 from intake.models import AttendeeRef, Integration, WorkshopRef
 from intake.services import AttendeeIn, attendees_upsert
 from tests.intake.conftest import Api
@@ -41,8 +41,11 @@ def closing(work):
 
 
 def wait_for_a_lock_wait(timeout: float = 10) -> None:
-    """Return once another session of this database waits for a row lock (the upsert)."""
-    clock = default_clock()
+    """Return once another session of this database waits for a row lock (the upsert).
+
+    On the real clock: a fake one installed as the process clock would end the wait at once.
+    """
+    clock = SystemClock()
     deadline = clock.monotonic() + timeout
     with connection.cursor() as cursor:
         while clock.monotonic() < deadline:
@@ -79,7 +82,7 @@ def test_an_erasure_committing_while_an_upsert_waits_is_seen_not_undone(make_tok
             )
 
     def upsert():
-        holding.wait(5)
+        assert holding.wait(5), "the erasure never took its lock"
         answers.append(
             Api(Client(), secret).post(
                 "/api/attendees",
