@@ -16,7 +16,7 @@ from intake import csvfile
 from intake.imports import ImportForm, export_rows, import_preview
 from intake.models import ApiToken, ApiWrite, CsvTransfer, Integration
 from intake.services import EnrolmentIn, Refused, enrolments_upsert
-from intake.tokens import SCOPES, token_create, token_revoke
+from intake.tokens import token_create, token_revoke
 from workshops.models import Workshop
 
 
@@ -50,6 +50,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         "revoked_at",
     )
     list_filter = ("integration", ("revoked_at", admin.EmptyFieldListFilter))
+    list_select_related = ("integration",)  # each row's name shows its integration
     actions = ["revoke_selected"]
     readonly_fields = (
         "integration", "name", "prefix", "scope_list", "created_at", "created_by",
@@ -87,7 +88,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
         made = token_create(
             integration=form.cleaned_data["integration_name"],
             name=form.cleaned_data["name"],
-            scopes=[s for s in SCOPES if s in form.cleaned_data["scopes"]],
+            scopes=form.cleaned_data["scopes"],
             created_by=request.user.get_username(),
         )
         for field in ApiToken._meta.concrete_fields:
@@ -156,6 +157,7 @@ class CsvTransferAdmin(admin.ModelAdmin):
     """The audit of CSV imports and exports, and the two views that make them."""
 
     list_display = ("created_at", "kind", "workshop", "actor_name", "rows", "created", "unchanged")
+    list_select_related = ("workshop",)
     list_filter = ("kind",)
     readonly_fields = (
         "kind", "workshop", "actor_name", "created_at", "filename", "integration", "rows",

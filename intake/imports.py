@@ -96,9 +96,7 @@ def _dry_run(integration_name: str, items: list[EnrolmentIn]):
     with transaction.atomic():
         integration, _ = Integration.objects.get_or_create(name=integration_name)
         try:
-            return enrolments_upsert(
-                integration=integration, items=items, limit=csvfile.MAX_ROWS, dry_run=True
-            )
+            return enrolments_upsert(integration=integration, items=items, limit=csvfile.MAX_ROWS)
         finally:
             transaction.set_rollback(True)
 

@@ -62,11 +62,11 @@ def problem(
     return response
 
 
-def field_errors(error_dict: dict[str, list[str]], *, prefix: str = "") -> list[dict]:
+def field_errors(error_dict: dict[str, list[str]]) -> list[dict]:
     """A Django ValidationError's ``message_dict`` as problem items."""
     return [
         {
-            "field": prefix + ("" if name == "__all__" else name) or "body",
+            "field": ("" if name == "__all__" else name) or "body",
             "detail": m,
             "code": "invalid",
         }

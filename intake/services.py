@@ -323,19 +323,16 @@ def _refuse_if(plan: _Plan) -> None:
         raise Refused(plan.errors, conflict=plan.conflicts == len(plan.errors))
 
 
-def _retrying(work, *, rollback: bool = False):
+def _retrying(work):
     """Run ``work`` in a transaction; again if a concurrent request took a row first.
 
     Each attempt that loses sees the winner's rows on the next one, so only a
-    request that loses to ATTEMPTS different writers in a row fails. With
-    ``rollback`` nothing it wrote stays (a preview).
+    request that loses to ATTEMPTS different writers in a row fails.
     """
     for attempt in range(ATTEMPTS):
         try:
             with transaction.atomic():
-                result = work()
-                transaction.set_rollback(rollback)
-                return result
+                return work()
         except (IntegrityError, OperationalError) as error:
             lost = isinstance(error, IntegrityError) or lost_a_race(error)
             if not lost or attempt == ATTEMPTS - 1:
@@ -372,14 +369,13 @@ def enrolments_upsert(
     integration: Integration,
     items: list[EnrolmentIn],
     limit: int = MAX_ITEMS,
-    dry_run: bool = False,
 ) -> list[EnrolmentOutcome]:
     """Enrol each item's attendee (upserted) in its workshop; all or nothing.
 
     An enrolment that exists and is active is ``unchanged``; a cancelled one
     refuses the request (reactivation is its own action), as does an erased
-    attendee or a cancelled workshop. With ``dry_run`` nothing stays written: the
-    same work runs and is rolled back, so a preview says what a write would do.
+    attendee or a cancelled workshop. A preview runs it in a transaction it rolls back
+    (intake.imports).
     """
     if len(items) > limit:
         raise Refused([ItemError(-1, "items", f"Send at most {limit} items.", "too_many")])
@@ -446,16 +442,8 @@ def enrolments_upsert(
         for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):
             if index in bad:
                 continue
+            # An erased attendee was refused while resolving: these are all enrollable.
             attendee = plan.attendees[plan.key(item.attendee.email)]
-            if attendee.erased_at is not None:
-                plan.refuse(
-                    index,
-                    "attendee",
-                    "This attendee was erased at staff's request.",
-                    "attendee_erased",
-                    conflict=True,
-                )
-                continue
             enrolment = existing.get((attendee.pk, wid))
             if enrolment is not None and enrolment.status == Enrollment.Status.CANCELLED:
                 plan.refuse(
@@ -490,4 +478,4 @@ def enrolments_upsert(
             for index, (key, pair) in enumerate(chosen)
         ]
 
-    return _retrying(work, rollback=dry_run)
+    return _retrying(work)

@@ -183,11 +183,7 @@ def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None =
     """Cancel, revive or plan the reminder of one enrollment, inside its transaction."""
     reminders_settle(clock=clock, scope=Q(enrollment=enrollment))
     if enrollment.status == Enrollment.Status.ACTIVE:
-        reminders_plan(
-            clock=clock,
-            enrollments=Enrollment.objects.filter(pk=enrollment.pk),
-            late_reason=reasons.ENROLLED_LATE,
-        )
+        reminders_plan_enrollments(ids=[enrollment.pk], clock=clock)
 
 
 def reminders_plan_enrollments(*, ids: list[int], clock: Clock | None = None) -> int:
