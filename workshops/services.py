@@ -147,21 +147,27 @@ def attendee_get_or_create(
 
 
 def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
-    """Enrol an attendee; re-activate a cancelled enrollment instead of duplicating it."""
-    if not workshop.is_scheduled:
-        raise ValidationError(
-            {"workshop": "This workshop is cancelled; enrol in a scheduled workshop."},
-            code="workshop_cancelled",
-        )
-    if attendee.erased_at is not None:
-        raise ValidationError(
-            {
-                "attendee": "This attendee's personal data was erased; to enrol the person "
-                "again, add them as a new attendee with their name and email."
-            },
-            code="attendee_erased",
-        )
+    """Enrol an attendee; re-activate a cancelled enrollment instead of duplicating it.
+
+    Judged from the attendee and workshop as they are now, held against an erasure or a
+    cancel until commit (the lock order: attendee, then workshop), not from the copies passed.
+    """
     with transaction.atomic():
+        attendee = Attendee.objects.select_for_update(no_key=True).get(pk=attendee.pk)
+        workshop = Workshop.objects.select_for_update(no_key=True).get(pk=workshop.pk)
+        if not workshop.is_scheduled:
+            raise ValidationError(
+                {"workshop": "This workshop is cancelled; enrol in a scheduled workshop."},
+                code="workshop_cancelled",
+            )
+        if attendee.erased_at is not None:
+            raise ValidationError(
+                {
+                    "attendee": "This attendee's personal data was erased; to enrol the person "
+                    "again, add them as a new attendee with their name and email."
+                },
+                code="attendee_erased",
+            )
         enrollment, created = Enrollment.objects.select_for_update(no_key=True).get_or_create(
             attendee=attendee, workshop=workshop
         )

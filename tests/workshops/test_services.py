@@ -1,6 +1,6 @@
 """Workshop, attendee and enrollment services: validation names the field, nothing half-saved."""
 
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -112,6 +112,23 @@ def test_cancelled_enrollment_is_reactivated_not_duplicated(make_workshop, make_
     again = enrollment_create(attendee=attendee, workshop=workshop)
     assert again.pk == enrollment.pk
     assert again.status == Enrollment.Status.ACTIVE
+
+
+@pytest.mark.parametrize("changed", ["workshop cancelled", "attendee erased"])
+def test_enrolling_judges_the_workshop_and_attendee_as_they_are_now(
+    make_workshop, make_attendee, changed
+):
+    """The caller's copies were read before another request cancelled the workshop or erased
+    the attendee (a bulk update, an API call, the admin): the enrolment is still refused."""
+    workshop, attendee = make_workshop(), make_attendee()
+    if changed == "workshop cancelled":
+        Workshop.objects.filter(pk=workshop.pk).update(status=Workshop.Status.CANCELLED)
+    else:
+        Attendee.objects.filter(pk=attendee.pk).update(erased_at=datetime(2026, 3, 1, tzinfo=UTC))
+    with pytest.raises(ValidationError) as caught:
+        enrollment_create(attendee=attendee, workshop=workshop)
+    assert set(caught.value.message_dict) == {changed.split()[0]}
+    assert not Enrollment.objects.exists()
 
 
 def test_update_refuses_status_changes(make_workshop):
