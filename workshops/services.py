@@ -149,12 +149,13 @@ def attendee_get_or_create(
 def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
     """Enrol an attendee; re-activate a cancelled enrollment instead of duplicating it.
 
-    Judged from the attendee and workshop as they are now, held against an erasure or a
-    cancel until commit (the lock order: attendee, then workshop), not from the copies passed.
+    Judged from the attendee and workshop read again here, not from the copies passed. Not
+    locked: a lock would make a staff change of the workshop wait for every enrolment, and
+    the claim and the settle judge the workshop as it is then anyway.
     """
     with transaction.atomic():
-        attendee = Attendee.objects.select_for_update(no_key=True).get(pk=attendee.pk)
-        workshop = Workshop.objects.select_for_update(no_key=True).get(pk=workshop.pk)
+        attendee = Attendee.objects.get(pk=attendee.pk)
+        workshop = Workshop.objects.get(pk=workshop.pk)
         if not workshop.is_scheduled:
             raise ValidationError(
                 {"workshop": "This workshop is cancelled; enrol in a scheduled workshop."},
