@@ -18,6 +18,7 @@ from collections.abc import Callable
 from datetime import timedelta
 
 import pytest
+from django.core.exceptions import ValidationError
 from django.db import transaction
 
 from reminders.models import Reminder
@@ -151,8 +152,9 @@ def test_a_re_enrolment_through_a_workshop_read_before_a_cancel_ends_cancelled(
     enrollment_cancel(enrollment=enrollment)
     stale = Workshop.objects.get(pk=workshop.pk)
     workshop_cancel(workshop=Workshop.objects.get(pk=workshop.pk))
-    # The form read the workshop while it was still scheduled.
-    enrollment_create(attendee=enrollment.attendee, workshop=stale)
+    # The form read the workshop while it was still scheduled; the service reads it again.
+    with pytest.raises(ValidationError, match="This workshop is cancelled"):
+        enrollment_create(attendee=enrollment.attendee, workshop=stale)
     _deliver_everything(clock)
     pipeline.scan(clock=clock)
     assert list(outbox.glob("*.eml")) == []
