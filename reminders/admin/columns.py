@@ -1,4 +1,4 @@
-"""How the admin shows times and counts: in UTC and in the workshop's own zone, always labelled."""
+"""What the admins share: times labelled UTC or the workshop's zone, counts, view-only rows."""
 
 from __future__ import annotations
 
@@ -6,20 +6,35 @@ from datetime import UTC
 
 from django.contrib import admin
 
-from workshops.models import Enrollment
+
+class ViewOnlyMixin:
+    """Rows staff read and never add, change or delete: the services write them."""
+
+    def has_add_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_change_permission(self, request, obj=None) -> bool:
+        return False
+
+    def has_delete_permission(self, request, obj=None) -> bool:
+        return False
 
 
 def has_enrollments(obj) -> bool:
-    if obj is None:
-        return False
-    if isinstance(obj, Enrollment):
-        return True
-    return obj.enrollments.exists()
+    return obj is not None and obj.enrollments.exists()
 
 
 def without_bulk_delete(actions: dict) -> dict:
     actions.pop("delete_selected", None)
     return actions
+
+
+def copy_saved(obj, saved) -> None:
+    """Give the admin's ``obj`` what a service saved, so it carries on with it."""
+    for field in obj._meta.concrete_fields:
+        setattr(obj, field.attname, getattr(saved, field.attname))
+    obj._state.adding = False
+    obj._state.db = saved._state.db
 
 
 def format_local(moment, zone) -> str:

@@ -7,23 +7,14 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from reminders.admin.columns import (
-    plural,
-    utc_column,
-)
+from reminders.admin.columns import ViewOnlyMixin, plural, utc_column
 from reminders.models import StaffDecision
-from reminders.selectors import (
-    SKIP_REASONS,
-)
-from reminders.services.workshop_decisions import (
-    WORKSHOP_SKIP_LABELS,
-)
+from reminders.selectors import SKIP_REASONS
+from reminders.services.workshop_decisions import WORKSHOP_SKIP_LABELS
 
 
 @admin.register(StaffDecision)
-class StaffDecisionAdmin(admin.ModelAdmin):
-    """Every staff decision, read-only: who, when, why, and links to what it changed."""
-
+class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
     list_display = (
         "created_at_utc", "action", "state", "actor_name", "selected", "progress", "changed",
         "queued", "reason",
@@ -50,15 +41,6 @@ class StaffDecisionAdmin(admin.ModelAdmin):
     )
     readonly_fields = fields
     created_at_utc = utc_column("created_at", "Decided")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     @admin.display(description="Skipped")
     def skipped_counts(self, obj: StaffDecision) -> str:

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from reminders.admin.actions import CONFIRM, StaffActionsMixin
-from reminders.admin.columns import format_local, plural, utc_column
+from reminders.admin.columns import copy_saved, format_local, plural, utc_column
 from reminders.admin.forms import EnrollmentForm, WorkshopDecisionForm
 from reminders.services.enrollment_decisions import (
     ENROLLMENT_EFFECT_LABELS,
@@ -46,10 +46,7 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
         """
         if change and "status" not in form.changed_data:
             return
-        saved = enrollment_create(attendee=obj.attendee, workshop=obj.workshop)
-        for model_field in Enrollment._meta.concrete_fields:
-            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
-        obj._state.adding = False
+        copy_saved(obj, enrollment_create(attendee=obj.attendee, workshop=obj.workshop))
 
     def has_cancel_permission(self, request) -> bool:
         return request.user.has_perm("workshops.cancel_enrollment")

@@ -18,11 +18,7 @@ from reminders.admin.actions import (
     StaffActionsMixin,
     resolve_message,
 )
-from reminders.admin.columns import (
-    format_local,
-    format_utc,
-    utc_column,
-)
+from reminders.admin.columns import ViewOnlyMixin, format_local, format_utc, utc_column
 from reminders.admin.forms import (
     ResolveUnknownForm,
 )
@@ -44,7 +40,7 @@ from reminders.trace import trace_lines
 Status = Reminder.Status
 
 
-class DeliveryAttemptInline(admin.TabularInline):
+class DeliveryAttemptInline(ViewOnlyMixin, admin.TabularInline):
     model = DeliveryAttempt
     extra = 0
     can_delete = False
@@ -63,15 +59,6 @@ class DeliveryAttemptInline(admin.TabularInline):
     ordering = ("number",)
     claimed_at_utc = utc_column("claimed_at", "Claimed")
     finished_at_utc = utc_column("finished_at", "Finished")
-
-    def has_add_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
 
 class DeadlineFilter(admin.SimpleListFilter):
@@ -118,7 +105,7 @@ class DeliveryFilter(admin.SimpleListFilter):
 
 
 @admin.register(Reminder)
-class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
+class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
     list_display = (
         "attendee_email",
         "workshop_title",
@@ -253,16 +240,6 @@ class ReminderAdmin(StaffActionsMixin, admin.ModelAdmin):
     lease_expires_at_utc = utc_column("lease_expires_at", "Lease expires")
     created_at_utc = utc_column("created_at", "Created")
     updated_at_utc = utc_column("updated_at", "Updated")
-
-    def has_add_permission(self, request) -> bool:
-        return False
-
-    def has_change_permission(self, request, obj=None) -> bool:
-        # View-only: a status changes through services, never through a form.
-        return False
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return False
 
     def get_urls(self):
         health = path(

@@ -2,21 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from django.contrib import admin, messages
 
 from reminders.admin.actions import CONFIRM, StaffActionsMixin
-from reminders.admin.columns import plural, utc_column, without_bulk_delete
+from reminders.admin.columns import plural, utc_column
 from reminders.admin.forms import WorkshopDecisionForm
 from reminders.models import Suppression
+from reminders.selectors import SelectionPreview
 from reminders.services.suppression_decisions import suppressions_lift
-
-
-@dataclass(frozen=True, slots=True)
-class _Preview:
-    selected: int
-    eligible: int
 
 
 class LiveFilter(admin.SimpleListFilter):
@@ -53,9 +46,6 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # lifting keeps the history
 
-    def get_actions(self, request):
-        return without_bulk_delete(super().get_actions(request))
-
     def has_lift_permission(self, request) -> bool:
         return request.user.has_perm("reminders.change_suppression")
 
@@ -85,7 +75,7 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
             explanation="Reminders to these addresses are sent again from the next one on; "
             "reminders already failed as suppressed stay failed (replay them if they still "
             "have time). If the provider bounces an address again, it is suppressed again.",
-            preview=_Preview(selected, live),
+            preview=SelectionPreview(selected, live),
             eligible_label="Suppressions that will be lifted",
             effect_rows=[],
             skipped_rows=[("already lifted", selected - live)] if selected > live else [],

@@ -24,6 +24,7 @@ from reminders.admin.actions import (
     StaffActionsMixin,
 )
 from reminders.admin.columns import (
+    copy_saved,
     format_local,
     format_utc,
     has_enrollments,
@@ -194,11 +195,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         else:
             # Also "Save as new": a fresh workshop from the form's fields alone.
             saved = workshop_create(**values)
-        # The admin carries on with ``obj`` (inlines, change log, redirect).
-        for model_field in Workshop._meta.concrete_fields:
-            setattr(obj, model_field.attname, getattr(saved, model_field.attname))
-        obj._state.adding = False
-        obj._state.db = saved._state.db
+        copy_saved(obj, saved)
         if change and set(form.changed_data) & NOTICED_FIELDS:
             self._notice_message(request, obj)
         if change and set(form.changed_data) & (TEXT_FIELDS - {"notice_intro"}):
