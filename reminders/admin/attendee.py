@@ -17,7 +17,7 @@ from reminders.admin.columns import (
 )
 from reminders.admin.forms import (
     AttendeeForm,
-    WorkshopDecisionForm,
+    ReasonForm,
 )
 from reminders.services.erasure import attendee_erase_preview, attendees_erase
 from workshops.models import Attendee, Enrollment
@@ -68,7 +68,7 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
     def erase_selected(self, request, queryset):
         """Preview, ask for a reason, then erase names and emails and cancel enrollments."""
         confirming = request.POST.get(CONFIRM) == "yes"
-        form = WorkshopDecisionForm(request.POST if confirming else None)
+        form = ReasonForm(request.POST if confirming else None)
         if confirming and form.is_valid():
             result = attendees_erase(
                 attendees=queryset, reason=form.cleaned_data["reason"], actor=request.user

@@ -8,7 +8,7 @@ from django.utils.html import format_html
 
 from reminders.admin.actions import CONFIRM, StaffActionsMixin
 from reminders.admin.columns import copy_saved, format_local, plural, utc_column
-from reminders.admin.forms import EnrollmentForm, WorkshopDecisionForm
+from reminders.admin.forms import EnrollmentForm, ReasonForm
 from reminders.services.enrollment_decisions import (
     ENROLLMENT_EFFECT_LABELS,
     ENROLLMENT_SKIP_LABELS,
@@ -55,7 +55,7 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
     def cancel_selected(self, request, queryset):
         """Preview, ask for a reason, then cancel the enrollments and their unsent reminders."""
         confirming = request.POST.get(CONFIRM) == "yes"
-        form = WorkshopDecisionForm(request.POST if confirming else None)
+        form = ReasonForm(request.POST if confirming else None)
         if confirming and form.is_valid():
             result = enrollments_cancel(
                 enrollments=queryset, reason=form.cleaned_data["reason"], actor=request.user

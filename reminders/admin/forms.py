@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+from zoneinfo import ZoneInfo
 
 from django import forms
 from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
@@ -12,9 +12,7 @@ from django.core.exceptions import ValidationError
 from clock import default_clock
 from delivery.addresses import attendee_address_refusal
 from reminders.models import StaffDecision, id_from_text
-from reminders.services.replay import (
-    REASON_MAX_LENGTH,
-)
+from reminders.services.replay import REASON_MAX_LENGTH
 from workshops.models import Attendee, Enrollment, Workshop
 from workshops.validators import zone_choices
 
@@ -122,10 +120,8 @@ class WorkshopForm(forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        try:
-            zone = ZoneInfo(cleaned["timezone"]) if cleaned.get("timezone") else None
-        except (ZoneInfoNotFoundError, ValueError):
-            zone = None
+        # Only a listed IANA name gets here: ZoneInfo opens each.
+        zone = ZoneInfo(cleaned["timezone"]) if cleaned.get("timezone") else None
         for name in ("starts_at", "ends_at"):
             local = cleaned.get(name)
             if local is None:
@@ -161,18 +157,17 @@ CANCEL_BY_ACTION = (
 )
 
 
-def _cancels(form: forms.ModelForm) -> bool:
-    """Whether the form would make an enrollment cancelled (new, or changed to it)."""
-    cancelled = form.cleaned_data.get("status") == Enrollment.Status.CANCELLED
-    return cancelled and (form.instance.pk is None or "status" in form.changed_data)
+def _becomes(form: forms.ModelForm, status: str) -> bool:
+    """Whether the form would make an enrollment ``status`` (new, or changed to it)."""
+    wanted = form.cleaned_data.get("status") == status
+    return wanted and (form.instance.pk is None or "status" in form.changed_data)
 
 
 class ChosenByIdMixin:
     """Foreign keys chosen with the admin's autocomplete take an id or nothing.
 
-    Django's autocomplete widget looks a posted value up to redraw it: anything but an id
-    (" ", "²") made that lookup raise while drawing the refused form, a 500 instead of a field
-    error. Such a value is dropped before the form reads it, and the field says what to do.
+    The autocomplete widget looks a posted value up to redraw it, and anything but an id
+    (" ", "²") made that raise: such a value is dropped and the field says what to do.
     """
 
     chosen_by_id: tuple[str, ...] = ()
@@ -220,18 +215,15 @@ class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
 class EnrollmentInlineFormSet(forms.BaseInlineFormSet):
     def clean(self) -> None:
         super().clean()
-        workshop = self.instance
         if self.save_as_new:
             return  # a copy carries the active rows over and leaves the cancelled ones
-        for form in self.forms:
-            if form.has_changed() and _cancels(form):
+        changed = [form for form in self.forms if form.has_changed()]
+        for form in changed:
+            if _becomes(form, Enrollment.Status.CANCELLED):
                 form.add_error("status", CANCEL_BY_ACTION)
-        if workshop.pk is None or workshop.is_scheduled:
-            return
-        for form in self.forms:
-            adds = form.instance.pk is None and form.has_changed()
-            revives = form.instance.pk and "status" in form.changed_data
-            if (adds or revives) and form.cleaned_data.get("status") == Enrollment.Status.ACTIVE:
+        workshop = self.instance
+        if workshop.pk and not workshop.is_scheduled:
+            if any(_becomes(form, Enrollment.Status.ACTIVE) for form in changed):
                 raise ValidationError(
                     "This workshop is cancelled; enrol attendees in a scheduled workshop.",
                     code="workshop_cancelled",
@@ -247,12 +239,10 @@ class EnrollmentForm(ChosenByIdMixin, forms.ModelForm):
 
     def clean(self):
         cleaned = super().clean()
-        if _cancels(self):
+        if _becomes(self, Enrollment.Status.CANCELLED):
             self.add_error("status", CANCEL_BY_ACTION)
         workshop = cleaned.get("workshop") or getattr(self.instance, "workshop", None)
-        activates = cleaned.get("status") == Enrollment.Status.ACTIVE and (
-            self.instance.pk is None or "status" in self.changed_data
-        )
+        activates = _becomes(self, Enrollment.Status.ACTIVE)
         if activates and workshop is not None and not workshop.is_scheduled:
             self.add_error(
                 "workshop" if self.instance.pk is None else "status",
@@ -299,7 +289,9 @@ class ResolveUnknownForm(forms.Form):
     )
 
 
-class WorkshopDecisionForm(forms.Form):
+class ReasonForm(forms.Form):
+    """The required reason of a decision on workshops, enrollments, attendees or suppressions."""
+
     reason = forms.CharField(
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         max_length=REASON_MAX_LENGTH,

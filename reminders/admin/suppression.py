@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 
 from reminders.admin.actions import CONFIRM, StaffActionsMixin
 from reminders.admin.columns import plural, utc_column
-from reminders.admin.forms import WorkshopDecisionForm
+from reminders.admin.forms import ReasonForm
 from reminders.models import Suppression
 from reminders.selectors import SelectionPreview
 from reminders.services.suppression_decisions import suppressions_lift
@@ -53,7 +53,7 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
     def lift_selected(self, request, queryset):
         """Preview, ask for a reason, then let reminders go to these addresses again."""
         confirming = request.POST.get(CONFIRM) == "yes"
-        form = WorkshopDecisionForm(request.POST if confirming else None)
+        form = ReasonForm(request.POST if confirming else None)
         if confirming and form.is_valid():
             decision = suppressions_lift(
                 suppressions=queryset, reason=form.cleaned_data["reason"], actor=request.user

@@ -36,7 +36,7 @@ from reminders.admin.columns import (
 from reminders.admin.forms import (
     EnrollmentInlineForm,
     EnrollmentInlineFormSet,
-    WorkshopDecisionForm,
+    ReasonForm,
     WorkshopForm,
 )
 from reminders.content import language_name, notice_preview, reminder_preview
@@ -504,7 +504,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation
     ):
         confirming = request.POST.get(CONFIRM) == "yes"
-        form = WorkshopDecisionForm(request.POST if confirming else None)
+        form = ReasonForm(request.POST if confirming else None)
         if confirming and form.is_valid():
             result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
             missing = self._missing(request, found=result.selected, key="workshops_not_found")
