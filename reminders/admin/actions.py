@@ -1,8 +1,7 @@
-"""What confirmed staff actions share: the preview page, the permission check, the messages."""
+"""What confirmed staff actions share: the confirmation page, the permission check, the messages."""
 
 from __future__ import annotations
 
-from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -15,33 +14,40 @@ from django.utils.html import format_html
 from reminders.admin.columns import plural
 from reminders.admin.forms import ReplayForm
 from reminders.models import Reminder, StaffDecision, id_from_text
-from reminders.selectors import (
-    SKIP_REASONS,
-    SelectionPreview,
-    reminder_replay_preview,
-)
-from reminders.services.replay import (
-    StaffActionResult,
-    reminder_replay_selection,
-)
+from reminders.selectors import SKIP_REASONS, reminder_replay_preview
+from reminders.services.replay import StaffActionResult, reminder_replay_selection
 
-Status = Reminder.Status
 CONFIRM = "post"
-
 
 # Why selected items were left alone, in the order staff read them.
 SKIP_LABELS = {**SKIP_REASONS, "workshops_not_found": "selected workshops no longer exist"}
 
 
-def skipped_text(skipped: dict[str, int]) -> str:
-    """Return " Skipped: 2 already sent, 1 past the cutoff." in SKIP_LABELS order, or ""."""
-    parts = [f"{skipped[key]} {label}" for key, label in SKIP_LABELS.items() if skipped.get(key)]
+def confirmed_form(request, form_class):
+    """Return the action's form, bound (so possibly valid) only once staff confirmed."""
+    return form_class(request.POST if request.POST.get(CONFIRM) == "yes" else None)
+
+
+def skipped_rows(skipped: dict[str, int], labels: dict[str, str]) -> list[tuple[str, int]]:
+    """Return (label, count) for each non-zero skip, in the order of ``labels``."""
+    return [(label, skipped[key]) for key, label in labels.items() if skipped.get(key)]
+
+
+def skipped_text(skipped: dict[str, int], labels: dict[str, str] = SKIP_LABELS) -> str:
+    """Return " Skipped: 2 already sent, 1 past the cutoff." or ""."""
+    parts = [f"{count} {label}" for label, count in skipped_rows(skipped, labels)]
     return f" Skipped: {', '.join(parts)}." if parts else ""
 
 
+def _queued_later(result: StaffActionResult) -> str:
+    text = f", {result.later} queued by the next scan" if result.later else ""
+    if result.waiting:
+        text += f", {result.waiting} waiting for their send window"
+    return text
+
+
 def replay_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
-    """Return the message staff read after a replay: what was queued and what was left alone."""
-    skipped = {**result.skipped, **not_found}
+    skipped = skipped_text({**result.skipped, **not_found})
     if result.running:
         url = reverse("admin:reminders_staffdecision_change", args=[result.audit_id])
         return format_html(
@@ -50,32 +56,26 @@ def replay_message(result: StaffActionResult, *, not_found: dict[str, int]) -> s
             plural(result.selected, "selected reminder"),
             url,
             result.audit_id,
-            skipped_text(skipped),
+            skipped,
         )
     if not result.changed:
-        return "Nothing was replayed." + skipped_text(skipped)
-    text = f"Replayed {plural(result.changed, 'reminder')}: {result.queued} queued for delivery"
-    if result.later:
-        text += f", {result.later} queued by the next scan"
-    if result.waiting:
-        text += f", {result.waiting} waiting for their send window"
-    return text + "." + skipped_text(skipped)
+        return "Nothing was replayed." + skipped
+    return (
+        f"Replayed {plural(result.changed, 'reminder')}: {result.queued} queued for delivery"
+        f"{_queued_later(result)}.{skipped}"
+    )
 
 
 def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> str:
-    """Return the message staff read after deciding reminders of unknown outcome."""
-    skipped = {**result.skipped, **not_found}
+    skipped = skipped_text({**result.skipped, **not_found})
     if not result.changed:
-        return "No reminder was changed." + skipped_text(skipped)
+        return "No reminder was changed." + skipped
     if result.action == StaffDecision.Action.MARK_SENT:
-        text = f"Marked {plural(result.changed, 'reminder')} as sent"
-    else:
-        text = f"Sending {plural(result.changed, 'reminder')} again: {result.queued} queued"
-        if result.later:
-            text += f", {result.later} queued by the next scan"
-        if result.waiting:
-            text += f", {result.waiting} waiting for their send window"
-    return text + "." + skipped_text(skipped)
+        return f"Marked {plural(result.changed, 'reminder')} as sent.{skipped}"
+    return (
+        f"Sending {plural(result.changed, 'reminder')} again: {result.queued} queued"
+        f"{_queued_later(result)}.{skipped}"
+    )
 
 
 class StaffActionsMixin:
@@ -83,9 +83,6 @@ class StaffActionsMixin:
 
     def has_replay_permission(self, request) -> bool:
         return request.user.has_perm("reminders.replay_reminder")
-
-    def has_resolve_unknown_permission(self, request) -> bool:
-        return request.user.has_perm("reminders.resolve_unknown_reminder")
 
     def changelist_view(self, request, extra_context=None):
         if request.method == "POST":
@@ -133,84 +130,27 @@ class StaffActionsMixin:
         missing = len(set(state["selected_ids"])) - found
         return {key: missing} if missing > 0 else {}
 
-    def _confirmation(
-        self,
-        request,
-        *,
-        action: str,
-        title: str,
-        intro: str,
-        preview: SelectionPreview,
-        missing: dict[str, int],
-        eligible_label: str,
-        submit_label: str,
-        form: forms.Form | None = None,
-    ) -> TemplateResponse:
-        skipped = {**preview.skipped, **missing}
-        rows = [(label, skipped[key]) for key, label in SKIP_LABELS.items() if skipped.get(key)]
-        opts = self.model._meta
-        context = {
-            **self.admin_site.each_context(request),
-            "title": title,
-            "subtitle": None,
-            "opts": opts,
-            "app_label": opts.app_label,
-            "media": self.media + (form.media if form is not None else forms.Media()),
-            "action": action,
-            "intro": intro,
-            "preview": preview,
-            "eligible_label": eligible_label,
-            "submit_label": submit_label,
-            "skipped_rows": rows,
-            "form": form,
-            "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
-            "confirm_field": CONFIRM,
-            "changelist_url": request.get_full_path(),
-            **self._selection_state(request),
-        }
-        return TemplateResponse(request, "admin/reminders/staff_action_confirmation.html", context)
+    def _confirmation_page(self, request, template: str, *, form, **context) -> TemplateResponse:
+        """Render a confirmation whose form posts the same selection back, confirmed.
 
-    def _decision_page(
-        self,
-        request,
-        *,
-        title: str,
-        action: str,
-        noun: str,
-        explanation: str,
-        preview,
-        eligible_label: str,
-        effect_rows: list[tuple[str, int]],
-        skipped_rows: list[tuple[str, int]],
-        submit_label: str,
-        form: forms.Form,
-    ) -> TemplateResponse:
-        """Render the confirmation of a decision on workshops or attendees, with its reason."""
+        ``template`` is staff_action_confirmation.html (reminders) or
+        workshop_decision_confirmation.html (a decision with a reason and its effects).
+        """
         opts = self.model._meta
         context = {
             **self.admin_site.each_context(request),
-            "title": title,
             "subtitle": None,
             "opts": opts,
             "app_label": opts.app_label,
             "media": self.media + form.media,
-            "action": action,
-            "noun": noun,
-            "explanation": explanation,
-            "preview": preview,
-            "eligible_label": eligible_label,
-            "effect_rows": effect_rows,
-            "skipped_rows": skipped_rows,
-            "submit_label": submit_label,
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
             "confirm_field": CONFIRM,
             "changelist_url": request.get_full_path(),
             **self._selection_state(request),
+            **context,
         }
-        return TemplateResponse(
-            request, "admin/reminders/workshop_decision_confirmation.html", context
-        )
+        return TemplateResponse(request, f"admin/reminders/{template}", context)
 
     def _replay(
         self,
@@ -226,20 +166,20 @@ class StaffActionsMixin:
 
         ``missing=None`` means the ticked ids are reminder ids, counted from the preview.
         """
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ReplayForm(request.POST if confirming else None)
-        if not confirming or not form.is_valid():
+        form = confirmed_form(request, ReplayForm)
+        if not form.is_valid():
             preview = reminder_replay_preview(reminders=reminders)
             if missing is None:
                 missing = self._missing(request, found=preview.selected)
-            return self._confirmation(
+            return self._confirmation_page(
                 request,
+                "staff_action_confirmation.html",
                 action=action,
                 title=title,
                 intro=intro,
                 preview=preview,
-                missing=missing,
                 eligible_label="Will be queued for delivery again",
+                skipped_rows=skipped_rows({**preview.skipped, **missing}, SKIP_LABELS),
                 submit_label=f"Yes, replay {plural(preview.eligible, 'reminder')}",
                 form=form,
             )

@@ -5,20 +5,9 @@ from __future__ import annotations
 from django.contrib import admin, messages
 from django.db.models import Count, Q
 
-from reminders.admin.actions import (
-    CONFIRM,
-    StaffActionsMixin,
-)
-from reminders.admin.columns import (
-    has_enrollments,
-    plural,
-    utc_column,
-    without_bulk_delete,
-)
-from reminders.admin.forms import (
-    AttendeeForm,
-    ReasonForm,
-)
+from reminders.admin.actions import StaffActionsMixin, confirmed_form
+from reminders.admin.columns import has_enrollments, plural, utc_column, without_bulk_delete
+from reminders.admin.forms import AttendeeForm, ReasonForm
 from reminders.services.erasure import attendee_erase_preview, attendees_erase
 from workshops.models import Attendee, Enrollment
 
@@ -27,18 +16,17 @@ from workshops.models import Attendee, Enrollment
 class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
     form = AttendeeForm
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
+    list_filter = ("timezone",)
+    search_fields = ("name", "email")
     actions = ["erase_selected"]
     readonly_fields = ("erased_at_utc",)
+    erased_at_utc = utc_column("erased_at", "Erased")
 
     def get_readonly_fields(self, request, obj=None):
         # An erasure is final: its placeholders can not be edited back into a person.
         if obj is not None and obj.erased_at is not None:
             return ("name", "email", "erased_at_utc")
         return self.readonly_fields
-
-    erased_at_utc = utc_column("erased_at", "Erased")
-    search_fields = ("name", "email")
-    list_filter = ("timezone",)
 
     def get_queryset(self, request):
         return (
@@ -67,9 +55,8 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Erase personal data of selected attendees", permissions=["erase"])
     def erase_selected(self, request, queryset):
         """Preview, ask for a reason, then erase names and emails and cancel enrollments."""
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ReasonForm(request.POST if confirming else None)
-        if confirming and form.is_valid():
+        form = confirmed_form(request, ReasonForm)
+        if form.is_valid():
             result = attendees_erase(
                 attendees=queryset, reason=form.cleaned_data["reason"], actor=request.user
             )
@@ -83,8 +70,9 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
             return None
         counted = attendee_erase_preview(attendees=queryset)
         skipped = counted.selected - counted.eligible
-        return self._decision_page(
+        return self._confirmation_page(
             request,
+            "workshop_decision_confirmation.html",
             title="Erase personal data of the selected attendees",
             action="erase_selected",
             noun="attendee",

@@ -6,7 +6,7 @@ from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
-from reminders.admin.actions import CONFIRM, StaffActionsMixin
+from reminders.admin.actions import StaffActionsMixin, confirmed_form, skipped_rows, skipped_text
 from reminders.admin.columns import copy_saved, format_local, plural, utc_column
 from reminders.admin.forms import EnrollmentForm, ReasonForm
 from reminders.services.enrollment_decisions import (
@@ -54,32 +54,25 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Cancel selected enrollments", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         """Preview, ask for a reason, then cancel the enrollments and their unsent reminders."""
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ReasonForm(request.POST if confirming else None)
-        if confirming and form.is_valid():
+        form = confirmed_form(request, ReasonForm)
+        if form.is_valid():
             result = enrollments_cancel(
                 enrollments=queryset, reason=form.cleaned_data["reason"], actor=request.user
             )
-            skipped = {
-                **result.skipped,
-                **self._missing(request, found=result.selected, key=NOT_FOUND),
-            }
-            parts = [f"{n} {ENROLLMENT_SKIP_LABELS.get(k, k)}" for k, n in skipped.items() if n]
+            missing = self._missing(request, found=result.selected, key=NOT_FOUND)
             self.message_user(
                 request,
                 f"Cancelled {plural(result.changed, 'enrollment')}; "
                 f"{plural(result.reminders, 'reminder')} cancelled. The decision is recorded."
-                + (f" Skipped: {', '.join(parts)}." if parts else ""),
+                + skipped_text({**result.skipped, **missing}, ENROLLMENT_SKIP_LABELS),
                 messages.SUCCESS if result.changed else messages.WARNING,
             )
             return None
         counted = enrollment_cancel_preview(enrollments=queryset)
-        skipped = {
-            **counted.skipped,
-            **self._missing(request, found=counted.selected, key=NOT_FOUND),
-        }
-        return self._decision_page(
+        missing = self._missing(request, found=counted.selected, key=NOT_FOUND)
+        return self._confirmation_page(
             request,
+            "workshop_decision_confirmation.html",
             title="Cancel the selected enrollments",
             action="cancel_selected",
             noun="enrollment",
@@ -91,11 +84,7 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
             effect_rows=[
                 (label, counted.effects[key]) for key, label in ENROLLMENT_EFFECT_LABELS.items()
             ],
-            skipped_rows=[
-                (ENROLLMENT_SKIP_LABELS.get(key, key), count)
-                for key, count in skipped.items()
-                if count
-            ],
+            skipped_rows=skipped_rows({**counted.skipped, **missing}, ENROLLMENT_SKIP_LABELS),
             submit_label=f"Yes, cancel {plural(counted.eligible, 'enrollment')}",
             form=form,
         )

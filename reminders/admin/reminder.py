@@ -14,14 +14,14 @@ from django.utils.timesince import timesince
 
 from clock import default_clock
 from reminders.admin.actions import (
-    CONFIRM,
+    SKIP_LABELS,
     StaffActionsMixin,
+    confirmed_form,
     resolve_message,
+    skipped_rows,
 )
 from reminders.admin.columns import ViewOnlyMixin, format_local, format_utc, utc_column
-from reminders.admin.forms import (
-    ResolveUnknownForm,
-)
+from reminders.admin.forms import ResolveUnknownForm
 from reminders.content import language_name, reminder_envelope
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.policy import ReminderPolicy
@@ -32,12 +32,8 @@ from reminders.selectors import (
     scheduler_health,
     with_delivery_state,
 )
-from reminders.services.replay import (
-    reminder_resolve_unknown,
-)
+from reminders.services.replay import reminder_resolve_unknown
 from reminders.trace import trace_lines
-
-Status = Reminder.Status
 
 
 class DeliveryAttemptInline(ViewOnlyMixin, admin.TabularInline):
@@ -304,14 +300,16 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
             intro="the selected reminders",
         )
 
+    def has_resolve_unknown_permission(self, request) -> bool:
+        return request.user.has_perm("reminders.resolve_unknown_reminder")
+
     @admin.action(
         description="Decide reminders of unknown outcome", permissions=["resolve_unknown"]
     )
     def resolve_unknown(self, request, queryset):
         """Ask for a decision and a reason, then mark unknown reminders sent or send them again."""
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ResolveUnknownForm(request.POST if confirming else None)
-        if confirming and form.is_valid():
+        form = confirmed_form(request, ResolveUnknownForm)
+        if form.is_valid():
             result = reminder_resolve_unknown(
                 reminders=queryset,
                 decision=form.cleaned_data["decision"],
@@ -325,14 +323,16 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
             )
             return None
         preview = reminder_resolve_preview(reminders=queryset, send_again=True)
-        return self._confirmation(
+        missing = self._missing(request, found=preview.selected)
+        return self._confirmation_page(
             request,
+            "staff_action_confirmation.html",
             action="resolve_unknown",
             title="Decide reminders of unknown outcome",
             intro="the selected reminders",
             preview=preview,
-            missing=self._missing(request, found=preview.selected),
             eligible_label="Of unknown outcome and still before the deadline (can be sent again)",
+            skipped_rows=skipped_rows({**preview.skipped, **missing}, SKIP_LABELS),
             submit_label="Record the decision",
             form=form,
         )

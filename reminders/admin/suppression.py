@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from django.contrib import admin, messages
 
-from reminders.admin.actions import CONFIRM, StaffActionsMixin
+from reminders.admin.actions import StaffActionsMixin, confirmed_form
 from reminders.admin.columns import plural, utc_column
 from reminders.admin.forms import ReasonForm
 from reminders.models import Suppression
@@ -52,9 +52,8 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Lift selected suppressions", permissions=["lift"])
     def lift_selected(self, request, queryset):
         """Preview, ask for a reason, then let reminders go to these addresses again."""
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ReasonForm(request.POST if confirming else None)
-        if confirming and form.is_valid():
+        form = confirmed_form(request, ReasonForm)
+        if form.is_valid():
             decision = suppressions_lift(
                 suppressions=queryset, reason=form.cleaned_data["reason"], actor=request.user
             )
@@ -67,8 +66,9 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
             return None
         live = queryset.filter(lifted_at__isnull=True).count()
         selected = queryset.count()
-        return self._decision_page(
+        return self._confirmation_page(
             request,
+            "workshop_decision_confirmation.html",
             title="Lift the selected suppressions",
             action="lift_selected",
             noun="suppression",

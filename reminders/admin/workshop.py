@@ -19,9 +19,11 @@ from django.utils.http import urlencode
 
 from clock import default_clock
 from reminders.admin.actions import (
-    CONFIRM,
     SKIP_LABELS,
     StaffActionsMixin,
+    confirmed_form,
+    skipped_rows,
+    skipped_text,
 )
 from reminders.admin.columns import (
     copy_saved,
@@ -50,8 +52,6 @@ from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.services.workshop_decisions import (
     WORKSHOP_EFFECT_LABELS,
     WORKSHOP_SKIP_LABELS,
-    WorkshopDecisionResult,
-    WorkshopPreview,
     workshop_cancel_preview,
     workshop_reinstate_preview,
     workshop_silence_preview,
@@ -71,6 +71,8 @@ from workshops.services import (
 Status = Reminder.Status
 # What a change notice tells: saving a change to any of them may make one.
 NOTICED_FIELDS = frozenset(FACT_FIELDS)
+# Why selected workshops were left alone, in the order staff read them.
+WORKSHOP_SKIPS = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
 
 
 class EnrollmentInline(admin.TabularInline):
@@ -466,6 +468,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             verb="cancel",
             explanation="Attendees get no reminder for a cancelled workshop. You can reinstate "
             "it later: its reminders are then planned again, unless the cutoff has passed.",
+            done="Cancelled {workshops}; {reminders} cancelled.",
         )
 
     @admin.action(description="Reinstate selected workshops", permissions=["cancel"])
@@ -482,6 +485,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             verb="reinstate",
             explanation="Reinstated workshops are scheduled again; a reminder already sent is "
             "never sent twice.",
+            done="Reinstated {workshops}; {reminders} planned again or marked missed or unknown.",
         )
 
     @admin.action(description="Don't notify attendees of the latest change", permissions=["cancel"])
@@ -498,27 +502,35 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             verb="silence",
             explanation="Attendees already reminded get no change notice for the workshop as it "
             "is now (notices not yet sent are marked silenced). A later change is news again.",
+            done="{attendees} of {workshops} will not be told of the latest change.",
         )
 
     def _workshop_decision(
-        self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation
-    ):
-        confirming = request.POST.get(CONFIRM) == "yes"
-        form = ReasonForm(request.POST if confirming else None)
-        if confirming and form.is_valid():
+        self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation,
+        done,
+    ):  # fmt: skip
+        """Confirm a decision on workshops; ``done`` is its message, formatted with counts."""
+        form = confirmed_form(request, ReasonForm)
+        if form.is_valid():
             result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
             missing = self._missing(request, found=result.selected, key="workshops_not_found")
+            text = done.format(
+                workshops=plural(result.changed, "workshop"),
+                reminders=plural(result.reminders, "reminder"),
+                attendees=plural(result.reminders, "reminded attendee"),
+            )
             self.message_user(
                 request,
-                _workshop_message(result, verb=verb, missing=missing),
+                f"{text} The decision is recorded."
+                + skipped_text({**result.skipped, **missing}, WORKSHOP_SKIPS),
                 messages.SUCCESS if result.changed else messages.WARNING,
             )
             return None
-        counted: WorkshopPreview = preview(workshops=queryset)
+        counted = preview(workshops=queryset)
         missing = self._missing(request, found=counted.selected, key="workshops_not_found")
-        skipped = {**counted.skipped, **missing}
-        return self._decision_page(
+        return self._confirmation_page(
             request,
+            "workshop_decision_confirmation.html",
             title=title,
             action=action,
             noun="workshop",
@@ -530,36 +542,10 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                 for key, label in WORKSHOP_EFFECT_LABELS.items()
                 if key in counted.effects
             ],
-            skipped_rows=[
-                (label, skipped[key])
-                for key, label in {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}.items()
-                if skipped.get(key)
-            ],
+            skipped_rows=skipped_rows({**counted.skipped, **missing}, WORKSHOP_SKIPS),
             submit_label=f"Yes, {verb} {plural(counted.eligible, 'workshop')}",
             form=form,
         )
-
-
-def _workshop_message(result: WorkshopDecisionResult, *, verb: str, missing: dict) -> str:
-    if verb == "silence":
-        text = (
-            f"{plural(result.reminders, 'reminded attendee')} of "
-            f"{plural(result.changed, 'workshop')} will not be told of the latest change. "
-            "The decision is recorded."
-        )
-    else:
-        done = {"cancel": "Cancelled", "reinstate": "Reinstated"}[verb]
-        what = {"cancel": "cancelled", "reinstate": "planned again or marked missed or unknown"}[
-            verb
-        ]
-        text = (
-            f"{done} {plural(result.changed, 'workshop')}; "
-            f"{plural(result.reminders, 'reminder')} {what}. The decision is recorded."
-        )
-    skipped = {**result.skipped, **missing}
-    labels = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
-    parts = [f"{count} {labels.get(key, key)}" for key, count in skipped.items() if count]
-    return text + (f" Skipped: {', '.join(parts)}." if parts else "")
 
 
 def _revision_says(revision, zone) -> str:
