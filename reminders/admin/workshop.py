@@ -43,10 +43,7 @@ from reminders.admin.forms import (
 )
 from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
-from reminders.selectors import (
-    workshop_notice_revisions,
-    workshop_text_reach,
-)
+from reminders.selectors import workshop_notice_revisions, workshop_text_reach
 from reminders.services.notices import FACT_FIELDS, notices_reach, settle_delay
 from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.services.workshop_decisions import (
@@ -69,10 +66,11 @@ from workshops.services import (
 )
 
 Status = Reminder.Status
-# What a change notice tells: saving a change to any of them may make one.
-NOTICED_FIELDS = frozenset(FACT_FIELDS)
 # Why selected workshops were left alone, in the order staff read them.
 WORKSHOP_SKIPS = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
+NOTICE_ONLY_PLACEHOLDERS = {
+    name: what for name, what in NOTICE_PLACEHOLDERS.items() if name not in PLACEHOLDERS
+}
 
 
 class EnrollmentInline(admin.TabularInline):
@@ -99,10 +97,22 @@ class WorkshopTextInline(admin.StackedInline):
     }
 
 
-def placeholder_help() -> str:
+def placeholder_help(placeholders: dict[str, str]) -> str:
     """Return the placeholders staff may use, as HTML."""
-    return format_html_join(
-        ", ", "<code>{{{}}}</code> ({})", ((name, what) for name, what in PLACEHOLDERS.items())
+    return format_html_join(", ", "<code>{{{}}}</code> ({})", placeholders.items())
+
+
+def html_table(table_id: str, headers: tuple[str, ...], rows) -> str:
+    """Return an HTML table of ``rows`` (tuples of cells) under ``headers``, escaped."""
+    return format_html(
+        '<table id="{}"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>',
+        table_id,
+        format_html_join("", "<th>{}</th>", ((header,) for header in headers)),
+        format_html_join(
+            "",
+            "<tr>{}</tr>",
+            ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows),
+        ),
     )
 
 
@@ -148,7 +158,7 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "Written in the workshop's language; texts in other languages go below. "
                     "A change reaches only reminders not yet claimed: each reminder keeps the "
                     "text it had when a worker first took it. Placeholders: {}.",
-                    placeholder_help(),
+                    placeholder_help(PLACEHOLDERS),
                 ),
             },
         ),
@@ -163,16 +173,8 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                     "for attendees reading the workshop's language (blank: the built-in one). "
                     "Placeholders: {}, and {}.",
                     settings.REMINDERS_NOTICE_SETTLE,
-                    placeholder_help(),
-                    format_html_join(
-                        ", ",
-                        "<code>{{{}}}</code> ({})",
-                        (
-                            (name, what)
-                            for name, what in NOTICE_PLACEHOLDERS.items()
-                            if name not in PLACEHOLDERS
-                        ),
-                    ),
+                    placeholder_help(PLACEHOLDERS),
+                    placeholder_help(NOTICE_ONLY_PLACEHOLDERS),
                 ),
             },
         ),
@@ -198,9 +200,10 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             # Also "Save as new": a fresh workshop from the form's fields alone.
             saved = workshop_create(**values)
         copy_saved(obj, saved)
-        if change and set(form.changed_data) & NOTICED_FIELDS:
+        changed = set(form.changed_data)
+        if change and not changed.isdisjoint(FACT_FIELDS):
             self._notice_message(request, obj)
-        if change and set(form.changed_data) & (TEXT_FIELDS - {"notice_intro"}):
+        if change and changed & (TEXT_FIELDS - {"notice_intro"}):
             _rows, unclaimed, frozen = workshop_text_reach(obj)
             self.message_user(
                 request,
@@ -259,20 +262,13 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         )
         if not rows:
             return summary
-        table = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        return summary + html_table(
+            "text-reach",
+            ("Language", "Attendees", "Not yet claimed", "Subject", "Intro"),
             (
                 (r.language_name, r.attendees, r.unclaimed, r.subject_source, r.intro_source)
                 for r in rows
             ),
-        )
-        return format_html(
-            '{}<table id="text-reach"><thead><tr><th>Language</th><th>Attendees</th>'
-            "<th>Not yet claimed</th><th>Subject</th><th>Intro</th></tr></thead>"
-            "<tbody>{}</tbody></table>",
-            summary,
-            table,
         )
 
     @admin.display(description="Revisions and their notices")
@@ -283,9 +279,9 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
         rows = workshop_notice_revisions(obj)
         if not rows:
             return "No change since the reminders went out."
-        body = format_html_join(
-            "",
-            "<tr><td>{}</td><td>{}</td><td>{}</td><td>{}</td><td>{}</td></tr>",
+        return html_table(
+            "notice-revisions",
+            ("Revision", "Says", "Numbered", "State", "Notices"),
             (
                 (
                     row.revision.number,
@@ -296,12 +292,6 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                 )
                 for row in rows
             ),
-        )
-        return format_html(
-            '<table id="notice-revisions"><thead><tr><th>Revision</th><th>Says</th>'
-            "<th>Numbered</th><th>State</th><th>Notices</th></tr></thead><tbody>{}</tbody>"
-            "</table>",
-            body,
         )
 
     def get_urls(self):
@@ -329,14 +319,11 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
                 enrollments__workshop=workshop, enrollments__status=Enrollment.Status.ACTIVE
             ).order_by("name", "pk")
         )
-        chosen = None
         wanted = request.GET.get("attendee", "")
-        if (pk := id_from_text(wanted)) is not None:
-            chosen = next((a for a in enrolled if a.pk == pk), None)
-        error = ""
-        if wanted and chosen is None:
-            error = NOT_ENROLLED
-        chosen = chosen or (enrolled[0] if enrolled else None)
+        pk = id_from_text(wanted)
+        chosen = next((a for a in enrolled if a.pk == pk), None)
+        error = NOT_ENROLLED if wanted and chosen is None else ""
+        chosen = chosen or next(iter(enrolled), None)
         notice = request.GET.get("message") == "notice"
         render = notice_preview if notice else reminder_preview
         preview = (
