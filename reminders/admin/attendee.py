@@ -29,15 +29,8 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
         return self.readonly_fields
 
     def get_queryset(self, request):
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                active_enrollments=Count(
-                    "enrollments", filter=Q(enrollments__status=Enrollment.Status.ACTIVE)
-                )
-            )
-        )
+        active = Count("enrollments", filter=Q(enrollments__status=Enrollment.Status.ACTIVE))
+        return super().get_queryset(request).annotate(active_enrollments=active)
 
     @admin.display(description="Active enrollments", ordering="active_enrollments")
     def enrollment_count(self, obj: Attendee) -> int:

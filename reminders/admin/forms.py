@@ -60,9 +60,7 @@ def aware_in_zone(local: datetime, zone: ZoneInfo) -> datetime:
 class LocalDateTimeField(forms.SplitDateTimeField):
     """A date and a time typed as wall-clock time; the form attaches the workshop's zone."""
 
-    def __init__(self, **kwargs) -> None:
-        kwargs.setdefault("widget", LocalSplitDateTime)
-        super().__init__(**kwargs)
+    widget = LocalSplitDateTime
 
     def compress(self, data_list):
         if not data_list:

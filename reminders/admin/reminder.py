@@ -39,7 +39,6 @@ from reminders.trace import trace_lines
 class DeliveryAttemptInline(ViewOnlyMixin, admin.TabularInline):
     model = DeliveryAttempt
     extra = 0
-    can_delete = False
     fields = (
         "number",
         "channel",

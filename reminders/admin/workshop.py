@@ -401,16 +401,11 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
 
     def get_queryset(self, request):
         # One query for the whole page: a filtered COUNT per status.
-        return (
-            super()
-            .get_queryset(request)
-            .annotate(
-                **{
-                    f"reminders_{status}": Count("reminders", filter=Q(reminders__status=status))
-                    for status in Status.values
-                }
-            )
-        )
+        counts = {
+            f"reminders_{status}": Count("reminders", filter=Q(reminders__status=status))
+            for status in Status.values
+        }
+        return super().get_queryset(request).annotate(**counts)
 
     @admin.display(description="Reminders")
     def reminder_counts(self, obj: Workshop) -> str:
