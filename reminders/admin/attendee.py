@@ -6,14 +6,14 @@ from django.contrib import admin, messages
 from django.db.models import Count, Q
 
 from reminders.admin.actions import StaffActionsMixin, confirmed_form
-from reminders.admin.columns import has_enrollments, plural, utc_column, without_bulk_delete
+from reminders.admin.columns import KeepEnrolledMixin, plural, utc_column
 from reminders.admin.forms import AttendeeForm, ReasonForm
 from reminders.services.erasure import attendee_erase_preview, attendees_erase
 from workshops.models import Attendee, Enrollment
 
 
 @admin.register(Attendee)
-class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
+class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = AttendeeForm
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
     list_filter = ("timezone",)
@@ -35,12 +35,6 @@ class AttendeeAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.display(description="Active enrollments", ordering="active_enrollments")
     def enrollment_count(self, obj: Attendee) -> int:
         return obj.active_enrollments
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        return super().has_delete_permission(request, obj) and not has_enrollments(obj)
-
-    def get_actions(self, request):
-        return without_bulk_delete(super().get_actions(request))
 
     def has_erase_permission(self, request) -> bool:
         return request.user.has_perm("workshops.erase_attendee")

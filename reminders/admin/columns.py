@@ -20,13 +20,17 @@ class ViewOnlyMixin:
         return False
 
 
-def has_enrollments(obj) -> bool:
-    return obj is not None and obj.enrollments.exists()
+class KeepEnrolledMixin:
+    """Delete only a row nobody enrolled through (enrollments are history), never in bulk."""
 
+    def has_delete_permission(self, request, obj=None) -> bool:
+        enrolled = obj is not None and obj.enrollments.exists()
+        return super().has_delete_permission(request, obj) and not enrolled
 
-def without_bulk_delete(actions: dict) -> dict:
-    actions.pop("delete_selected", None)
-    return actions
+    def get_actions(self, request):
+        actions = super().get_actions(request)
+        actions.pop("delete_selected", None)
+        return actions
 
 
 def copy_saved(obj, saved) -> None:

@@ -26,14 +26,13 @@ from reminders.admin.actions import (
     skipped_text,
 )
 from reminders.admin.columns import (
+    KeepEnrolledMixin,
     copy_saved,
     format_local,
     format_utc,
-    has_enrollments,
     kept_text,
     plural,
     utc_column,
-    without_bulk_delete,
 )
 from reminders.admin.forms import (
     EnrollmentInlineForm,
@@ -117,7 +116,7 @@ def html_table(table_id: str, headers: tuple[str, ...], rows) -> str:
 
 
 @admin.register(Workshop)
-class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
+class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = WorkshopForm
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "silence_selected", "replay_for_selected"]
@@ -241,13 +240,6 @@ class WorkshopAdmin(StaffActionsMixin, admin.ModelAdmin):
             if "status" in changed:
                 enrollment_create(attendee=enrollment.attendee, workshop=workshop)
         return None
-
-    def has_delete_permission(self, request, obj=None) -> bool:
-        # Staff cancel instead; a workshop with enrollments (so history) is never deleted.
-        return super().has_delete_permission(request, obj) and not has_enrollments(obj)
-
-    def get_actions(self, request):
-        return without_bulk_delete(super().get_actions(request))
 
     @admin.display(description="Who gets which text")
     def text_reach(self, obj: Workshop) -> str:
