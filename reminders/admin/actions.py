@@ -131,11 +131,7 @@ class StaffActionsMixin:
         return {key: missing} if missing > 0 else {}
 
     def _confirmation_page(self, request, template: str, *, form, **context) -> TemplateResponse:
-        """Render a confirmation whose form posts the same selection back, confirmed.
-
-        ``template`` is staff_action_confirmation.html (reminders) or
-        workshop_decision_confirmation.html (a decision with a reason and its effects).
-        """
+        """Render admin/reminders/``template``; its form posts the selection back, confirmed."""
         opts = self.model._meta
         context = {
             **self.admin_site.each_context(request),
