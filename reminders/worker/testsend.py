@@ -13,7 +13,7 @@ from datetime import timedelta
 from django.conf import settings
 
 from clock import Clock, default_clock
-from reminders.content import notice_preview, preview_envelope
+from reminders.content import notice_preview, reminder_preview
 from reminders.models import StaffDecision
 from reminders.services.testsend import SENDING, TEST_SEND_BUDGET
 from reminders.worker import bridge
@@ -64,7 +64,7 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
     if not address:
         return False, "not sent: the staff member's user is gone or has no email address"
     now = clock.now()
-    real = preview_envelope(workshop=workshop, attendee=attendee, now=now)
+    real = reminder_preview(workshop=workshop, attendee=attendee, now=now).envelope
     return _deliver(decision, real, now=now, clock=clock)
 
 

@@ -11,7 +11,7 @@ from datetime import timedelta
 
 import pytest
 
-from reminders.content import reminder_envelope, workshop_ics
+from reminders.content import reminder_envelope
 from reminders.models import Reminder
 from reminders.services import reminders_plan
 
@@ -29,6 +29,11 @@ def reminder(clock, make_workshop, make_attendee):
     enrollment_create(attendee=make_attendee(name=NAME), workshop=workshop)
     reminders_plan(clock=clock)
     return Reminder.objects.select_related("attendee", "workshop").get(workshop=workshop)
+
+
+def _ics(reminder) -> str:
+    [calendar] = reminder_envelope(reminder=reminder).attachments
+    return calendar.content.decode()
 
 
 def test_subject_and_text_body_carry_the_title_and_name_exactly(reminder):
@@ -53,7 +58,7 @@ def test_html_body_escapes_every_special_character(reminder):
 
 
 def test_calendar_file_keeps_the_title_as_one_escaped_value(reminder):
-    ics = workshop_ics(reminder=reminder).decode()
+    ics = _ics(reminder)
     unfolded = ics.replace("\r\n ", "")
     assert f"SUMMARY:{MARKUP}" in unfolded  # no , ; \\ or line break in it to escape
 
@@ -74,7 +79,7 @@ def test_calendar_file_keeps_the_title_as_one_escaped_value(reminder):
 )
 def test_no_character_of_a_title_can_end_its_line_in_the_calendar_file(reminder, title, summary):
     reminder.workshop.title = title
-    ics = workshop_ics(reminder=reminder).decode()
+    ics = _ics(reminder)
     lines = ics.replace("\r\n ", "").split("\r\n")
     assert f"SUMMARY:{summary}" in lines
     assert [re.split("[:;]", line, maxsplit=1)[0] for line in lines if line] == [
