@@ -77,35 +77,38 @@ class SelectionPreview:
     skipped: dict[str, int] = field(default_factory=dict)
 
 
-def reminder_replay_preview(
-    *, reminders: QuerySet[Reminder], clock: Clock | None = None
+def _selection_preview(
+    reminders: QuerySet[Reminder], eligible: Q, **skipped: Q
 ) -> SelectionPreview:
-    """Count, in one query, the reminders a replay would re-arm and why it skips the rest.
-
-    Replayable: failed or missed, and still sendable (``sendable_q``). Never sent.
-    """
-    now = (clock or default_clock()).now()
-    replayable = Q(status__in=REPLAYABLE_STATUSES)
-    late = replayable & ~on_time_now_q(now)
+    """Count, in one query, the selection, its eligible rows and those skipped for each reason."""
     counts = selection_of(reminders).aggregate(
         selected=Count("pk"),
-        eligible=Count("pk", filter=replayable & sendable_q(now)),
-        sent=Count("pk", filter=Q(status=Status.SENT)),
-        past_cutoff=Count("pk", filter=late),
-        cancelled=Count(
-            "pk",
-            filter=Q(status=Status.CANCELLED) | (replayable & on_time_now_q(now) & _called_off_q()),
-        ),
-        unknown=Count("pk", filter=Q(status=Status.UNKNOWN)),
-        in_progress=Count(
-            "pk", filter=Q(status__in=(Status.PENDING, Status.QUEUED, Status.SENDING))
-        ),
+        eligible=Count("pk", filter=eligible),
+        **{reason: Count("pk", filter=rule) for reason, rule in skipped.items()},
     )
     selected, eligible = counts.pop("selected"), counts.pop("eligible")
     return SelectionPreview(
         selected=selected,
         eligible=eligible,
         skipped={reason: count for reason, count in counts.items() if count},
+    )
+
+
+def reminder_replay_preview(
+    *, reminders: QuerySet[Reminder], clock: Clock | None = None
+) -> SelectionPreview:
+    """Count the reminders a replay would re-arm (failed or missed, still sendable), and why
+    it skips the rest."""
+    now = (clock or default_clock()).now()
+    replayable = Q(status__in=REPLAYABLE_STATUSES)
+    return _selection_preview(
+        reminders,
+        replayable & sendable_q(now),
+        sent=Q(status=Status.SENT),
+        past_cutoff=replayable & ~on_time_now_q(now),
+        cancelled=Q(status=Status.CANCELLED) | (replayable & on_time_now_q(now) & _called_off_q()),
+        unknown=Q(status=Status.UNKNOWN),
+        in_progress=Q(status__in=(Status.PENDING, Status.QUEUED, Status.SENDING)),
     )
 
 
@@ -116,22 +119,16 @@ def reminder_resolve_preview(
 
     Any can be marked as sent; only a still sendable one can be sent again.
     """
-    now = (clock or default_clock()).now()
     unknown = Q(status=Status.UNKNOWN)
-    counts = selection_of(reminders).aggregate(
-        selected=Count("pk"),
-        eligible=Count("pk", filter=unknown & sendable_q(now) if send_again else unknown),
-        not_unknown=Count("pk", filter=~unknown),
-        past_cutoff=Count("pk", filter=unknown & ~on_time_now_q(now)),
-        cancelled=Count("pk", filter=unknown & on_time_now_q(now) & _called_off_q()),
-    )
-    selected, eligible = counts.pop("selected"), counts.pop("eligible")
     if not send_again:
-        counts = {"not_unknown": counts["not_unknown"]}
-    return SelectionPreview(
-        selected=selected,
-        eligible=eligible,
-        skipped={reason: count for reason, count in counts.items() if count},
+        return _selection_preview(reminders, unknown, not_unknown=~unknown)
+    now = (clock or default_clock()).now()
+    return _selection_preview(
+        reminders,
+        unknown & sendable_q(now),
+        not_unknown=~unknown,
+        past_cutoff=unknown & ~on_time_now_q(now),
+        cancelled=unknown & on_time_now_q(now) & _called_off_q(),
     )
 
 
@@ -217,11 +214,10 @@ class SchedulerHealth:
         return ""
 
 
-def stale_after(*, interval: int | None = None) -> timedelta:
+def stale_after() -> timedelta:
     """Return how old the stored last scan may be before beat counts as down."""
-    interval = interval or settings.REMINDERS_SCAN_INTERVAL
     lag = 0 if getattr(settings, "CELERY_BEAT_SYNC_EVERY", 0) == 1 else BEAT_SYNC_SECONDS
-    return timedelta(seconds=STALE_AFTER_INTERVALS * interval + lag)
+    return timedelta(seconds=STALE_AFTER_INTERVALS * settings.REMINDERS_SCAN_INTERVAL + lag)
 
 
 def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
@@ -278,46 +274,38 @@ class TextReach:
 
 
 def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
-    """Return the text each language's attendees get now, and how many reminders an edit would
-    reach (unclaimed and open) and not (frozen)."""
+    """Return the text each language's attendees get now, and how many reminders an edit
+    would reach (unclaimed and open) and not (frozen)."""
     texts = {text.language: text for text in workshop.texts.all()}
-    enrolled = Counter()
+    attendees, unclaimed = Counter(), Counter()
     for language, count in (
         Enrollment.objects.filter(workshop=workshop, status=Enrollment.Status.ACTIVE)
         .values_list("attendee__language")
         .annotate(count=Count("pk"))
     ):
-        enrolled[language] += count
+        attendees[reminder_language(workshop=workshop, attendee=_Speaker(language))] += count
     mine = Reminder.objects.filter(workshop=workshop)
-    counts = mine.aggregate(
-        frozen=Count("pk", filter=Q(text__isnull=False)),
-        unclaimed=Count("pk", filter=Q(text__isnull=True, status__in=Reminder.OPEN_STATUSES)),
-    )
-    unclaimed_by = dict(
+    for language, count in (
         mine.filter(text__isnull=True, status__in=Reminder.OPEN_STATUSES)
         .values_list("attendee__language")
         .annotate(count=Count("pk"))
-    )
-    merged: dict[str, list[int]] = {}
-    for raw in set(enrolled) | set(unclaimed_by):
-        language = reminder_language(workshop=workshop, attendee=_Speaker(raw))
-        tally = merged.setdefault(language, [0, 0])
-        tally[0] += enrolled.get(raw, 0)
-        tally[1] += unclaimed_by.get(raw, 0)
+    ):
+        unclaimed[reminder_language(workshop=workshop, attendee=_Speaker(language))] += count
     rows = []
-    for language, (attendees, unclaimed) in sorted(merged.items()):
+    for language in sorted(set(attendees) | set(unclaimed)):
         chosen = choose_text(workshop=workshop, attendee=_Speaker(language), texts=texts)
         rows.append(
             TextReach(
                 language=language,
                 language_name=language_name(language),
-                attendees=attendees,
-                unclaimed=unclaimed,
+                attendees=attendees[language],
+                unclaimed=unclaimed[language],
                 subject_source=chosen.get_subject_source_display(),
                 intro_source=chosen.get_intro_source_display(),
             )
         )
-    return rows, counts["unclaimed"], counts["frozen"]
+    frozen = mine.filter(text__isnull=False).count()
+    return rows, sum(unclaimed.values()), frozen
 
 
 @dataclass(frozen=True, slots=True)
