@@ -7,7 +7,7 @@ the provider's DeliveryEvents, its change notices and the StaffDecisions that na
 from __future__ import annotations
 
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
 from django.db import connection
@@ -82,12 +82,21 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         events.append(TraceEvent(report.occurred_at, detail))
     for notice in Notice.objects.filter(reminder=reminder).order_by("number", "pk"):
         events.extend(_notice_events(notice))
-    for decision in _decisions_naming(reminder):
+    named = (
+        ("reminder_ids", reminder.pk),
+        ("workshop_ids", reminder.workshop_id),
+        ("attendee_ids", reminder.attendee_id),
+        ("enrollment_ids", reminder.enrollment_id),
+    )
+    # A test send names the workshop but touched none of its reminders.
+    decisions = StaffDecision.objects.exclude(action=StaffDecision.Action.SEND_TEST)
+    for decision in _naming(decisions.order_by("created_at", "pk"), named):
         detail = f"staff {decision.action} by {decision.actor_name or 'unknown'} ({decision.state})"
         if decision.reason:
             detail += f": {decision.reason}"
         events.append(TraceEvent(decision.created_at, detail))
-    for dispatch in _dispatches_of(reminder):
+    dispatches = Dispatch.objects.order_by("queued_at", "pk")
+    for dispatch in _naming(dispatches, (("reminder_ids", reminder.pk),)):
         events.append(
             TraceEvent(
                 dispatch.queued_at,
@@ -126,40 +135,17 @@ def _notice_events(notice: Notice) -> list[TraceEvent]:
     return events
 
 
-def _dispatches_of(reminder: Reminder) -> list[Dispatch]:
-    dispatches = Dispatch.objects.order_by("queued_at", "pk")
+def _naming(rows, fields: tuple[tuple[str, int], ...]) -> list:
+    """Return the ``rows`` whose JSON id list ``field`` holds ``id``, for any (field, id)."""
     if connection.features.supports_json_field_contains:
-        # reminder_ids @> '[id]', answered by the GIN index (migration 0009).
-        return list(dispatches.filter(reminder_ids__contains=[reminder.pk]))
-    # SQLite (the local run) cannot search inside JSON lists.
-    return [
-        dispatch
-        for dispatch in dispatches.filter(queued_at__gte=reminder.created_at)
-        if reminder.pk in dispatch.reminder_ids
-    ]
-
-
-def _decisions_naming(reminder: Reminder) -> list[StaffDecision]:
-    fields = (
-        ("reminder_ids", reminder.pk),
-        ("workshop_ids", reminder.workshop_id),
-        ("attendee_ids", reminder.attendee_id),
-        ("enrollment_ids", reminder.enrollment_id),
-    )
-    # A test send names the workshop but touched none of its reminders.
-    decisions = StaffDecision.objects.exclude(action=StaffDecision.Action.SEND_TEST).order_by(
-        "created_at", "pk"
-    )
-    if connection.features.supports_json_field_contains:
+        # field @> '[id]', answered by a GIN index for Dispatch (migration 0009).
         query = Q()
         for field, value in fields:
             query |= Q(**{f"{field}__contains": [value]})
-        return list(decisions.filter(query))
-    # SQLite (the local run) cannot search inside JSON lists; its decisions are few.
+        return list(rows.filter(query))
+    # SQLite (the local run) cannot search inside JSON lists; its rows are few.
     return [
-        decision
-        for decision in decisions
-        if any(value in (getattr(decision, field) or []) for field, value in fields)
+        row for row in rows if any(value in (getattr(row, field) or []) for field, value in fields)
     ]
 
 
@@ -179,11 +165,7 @@ def _state(reminder: Reminder) -> str:
 
 
 def _utc(moment: datetime | None) -> str:
-    return (
-        "-"
-        if moment is None
-        else moment.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M:%S UTC")
-    )
+    return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
 def trace_lines(reminder: Reminder) -> list[str]:
@@ -191,7 +173,6 @@ def trace_lines(reminder: Reminder) -> list[str]:
     zone = ZoneInfo(reminder.workshop.timezone)
     lines = []
     for event in reminder_timeline(reminder):
-        utc = event.at.astimezone(ZoneInfo("UTC")).strftime("%Y-%m-%d %H:%M:%S UTC")
         local = event.at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
-        lines.append(f"{utc}  {local}  {event.what}")
+        lines.append(f"{_utc(event.at)}  {local}  {event.what}")
     return lines
