@@ -26,14 +26,18 @@ def id_from_text(value: str) -> int | None:
     return number if 0 < number <= MAX_ID else None
 
 
-def reminder_key(*, attendee_id: int, workshop_id: int, prefix: str | None = None) -> str:
+def reminder_key(*, attendee_id: int, workshop_id: int) -> str:
     """Return the stable idempotency key of the reminder for (attendee, workshop).
 
-    reminders_plan builds the same text in SQL. The prefix keeps two deployments
-    (or a rebuilt database) from sharing keys at a provider.
+    reminders_plan builds the same text in SQL. REMINDERS_KEY_PREFIX keeps two
+    deployments (or a rebuilt database) from sharing keys at a provider.
     """
-    prefix = settings.REMINDERS_KEY_PREFIX if prefix is None else prefix
-    return f"{prefix}-w{workshop_id}-a{attendee_id}"
+    return f"{settings.REMINDERS_KEY_PREFIX}-w{workshop_id}-a{attendee_id}"
+
+
+def notice_key(*, attendee_id: int, workshop_id: int, revision: int) -> str:
+    """Return the idempotency key of the change notice of one revision: the reminder's, plus it."""
+    return f"{reminder_key(attendee_id=attendee_id, workshop_id=workshop_id)}-r{revision}"
 
 
 class Reminder(models.Model):
@@ -550,11 +554,6 @@ class Dispatch(models.Model):
 
     def __str__(self) -> str:
         return f"Dispatch of {len(self.reminder_ids)} reminders at {self.queued_at:%Y-%m-%d %H:%M:%S} UTC"
-
-
-def notice_key(*, attendee_id: int, workshop_id: int, revision: int) -> str:
-    """Return the idempotency key of the change notice of one revision: the reminder's, plus it."""
-    return f"{reminder_key(attendee_id=attendee_id, workshop_id=workshop_id)}-r{revision}"
 
 
 class WorkshopRevision(models.Model):

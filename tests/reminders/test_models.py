@@ -32,9 +32,10 @@ def test_sending_without_a_lease_is_refused_by_the_database(make_workshop, enrol
         Reminder.objects.update(status="sending")
 
 
-def test_key_is_stable_and_derived_from_the_pair():
-    assert reminder_key(attendee_id=7, workshop_id=3, prefix="rem") == "rem-w3-a7"
+def test_key_is_stable_and_derived_from_the_pair(settings):
     assert reminder_key(attendee_id=7, workshop_id=3) == "rem-w3-a7"
+    settings.REMINDERS_KEY_PREFIX = "other"
+    assert reminder_key(attendee_id=7, workshop_id=3) == "other-w3-a7"
 
 
 def test_the_maybe_sent_backfill_marks_unknown_rows_and_rows_with_an_unanswered_call(
