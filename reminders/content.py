@@ -545,9 +545,9 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
             lines += [news["changed"], *changes, ""]
         lines += [*_fact_lines(values, label), ""]
     lines.append(news["remove"] if cancelled else news["update"])
-    links = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
-    if links:
-        lines += ["", f"{label['cant_attend']} {links}"]
+    attendance = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
+    if attendance:
+        lines += ["", f"{label['cant_attend']} {attendance}"]
     paragraphs = "\n".join(lines).split("\n\n")
     method = "CANCEL" if cancelled else "PUBLISH"
     return _envelope(
@@ -583,7 +583,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
             "reminder_id": str(notice.reminder_id),
             "kind": notice.kind,
             "revision": str(notice.number),
-            **({"attendance_url": links} if links else {}),
+            **({"attendance_url": attendance} if attendance else {}),
         },
         kind="notice",
         deadline_at=workshop.starts_at,
