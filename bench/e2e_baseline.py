@@ -68,9 +68,7 @@ def baseline_send_smtp(reminder_id: int) -> str:
     clock = default_clock()
     envelope = _envelope(reminder_id)
     sender = parse_sender(settings.DEFAULT_FROM_EMAIL, setting="DEFAULT_FROM_EMAIL")
-    message = write_message(
-        envelope, sender=sender, message_id_domain=sender.domain, date=clock.now()
-    )
+    message = write_message(envelope, sender=sender, date=clock.now())
     _mail().sendmail(sender.address, [message.recipient], message.data)
     return _store(reminder_id, message_id_for(envelope.key, sender.domain))
 

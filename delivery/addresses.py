@@ -1,14 +1,15 @@
-"""Check recipient addresses and make display text safe for one header line.
+"""Check recipient addresses and hosts, and make display text safe for one header line.
 
 Display text is folded onto one line; an address with a line break fails permanently.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import re
 import unicodedata
 
-__all__ = ["address_problem", "clean_header_text", "idna_domain"]
+__all__ = ["address_problem", "clean_header_text", "idna_domain", "is_loopback_host"]
 
 # RFC 5321 limits.
 MAX_ADDRESS_LENGTH = 254
@@ -31,6 +32,19 @@ def idna_domain(domain: str) -> str | None:
         return domain.encode("idna").decode("ascii")
     except UnicodeError:
         return None
+
+
+def is_loopback_host(host: str) -> bool:
+    """Return True for ``localhost`` and loopback IP addresses (IPv4-mapped ones too)."""
+    if host == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return False  # another name: DNS may send it anywhere
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_loopback
 
 
 def address_problem(address: str) -> str | None:

@@ -126,13 +126,7 @@ def _date(date: datetime) -> str:
     return last[1]
 
 
-def write_message(
-    envelope: Envelope,
-    *,
-    sender: Sender,
-    message_id_domain: str,
-    date: datetime,
-) -> Message:
+def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Message:
     """Return the email for ``envelope``.
 
     Raise ``PermanentError(reached=False)`` for a recipient not writable in
@@ -146,7 +140,7 @@ def write_message(
         _header("To", _mailbox(clean_header_text(envelope.recipient_name), recipient)),
         _header("Subject", _unstructured(clean_header_text(envelope.subject))),
         f"Date: {_date(date)}",
-        f"Message-ID: {message_id_for(envelope.key, message_id_domain)}",
+        f"Message-ID: {message_id_for(envelope.key, sender.domain)}",
         # RFC 3834: automatic replies must not answer an automated message.
         "Auto-Submitted: auto-generated",
     ]

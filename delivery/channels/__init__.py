@@ -1,7 +1,7 @@
 """Ways of handing a message to a provider.
 
-``HttpChannel`` and ``FileChannel`` honour idempotency keys, ``SmtpChannel``
-does not; ``ThreadedChannel`` does as declared.
+``HttpChannel`` and ``FileChannel`` honour idempotency keys; ``SmtpChannel``
+and ``ThreadedChannel`` do not.
 """
 
 from delivery.channels.file import FileChannel

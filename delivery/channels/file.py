@@ -10,7 +10,6 @@ import asyncio
 import os
 import tempfile
 from pathlib import Path
-from types import TracebackType
 from typing import Self
 
 from clock import Clock
@@ -37,23 +36,15 @@ def _write_atomically(path: Path, data: bytes) -> None:
 class FileChannel:
     """Deliver by writing ``<key digest>.eml`` files under ``directory``."""
 
+    name = "file"
     honours_idempotency_keys = True
     max_concurrency = None
 
-    def __init__(
-        self,
-        directory: str | os.PathLike[str],
-        *,
-        from_email: str,
-        clock: Clock,
-        name: str = "file",
-    ) -> None:
+    def __init__(self, directory: str | os.PathLike[str], *, from_email: str, clock: Clock) -> None:
         if not str(directory):
             raise ValueError("FileChannel needs a directory to write .eml files into.")
-        self.name = name
         self.directory = Path(directory)
         self._sender = parse_sender(from_email, setting="FileChannel from_email")
-        self._domain = self._sender.domain
         self._clock = clock
 
     def path_for(self, key: str) -> Path:
@@ -64,20 +55,14 @@ class FileChannel:
         await asyncio.to_thread(self.directory.mkdir, parents=True, exist_ok=True)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info) -> None:
         return None
 
     async def send(self, envelope: Envelope) -> str:
-        message = write_message(
-            envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
-        )
+        message = write_message(envelope, sender=self._sender, date=self._clock.now())
+        path = self.path_for(envelope.key)
         try:
-            await asyncio.to_thread(_write_atomically, self.path_for(envelope.key), message.data)
+            await asyncio.to_thread(_write_atomically, path, message.data)
         except OSError as exc:
-            raise TransientError(f"could not write {self.path_for(envelope.key)}: {exc}") from exc
-        return message_id_for(envelope.key, self._domain)
+            raise TransientError(f"could not write {path}: {exc}") from exc
+        return message_id_for(envelope.key, self._sender.domain)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import ipaddress
 import json
 import logging
 import math
@@ -17,14 +16,13 @@ import ssl
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
-from types import TracebackType
 from typing import Self
 from urllib.parse import SplitResult, urlsplit
 
 import aiohttp
 
 from clock import Clock
-from delivery.addresses import clean_header_text
+from delivery.addresses import clean_header_text, is_loopback_host
 from delivery.envelope import Envelope
 from delivery.errors import (
     OutcomeUnknownError,
@@ -135,12 +133,7 @@ def encode_body(envelope: Envelope) -> bytes:
 
 def _loopback(parts: SplitResult) -> bool:
     host = (parts.hostname or "").rstrip(".").lower()
-    if host == "localhost" or host.endswith(".localhost"):
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
+    return host.endswith(".localhost") or is_loopback_host(host)
 
 
 def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
@@ -216,11 +209,11 @@ class _Endpoint:
 class HttpChannel:
     """Deliver envelopes by POSTing signed JSON, one ``aiohttp`` session per batch."""
 
+    name = "http"
     honours_idempotency_keys = True
     max_concurrency = None
 
-    def __init__(self, settings: HttpSettings, *, clock: Clock, name: str = "http") -> None:
-        self.name = name
+    def __init__(self, settings: HttpSettings, *, clock: Clock) -> None:
         self.settings = settings
         self._clock = clock
         self._session: aiohttp.ClientSession | None = None
@@ -229,10 +222,8 @@ class HttpChannel:
     async def __aenter__(self) -> Self:
         settings = self.settings
         urls = (settings.url, *settings.hedge_urls)
-        tls = ssl.create_default_context() if any(u.startswith("https:") for u in urls) else None
-        connector = aiohttp.TCPConnector(
-            limit=settings.max_connections, limit_per_host=0, ssl=tls if tls is not None else False
-        )
+        tls = ssl.create_default_context() if any(u.startswith("https:") for u in urls) else False
+        connector = aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0, ssl=tls)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=settings.timeout, connect=settings.timeout),
@@ -242,12 +233,7 @@ class HttpChannel:
         )
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info) -> None:
         session, self._session = self._session, None
         if session is not None:
             await session.close()

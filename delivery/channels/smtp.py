@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ipaddress
 import logging
 import math
 import re
@@ -17,12 +16,12 @@ import socket
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from types import TracebackType
 from typing import Self
 
 import aiosmtplib
 
 from clock import Clock
+from delivery.addresses import is_loopback_host
 from delivery.dkim import DkimKey, dkim_sign
 from delivery.envelope import Envelope
 from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
@@ -104,23 +103,11 @@ def plaintext_smtp_allowed(host: str, plaintext_hosts: Iterable[str] = ()) -> bo
     name = _host_name(host)
     if not name:
         return False
-    return _loopback(name) or name in {_host_name(listed) for listed in plaintext_hosts}
+    return is_loopback_host(name) or name in {_host_name(listed) for listed in plaintext_hosts}
 
 
 def _host_name(host: str) -> str:
     return host.strip().rstrip(".").lower()
-
-
-def _loopback(name: str) -> bool:
-    if name == "localhost":
-        return True
-    try:
-        address = ipaddress.ip_address(name)
-    except ValueError:
-        return False  # a name other than localhost: DNS may send it anywhere
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    return address.is_loopback
 
 
 def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentError:
@@ -162,14 +149,6 @@ class _Pipeline(asyncio.Protocol):
         self._writable.set()
         self.ended: str | None = None
         transport.set_protocol(self)
-
-    @classmethod
-    def take_over(cls, connection: aiosmtplib.SMTP, *, timeout: float, clock: Clock) -> _Pipeline:
-        """Take over the transport of a set-up ``connection``."""
-        transport = connection.transport
-        if transport is None or transport.is_closing():
-            raise _ReplyError("the connection closed during its set-up")
-        return cls(transport, timeout=timeout, clock=clock)
 
     def data_received(self, data: bytes) -> None:
         if self.ended is not None:
@@ -277,55 +256,45 @@ class _Pipeline(asyncio.Protocol):
 class SmtpChannel:
     """Deliver envelopes as email through one SMTP server."""
 
+    name = "smtp"
     honours_idempotency_keys = False
 
-    def __init__(self, settings: SmtpSettings, *, clock: Clock, name: str = "smtp") -> None:
-        self.name = name
+    def __init__(self, settings: SmtpSettings, *, clock: Clock) -> None:
         self.settings = settings
         self.max_concurrency = settings.max_connections
         self._clock = clock
         self._sender: Sender = parse_sender(settings.from_email, setting="SmtpSettings.from_email")
-        self._domain = self._sender.domain
         self._idle: list[aiosmtplib.SMTP | _Pipeline] = []
         self._slots: asyncio.Semaphore | None = None
-        self.connections_opened = 0
 
     async def __aenter__(self) -> Self:
         self._slots = asyncio.Semaphore(self.settings.max_connections)
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info) -> None:
         idle, self._idle = self._idle, []
         try:
             for connection in idle:
-                try:
+                with contextlib.suppress(aiosmtplib.SMTPException, OSError):
                     await connection.quit()
-                except (aiosmtplib.SMTPException, OSError):
-                    connection.close()
         finally:
             for connection in idle:  # if cancelled, close the rest without QUIT
                 connection.close()
-        return None
 
     async def _open(self) -> aiosmtplib.SMTP | _Pipeline:
         """Connect, pipelining when the server offers PIPELINING."""
         connection = await self._connect()
         if not connection.supports_extension("pipelining"):
             return connection
-        try:
-            return _Pipeline.take_over(connection, timeout=self.settings.timeout, clock=self._clock)
-        except _ReplyError as exc:
+        transport = connection.transport
+        if transport is None or transport.is_closing():
             connection.close()
             raise TransientError(
                 f"SMTP connection to {self.settings.host} closed before the message was sent: "
-                f"{exc}",
+                "the connection closed during its set-up",
                 reached=False,
-            ) from exc
+            )
+        return _Pipeline(transport, timeout=self.settings.timeout, clock=self._clock)
 
     async def _connect(self) -> aiosmtplib.SMTP:
         settings = self.settings
@@ -373,7 +342,6 @@ class SmtpChannel:
                 f"could not connect to SMTP server {settings.host}:{settings.port}: {exc}",
                 reached=False,
             ) from exc
-        self.connections_opened += 1
         return connection
 
     def _refuse_plaintext_session(self, connection: aiosmtplib.SMTP) -> None:
@@ -410,10 +378,8 @@ class SmtpChannel:
     async def send(self, envelope: Envelope) -> str:
         if self._slots is None:
             raise RuntimeError("SmtpChannel.send() needs the channel open: use 'async with'.")
-        message = write_message(
-            envelope, sender=self._sender, message_id_domain=self._domain, date=self._clock.now()
-        )
-        data, recipient = message.data, message.recipient
+        message = write_message(envelope, sender=self._sender, date=self._clock.now())
+        data = message.data
         if self.settings.dkim is not None:
             data = dkim_sign(data, self.settings.dkim)
         async with self._slots:
@@ -422,51 +388,46 @@ class SmtpChannel:
             try:
                 last_look()  # opening it may have taken long: a pause, a slow server
             except TransientError:
-                # Nothing of this message was written on it.
-                if isinstance(connection, _Pipeline):
-                    self._release(connection)
-                else:
-                    self._idle.append(connection)
+                self._release(connection)  # nothing of this message was written on it
                 raise
             if isinstance(connection, _Pipeline):
-                await self._send_pipelined(connection, reused, recipient, data)
-                return message_id_for(envelope.key, self._domain)
-            reusable = False
+                await self._send_pipelined(connection, reused, message.recipient, data)
+            else:
+                await self._send_unpipelined(connection, reused, message.recipient, data)
+        return message_id_for(envelope.key, self._sender.domain)
+
+    async def _send_unpipelined(
+        self, connection: aiosmtplib.SMTP, reused: bool, recipient: str, data: bytes
+    ) -> None:
+        """Run one transaction with aiosmtplib, a round trip per command."""
+        reusable = False
+        try:
             try:
-                try:
-                    await self._envelope_commands(connection, recipient)
-                except aiosmtplib.SMTPServerDisconnected:
-                    if not reused:
-                        raise
-                    # A dropped idle connection is replaced once.
-                    logger.info(
-                        "SMTP connection to %s was dropped; reconnecting", self.settings.host
-                    )
-                    connection.close()
-                    connection = await self._connect()
-                    await self._envelope_commands(connection, recipient)
-                await self._data(connection, data)
-                reusable = True
-            except (aiosmtplib.SMTPException, OSError) as exc:
-                # Before DATA (``_data`` translates its own errors): not accepted.
-                if isinstance(exc, aiosmtplib.SMTPResponseException):
-                    reusable = await self._reset(connection)
-                    command = (
-                        "RCPT TO"
-                        if isinstance(exc, aiosmtplib.SMTPRecipientRefused)
-                        else "MAIL FROM"
-                    )
-                    raise _from_reply(exc.code, exc.message, command) from exc
-                raise TransientError(
-                    f"SMTP connection to {self.settings.host} failed before the message was "
-                    f"sent: {exc}"
-                ) from exc
-            finally:
-                if reusable:
-                    self._idle.append(connection)
-                else:
-                    connection.close()
-        return message_id_for(envelope.key, self._domain)
+                await self._envelope_commands(connection, recipient)
+            except aiosmtplib.SMTPServerDisconnected:
+                if not reused:
+                    raise
+                # A dropped idle connection is replaced once.
+                logger.info("SMTP connection to %s was dropped; reconnecting", self.settings.host)
+                connection.close()
+                connection = await self._connect()
+                await self._envelope_commands(connection, recipient)
+            await self._data(connection, data)
+            reusable = True
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            # Before DATA (``_data`` translates its own errors): not accepted.
+            if isinstance(exc, aiosmtplib.SMTPResponseException):
+                reusable = await self._reset(connection)
+                command = (
+                    "RCPT TO" if isinstance(exc, aiosmtplib.SMTPRecipientRefused) else "MAIL FROM"
+                )
+                raise _from_reply(exc.code, exc.message, command) from exc
+            raise self._failed_before_data(exc) from exc
+        finally:
+            if reusable:
+                self._idle.append(connection)
+            else:
+                connection.close()
 
     async def _send_pipelined(
         self, connection: _Pipeline, reused: bool, recipient: str, data: bytes
@@ -510,9 +471,7 @@ class SmtpChannel:
         except _ReplyError as exc:
             # Only the envelope was written: the server cannot have the message.
             connection.close()
-            raise TransientError(
-                f"SMTP connection to {self.settings.host} failed before the message was sent: {exc}"
-            ) from exc
+            raise self._failed_before_data(exc) from exc
         except BaseException:
             connection.close()
             raise
@@ -526,10 +485,7 @@ class SmtpChannel:
             code, text = await connection.reply()
         except _ReplyError as exc:
             connection.close()
-            raise OutcomeUnknownError(
-                f"SMTP connection to {self.settings.host} failed during DATA; the server may "
-                f"have accepted the message: {exc}"
-            ) from exc
+            raise self._failed_during_data(exc) from exc
         except BaseException:
             connection.close()
             raise
@@ -546,12 +502,23 @@ class SmtpChannel:
             "server may have accepted it"
         )
 
-    def _release(self, connection: _Pipeline) -> None:
+    def _release(self, connection: aiosmtplib.SMTP | _Pipeline) -> None:
         """Pool ``connection`` if it can start a transaction, else close it."""
-        if connection.idle:
-            self._idle.append(connection)
-        else:
+        if isinstance(connection, _Pipeline) and not connection.idle:
             connection.close()
+        else:
+            self._idle.append(connection)
+
+    def _failed_before_data(self, exc: Exception) -> TransientError:
+        return TransientError(
+            f"SMTP connection to {self.settings.host} failed before the message was sent: {exc}"
+        )
+
+    def _failed_during_data(self, exc: Exception) -> OutcomeUnknownError:
+        return OutcomeUnknownError(
+            f"SMTP connection to {self.settings.host} failed during DATA; the server may "
+            f"have accepted the message: {exc}"
+        )
 
     async def _pipelined_envelope(
         self, connection: _Pipeline, recipient: str
@@ -593,10 +560,7 @@ class SmtpChannel:
         except aiosmtplib.SMTPResponseException as exc:
             raise _from_reply(exc.code, exc.message, "DATA") from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
-            raise OutcomeUnknownError(
-                f"SMTP connection to {self.settings.host} failed during DATA; the server may "
-                f"have accepted the message: {exc}"
-            ) from exc
+            raise self._failed_during_data(exc) from exc
 
     async def _reset(self, connection: aiosmtplib.SMTP) -> bool:
         """End a refused transaction; return whether the connection can be reused."""

@@ -11,7 +11,6 @@ import asyncio
 import logging
 import threading
 from collections.abc import Callable
-from types import TracebackType
 from typing import Self
 
 from delivery.envelope import Envelope
@@ -24,19 +23,13 @@ logger = logging.getLogger(__name__)
 class ThreadedChannel:
     """Adapt ``send(envelope) -> message id`` (blocking) to the ``Channel`` protocol."""
 
-    def __init__(
-        self,
-        name: str,
-        send: Callable[[Envelope], str],
-        *,
-        honours_idempotency_keys: bool = False,
-        max_concurrency: int | None = None,
-    ) -> None:
+    honours_idempotency_keys = False
+    max_concurrency = None
+
+    def __init__(self, name: str, send: Callable[[Envelope], str]) -> None:
         if not name:
             raise ValueError("ThreadedChannel needs a name, e.g. 'django-mail'.")
         self.name = name
-        self.honours_idempotency_keys = honours_idempotency_keys
-        self.max_concurrency = max_concurrency
         self._send = send
         self._lock = threading.Lock()
         self._running = 0
@@ -50,12 +43,7 @@ class ThreadedChannel:
     async def __aenter__(self) -> Self:
         return self
 
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> bool | None:
+    async def __aexit__(self, *exc_info) -> None:
         running = self.running_threads
         if running:
             logger.warning(

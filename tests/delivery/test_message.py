@@ -188,9 +188,7 @@ def test_a_written_message_reads_back_as_typed_and_as_the_email_packages_build(i
     envelope = CASES[index]
     sender = SENDERS[index % len(SENDERS)]
 
-    written = shown(
-        write_message(envelope, sender=sender, message_id_domain="example.org", date=DATE).data
-    )
+    written = shown(write_message(envelope, sender=sender, date=DATE).data)
     expected = shown(reference(envelope, sender=sender, domain="example.org"))
 
     headers = written["headers"]
@@ -215,9 +213,7 @@ def test_a_written_message_reads_back_as_typed_and_as_the_email_packages_build(i
 @pytest.mark.parametrize("index", range(len(CASES)))
 def test_a_written_message_is_7bit_crlf_with_short_header_lines(index):
     envelope = CASES[index]
-    data = write_message(
-        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
-    ).data
+    data = write_message(envelope, sender=SENDERS[0], date=DATE).data
 
     assert data.isascii()
     assert b"\n" not in data.replace(b"\r\n", b"")  # no bare LF
@@ -232,9 +228,9 @@ def test_a_written_message_is_7bit_crlf_with_short_header_lines(index):
 def test_the_recipient_is_the_ascii_mailbox_for_rcpt_to():
     envelope = envelope_factory(SystemClock())(recipient="zoë@bücher.example")
     with pytest.raises(Exception, match="non-ASCII local part"):
-        write_message(envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE)
+        write_message(envelope, sender=SENDERS[0], date=DATE)
     envelope = envelope_factory(SystemClock())(recipient="ada@bücher.example")
-    written = write_message(envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE)
+    written = write_message(envelope, sender=SENDERS[0], date=DATE)
     assert written.recipient == "ada@xn--bcher-kva.example"
 
 
@@ -265,7 +261,7 @@ def test_a_body_that_holds_the_boundary_is_encoded_so_the_parts_stay_whole():
         html_body="<p>real</p>",
     )
 
-    written = write_message(envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE)
+    written = write_message(envelope, sender=SENDERS[0], date=DATE)
 
     assert (
         shown(written.data)["parts"]
@@ -280,9 +276,7 @@ def test_quoted_printable_lines_stay_within_76_and_read_back_whole(length, last)
     """RFC 2045 6.7; binascii alone writes 77 when a 75-character line ends in a space."""
     envelope = envelope_factory(SystemClock())(text_body=f"Grüße\n{'a' * length}{last}\nnext")
 
-    data = write_message(
-        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
-    ).data
+    data = write_message(envelope, sender=SENDERS[0], date=DATE).data
 
     body = data.split(b"\r\n\r\n", 1)[1]
     assert b"quoted-printable" in data.split(b"\r\n\r\n", 1)[0]
@@ -306,9 +300,7 @@ def test_quoted_printable_lines_stay_within_76_and_read_back_whole(length, last)
 )
 def test_the_shorter_transfer_encoding_is_chosen(body, encoding):
     envelope = envelope_factory(SystemClock())(text_body=body)
-    data = write_message(
-        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
-    ).data
+    data = write_message(envelope, sender=SENDERS[0], date=DATE).data
     assert f"Content-Transfer-Encoding: {encoding.decode()}".encode() in data
     assert shown(data)["parts"][0][3] == body + "\n"
 
@@ -316,9 +308,7 @@ def test_the_shorter_transfer_encoding_is_chosen(body, encoding):
 def test_a_list_id_keeps_its_identifier_unencoded_however_long():
     long_id = "reminders." + "sub." * 20 + "example.org"
     envelope = envelope_factory(SystemClock())(list_id=f"Rappels d’ateliers <{long_id}>")
-    data = write_message(
-        envelope, sender=SENDERS[0], message_id_domain="example.org", date=DATE
-    ).data
+    data = write_message(envelope, sender=SENDERS[0], date=DATE).data
     assert f"<{long_id}>".encode() in data
     assert shown(data)["headers"]["List-Id"] == [f"Rappels d’ateliers <{long_id}>"]
 
@@ -338,7 +328,5 @@ def test_the_date_header_follows_the_clock_second_by_second():
         DATE,
     ]
     for moment in moments:
-        written = write_message(
-            envelope, sender=SENDERS[0], message_id_domain="example.org", date=moment
-        )
+        written = write_message(envelope, sender=SENDERS[0], date=moment)
         assert f"\r\nDate: {format_datetime(moment)}\r\n".encode() in written.data, moment
