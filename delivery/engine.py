@@ -30,13 +30,9 @@ from clock import Clock
 from delivery.addresses import address_problem
 from delivery.channel import Channel
 from delivery.envelope import Envelope
-from delivery.errors import (
-    DeliveryError,
-    RateLimitedError,
-    TransientError,
-)
+from delivery.errors import DeliveryError, RateLimitedError, TransientError
 from delivery.gate import Gate, current_call
-from delivery.limiter import DEFAULT_PAUSE_WINDOWS, DeadlineReached, RateLimiter
+from delivery.limiter import DeadlineReached, RateLimiter
 from delivery.limits import DeliveryLimits
 from delivery.observer import (
     CALL_MAYBE_DELIVERED,
@@ -49,7 +45,7 @@ from delivery.observer import (
 )
 from delivery.results import DeliveryResult, Outcome
 
-__all__ = ["deliver"]
+__all__ = ["close_channel", "deliver"]
 
 logger = logging.getLogger("delivery")
 
@@ -58,15 +54,6 @@ class Flag(Protocol):
     """A stop flag set by another thread or process (a threading or multiprocessing ``Event``)."""
 
     def is_set(self) -> bool: ...
-
-
-def _call_outcome(failure: _Failure) -> str:
-    """Name how a failed call ended, for an observer."""
-    if failure.rate_limited:
-        return CALL_THROTTLED
-    if failure.final:
-        return CALL_PERMANENT
-    return CALL_MAYBE_DELIVERED if failure.ambiguous else CALL_TRANSIENT
 
 
 class _Stopped(Exception):
@@ -79,10 +66,22 @@ class _Stopped(Exception):
 class _Failure:
     outcome: Outcome
     error: str
-    final: bool = False
     ambiguous: bool = False
     retry_after: float | None = None
     rate_limited: bool = False
+
+    @property
+    def final(self) -> bool:
+        return self.outcome is Outcome.PERMANENT
+
+    @property
+    def call_outcome(self) -> str:
+        """Name how the failed call ended, for an observer."""
+        if self.rate_limited:
+            return CALL_THROTTLED
+        if self.final:
+            return CALL_PERMANENT
+        return CALL_MAYBE_DELIVERED if self.ambiguous else CALL_TRANSIENT
 
 
 @dataclass(slots=True)
@@ -136,10 +135,9 @@ class _Batch:
         self._limiter = limiter
         self._gate = gate
         self._random = random
-        self._keys = bool(getattr(channel, "honours_idempotency_keys", False))
-        self._name = getattr(channel, "name", type(channel).__name__)
-        channel_cap = getattr(channel, "max_concurrency", None)
-        self._concurrency = min(policy.concurrency, channel_cap or policy.concurrency)
+        self._keys = channel.honours_idempotency_keys
+        self._name = channel.name
+        self._concurrency = min(policy.concurrency, channel.max_concurrency or policy.concurrency)
         self._stop_reason = "the batch was cancelled"
         self._started_at = clock.monotonic()
         # Set when the budget is used up and in-flight calls may still finish.
@@ -151,7 +149,7 @@ class _Batch:
 
     async def run(self, stop: asyncio.Event | None) -> list[DeliveryResult]:
         todo = self._preflight()
-        if stop is not None and stop.is_set():
+        if (stop is not None and stop.is_set()) or any(flag.is_set() for flag in self._flags):
             self._stop_reason = "stop signal"
         elif todo:
             await self._with_channel(todo, stop)
@@ -208,17 +206,9 @@ class _Batch:
         try:
             await self._fan_out(todo, stop)
         except BaseException as exc:
-            await self._close_channel(type(exc), exc)
+            await close_channel(self._channel, self._clock, self._policy.close_timeout, exc)
             raise
-        await self._close_channel(None, None)
-
-    async def _close_channel(self, exc_type, exc) -> None:
-        try:
-            async with self._clock.timeout(self._policy.close_timeout):
-                await self._channel.__aexit__(exc_type, exc, exc.__traceback__ if exc else None)
-        except Exception:
-            # The results are already decided; a failed QUIT must not lose them.
-            logger.warning("Channel %s did not close cleanly", self._name, exc_info=True)
+        await close_channel(self._channel, self._clock, self._policy.close_timeout)
 
     async def _fan_out(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
         stop = stop if stop is not None else asyncio.Event()
@@ -429,7 +419,7 @@ class _Batch:
                     call_outcome = CALL_SENT
                 except Exception as exc:  # the channel's own errors, incl. its own TimeoutError
                     failure = self._classify(progress, exc)
-                    call_outcome = _call_outcome(failure)
+                    call_outcome = failure.call_outcome
         except TimeoutError:
             call_outcome = CALL_TIMEOUT
             progress.reached = True
@@ -475,7 +465,7 @@ class _Batch:
                     retry_after=exc.retry_after,
                     rate_limited=isinstance(exc, RateLimitedError),
                 )
-            return _Failure(Outcome.PERMANENT, str(exc), final=True)
+            return _Failure(Outcome.PERMANENT, str(exc))
         progress.reached = True
         progress.maybe_delivered = True
         if isinstance(exc, OSError):
@@ -495,16 +485,14 @@ class _Batch:
             extra={"reminder_id": progress.envelope.reminder_id, "key": progress.envelope.key},
         )
         return _Failure(
-            Outcome.PERMANENT,
-            f"unexpected {type(exc).__name__} from channel {self._name!r}: {exc}",
-            final=True,
+            Outcome.PERMANENT, f"unexpected {type(exc).__name__} from channel {self._name!r}: {exc}"
         )
 
     async def _pause_limiter(self, retry_after: float | None) -> None:
         """Slow every caller of the limiter down after the provider's 429."""
         assert self._limiter is not None
         if retry_after is None:
-            retry_after = getattr(self._limiter, "window", 1.0) * DEFAULT_PAUSE_WINDOWS
+            retry_after = getattr(self._limiter, "window", 1.0)  # one window
         try:
             await self._limiter.pause(retry_after)
         except Exception:
@@ -608,6 +596,18 @@ def _without_person(text: str, envelope: Envelope) -> str:
     return text.replace(name, "<name>") if len(name) > 1 else text
 
 
+async def close_channel(
+    channel: Channel, clock: Clock, seconds: float, exc: BaseException | None = None
+) -> None:
+    """Close ``channel`` within ``seconds``; results are decided, so a failure is only logged."""
+    exc_info = (None, None, None) if exc is None else (type(exc), exc, exc.__traceback__)
+    try:
+        async with clock.timeout(seconds):
+            await channel.__aexit__(*exc_info)
+    except Exception:
+        logger.warning("Channel %s did not close cleanly", channel.name, exc_info=True)
+
+
 async def deliver(
     envelopes: Iterable[Envelope],
     channel: Channel,
@@ -623,20 +623,14 @@ async def deliver(
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
-    Open the channel once; run at most ``policy.concurrency`` calls (and no more than the
-    channel's ``max_concurrency``), started no faster than ``limiter`` allows; retry transient
-    failures with backoff until ``policy.max_attempts`` or the envelope's deadline. No call
-    starts at or after its deadline, nor runs past it (its timeout is clamped). With a ``gate``,
-    no call starts for a withdrawn envelope, nor under a snapshot older than ``gate.max_age``.
-    ``stop`` or a spent ``policy.budget`` starts no new call, lets calls in flight finish within
-    ``policy.drain``, cancels the rest and returns partial results. Per-envelope failures are
-    results; only a batch that cannot run at all (the same reminder id twice) raises.
-
-    ``flags`` (anything with ``is_set()``, set by another thread or process) are read at every
-    call start; one found set stops the batch as ``stop`` does (to wake waiting calls sooner,
-    set ``stop`` too, as ``Session`` does). The caller owns ``limiter`` and ``gate``; ``random``
-    draws the backoff jitter; ``observer`` (delivery.observer) hears of each provider call, each
-    send's slack before its deadline and each wait for the limiter.
+    At most ``policy.concurrency`` calls run at once (fewer if the channel's
+    ``max_concurrency`` says so), started no faster than ``limiter`` allows; transient
+    failures are retried with backoff until ``policy.max_attempts`` or the envelope's deadline,
+    which no call starts at or runs past. With a ``gate``, no call starts for a withdrawn
+    envelope or under a stale snapshot. ``stop``, one of ``flags`` (anything with ``is_set()``,
+    read at each call start) or the spent ``policy.budget`` starts no new call and gives calls
+    in flight ``policy.drain`` to end. Only a batch that cannot run at all (the same reminder
+    twice) raises.
     """
     batch = _Batch(
         list(envelopes),

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 
 from clock import Clock
 from delivery.channel import Channel
-from delivery.engine import Flag, deliver
+from delivery.engine import Flag, close_channel, deliver
 from delivery.envelope import Envelope
 from delivery.gate import Gate
 from delivery.limiter import RateLimiter
@@ -77,7 +77,15 @@ class Session:
         self._limiter: RateLimiter | None = None
 
     def __enter__(self) -> Session:
-        _refuse_inside_a_loop("Session")
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            pass
+        else:
+            raise RuntimeError(
+                "Session was used from inside a running event loop, which it would block; "
+                "await delivery.deliver() there instead."
+            )
         self._jobs = queue.SimpleQueue()
         self._stopped = threading.Event()  # set when the loop's thread ends
         # The loop has a thread of its own: the calling thread stays free to tick.
@@ -105,7 +113,7 @@ class Session:
             return
         cause: BaseException | None = None
         try:
-            self._run(self._close_resources, stop=None, tick=None, tick_interval=0.25)
+            self._run(self._close_resources)
         except BaseException as exc:
             cause = exc  # raised into the wait: the close ran to its end all the same
         assert self._jobs is not None
@@ -137,15 +145,11 @@ class Session:
     ) -> list[DeliveryResult]:
         """Run one batch on the session's loop and return one result per envelope (blocking).
 
-        Meanwhile the calling thread calls ``tick`` every ``tick_interval`` seconds (its chance
-        to refresh ``gate`` with its own synchronous resources). ``stop``, anything with
-        ``is_set()`` (a ``threading.Event``, or a ``multiprocessing.Event`` set by another
-        process), is bridged into the loop. The batch runs in the caller's context (its context
-        variables, such as the claim its log lines carry: reminders/worker/logcontext.py).
-
-        An exception raised in the calling thread while it waits (a Celery soft time limit,
-        KeyboardInterrupt) stops the batch as ``stop`` would; once it has ended,
-        ``Interrupted`` is raised with its results and the cause.
+        Meanwhile the calling thread calls ``tick`` every ``tick_interval`` seconds (to refresh
+        ``gate``). ``stop`` is anything with ``is_set()``, such as a ``threading.Event``. The
+        batch runs in the caller's context (its context variables, such as the claim its log
+        lines carry). An exception raised in the calling thread meanwhile (a soft time limit)
+        stops the batch as ``stop`` would, then ``Interrupted`` carries its results.
         """
         if self._thread is None:
             raise RuntimeError("Session.deliver() needs the session open: use 'with Session(...)'.")
@@ -160,18 +164,20 @@ class Session:
             channel, limiter = self._resources()
             async_stop = asyncio.Event()
             running.append((asyncio.get_running_loop(), async_stop))
-            return await _deliver_with_stops(
+            results = await deliver(
                 envelopes,
                 channel,
                 policy=policy,
                 clock=self._clock,
                 limiter=limiter,
-                stops=stops,
-                async_stop=async_stop,
+                stop=async_stop,
                 random=random,
                 gate=gate,
                 observer=observer,
+                flags=stops,
             )
+            await _reap_leftovers()
+            return results
 
         def wake() -> None:
             if running and any(flag.is_set() for flag in stops):
@@ -202,7 +208,7 @@ class Session:
                     logger.warning("Rate limiter did not close cleanly", exc_info=True)
             await _reap_leftovers(engine_only=False)
 
-    def _run(self, job, *, stop, tick, tick_interval: float, wake=None):
+    def _run(self, job, *, stop=None, tick=None, tick_interval: float = 0.25, wake=None):
         """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking.
 
         ``wake`` runs after each tick and after ``stop`` is set: the batch learns of new flags.
@@ -266,9 +272,9 @@ class _KeptOpen:
 
     def __init__(self, channel: Channel) -> None:
         self.channel = channel
-        self.name = getattr(channel, "name", type(channel).__name__)
-        self.honours_idempotency_keys = bool(getattr(channel, "honours_idempotency_keys", False))
-        self.max_concurrency = getattr(channel, "max_concurrency", None)
+        self.name = channel.name
+        self.honours_idempotency_keys = channel.honours_idempotency_keys
+        self.max_concurrency = channel.max_concurrency
         self.is_open = False
 
     async def __aenter__(self) -> _KeptOpen:
@@ -277,64 +283,16 @@ class _KeptOpen:
             self.is_open = True
         return self
 
-    async def __aexit__(self, exc_type, exc, tb) -> None:
+    async def __aexit__(self, *exc_info) -> None:
         return None
 
     async def send(self, envelope: Envelope) -> str:
         return await self.channel.send(envelope)
 
     async def close(self, clock: Clock, seconds: float) -> None:
-        if not self.is_open:
-            return
-        self.is_open = False
-        try:
-            async with clock.timeout(seconds):
-                await self.channel.__aexit__(None, None, None)
-        except Exception:
-            # The results are already decided; a failed QUIT must not lose them.
-            logger.warning("Channel %s did not close cleanly", self.name, exc_info=True)
-
-
-def _refuse_inside_a_loop(what: str) -> None:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return
-    raise RuntimeError(
-        f"{what} was used from inside a running event loop, which it would block; "
-        "await delivery.deliver() there instead."
-    )
-
-
-async def _deliver_with_stops(
-    envelopes: list[Envelope],
-    channel: Channel,
-    *,
-    policy: DeliveryLimits,
-    clock: Clock,
-    limiter: RateLimiter | None,
-    stops: list[Flag],
-    async_stop: asyncio.Event,
-    random: Callable[[], float],
-    gate: Gate | None,
-    observer: Observer | None,
-) -> list[DeliveryResult]:
-    if any(flag.is_set() for flag in stops):
-        async_stop.set()
-    results = await deliver(
-        envelopes,
-        channel,
-        policy=policy,
-        clock=clock,
-        limiter=limiter,
-        stop=async_stop,
-        random=random,
-        gate=gate,
-        observer=observer,
-        flags=stops,
-    )
-    await _reap_leftovers()
-    return results
+        if self.is_open:
+            self.is_open = False
+            await close_channel(self.channel, clock, seconds)
 
 
 async def _reap_leftovers(*, engine_only: bool = True) -> None:
