@@ -1,30 +1,19 @@
 """Rate limiters: at most R provider call starts in any window of one second.
 
-A provider bounds calls per second as well as in flight, and a 429 costs more than waiting.
-Both limiters keep an exact sliding window (a log of recent starts; a token bucket would let
-2R through at a window boundary): no ``window`` seconds ever hold more than ``per_second`` starts.
-
-By default they also *spread* starts, one every ``(window + margin) / per_second`` seconds,
-each with a full interval of slack: a burst of R leaves the client over tens of milliseconds,
-reaches the provider bunched and reordered, and the next burst can land in the provider's
-window of the last. The schedule is anchored to ideal start times (one late wake does not push
-every later start back), restarting only after a whole idle interval; ``spread=False`` turns it off.
-
-``margin`` stretches the enforced window past the provider's, which counts *arrivals*,
-trailing our starts by network and scheduling jitter (the default costs 2% of throughput). A
-reserved start its process wakes for over one interval late (a stall: the GIL, the host's
-scheduler) is not made: the caller reserves again, once, rather than bunch with the on-time
-starts reserved after it, so the margin need not cover stalls.
+Both keep an exact sliding window (a log of recent starts; a token bucket would let 2R through
+at a window boundary) and by default *spread* starts, one every ``(window + margin) /
+per_second`` seconds, so a burst does not reach the provider bunched. The schedule is anchored
+to ideal start times and restarts only after a whole idle interval. ``margin`` stretches our
+window past the provider's, which counts arrivals, trailing our starts by network jitter. A
+reserved start woken for over one interval late (a stall) is not made: the caller reserves
+again, once, rather than bunch with the on-time starts reserved after it.
 
 - ``LocalRateLimiter``: one event loop, on the injected clock.
-- ``RedisRateLimiter``: every worker process on every host shares one window in Redis; a Lua
-  script prunes, counts and reserves the next start atomically on Redis's own ``TIME`` (so
-  hosts' clocks need not agree), one round trip per start: the caller sleeps until its
-  reservation rather than poll and lose it to another worker.
+- ``RedisRateLimiter``: every worker shares one window in Redis; a Lua script prunes, counts
+  and reserves the next start atomically on Redis's ``TIME``, one round trip per start.
 
 ``acquire`` raises ``DeadlineReached`` when the wait would end at or after the caller's
-deadline (without sleeping through it) and gives up at once when cancelled. ``pause`` is how
-a 429 slows every caller down.
+deadline and gives up at once when cancelled. ``pause`` is how a 429 slows every caller down.
 """
 
 from __future__ import annotations
@@ -56,8 +45,6 @@ DEFAULT_MARGIN = 0.02
 DEFAULT_BLOCK = 8
 # Seconds late past which a start is moved, in Redis's log, to when it really began (less: noise).
 LATE_ENOUGH_TO_MOVE = 0.001
-# How long a 429 without Retry-After pauses the limiter, in windows.
-DEFAULT_PAUSE_WINDOWS = 1.0
 
 
 class DeadlineReached(Exception):
@@ -94,6 +81,11 @@ def _seconds_left(clock: Clock, deadline_at: datetime | None) -> float | None:
     if deadline_at is None:
         return None
     return (deadline_at - clock.now()).total_seconds()
+
+
+def _refuse_a_wait_past(deadline_at: datetime | None, wait: float, clock: Clock) -> None:
+    if deadline_at is not None and clock.now() + timedelta(seconds=max(wait, 0.0)) >= deadline_at:
+        raise DeadlineReached(f"the next start is {wait:.3f}s away, at or after the deadline")
 
 
 class LocalRateLimiter:
@@ -150,12 +142,7 @@ class LocalRateLimiter:
             async with self._clock.timeout(left):
                 async with self._lock:
                     while (wait := self._wait_needed()) > 0:
-                        if deadline_at is not None and (
-                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
-                        ):
-                            raise DeadlineReached(
-                                f"the next start is {wait:.3f}s away, at or after the deadline"
-                            )
+                        _refuse_a_wait_past(deadline_at, wait, self._clock)
                         await self._clock.sleep(wait)
                     self._record_start()
         except TimeoutError:
@@ -177,9 +164,9 @@ class LocalRateLimiter:
 # pause-until (µs); KEYS[3]: when the next spread start is due (µs). ARGV[1]: starts allowed
 # per span; ARGV[2]: span (µs); ARGV[3]: unique member prefix; ARGV[4]: µs between spread
 # starts (0: no spreading); ARGV[5]: the longest wait (µs) the first caller accepts (its
-# deadline; -1: none); ARGV[6], ARGV[7]: unused; ARGV[8]: starts to reserve (one per caller
-# queued in the process); ARGV[9...]: pairs of a member this process reserved earlier and how
-# many µs late it really started, so the window counts it when it happened (even if paused).
+# deadline; -1: none); ARGV[6]: starts to reserve (one per caller queued in the process);
+# ARGV[7...]: pairs of a member this process reserved earlier and how many µs late it really
+# started, so the window counts it when it happened (even if paused).
 # Reserves in turn the earliest starts that keep both rules (at most ARGV[1] in any span, at
 # least ARGV[4] apart) and returns {1, µs until each}; callers sleep that long and start.
 # Returns {0, µs to wait}, reserving nothing, while paused or when the first start would come
@@ -187,7 +174,7 @@ class LocalRateLimiter:
 _ACQUIRE = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000000 + tonumber(t[2])
-for i = 9, #ARGV, 2 do
+for i = 7, #ARGV, 2 do
   local planned = redis.call('ZSCORE', KEYS[1], ARGV[i])
   if planned then
     redis.call('ZADD', KEYS[1], tonumber(planned) + tonumber(ARGV[i + 1]), ARGV[i])
@@ -201,7 +188,7 @@ local limit = tonumber(ARGV[1])
 local span = tonumber(ARGV[2])
 local interval = tonumber(ARGV[4])
 local max_wait = tonumber(ARGV[5])
-local wanted = tonumber(ARGV[8])
+local wanted = tonumber(ARGV[6])
 local slot = now
 if interval > 0 then
   local due = tonumber(redis.call('GET', KEYS[3]) or '0')
@@ -268,7 +255,6 @@ class RedisRateLimiter:
         window: float = DEFAULT_WINDOW,
         margin: float = DEFAULT_MARGIN,
         spread: bool = True,
-        key_prefix: str = "delivery:ratelimit",
         socket_timeout: float = 2.0,
         block: int = DEFAULT_BLOCK,
     ) -> None:
@@ -290,9 +276,9 @@ class RedisRateLimiter:
         self._url = url
         self._socket_timeout = socket_timeout
         # The hash tag keeps both keys in one Redis Cluster slot (one script).
-        self.starts_key = f"{key_prefix}:{{{account}}}:starts"
-        self.pause_key = f"{key_prefix}:{{{account}}}:pause"
-        self.due_key = f"{key_prefix}:{{{account}}}:due"
+        self.starts_key = f"delivery:ratelimit:{{{account}}}:starts"
+        self.pause_key = f"delivery:ratelimit:{{{account}}}:pause"
+        self.due_key = f"delivery:ratelimit:{{{account}}}:due"
         self._member_prefix = uuid.uuid4().hex
         self._members = itertools.count()
         self._client = None
@@ -351,14 +337,8 @@ class RedisRateLimiter:
                         granted, *waits = await self._reserve(acquire_script, deadline_at)
                         if granted:
                             continue
-                        wait = waits[0]
-                        if deadline_at is not None and (
-                            self._clock.now() + timedelta(seconds=wait) >= deadline_at
-                        ):
-                            raise DeadlineReached(
-                                f"the next start is {wait:.3f}s away, at or after the deadline"
-                            )
-                        await self._clock.sleep(wait)  # paused: ask again when it ends
+                        _refuse_a_wait_past(deadline_at, waits[0], self._clock)
+                        await self._clock.sleep(waits[0])  # paused: ask again when it ends
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
         finally:
@@ -381,8 +361,8 @@ class RedisRateLimiter:
             granted, *waits_us = await acquire_script(
                 keys=[self.starts_key, self.pause_key, self.due_key],
                 args=[
-                    self.per_second, self._span_us, member, self._interval_us, max_wait,
-                    "", 0, wanted, *(value for pair in late for value in pair),
+                    self.per_second, self._span_us, member, self._interval_us, max_wait, wanted,
+                    *(value for pair in late for value in pair),
                 ],
             )  # fmt: skip
         except BaseException:
@@ -409,11 +389,7 @@ class RedisRateLimiter:
         """
         member, start_at = self._ready[0]
         wait = start_at - self._clock.monotonic()
-        if (
-            deadline_at is not None
-            and self._clock.now() + timedelta(seconds=max(wait, 0.0)) >= deadline_at
-        ):
-            raise DeadlineReached(f"the next start is {wait:.3f}s away, at or after the deadline")
+        _refuse_a_wait_past(deadline_at, wait, self._clock)
         self._ready.popleft()
         if wait > 0:
             await self._clock.sleep(wait)
