@@ -39,12 +39,8 @@ class DeliveryError(Exception):
 
     def __init__(self, message: str, *, reached: bool = True, maybe_delivered: bool = False):
         super().__init__(message)
-        self.message = message
         self.reached = reached
         self.maybe_delivered = maybe_delivered
-
-    def __str__(self) -> str:
-        return self.message
 
 
 class TransientError(DeliveryError):

@@ -43,17 +43,21 @@ class Gate:
         current = self._snapshot
         return None if current is None else current[1].get(reminder_id)
 
-    def is_fresh(self) -> bool:
+    def _fresh(self) -> Mapping[int, str] | None:
+        """Return the withdrawals of a snapshot read under ``max_age`` ago, or None."""
         current = self._snapshot
-        return current is not None and self._clock.monotonic() - current[0] <= self.max_age
+        if current is not None and self._clock.monotonic() - current[0] <= self.max_age:
+            return current[1]
+        return None
+
+    def is_fresh(self) -> bool:
+        return self._fresh() is not None
 
     async def clearance(self, reminder_id: int) -> str | None:
         """Wait (unbounded) for a fresh snapshot; return the withdrawal reason, or None to go."""
-        while True:
-            current = self._snapshot
-            if current is not None and self._clock.monotonic() - current[0] <= self.max_age:
-                return current[1].get(reminder_id)
+        while (withdrawn := self._fresh()) is None:
             await self._clock.sleep(WAIT_POLL_SECONDS)
+        return withdrawn.get(reminder_id)
 
 
 # The gate and reminder of the call the engine is making (set around Channel.send).
@@ -72,7 +76,8 @@ def last_look() -> None:
     if call is None:
         return
     gate, reminder_id = call
-    if not gate.is_fresh() or gate.withdrawn(reminder_id) is not None:
+    withdrawn = gate._fresh()
+    if withdrawn is None or reminder_id in withdrawn:
         raise TransientError(
             "paused between the check of its claim and the call: not sent", reached=False
         )

@@ -21,7 +21,7 @@ from delivery.errors import (
 )
 from delivery.gate import last_look
 
-__all__ = ["hedged_send", "check_hedgeable"]
+__all__ = ["hedged_send"]
 
 
 class _Won(Exception):
@@ -29,18 +29,6 @@ class _Won(Exception):
         super().__init__(index, message_id)
         self.index = index
         self.message_id = message_id
-
-
-def check_hedgeable(channels: Sequence[Channel]) -> None:
-    """Raise ``HedgeRefusedError`` unless hedging across ``channels`` is safe."""
-    if not channels:
-        raise HedgeRefusedError("hedging needs at least one channel; pass two or more.")
-    unsafe = [c.name for c in channels if not getattr(c, "honours_idempotency_keys", False)]
-    if unsafe:
-        raise HedgeRefusedError(
-            f"refusing to hedge across {', '.join(map(repr, unsafe))}: without idempotency keys "
-            "two endpoints may both deliver the message; send through one channel instead."
-        )
 
 
 async def hedged_send(
@@ -54,7 +42,14 @@ async def hedged_send(
 
     Channel *i* starts ``stagger`` seconds after channel *i-1*, or once that one failed.
     """
-    check_hedgeable(channels)
+    if not channels:
+        raise HedgeRefusedError("hedging needs at least one channel; pass two or more.")
+    unsafe = [c.name for c in channels if not c.honours_idempotency_keys]
+    if unsafe:
+        raise HedgeRefusedError(
+            f"refusing to hedge across {', '.join(map(repr, unsafe))}: without idempotency keys "
+            "two endpoints may both deliver the message; send through one channel instead."
+        )
     count = len(channels)
     failures: list[BaseException | None] = [None] * count
     started = [asyncio.Event() for _ in range(count)]
