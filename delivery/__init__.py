@@ -12,7 +12,6 @@ from delivery.engine import deliver
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.errors import (
     DeliveryError,
-    HedgeError,
     HedgePermanentError,
     HedgeRefusedError,
     HedgeTransientError,
@@ -33,7 +32,6 @@ __all__ = [
     "DeliveryResult",
     "Envelope",
     "FrozenMap",
-    "HedgeError",
     "HedgePermanentError",
     "HedgeRefusedError",
     "HedgeTransientError",

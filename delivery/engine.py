@@ -119,14 +119,15 @@ class _Batch:
         clock: Clock,
         limiter: RateLimiter | None,
         random: Callable[[], float],
-        gate: Gate | None = None,
-        observer: Observer | None = None,
-        flags: tuple[Flag, ...] = (),
+        gate: Gate | None,
+        observer: Observer | None,
+        stop: asyncio.Event,
+        flags: tuple[Flag, ...],
     ) -> None:
         self._progress = [_Progress(envelope) for envelope in envelopes]
+        self._stop = stop
         # The caller's stop flags, read before every call start: none starts once one is set.
         self._flags = flags
-        self._stop: asyncio.Event | None = None
         self._observer = observer
         self._observer_failed = False
         self._channel = channel
@@ -147,12 +148,12 @@ class _Batch:
 
     # -- the batch ---------------------------------------------------------------
 
-    async def run(self, stop: asyncio.Event | None) -> list[DeliveryResult]:
+    async def run(self) -> list[DeliveryResult]:
         todo = self._preflight()
-        if (stop is not None and stop.is_set()) or any(flag.is_set() for flag in self._flags):
+        if self._stop.is_set() or any(flag.is_set() for flag in self._flags):
             self._stop_reason = "stop signal"
         elif todo:
-            await self._with_channel(todo, stop)
+            await self._with_channel(todo)
         for progress in self._progress:
             if progress.result is None:  # never handed to a task
                 progress.finish(
@@ -193,7 +194,7 @@ class _Batch:
                 todo.append(progress)
         return todo
 
-    async def _with_channel(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
+    async def _with_channel(self, todo: list[_Progress]) -> None:
         try:
             await self._channel.__aenter__()
         except Exception as exc:
@@ -204,19 +205,17 @@ class _Batch:
                 )
             return
         try:
-            await self._fan_out(todo, stop)
+            await self._fan_out(todo)
         except BaseException as exc:
             await close_channel(self._channel, self._clock, self._policy.close_timeout, exc)
             raise
         await close_channel(self._channel, self._clock, self._policy.close_timeout)
 
-    async def _fan_out(self, todo: list[_Progress], stop: asyncio.Event | None) -> None:
-        stop = stop if stop is not None else asyncio.Event()
-        self._stop = stop
+    async def _fan_out(self, todo: list[_Progress]) -> None:
         slots = asyncio.Semaphore(self._concurrency)
         try:
             async with asyncio.TaskGroup() as group:
-                watcher = group.create_task(self._watch(stop), name="delivery.watch")
+                watcher = group.create_task(self._watch(self._stop), name="delivery.watch")
                 group.create_task(self._feed(todo, slots, watcher), name="delivery.feed")
         except* _Stopped:
             logger.warning("Delivery batch on %s stopped: %s", self._name, self._stop_reason)
@@ -242,8 +241,7 @@ class _Batch:
         """
         if not self._draining and any(flag.is_set() for flag in self._flags):
             self._draining = True
-            if self._stop is not None:
-                self._stop.set()
+            self._stop.set()
         return self._draining
 
     async def _drain(self, abort: asyncio.Event | None) -> None:
@@ -641,6 +639,7 @@ async def deliver(
         random=random,
         gate=gate,
         observer=observer,
+        stop=stop if stop is not None else asyncio.Event(),
         flags=tuple(flags),
     )
-    return await batch.run(stop)
+    return await batch.run()

@@ -23,7 +23,6 @@ __all__ = [
     "RateLimitedError",
     "OutcomeUnknownError",
     "PermanentError",
-    "HedgeError",
     "HedgeTransientError",
     "HedgePermanentError",
     "HedgeRefusedError",
@@ -85,14 +84,11 @@ def _describe(failures: tuple[tuple[str, BaseException], ...]) -> str:
     return f"all {len(failures)} hedged endpoints failed: " + "; ".join(parts)
 
 
-class HedgeError(DeliveryError):
-    """Every hedged endpoint failed; ``failures`` holds ``(name, exception)`` pairs in order."""
+class HedgeTransientError(TransientError):
+    """Every hedged endpoint failed, at least one transiently.
 
-    failures: tuple[tuple[str, BaseException], ...]
-
-
-class HedgeTransientError(HedgeError, TransientError):
-    """Every hedged endpoint failed and at least one failure may pass."""
+    ``failures`` holds ``(name, exception)`` pairs in order, as in ``HedgePermanentError``.
+    """
 
     def __init__(
         self,
@@ -102,21 +98,17 @@ class HedgeTransientError(HedgeError, TransientError):
         reached: bool,
         maybe_delivered: bool,
     ):
-        TransientError.__init__(
-            self,
-            _describe(failures),
-            retry_after,
-            reached=reached,
-            maybe_delivered=maybe_delivered,
+        super().__init__(
+            _describe(failures), retry_after, reached=reached, maybe_delivered=maybe_delivered
         )
         self.failures = failures
 
 
-class HedgePermanentError(HedgeError, PermanentError):
+class HedgePermanentError(PermanentError):
     """Every hedged endpoint refused the message permanently."""
 
     def __init__(self, failures: tuple[tuple[str, BaseException], ...], *, reached: bool):
-        PermanentError.__init__(self, _describe(failures), reached=reached)
+        super().__init__(_describe(failures), reached=reached)
         self.failures = failures
 
 
