@@ -233,16 +233,11 @@ return 1
 class RedisRateLimiter:
     """Limit call starts across every process that shares ``account`` in Redis.
 
-    In a process, waiters queue on a local lock so only the head asks Redis; across processes
-    the Lua script reserves the earliest start both rules allow. A pause one worker sets (after
-    a 429) stops new reservations until it ends; starts other processes reserved already (at
-    most ``block``, a few intervals ahead) still go out, and the process that saw the 429 drops
-    its own.
-
-    The client is made lazily in the running loop (a ``redis.asyncio`` client belongs to one
-    loop): build one limiter per batch, e.g. via ``Session(limiter_factory=...)``. Redis calls
-    have a socket timeout; with Redis unreachable ``acquire`` raises, which the engine counts
-    as a transient failure that never reached the provider.
+    Waiters in a process queue on a local lock, so only the head asks Redis, reserving starts
+    for up to ``block`` callers in one round trip. A pause after a 429 stops new reservations;
+    starts other processes reserved already still go out, the pausing process drops its own.
+    The client belongs to the loop it is made in: one limiter per loop, as
+    ``Session(limiter_factory=...)`` builds it. With Redis unreachable, ``acquire`` raises.
     """
 
     def __init__(
@@ -381,11 +376,9 @@ class RedisRateLimiter:
     async def _take_reserved(self, deadline_at: datetime | None, *, may_skip: bool) -> bool:
         """Take the oldest start reserved for this process, sleep until it; False if not made.
 
-        A caller whose deadline comes first leaves it to the next; a start left unused (cancelled,
-        no caller left) only lowers the rate. One made up to an interval late (the host's
-        scheduler) is moved to when it really happened with the next reservation; later (and
-        ``may_skip``) it is not made and the caller reserves again: firing it would bunch it at
-        the provider with the on-time starts other processes reserved after it.
+        A caller whose deadline comes first leaves it to the next. A start made late is moved,
+        with the next reservation, to when it happened; one over an interval late (if
+        ``may_skip``) is not made, as it would bunch with the on-time starts reserved after it.
         """
         member, start_at = self._ready[0]
         wait = start_at - self._clock.monotonic()

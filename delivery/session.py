@@ -51,11 +51,9 @@ class Interrupted(Exception):
 class Session:
     """One event loop, channel and rate limiter kept for several batches run from synchronous code.
 
-    A job's chunks share them (SMTP sessions, an HTTP pool) instead of opening them per chunk.
-    Use it as a context manager; leaving it closes the channel (within ``close_timeout``) and
-    the limiter inside the loop, then the loop. The channel opens at the first chunk that needs
-    it, and again at the next if that fails. Not for use inside a running event loop
-    (``RuntimeError``), nor from two threads at once.
+    The channel opens at the first chunk that needs it (again at the next if that fails);
+    leaving the context closes it (within ``close_timeout``) and the limiter, then the loop.
+    Not for use inside a running event loop, nor from two threads at once.
     """
 
     def __init__(
@@ -94,13 +92,12 @@ class Session:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        if exc_type is None:
-            self.close()
-            return
-        # Leaving on an exception: that one goes on; a failure to close is logged.
         try:
             self.close()
         except BaseException:
+            if exc_type is None:
+                raise
+            # Leaving on an exception: that one goes on; a failure to close is logged.
             logger.warning("Delivery session did not close cleanly", exc_info=True)
 
     def close(self) -> None:
