@@ -8,8 +8,10 @@ reminders are never touched; ``sending`` ones are left to their worker.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
+from typing import Any
 
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db import transaction
@@ -30,19 +32,19 @@ Action = StaffDecision.Action
 
 
 @dataclass(frozen=True, slots=True)
-class WorkshopPreview:
-    """What a cancel or reinstate of a selection of workshops would do, counted now."""
+class DecisionPreview:
+    """What a staff decision on workshops or enrollments would do, counted now."""
 
     action: str
     selected: int
     eligible: int
     skipped: dict[str, int] = field(default_factory=dict)
-    # Reminder counts by what happens to them (labels in WORKSHOP_EFFECT_LABELS).
+    # Reminder counts by what happens to them (labels in the *_EFFECT_LABELS).
     effects: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
-class WorkshopDecisionResult:
+class DecisionResult:
     action: str
     selected: int
     changed: int
@@ -51,10 +53,14 @@ class WorkshopDecisionResult:
     audit_id: int
 
 
-WORKSHOP_EFFECT_LABELS = {
+# What a cancel does to the reminders, whether of workshops or of enrollments.
+CANCEL_EFFECT_LABELS = {
     "to_cancel": "Reminders that will be cancelled",
     "in_flight": "Reminders being sent right now (no new call starts; their outcome is recorded)",
     "sent": "Reminders already sent (they stay sent)",
+}
+WORKSHOP_EFFECT_LABELS = {
+    **CANCEL_EFFECT_LABELS,
     "to_plan": "Cancelled reminders that will be planned again",
     "to_miss": "Cancelled reminders past the cutoff (they become missed)",
     "to_unknown": (
@@ -73,32 +79,48 @@ WORKSHOP_SKIP_LABELS = {
 }
 
 
-def _selection(workshops: QuerySet[Workshop]) -> QuerySet[Workshop]:
-    return Workshop.objects.filter(pk__in=workshops.order_by().values("pk"))
+def selection_of(rows: QuerySet) -> QuerySet:
+    """Return the selection as a plain subquery filter on its model."""
+    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
 
 
-def workshop_cancel_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview:
-    """Count the workshops a cancel would change and what happens to their reminders."""
-    selection = _selection(workshops)
-    scheduled = selection.filter(status=Workshop.Status.SCHEDULED)
-    counts = Reminder.objects.filter(workshop__in=scheduled.values("pk")).aggregate(
+def sizes(selection: QuerySet, status: str) -> tuple[int, int]:
+    """Return how many rows the selection has, and how many of them are in ``status``."""
+    got = selection.aggregate(total=Count("pk"), eligible=Count("pk", filter=Q(status=status)))
+    return got["total"], got["eligible"]
+
+
+def skipped_as(key: str, total: int, eligible: int) -> dict[str, int]:
+    return {key: total - eligible} if total > eligible else {}
+
+
+def cancel_effects(reminders: QuerySet[Reminder]) -> dict[str, int]:
+    """Count ``reminders`` by what a cancel does to them (CANCEL_EFFECT_LABELS)."""
+    return reminders.aggregate(
         to_cancel=Count("pk", filter=Q(status__in=Reminder.OPEN_STATUSES)),
         in_flight=Count("pk", filter=Q(status=Status.SENDING)),
         sent=Count("pk", filter=Q(status=Status.SENT)),
     )
+
+
+def workshop_cancel_preview(*, workshops: QuerySet[Workshop]) -> DecisionPreview:
+    """Count the workshops a cancel would change and what happens to their reminders."""
+    selection = selection_of(workshops)
+    scheduled = selection.filter(status=Workshop.Status.SCHEDULED)
+    counts = cancel_effects(Reminder.objects.filter(workshop__in=scheduled.values("pk")))
     counts["to_tell"] = notices_told_count(workshops=scheduled.values("pk"), cancelled=True)
-    total, eligible = _sizes(selection, Workshop.Status.SCHEDULED)
-    skipped = {"already_cancelled": total - eligible} if total > eligible else {}
-    return WorkshopPreview(Action.CANCEL, total, eligible, skipped, counts)
+    total, eligible = sizes(selection, Workshop.Status.SCHEDULED)
+    skipped = skipped_as("already_cancelled", total, eligible)
+    return DecisionPreview(Action.CANCEL, total, eligible, skipped, counts)
 
 
 def workshop_reinstate_preview(
     *, workshops: QuerySet[Workshop], clock: Clock | None = None
-) -> WorkshopPreview:
+) -> DecisionPreview:
     """Count the workshops a reinstate would change and which reminders come back."""
     now = (clock or default_clock()).now()
     policy = ReminderPolicy.from_settings()
-    selection = _selection(workshops)
+    selection = selection_of(workshops)
     cancelled = selection.filter(status=Workshop.Status.CANCELLED)
     active = Q(enrollment__status=Enrollment.Status.ACTIVE)
     late = policy.late_start_q(now, through="workshop__")
@@ -113,18 +135,18 @@ def workshop_reinstate_preview(
     counts["to_tell_back"] = notices_told_count(
         workshops=cancelled.values("pk"), cancelled=False, clock=clock
     )
-    total, eligible = _sizes(selection, Workshop.Status.CANCELLED)
-    skipped = {"not_cancelled": total - eligible} if total > eligible else {}
-    return WorkshopPreview(Action.REINSTATE, total, eligible, skipped, counts)
+    total, eligible = sizes(selection, Workshop.Status.CANCELLED)
+    skipped = skipped_as("not_cancelled", total, eligible)
+    return DecisionPreview(Action.REINSTATE, total, eligible, skipped, counts)
 
 
-def workshop_silence_preview(*, workshops: QuerySet[Workshop]) -> WorkshopPreview:
+def workshop_silence_preview(*, workshops: QuerySet[Workshop]) -> DecisionPreview:
     """Count the workshops whose reminded attendees have a change to hear of, and how many."""
-    selection = _selection(workshops)
+    selection = selection_of(workshops)
     reach = notices_reach(workshops=selection.values("pk"))
     total, eligible = selection.count(), len(reach)
-    skipped = {"nothing_to_tell": total - eligible} if total > eligible else {}
-    return WorkshopPreview(
+    skipped = skipped_as("nothing_to_tell", total, eligible)
+    return DecisionPreview(
         Action.SILENCE_NOTICES, total, eligible, skipped, {"to_silence": sum(reach.values())}
     )
 
@@ -135,7 +157,7 @@ def workshops_silence(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
-) -> WorkshopDecisionResult:
+) -> DecisionResult:
     """Tell the reminded attendees of the selected workshops nothing of their latest change.
 
     With a reason, recorded; the notices not yet sent become ``silenced``.
@@ -154,7 +176,7 @@ def workshops_silence(
             skipped=dict(counted.skipped),
         )
         done, untold = [], 0
-        for workshop in _selection(workshops).order_by("pk"):
+        for workshop in selection_of(workshops).order_by("pk"):
             left = notices_silence(workshop_id=workshop.pk, decision=audit, clock=clock)
             if left:
                 done.append(workshop.pk)
@@ -163,14 +185,9 @@ def workshops_silence(
     logger.info(
         "Notices silenced by %s: %s workshops, %s attendees", audit.actor_name, len(done), untold
     )
-    return WorkshopDecisionResult(
+    return DecisionResult(
         Action.SILENCE_NOTICES, counted.selected, len(done), untold, dict(counted.skipped), audit.pk
     )
-
-
-def _sizes(selection: QuerySet[Workshop], status: str) -> tuple[int, int]:
-    sizes = selection.aggregate(total=Count("pk"), eligible=Count("pk", filter=Q(status=status)))
-    return sizes["total"], sizes["eligible"]
 
 
 def workshops_cancel(
@@ -179,19 +196,18 @@ def workshops_cancel(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
-) -> WorkshopDecisionResult:
+) -> DecisionResult:
     """Cancel the scheduled workshops of a selection, with a reason; return what changed."""
-    return _decide(
-        workshops,
+    return decide(
+        lambda clock: workshop_cancel_preview(workshops=workshops),
+        _locked(workshops, Workshop.Status.SCHEDULED),
+        # The attendees already reminded hear of it with this reason (a change notice).
+        partial(workshop_cancel, reason=clean_reason(reason)),
+        affected=Q(status__in=Reminder.OPEN_STATUSES),
+        changed=Q(status=Status.CANCELLED),
         reason=reason,
         actor=actor,
         clock=clock,
-        preview=lambda clock: workshop_cancel_preview(workshops=workshops),
-        status=Workshop.Status.SCHEDULED,
-        # The attendees already reminded hear of it with this reason (a change notice).
-        change=partial(workshop_cancel, reason=clean_reason(reason)),
-        affected=Q(status__in=Reminder.OPEN_STATUSES),
-        changed=Q(status=Status.CANCELLED),
     )
 
 
@@ -201,97 +217,92 @@ def workshops_reinstate(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
-) -> WorkshopDecisionResult:
+) -> DecisionResult:
     """Reinstate the cancelled workshops of a selection, with a reason; return what changed."""
-    return _decide(
-        workshops,
+    return decide(
+        lambda clock: workshop_reinstate_preview(workshops=workshops, clock=clock),
+        _locked(workshops, Workshop.Status.CANCELLED),
+        workshop_reinstate,
+        affected=Q(status=Status.CANCELLED),
+        changed=~Q(status=Status.CANCELLED),
         reason=reason,
         actor=actor,
         clock=clock,
-        preview=lambda clock: workshop_reinstate_preview(workshops=workshops, clock=clock),
-        status=Workshop.Status.CANCELLED,
-        change=workshop_reinstate,
-        affected=Q(status=Status.CANCELLED),
-        changed=~Q(status=Status.CANCELLED),
     )
 
 
-def _decide(
-    workshops: QuerySet[Workshop],
-    *,
-    reason: str,
-    actor: AbstractBaseUser,
-    clock: Clock | None,
-    preview,
-    status: str,
-    change,
-    affected: Q,
-    changed: Q,
-) -> WorkshopDecisionResult:
-    """Lock the selected workshops in ``status``, ``change`` each, and record the decision.
-
-    The reminders recorded are those matching ``affected`` before and ``changed`` after.
-    """
-    reason = clean_reason(reason)
-    clock = clock or default_clock()
-    with transaction.atomic(durable=True):
-        counted = preview(clock)
-        targets = _lock(workshops, status)
-        before = list(
-            Reminder.objects.filter(affected, workshop__in=targets).values_list("pk", flat=True)
-        )
-        done = [w.pk for w in targets if change(workshop=w, clock=clock).status != status]
-        reminders = sorted(
-            Reminder.objects.filter(changed, pk__in=before).values_list("pk", flat=True)
-        )
-        return _record(counted, actor, reason, clock, done, reminders)
-
-
-def _lock(workshops: QuerySet[Workshop], status: str) -> list[Workshop]:
-    """Lock, in id order, the selected workshops still in ``status``.
+def _locked(workshops: QuerySet[Workshop], status: str) -> QuerySet[Workshop]:
+    """Return the selected workshops still in ``status``, to lock in id order.
 
     ``FOR NO KEY UPDATE``, so a plan's ``FOR KEY SHARE`` (inserting reminders) need not wait.
     """
-    return list(
-        _selection(workshops)
+    return (
+        selection_of(workshops)
         .filter(status=status)
         .order_by("pk")
         .select_for_update(of=("self",), no_key=True)
     )
 
 
-def _record(
-    preview: WorkshopPreview,
-    actor: AbstractBaseUser,
+def decide(
+    preview: Callable[[Clock], DecisionPreview],
+    locked: QuerySet,
+    change: Callable[..., Any],
+    *,
+    affected: Q,
+    changed: Q,
     reason: str,
-    clock: Clock,
-    changed: list[int],
-    reminders: list[int],
-) -> WorkshopDecisionResult:
-    skipped = dict(preview.skipped)
-    raced = preview.eligible - len(changed)
-    if raced > 0:
-        skipped["raced"] = raced
-    audit = StaffDecision.record(
-        action=preview.action,
-        actor=actor,
-        created_at=clock.now(),
-        reason=reason,
-        selected=preview.selected,
-        changed=len(changed),
-        skipped=skipped,
-        reminder_ids=reminders,
-        workshop_ids=changed,
-    )
+    actor: AbstractBaseUser,
+    clock: Clock | None,
+) -> DecisionResult:
+    """Count, lock the ``locked`` rows, ``change`` each, and record the decision, in one transaction.
+
+    A row counts as changed if it left the status it was locked in. The reminders recorded are
+    the rows' reminders matching ``affected`` before and ``changed`` after.
+    """
+    reason = clean_reason(reason)
+    clock = clock or default_clock()
+    noun = locked.model._meta.model_name  # workshop or enrollment
+    with transaction.atomic(durable=True):
+        counted = preview(clock)
+        targets = list(locked)
+        before = list(
+            Reminder.objects.filter(affected, **{f"{noun}__in": targets}).values_list(
+                "pk", flat=True
+            )
+        )
+        done = []
+        for target in targets:
+            locked_in = target.status  # ``change`` refreshes the row it is given
+            if change(**{noun: target}, clock=clock).status != locked_in:
+                done.append(target.pk)
+        reminders = sorted(
+            Reminder.objects.filter(changed, pk__in=before).values_list("pk", flat=True)
+        )
+        skipped = dict(counted.skipped)
+        if counted.eligible > len(done):
+            skipped["raced"] = counted.eligible - len(done)
+        audit = StaffDecision.record(
+            action=counted.action,
+            actor=actor,
+            created_at=clock.now(),
+            reason=reason,
+            selected=counted.selected,
+            changed=len(done),
+            skipped=skipped,
+            reminder_ids=reminders,
+            **{f"{noun}_ids": done},
+        )
     logger.info(
-        "%s by %s: %s of %s workshops, %s reminders; skipped %s",
+        "%s by %s: %s of %s %ss, %s reminders; skipped %s",
         audit.get_action_display(),
         audit.actor_name,
-        len(changed),
-        preview.selected,
+        len(done),
+        counted.selected,
+        noun,
         len(reminders),
         skipped,
     )
-    return WorkshopDecisionResult(
-        preview.action, preview.selected, len(changed), len(reminders), skipped, audit.pk
+    return DecisionResult(
+        counted.action, counted.selected, len(done), len(reminders), skipped, audit.pk
     )
