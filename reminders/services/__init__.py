@@ -8,17 +8,15 @@ dispatcher is handed its ``publish`` function.
 """
 
 from reminders.services import reasons
-from reminders.services.claim import Claim, reminder_claim_batch
+from reminders.services.claim import reminder_claim_batch
 from reminders.services.dispatch import (
-    SCAN_NAME,
     dispatches_prune,
-    message_expiry,
     reminders_dispatch,
     reminders_unpublished,
     replays_resume,
     scan_completed,
 )
-from reminders.services.fate import Fate, Source, reminder_fate, reminders_return, sources_locked
+from reminders.services.fate import reminder_fate, reminders_return, sources_locked
 from reminders.services.plan import (
     reminders_follow_enrollment,
     reminders_follow_workshop,
@@ -27,26 +25,15 @@ from reminders.services.plan import (
 )
 from reminders.services.reap import reminders_reap
 from reminders.services.record import (
-    CHANNELS_HONOURING_KEYS,
-    Verdict,
-    channel_honours_keys,
     reminder_record_batch,
     reminder_release,
     reminder_release_interrupted,
     reminder_verdict,
-    retry_delay,
 )
 from reminders.services.settle import reminders_settle
 
 __all__ = [
-    "CHANNELS_HONOURING_KEYS",
-    "Claim",
-    "Fate",
-    "Source",
-    "Verdict",
-    "channel_honours_keys",
     "dispatches_prune",
-    "message_expiry",
     "reasons",
     "reminder_claim_batch",
     "reminder_fate",
@@ -64,8 +51,6 @@ __all__ = [
     "reminders_return",
     "reminders_unpublished",
     "replays_resume",
-    "retry_delay",
-    "SCAN_NAME",
     "scan_completed",
     "sources_locked",
 ]
