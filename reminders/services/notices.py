@@ -34,9 +34,8 @@ from delivery.redact import redact_text
 from delivery.results import DeliveryResult, Outcome
 from reminders.content import choose_notice_text
 from reminders.models import MessageText, Notice, Reminder, WorkshopRevision, notice_key
-from reminders.services import reasons
 from reminders.services._sql import database_now, update_returning
-from reminders.services.record import channel_honours_keys, retry_delay
+from reminders.services.record import channel_honours_keys, maybe_sent_reason, retry_delay
 from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
@@ -50,6 +49,7 @@ TOLD = (Reminder.Status.SENT, Reminder.Status.UNKNOWN)
 FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 
 STARTED = "the workshop started before the notice could be sent"
+SILENCED = "staff chose not to notify"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
 
 
@@ -277,7 +277,7 @@ def _plan(revision_id: int, workshop_id: int, *, now: datetime) -> int:
                             for name, value in zip(FACT_FIELDS, old, strict=True)
                         },
                         status=Status.SILENCED if silenced else Status.PENDING,
-                        status_reason="staff chose not to notify" if silenced else "",
+                        status_reason=SILENCED if silenced else "",
                         created_at=now,
                         updated_at=now,
                     )
@@ -499,11 +499,7 @@ def _verdict(*, notice: Notice, result: DeliveryResult, channel: str, now: datet
         }
     maybe = result.maybe_delivered or notice.maybe_sent
     if result.maybe_delivered and not channel_honours_keys(channel):
-        what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
-            result.outcome, "failed without a definite answer"
-        )
-        reason = reasons.MAYBE_SENT.format(what=what, channel=channel)
-        return _final(Status.UNKNOWN, reason, error)
+        return _final(Status.UNKNOWN, maybe_sent_reason(result.outcome, channel), error)
     if result.outcome == Outcome.PERMANENT:
         return _final(Status.UNKNOWN if maybe else Status.FAILED, error, error)
     if result.outcome == Outcome.EXPIRED:
@@ -596,7 +592,7 @@ def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -
             return 0
         WorkshopRevision.objects.filter(pk=latest.pk).update(silenced_by=decision)
         silenced = Notice.objects.filter(revision=latest, status=Status.PENDING).update(
-            status=Status.SILENCED, status_reason="staff chose not to notify", updated_at=now
+            status=Status.SILENCED, status_reason=SILENCED, updated_at=now
         )
         if latest.planned_at is None:
             silenced += _told(now).filter(_needing_notice(), workshop=workshop).count()

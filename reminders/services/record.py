@@ -44,6 +44,14 @@ def channel_honours_keys(channel: str) -> bool:
     return channel in CHANNELS_HONOURING_KEYS
 
 
+def maybe_sent_reason(outcome: str, channel: str) -> str:
+    """Why a call that may have reached a provider without keys ends ``unknown``."""
+    what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
+        outcome, "failed without a definite answer"
+    )
+    return reasons.MAYBE_SENT.format(what=what, channel=channel)
+
+
 def retry_delay(attempts: int) -> timedelta:
     """Return how long a reminder waits before its next claim after ``attempts`` claims."""
     base = settings.REMINDERS_RETRY_BASE
@@ -106,10 +114,7 @@ def reminder_verdict(
     if outcome == Outcome.SENT:
         return Verdict(Status.SENT, attempt_outcome, message_id=result.message_id or "")
     if result.maybe_delivered and not channel_honours_keys(channel):
-        what = {Outcome.TIMED_OUT: "timed out", Outcome.CANCELLED: "stopped mid-call"}.get(
-            outcome, "failed without a definite answer"
-        )
-        reason = reasons.MAYBE_SENT.format(what=what, channel=channel)
+        reason = maybe_sent_reason(outcome, channel)
         return Verdict(Status.UNKNOWN, attempt_outcome, reason=reason, error=error)
     maybe_sent = result.maybe_delivered or reminder.maybe_sent
     if outcome == Outcome.PERMANENT:
@@ -165,16 +170,23 @@ def reminder_record_batch(
     clock = clock or default_clock()
     now = clock.now()
     by_id = {reminder.pk: reminder for reminder in claim.reminders}
-    verdicts = {
-        result.reminder_id: (
-            reminder_verdict(
-                result=result, reminder=by_id[result.reminder_id], channel=claim.channel, now=now
-            ),
-            result,
-        )
-        for result in results
-        if result.reminder_id in by_id
-    }
+
+    def judged(now: datetime) -> dict[int, tuple[Verdict, DeliveryResult]]:
+        return {
+            result.reminder_id: (
+                reminder_verdict(
+                    result=result,
+                    reminder=by_id[result.reminder_id],
+                    channel=claim.channel,
+                    now=now,
+                ),
+                result,
+            )
+            for result in results
+            if result.reminder_id in by_id
+        }
+
+    verdicts = judged(now)
     if not verdicts:
         return {}
     if connection.vendor == "postgresql" and not any(
@@ -189,15 +201,7 @@ def reminder_record_batch(
         if any(verdict.returns for verdict, _ in verdicts.values()):
             # Handing back decides times by the database's clock, as the next claim judges.
             now = database_now(clock)
-            verdicts = {
-                pk: (
-                    reminder_verdict(
-                        result=result, reminder=by_id[pk], channel=claim.channel, now=now
-                    ),
-                    result,
-                )
-                for pk, (_, result) in verdicts.items()
-            }
+            verdicts = judged(now)
         verdicts = _without_erased_data(verdicts, by_id)
         finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
