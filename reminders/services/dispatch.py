@@ -43,8 +43,6 @@ def reminders_dispatch(
     *,
     publish: Publish,
     clock: Clock | None = None,
-    batch_size: int | None = None,
-    limit: int | None = None,
     ids: list[int] | None = None,
 ) -> int:
     """Queue due reminders and publish them by id in batches after commit; return how many.
@@ -56,8 +54,8 @@ def reminders_dispatch(
     """
     clock = clock or default_clock()
     now = database_now(clock)
-    batch_size = batch_size or settings.REMINDERS_BATCH_SIZE
-    limit = limit or settings.REMINDERS_DISPATCH_LIMIT
+    batch_size = settings.REMINDERS_BATCH_SIZE
+    limit = settings.REMINDERS_DISPATCH_LIMIT
     requeue_after = timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
     policy = ReminderPolicy.from_settings()
     due_now = Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)

@@ -193,8 +193,9 @@ def test_the_dispatch_limit_holds_across_transactions(clock, due_reminders, sett
 
     monkeypatch.setattr(dispatch, "ROWS_PER_TRANSACTION", 20)
     settings.REMINDERS_BATCH_SIZE = 10
+    settings.REMINDERS_DISPATCH_LIMIT = 35
     due_reminders(50)
-    assert reminders_dispatch(clock=clock, publish=lambda ids: None, limit=35) == 35
+    assert reminders_dispatch(clock=clock, publish=lambda ids: None) == 35
     assert Reminder.objects.filter(status="pending").count() == 15
 
 

@@ -523,8 +523,9 @@ def _recorder():
 
 @pytest.mark.django_db
 def test_dispatch_follows_deadlines_and_stops_at_the_limit(
-    clock, make_workshop, enrol, django_capture_on_commit_callbacks
+    clock, make_workshop, enrol, django_capture_on_commit_callbacks, settings
 ):
+    settings.REMINDERS_BATCH_SIZE, settings.REMINDERS_DISPATCH_LIMIT = 1, 2
     for starts_in in (timedelta(hours=5), timedelta(hours=3), timedelta(hours=4)):
         enrol(make_workshop(starts_in=starts_in))
     by_deadline = list(
@@ -535,7 +536,7 @@ def test_dispatch_follows_deadlines_and_stops_at_the_limit(
     own = FakeClock(clock.now() + timedelta(seconds=3))
     sent, publish = _recorder()
     with django_capture_on_commit_callbacks(execute=True):
-        queued = reminders_dispatch(publish=publish, clock=own, batch_size=1, limit=2)
+        queued = reminders_dispatch(publish=publish, clock=own)
     assert queued == 2
     assert sent == [[by_deadline[0]], [by_deadline[1]]]
     rows = {r.pk: r for r in Reminder.objects.all()}
@@ -677,15 +678,16 @@ def test_dispatch_leaves_a_late_reminder_to_the_expiry(
 
 @pytest.mark.django_db
 def test_a_row_in_flight_does_not_use_up_the_dispatch_limit(
-    clock, make_workshop, enrol, django_capture_on_commit_callbacks
+    clock, make_workshop, enrol, django_capture_on_commit_callbacks, settings
 ):
+    settings.REMINDERS_DISPATCH_LIMIT = 1
     enrol(make_workshop(starts_in=timedelta(hours=2)))
     enrol(make_workshop(starts_in=timedelta(hours=3)))
     sooner, later = Reminder.objects.order_by("workshop__starts_at").values_list("id", flat=True)
     reminder_claim_batch(ids=[sooner], channel="smtp", clock=clock)
     sent, publish = _recorder()
     with django_capture_on_commit_callbacks(execute=True):
-        assert reminders_dispatch(publish=publish, clock=clock, limit=1) == 1
+        assert reminders_dispatch(publish=publish, clock=clock) == 1
     assert sent == [[later]]
 
 
