@@ -134,37 +134,26 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     for enrollment in Enrollment.objects.filter(attendee=attendee, status=Enrollment.Status.ACTIVE):
         enrollment_cancel(enrollment=enrollment, clock=clock)
     mine = Reminder.objects.filter(attendee=attendee)
-    for reminder in mine.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
-        Reminder.objects.filter(pk=reminder.pk).update(
-            last_error=scrub(reminder.last_error, about=True),
-            status_reason=scrub(reminder.status_reason, about=True)[:200],
-        )
+    about = partial(scrub, about=True)
+    _scrub_rows(mine, words, about, "last_error", "status_reason")
     # Their notices: none is sent any more (the address is gone), none quotes them.
     Notice.objects.filter(attendee=attendee, status=Notice.Status.PENDING).update(
         status=Notice.Status.SILENCED, status_reason="the attendee was erased", updated_at=now
     )
-    notices = Notice.objects.filter(attendee=attendee)
-    for notice in notices.filter(_quoting(words, "last_error") | _quoting(words, "status_reason")):
-        Notice.objects.filter(pk=notice.pk).update(
-            last_error=scrub(notice.last_error, about=True),
-            status_reason=scrub(notice.status_reason, about=True)[:200],
-        )
-    attempts = DeliveryAttempt.objects.filter(reminder__in=mine.values("pk"))
-    for attempt in attempts.filter(_quoting(words, "error")):
-        DeliveryAttempt.objects.filter(pk=attempt.pk).update(error=scrub(attempt.error, about=True))
+    _scrub_rows(
+        Notice.objects.filter(attendee=attendee), words, about, "last_error", "status_reason"
+    )
+    _scrub_rows(
+        DeliveryAttempt.objects.filter(reminder__in=mine.values("pk")), words, about, "error"
+    )
     # A suppressed address stays suppressed under its key, without the address.
     Suppression.objects.filter(address_key=address_key(attendee.email)).update(address="")
     # A provider's bounce reason quotes the address it bounced.
-    reports = DeliveryEvent.objects.filter(reminder__in=mine.values("pk"))
-    for report in reports.filter(_quoting(words, "reason")):
-        DeliveryEvent.objects.filter(pk=report.pk).update(reason=scrub(report.reason, about=True))
+    _scrub_rows(
+        DeliveryEvent.objects.filter(reminder__in=mine.values("pk")), words, about, "reason"
+    )
     anyone = personal_words(email=attendee.email, name=attendee.name, short_names=False)
-    for decision in StaffDecision.objects.filter(
-        _quoting(anyone, "reason") | _quoting(anyone, "outcome")
-    ):
-        StaffDecision.objects.filter(pk=decision.pk).update(
-            reason=scrub(decision.reason), outcome=scrub(decision.outcome)
-        )
+    _scrub_rows(StaffDecision.objects.all(), anyone, scrub, "reason", "outcome")
     _scrub_admin_log(
         scrub,
         anyone,
@@ -220,6 +209,21 @@ def _scrub_admin_log(scrub, words: list[str], objects: dict[type, list[int]]) ->
         LogEntry.objects.filter(pk=entry.pk).update(
             object_repr=this(entry.object_repr)[:200],
             change_message=scrub_json_text(entry.change_message, this),
+        )
+
+
+def _scrub_rows(rows: QuerySet, words: list[str], scrub, *fields: str) -> None:
+    """Scrub ``fields`` of each of ``rows`` quoting one of ``words``, cut to the field's length."""
+    quoting = Q()
+    for name in fields:
+        quoting |= _quoting(words, name)
+    model = rows.model
+    for row in rows.filter(quoting):
+        model.objects.filter(pk=row.pk).update(
+            **{
+                name: scrub(getattr(row, name))[: model._meta.get_field(name).max_length]
+                for name in fields
+            }
         )
 
 
