@@ -85,6 +85,27 @@ def _plan_source(
 ) -> QuerySet:
     """Return the SELECT feeding the plan: one row per enrollment lacking a reminder."""
     late = policy.late_start_q(now, through="workshop__")
+    # One per column of _PLAN_COLUMNS, in order.
+    values = {
+        "p_attendee": F("attendee_id"),
+        "p_workshop": F("workshop_id"),
+        "p_enrollment": F("id"),
+        "p_key": Concat(
+            Value(f"{settings.REMINDERS_KEY_PREFIX}-w"),
+            Cast("workshop_id", CharField()),
+            Value("-a"),
+            Cast("attendee_id", CharField()),
+            output_field=CharField(),
+        ),
+        "p_status": Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
+        "p_reason": Case(When(late, then=Value(late_reason)), default=Value("")),
+        "p_attempts": Value(0, output_field=IntegerField()),
+        "p_error": Value(""),
+        "p_channel": Value(""),
+        "p_message_id": Value(""),
+        "p_created": Value(now, output_field=DateTimeField()),
+        "p_updated": Value(now, output_field=DateTimeField()),
+    }
     return (
         enrollments.filter(
             status=Enrollment.Status.ACTIVE,
@@ -95,40 +116,8 @@ def _plan_source(
             reminders__isnull=True,
         )
         .order_by()
-        .annotate(
-            p_attendee=F("attendee_id"),
-            p_workshop=F("workshop_id"),
-            p_enrollment=F("id"),
-            p_key=Concat(
-                Value(f"{settings.REMINDERS_KEY_PREFIX}-w"),
-                Cast("workshop_id", CharField()),
-                Value("-a"),
-                Cast("attendee_id", CharField()),
-                output_field=CharField(),
-            ),
-            p_status=Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
-            p_reason=Case(When(late, then=Value(late_reason)), default=Value("")),
-            p_attempts=Value(0, output_field=IntegerField()),
-            p_error=Value(""),
-            p_channel=Value(""),
-            p_message_id=Value(""),
-            p_created=Value(now, output_field=DateTimeField()),
-            p_updated=Value(now, output_field=DateTimeField()),
-        )
-        .values_list(
-            "p_attendee",
-            "p_workshop",
-            "p_enrollment",
-            "p_key",
-            "p_status",
-            "p_reason",
-            "p_attempts",
-            "p_error",
-            "p_channel",
-            "p_message_id",
-            "p_created",
-            "p_updated",
-        )
+        .annotate(**values)
+        .values_list(*values)
     )
 
 
