@@ -76,11 +76,8 @@ class ClaimWatch:
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
             "JOIN shown ON shown.id = w.id "
             f"WHERE {among} AND r.status = %s "
-            "AND r.claim_token = %s AND w.status = %s AND e.status = %s "
-            "AND w.title = shown.title AND w.starts_at = shown.starts_at "
-            "AND w.ends_at = shown.ends_at AND w.timezone = shown.timezone "
-            "AND w.location = shown.location AND w.join_url = shown.join_url "
-            "AND w.contact_name = shown.contact_name AND w.contact_email = shown.contact_email"
+            "AND r.claim_token = %s AND w.status = %s AND e.status = %s AND "
+            + " AND ".join(f"w.{name} = shown.{name}" for name in _SHOWN)
         )
         token = claim_token_param(self._token)
         params += among_params
@@ -98,14 +95,7 @@ class ClaimWatch:
             "claim_token",
             "workshop__status",
             "enrollment__status",
-            "workshop__title",
-            "workshop__starts_at",
-            "workshop__ends_at",
-            "workshop__timezone",
-            "workshop__location",
-            "workshop__join_url",
-            "workshop__contact_name",
-            "workshop__contact_email",
+            *(f"workshop__{name}" for name in _SHOWN),
         )
         withdrawn = dict.fromkeys(ids, "the reminder no longer exists")
         for pk, status, token, w_status, e_status, *shown in rows:
@@ -123,9 +113,9 @@ class ClaimWatch:
         return withdrawn
 
 
-# The columns of ``_rendered`` with the workshop's id first, and their PostgreSQL types.
-_SHOWN_COLUMNS = {
-    "id": "bigint",
+# What a message shows of its workshop, with the PostgreSQL types: a change to any of it
+# withdraws unsent calls.
+_SHOWN = {
     "title": "text",
     "starts_at": "timestamptz",
     "ends_at": "timestamptz",
@@ -135,17 +125,8 @@ _SHOWN_COLUMNS = {
     "contact_name": "text",
     "contact_email": "text",
 }
+_SHOWN_COLUMNS = {"id": "bigint", **_SHOWN}
 
 
 def _rendered(workshop) -> tuple:
-    """What a message shows of its workshop: a change to any of it withdraws unsent calls."""
-    return (
-        workshop.title,
-        workshop.starts_at,
-        workshop.ends_at,
-        workshop.timezone,
-        workshop.location,
-        workshop.join_url,
-        workshop.contact_name,
-        workshop.contact_email,
-    )
+    return tuple(getattr(workshop, name) for name in _SHOWN)
