@@ -17,10 +17,7 @@ from django.conf import settings
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.core.exceptions import ValidationError
 from django.db import transaction
-from django.db.models import (
-    Q,
-    QuerySet,
-)
+from django.db.models import Q, QuerySet
 
 from clock import Clock, default_clock
 from reminders import queue
@@ -156,11 +153,14 @@ def reminder_resolve_unknown(
             )
             queued = _dispatch(changed, clock=clock, publish=None)
         else:
-            changed = _update_ids(
-                _guarded(unknown, selection),
-                status=Status.SENT,
-                status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
-                updated_at=now,
+            changed = sorted(
+                pk
+                for pk, _ in update_returning(
+                    _guarded(unknown, selection),
+                    status=Status.SENT,
+                    status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
+                    updated_at=now,
+                )
             )
             queued = 0
         result = _audit(
@@ -406,8 +406,3 @@ def _audit(
         skipped=skipped,
         audit_id=audit.pk,
     )
-
-
-def _update_ids(queryset: QuerySet[Reminder], **values) -> list[int]:
-    """Run the guarded UPDATE and return the ids it changed."""
-    return sorted(pk for pk, _ in update_returning(queryset, **values))
