@@ -171,7 +171,8 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
     if event.kind == Kind.COMPLAINED:
         cause = Suppression.Cause.COMPLAINED
     elif event.kind == Kind.BOUNCED and (
-        event.bounce == Bounce.HARD or _soft_bounces_in_a_row(attendee_id) >= _soft_limit()
+        event.bounce == Bounce.HARD
+        or _soft_bounces_in_a_row(attendee_id) >= settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS
     ):
         cause = Suppression.Cause.BOUNCED
     else:
@@ -193,10 +194,6 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
         pass  # suppressed already: the first cause stays
     else:
         logger.warning("Suppressed an address after a %s report (event %s)", cause, event.event_id)
-
-
-def _soft_limit() -> int:
-    return settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS
 
 
 def _soft_bounces_in_a_row(attendee_id: int) -> int:

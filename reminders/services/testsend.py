@@ -56,33 +56,27 @@ def reminder_send_test_request(
     if not enrolled.exists():
         raise ValidationError(NOT_ENROLLED, code="not_enrolled")
     try:
-        return _record(
-            workshop, attendee, actor, address, clock, publish_task, request_token, notice
-        )
+        with transaction.atomic(durable=True):
+            decision = StaffDecision.record(
+                request_token=request_token,
+                action=StaffDecision.Action.SEND_TEST,
+                state=StaffDecision.State.RUNNING,
+                actor=actor,
+                created_at=clock.now(),
+                reason=f"test of attendee {attendee.pk}'s "
+                f"{'change notice' if notice else 'reminder'}, to {address}",
+                tests_notice=notice,
+                selected=1,
+                changed=0,
+                queued=1,
+                workshop_ids=[workshop.pk],
+                selection_ids=[attendee.pk],
+            )
+            publish = publish_task or queue.publish_test
+            transaction.on_commit(lambda: publish(decision.pk))
+        return decision
     except IntegrityError:
         if request_token is None:
             raise
         # The same form, posted again: its first request recorded the decision.
         return StaffDecision.objects.get(request_token=request_token)
-
-
-def _record(workshop, attendee, actor, address, clock, publish_task, request_token, notice):
-    with transaction.atomic(durable=True):
-        decision = StaffDecision.record(
-            request_token=request_token,
-            action=StaffDecision.Action.SEND_TEST,
-            state=StaffDecision.State.RUNNING,
-            actor=actor,
-            created_at=clock.now(),
-            reason=f"test of attendee {attendee.pk}'s {'change notice' if notice else 'reminder'}, "
-            f"to {address}",
-            tests_notice=notice,
-            selected=1,
-            changed=0,
-            queued=1,
-            workshop_ids=[workshop.pk],
-            selection_ids=[attendee.pk],
-        )
-        publish = publish_task or queue.publish_test
-        transaction.on_commit(lambda: publish(decision.pk))
-    return decision
