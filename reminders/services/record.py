@@ -288,13 +288,11 @@ _ATTEMPT_COLUMNS = {
 def _record_finals(
     *, claim: Claim, finals: dict[int, Verdict], verdicts: dict, now: datetime
 ) -> tuple[dict[int, str], set[int]]:
-    """Write the final verdicts in one fenced ``UPDATE ... FROM`` a table of rows.
+    """Write the final verdicts in one fenced ``UPDATE ... FROM`` a row per reminder.
 
-    One row of values per reminder (``rows_cte``): cost grows with the chunk, not chunk x
-    columns as the ORM's CASE per column did. Return ``({id: new status}, ids whose attempt is
-    closed too)``: on PostgreSQL the statement first locks the rows in id order (every writer's
-    order) and closes their attempts, so an all-final chunk costs one statement. SQLite cannot
-    update in a WITH: ``_finish_attempts`` closes them.
+    Return ``({id: new status}, ids whose attempt is closed too)``: on PostgreSQL the statement
+    also locks the rows in id order and closes their attempts (one statement per all-final
+    chunk); SQLite cannot update in a WITH, so ``_finish_attempts`` closes them.
     """
     if not finals:
         return {}, set()
