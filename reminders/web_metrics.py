@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import hmac
-from collections import Counter
 from datetime import timedelta
 from pathlib import Path
 
@@ -45,36 +44,51 @@ NEAR_DEADLINE = timedelta(minutes=10)
 WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
 
 
+def _family(kind, name: str, documentation: str, samples, labels=()):
+    """Return a metric family of ``kind`` holding ``samples``, pairs of label values and value."""
+    family = kind(name, documentation, labels=list(labels))
+    for values, value in samples:
+        family.add_metric(list(values), value)
+    return family
+
+
+def _gauge(name: str, documentation: str, samples, labels=()):
+    return _family(GaugeMetricFamily, name, documentation, samples, labels)
+
+
+def _counter(name: str, documentation: str, samples, labels=()):
+    return _family(CounterMetricFamily, name, documentation, samples, labels)
+
+
+def _counts(queryset, *fields: str) -> dict:
+    """Return ``{value: rows}`` (``{(value, ...): rows}`` for several fields) of ``queryset``."""
+    rows = queryset.order_by().values_list(*fields).annotate(n=Count("id"))
+    return {tuple(row[:-1]) if len(fields) > 1 else row[0]: row[-1] for row in rows}
+
+
 class ReminderCollector(Collector):
     """Collect the reminder, scan, queue and staff series at each scrape."""
 
     def collect(self):
         now = default_clock().now()
-        counts = dict(Reminder.objects.order_by().values_list("status").annotate(n=Count("id")))
-        by_status = GaugeMetricFamily(
-            "reminders_by_status", "Reminders in each status, from the database", labels=["status"]
+        counts = _counts(Reminder.objects, "status")
+        yield _gauge(
+            "reminders_by_status",
+            "Reminders in each status, from the database",
+            (([status.value], counts.get(status.value, 0)) for status in Reminder.Status),
+            ["status"],
         )
-        for status in Reminder.Status:
-            by_status.add_metric([status.value], counts.get(status.value, 0))
-        yield by_status
-
-        notices = GaugeMetricFamily(
+        found = _counts(Notice.objects, "status", "kind")
+        yield _gauge(
             "reminders_notices",
             "Change notices in each status and kind, from the database",
-            labels=["status", "kind"],
+            (
+                ([status.value, kind.value], found.get((status.value, kind.value), 0))
+                for status in Notice.Status
+                for kind in Notice.Kind
+            ),
+            ["status", "kind"],
         )
-        found = Counter(
-            {
-                (status, kind): n
-                for status, kind, n in Notice.objects.order_by()
-                .values_list("status", "kind")
-                .annotate(n=Count("id"))
-            }
-        )
-        for status in Notice.Status:
-            for kind in Notice.Kind:
-                notices.add_metric([status.value, kind.value], found[status.value, kind.value])
-        yield notices
 
         # Deadline before now + NEAR_DEADLINE: the start before that plus the cutoff.
         horizon = now + NEAR_DEADLINE + ReminderPolicy.from_settings().cutoff
@@ -87,106 +101,92 @@ class ReminderCollector(Collector):
                 for status in WAITING
             },
         )
-        ages = GaugeMetricFamily(
+        since = {status.value: oldest[status.value] for status in AGED}
+        yield _gauge(
             "reminders_oldest_seconds",
             "Seconds since the oldest reminder in this status got there (0 when none is)",
-            labels=["status"],
+            (
+                ([status], (now - moment).total_seconds() if moment else 0.0)
+                for status, moment in since.items()
+            ),
+            ["status"],
         )
-        for status in AGED:
-            moment = oldest[status.value]
-            ages.add_metric([status.value], (now - moment).total_seconds() if moment else 0.0)
-        yield ages
-        near = GaugeMetricFamily(
+        yield _gauge(
             "reminders_near_deadline",
             "Reminders still pending or queued whose deadline is under 10 minutes away or past",
-            labels=["status"],
+            (([status.value], oldest[f"near_{status.value}"]) for status in WAITING),
+            ["status"],
         )
-        for status in WAITING:
-            near.add_metric([status.value], oldest[f"near_{status.value}"])
-        yield near
 
         scan = (
             ScanRun.objects.filter(name=SCAN_NAME)
             .values("finished_at", "duration_seconds", "completed", "counts", "phase_seconds")
             .first()
         ) or {}
-        last = GaugeMetricFamily(
+        finished = scan.get("finished_at")
+        yield _gauge(
             "reminders_scan_last_completed_timestamp_seconds",
             "When the last scan completed (Unix time; 0 before the first)",
+            [([], finished.timestamp() if finished else 0.0)],
         )
-        finished = scan.get("finished_at")
-        last.add_metric([], finished.timestamp() if finished else 0.0)
-        yield last
-        duration = GaugeMetricFamily(
-            "reminders_scan_seconds", "How long the last completed scan took"
+        yield _gauge(
+            "reminders_scan_seconds",
+            "How long the last completed scan took",
+            [([], float(scan.get("duration_seconds") or 0.0))],
         )
-        duration.add_metric([], float(scan.get("duration_seconds") or 0.0))
-        yield duration
-        phase_time = GaugeMetricFamily(
+        yield _gauge(
             "reminders_scan_phase_seconds",
             "How long each phase of the last completed scan took",
-            labels=["phase"],
+            (
+                ([phase], float(seconds))
+                for phase, seconds in sorted((scan.get("phase_seconds") or {}).items())
+            ),
+            ["phase"],
         )
-        for phase, seconds in sorted((scan.get("phase_seconds") or {}).items()):
-            phase_time.add_metric([phase], float(seconds))
-        yield phase_time
-        phase_rows = GaugeMetricFamily(
+        yield _gauge(
             "reminders_scan_rows",
             "What the last completed scan did: reminders expired (missed), reaped by "
             "outcome, planned and dispatched",
-            labels=["phase"],
+            (([phase], float(rows)) for phase, rows in sorted((scan.get("counts") or {}).items())),
+            ["phase"],
         )
-        for phase, rows in sorted((scan.get("counts") or {}).items()):
-            phase_rows.add_metric([phase], float(rows))
-        yield phase_rows
-        completed = CounterMetricFamily("reminders_scans", "Scans completed since the first")
-        completed.add_metric([], float(scan.get("completed") or 0))
-        yield completed
+        yield _counter(
+            "reminders_scans",
+            "Scans completed since the first",
+            [([], float(scan.get("completed") or 0))],
+        )
         yield from _beat_series()
-
-        depth = GaugeMetricFamily(
-            "reminders_queue_depth", "Messages waiting in each broker queue", labels=["queue"]
+        yield _gauge(
+            "reminders_queue_depth",
+            "Messages waiting in each broker queue",
+            (([queue], waiting) for queue, waiting in _queue_depths().items()),
+            ["queue"],
         )
-        for queue, waiting in _queue_depths().items():
-            depth.add_metric([queue], waiting)
-        yield depth
-
-        actions = CounterMetricFamily(
+        recorded = _counts(StaffDecision.objects, "action")
+        yield _counter(
             "reminders_staff_actions",
             "Staff decisions recorded, by action (replays, resolutions, cancels, ...)",
-            labels=["action"],
+            (([action.value], recorded.get(action.value, 0)) for action in StaffDecision.Action),
+            ["action"],
         )
-        recorded = dict(
-            StaffDecision.objects.order_by().values_list("action").annotate(n=Count("id"))
-        )
-        for action in StaffDecision.Action:
-            actions.add_metric([action.value], recorded.get(action.value, 0))
-        yield actions
-
-        reports = GaugeMetricFamily(
+        kept = _counts(DeliveryEvent.objects, "channel", "kind")
+        yield _gauge(
             "reminders_delivery_events",
             "Providers' reports kept (REMINDERS_EVENT_RETENTION_DAYS), by channel and kind",
-            labels=["channel", "kind"],
-        )
-        kept = dict(
-            ((channel, kind), n)
-            for channel, kind, n in DeliveryEvent.objects.order_by()
-            .values_list("channel", "kind")
-            .annotate(n=Count("id"))
-        )
-        for channel in sorted({"http", *(channel for channel, _ in kept)}):
-            for kind in DeliveryEvent.Kind:
-                reports.add_metric([channel, kind.value], kept.get((channel, kind.value), 0))
-        yield reports
-        dropped = CounterMetricFamily(
-            "reminders_delivery_events_dropped",
-            "Providers' reports that named no reminder sent here, or an erased attendee's",
-            labels=["channel"],
+            (
+                ([channel, kind.value], kept.get((channel, kind.value), 0))
+                for channel in sorted({"http", *(channel for channel, _ in kept)})
+                for kind in DeliveryEvent.Kind
+            ),
+            ["channel", "kind"],
         )
         counted = dict(DroppedReports.objects.values_list("channel", "count"))
-        for channel in sorted({"http", *counted}):
-            dropped.add_metric([channel], counted.get(channel, 0))
-        yield dropped
+        yield _counter(
+            "reminders_delivery_events_dropped",
+            "Providers' reports that named no reminder sent here, or an erased attendee's",
+            (([channel], counted.get(channel, 0)) for channel in sorted({"http", *counted})),
+            ["channel"],
+        )
 
 
 def _beat_series():
@@ -201,22 +201,20 @@ def _beat_series():
         .values("last_run_at", "enabled", "interval__every", "interval__period")
         .first()
     )
-    published = GaugeMetricFamily(
+    last_run = row["last_run_at"] if row else None
+    yield _gauge(
         "reminders_beat_last_published_timestamp_seconds",
         "When celery-beat last published the scan (Unix time; 0 before the first)",
-    )
-    last_run = row["last_run_at"] if row else None
-    published.add_metric([], last_run.timestamp() if last_run else 0.0)
-    yield published
-    interval = GaugeMetricFamily(
-        "reminders_scan_interval_seconds",
-        "How often beat publishes the scan (0 when the schedule is missing or disabled)",
+        [([], last_run.timestamp() if last_run else 0.0)],
     )
     seconds = 0.0
     if row and row["enabled"] and row["interval__every"]:
         seconds = row["interval__every"] * _PERIOD_SECONDS.get(row["interval__period"], 0.0)
-    interval.add_metric([], seconds)
-    yield interval
+    yield _gauge(
+        "reminders_scan_interval_seconds",
+        "How often beat publishes the scan (0 when the schedule is missing or disabled)",
+        [([], seconds)],
+    )
 
 
 _PERIOD_SECONDS = {

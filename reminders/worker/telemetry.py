@@ -66,30 +66,23 @@ class WorkerObserver:
             buckets=WAIT_BUCKETS,
             registry=registry,
         )
-        # labels() takes a lock and builds a key; resolve each child once.
-        self._calls: dict[tuple[str, str, str], object] = {}
-        self._call_seconds: dict[str, object] = {}
-        self._slack: dict[tuple[str, str], object] = {}
+        # labels() takes a lock and builds a key: resolve each child once.
+        self._children: dict[tuple, object] = {}
+
+    def _child(self, metric, *labels: str):
+        child = self._children.get((metric, labels))
+        if child is None:
+            child = self._children[metric, labels] = metric.labels(*labels)
+        return child
 
     def call_ended(self, channel: str, outcome: str, seconds: float, kind: str) -> None:
         """Count one call and its duration."""
-        counter = self._calls.get((channel, outcome, kind))
-        if counter is None:
-            counter = self._calls[channel, outcome, kind] = self.calls.labels(
-                channel, outcome, kind
-            )
-        counter.inc()
-        histogram = self._call_seconds.get(channel)
-        if histogram is None:
-            histogram = self._call_seconds[channel] = self.call_seconds.labels(channel)
-        histogram.observe(seconds)
+        self._child(self.calls, channel, outcome, kind).inc()
+        self._child(self.call_seconds, channel).observe(seconds)
 
     def sent(self, channel: str, slack_seconds: float, kind: str) -> None:
         """Note how far before its deadline an accepted message went out."""
-        histogram = self._slack.get((channel, kind))
-        if histogram is None:
-            histogram = self._slack[channel, kind] = self.slack.labels(channel, kind)
-        histogram.observe(slack_seconds)
+        self._child(self.slack, channel, kind).observe(slack_seconds)
 
     def limiter_waited(self, seconds: float) -> None:
         """Note one wait for the limiter."""
@@ -99,11 +92,9 @@ class WorkerObserver:
         """Expose every outcome of ``channel`` at zero, so a rate over it has a start."""
         for kind in ("reminder", "notice"):
             for outcome in CALL_OUTCOMES:
-                self._calls.setdefault(
-                    (channel, outcome, kind), self.calls.labels(channel, outcome, kind)
-                )
-            self._slack.setdefault((channel, kind), self.slack.labels(channel, kind))
-        self._call_seconds.setdefault(channel, self.call_seconds.labels(channel))
+                self._child(self.calls, channel, outcome, kind)
+            self._child(self.slack, channel, kind)
+        self._child(self.call_seconds, channel)
 
 
 def observer() -> WorkerObserver | None:
