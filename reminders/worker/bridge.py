@@ -13,7 +13,7 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -33,7 +33,7 @@ from delivery.channels.smtp import (
 from delivery.channels.threaded import ThreadedChannel
 from delivery.dkim import DkimKey, check_key
 from delivery.envelope import Envelope
-from delivery.limiter import RateLimiter, RedisRateLimiter
+from delivery.limiter import LocalRateLimiter, RateLimiter, RedisRateLimiter
 from delivery.limits import DeliveryLimits
 from delivery.message import calendar_of, message_id_for
 from delivery.results import DeliveryResult
@@ -212,11 +212,9 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
     per_second = settings.REMINDERS_RATE_LIMIT
     if not per_second:
         return None
-    if not settings.REMINDERS_REDIS_URL:
-        from delivery.limiter import LocalRateLimiter
-
-        return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     url = settings.REMINDERS_REDIS_URL
+    if not url:
+        return lambda: LocalRateLimiter(per_second, clock=clock, margin=LIMITER_MARGIN)
     # The margin covers network and provider jitter, not stalls: a start woken too late is skipped.
     return lambda: RedisRateLimiter(
         url=url,
@@ -295,7 +293,8 @@ _kept: _Kept | None = None
 
 def _kept_session(*, channel: str, clock: Clock, keep: float) -> Session:
     global _kept
-    key = repr((channel, _channel_values(channel), _limiter_values(), id(clock)))
+    limiter = (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL, LIMITER_MARGIN)
+    key = repr((channel, _channel_values(channel), limiter, id(clock)))
     if _kept is not None:
         if _kept.pid != os.getpid():
             _kept = None  # inherited across a fork: its loop thread is not in this process
@@ -315,10 +314,6 @@ def _new_session(*, channel: str, clock: Clock) -> Session:
         limiter_factory=limiter_factory(clock=clock),
         close_timeout=settings.REMINDERS_TIME_BOUNDS.close,
     )
-
-
-def _limiter_values() -> tuple:
-    return (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL, LIMITER_MARGIN)
 
 
 def deliver_envelopes(
@@ -341,19 +336,16 @@ def deliver_envelopes(
         return []
     if watch is not None and not watch.gate.is_fresh():
         watch.refresh()
-    if session is None:
-        with delivery_session(channel=channel, clock=clock) as own:
-            return _deliver_on(own, envelopes, budget=budget, stop=stop, watch=watch)
-    return _deliver_on(session, envelopes, budget=budget, stop=stop, watch=watch)
-
-
-def _deliver_on(session: Session, envelopes, *, budget: float, stop, watch) -> list:
-    return session.deliver(
-        envelopes,
-        policy=delivery_limits(budget=budget),
-        stop=stop,
-        gate=watch.gate if watch is not None else None,
-        tick=watch.refresh if watch is not None else None,
-        tick_interval=WATCH_INTERVAL,
-        observer=telemetry.observer(),
+    context = (
+        delivery_session(channel=channel, clock=clock) if session is None else nullcontext(session)
     )
+    with context as session:
+        return session.deliver(
+            envelopes,
+            policy=delivery_limits(budget=budget),
+            stop=stop,
+            gate=watch.gate if watch is not None else None,
+            tick=watch.refresh if watch is not None else None,
+            tick_interval=WATCH_INTERVAL,
+            observer=telemetry.observer(),
+        )
