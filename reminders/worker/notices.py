@@ -13,11 +13,10 @@ from collections import Counter
 from django.conf import settings
 
 from clock import Clock, default_clock
-from delivery.session import Interrupted
 from reminders.content import notice_envelope
 from reminders.services.notices import notice_claim, notice_record
 from reminders.worker import bridge
-from reminders.worker.pipeline import build_envelopes, record_with_retry
+from reminders.worker.pipeline import build_envelopes, record_with_retry, send_envelopes
 
 logger = logging.getLogger(__name__)
 
@@ -59,20 +58,17 @@ def deliver_notices(
                     notice=notice, send_by=send_by[notice.pk]
                 ),
             )
-            try:
-                results += bridge.deliver_envelopes(
-                    envelopes,
-                    channel=channel,
-                    clock=clock,
-                    budget=remaining,
-                    stop=stop,
-                    session=session,
-                )
-            except Interrupted as exc:
-                record_with_retry(
-                    claim=claim, results=results + exc.results, clock=clock, record=notice_record
-                )
-                raise exc.cause from None
+            results = send_envelopes(
+                claim,
+                envelopes,
+                results,
+                channel=channel,
+                clock=clock,
+                budget=remaining,
+                stop=stop,
+                session=session,
+                record=notice_record,
+            )
             counts.update(
                 record_with_retry(claim=claim, results=results, clock=clock, record=notice_record)
             )

@@ -52,9 +52,8 @@ logger = logging.getLogger(__name__)
 class DatabaseUnavailable(Exception):
     """The database could not be reached before ``ids`` were claimed; nothing was sent.
 
-    ``held`` is ``(token, chunk)`` when the connection was lost inside the claim of ``chunk``,
-    which may have committed: the retry first releases what that token holds
-    (``deliver(..., held=...)``) instead of leaving those rows ``sending`` until their lease.
+    ``held`` is ``(token, chunk)`` when the connection was lost inside a claim that may have
+    committed: the retry (``deliver(..., held=...)``) releases it first.
     """
 
     def __init__(self, ids: list[int], held: tuple[uuid.UUID, list[int]] | None = None) -> None:
@@ -77,9 +76,8 @@ def scan(
 ) -> dict[str, int]:
     """Settle unsent rows, reap lost claims, plan new reminders and dispatch due ones.
 
-    Ends by recording its completion (reminders.models.ScanRun), which the health view compares
-    with beat's last publish. ``publish`` and ``notices_publish`` replace the broker publishes of
-    reminders and change notices (benchmarks count messages with them).
+    Ends by recording its completion (ScanRun). ``publish`` and ``notices_publish`` replace the
+    broker publishes (benchmarks and tests count messages with them).
     """
     clock = clock or default_clock()
     started = clock.monotonic()
@@ -167,13 +165,10 @@ def deliver(
 ) -> dict[str, int]:
     """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
 
-    A worker killed mid-batch thus leaves at most a chunk ``sending`` for the reaper (the rest
-    are still queued and dispatched again). Ids not claimable (sent, cancelled, unknown, held by
-    another worker) are skipped. ``stop`` (anything with ``is_set()``; in production the
-    worker's shutdown flag) ends the batch: no new call, calls in flight drain, unclaimed ids
-    are due at the next scan. Chunks share one event loop, provider connections and limiter
-    client (``bridge.delivery_session``), each claimed, sent and recorded before the next is
-    claimed. ``held`` is a ``DatabaseUnavailable``'s: that claim is released first.
+    A worker killed mid-batch leaves at most a chunk ``sending`` for the reaper. Ids not
+    claimable now are skipped. ``stop`` (``is_set()``; the worker's shutdown flag) ends the
+    batch: calls in flight drain, unclaimed ids are due at the next scan. ``held`` is a
+    ``DatabaseUnavailable``'s: that claim is released first.
     """
     clock = clock or default_clock()
     channel = channel or settings.REMINDERS_CHANNEL
@@ -258,9 +253,8 @@ def record_with_retry(
 ) -> dict[str, int]:
     """Record a chunk's outcomes with ``record``, retrying while the database is briefly away.
 
-    Losing known outcomes to a database restart would leave the reaper to guess (``unknown``
-    on SMTP); ``record`` (the reminders' or notices' own) is fenced by the claim token, so
-    running it again is harmless.
+    ``record`` (the reminders' or notices' own) is fenced by the claim token: running it again
+    is harmless, and better than leaving the reaper to guess.
     """
     # Far inside the lease (config/timing.py): no reaper takes the rows meanwhile.
     give_up_at = clock.monotonic() + settings.REMINDERS_TIME_BOUNDS.record_retry
@@ -313,25 +307,33 @@ def _send(
         reminder_release(claim=claim, clock=clock)
         _raise_interruption(exc)
     # From here on a provider may be called: never release, the lease decides.
+    return send_envelopes(
+        claim,
+        envelopes,
+        results,
+        channel=channel,
+        clock=clock,
+        budget=budget,
+        stop=stop,
+        session=session,
+        watch=watch,
+    )
+
+
+def send_envelopes(
+    claim, envelopes, results: list, *, clock: Clock, record=reminder_record_batch, **options
+) -> list[DeliveryResult]:
+    """Send a claimed chunk (``bridge.deliver_envelopes``); return ``results`` with theirs.
+
+    Interrupted (a soft time limit), record what is known with ``record``, then raise.
+    """
     try:
-        results.extend(
-            bridge.deliver_envelopes(
-                envelopes,
-                channel=channel,
-                clock=clock,
-                budget=budget,
-                stop=stop,
-                watch=watch,
-                session=session,
-            )
-        )
+        return results + bridge.deliver_envelopes(envelopes, clock=clock, **options)
     except Interrupted as exc:
-        # A soft time limit stopped the chunk: keep what is known. It may have landed in the
-        # claim watch's query, so the record starts on a fresh connection.
+        # It may have landed in the claim watch's query: record on a fresh connection.
         _fresh_connection()
-        record_with_retry(claim=claim, results=results + exc.results, clock=clock)
+        record_with_retry(claim=claim, results=results + exc.results, clock=clock, record=record)
         raise exc.cause from None
-    return results
 
 
 def build_envelopes(rows, build) -> tuple[list, list[DeliveryResult]]:
@@ -360,10 +362,10 @@ def _fresh_connection() -> None:
 
 
 def _interruption(exc: BaseException) -> BaseException:
-    """Return the interruption: the first non-database error in ``exc``'s chain, else ``exc``.
+    """Return the first non-database error in ``exc``'s chain, else ``exc``.
 
-    A soft time limit landing while COMMIT goes out leaves the connection busy; Django's
-    clean-up then raises a ProgrammingError, which, not the interruption, would reach Celery.
+    A soft time limit during COMMIT makes Django's clean-up raise a ProgrammingError, which,
+    not the interruption, would otherwise reach Celery.
     """
     seen = exc
     while isinstance(seen, Error | psycopg.Error):
@@ -390,11 +392,10 @@ def _claim_interrupted(
     rest: list[int],
     clock: Clock,
 ) -> None:
-    """Clean up after the claim of ``chunk`` ended with ``exc`` instead of a claim.
+    """Release what ``token`` holds after its claim was interrupted, perhaps once committed.
 
-    The interruption may have come after its statement went out: release what ``token`` holds
-    on a fresh connection (waiting for that statement if still under way) and make ``rest``,
-    the rest of the batch, due at the next scan. Without the database, the lease and scan decide.
+    ``rest``, the rest of the batch, is due at the next scan. Without the database, the lease
+    and the scan decide.
     """
     _fresh_connection()
     cause = type(_interruption(exc)).__name__
