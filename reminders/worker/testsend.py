@@ -50,39 +50,30 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         attendee = Attendee.objects.get(pk=decision.selection_ids[0])
     except (Workshop.DoesNotExist, Attendee.DoesNotExist, IndexError):
         return False, "not sent: the workshop or the attendee no longer exists"
+    address = decision.actor.email.strip() if decision.actor else ""
+    no_address = False, "not sent: the staff member's user is gone or has no email address"
     if decision.tests_notice:
-        return _send_notice_test(decision, workshop, attendee, clock=clock)
-    # Judged as they are now: a test of a reminder that will not go out would mislead.
-    if workshop.status != Workshop.Status.SCHEDULED:
-        return False, "not sent: the workshop is cancelled, so its reminders will not go out"
-    enrolled = Enrollment.objects.filter(
-        workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
-    ).exists()
-    if not enrolled:
-        return False, "not sent: the attendee is no longer enrolled in this workshop"
-    address = decision.actor.email.strip() if decision.actor else ""
-    if not address:
-        return False, "not sent: the staff member's user is gone or has no email address"
+        # The change notice the attendee would get now.
+        if not address:
+            return no_address
+        if not Enrollment.objects.filter(workshop=workshop, attendee=attendee).exists():
+            return False, "not sent: the attendee is not enrolled in this workshop"
+        preview = notice_preview
+    else:
+        # Judged as they are now: a test of a reminder that will not go out would mislead.
+        if workshop.status != Workshop.Status.SCHEDULED:
+            return False, "not sent: the workshop is cancelled, so its reminders will not go out"
+        enrolled = Enrollment.objects.filter(
+            workshop=workshop, attendee=attendee, status=Enrollment.Status.ACTIVE
+        ).exists()
+        if not enrolled:
+            return False, "not sent: the attendee is no longer enrolled in this workshop"
+        if not address:
+            return no_address
+        preview = reminder_preview
     now = clock.now()
-    real = reminder_preview(workshop=workshop, attendee=attendee, now=now).envelope
-    return _deliver(decision, real, now=now, clock=clock)
-
-
-def _send_notice_test(decision, workshop, attendee, *, clock: Clock) -> tuple[bool, str]:
-    """Send the change notice the attendee would get now (notice_preview), to the staff member."""
-    address = decision.actor.email.strip() if decision.actor else ""
-    if not address:
-        return False, "not sent: the staff member's user is gone or has no email address"
-    if not Enrollment.objects.filter(workshop=workshop, attendee=attendee).exists():
-        return False, "not sent: the attendee is not enrolled in this workshop"
-    now = clock.now()
-    real = notice_preview(workshop=workshop, attendee=attendee, now=now).envelope
-    return _deliver(decision, real, now=now, clock=clock)
-
-
-def _deliver(decision, real, *, now, clock: Clock) -> tuple[bool, str]:
-    """Send ``real``, the attendee's message, to the staff member instead, marked a test."""
-    address = decision.actor.email.strip()
+    real = preview(workshop=workshop, attendee=attendee, now=now).envelope
+    # The attendee's message goes to the staff member instead, marked a test.
     envelope = dataclasses.replace(
         real,
         reminder_id=0,
