@@ -1,9 +1,8 @@
 """Celery entry points: thin wrappers that check their arguments, call one job, return counts.
 
-Nothing imports this module; messages name the tasks (reminders/queue.py). The scan has no
-task here: every worker's scan lane consumes its queue (reminders/worker/scanlane.py).
-Settings that shape their runtime (acks late, prefetch 1, time limits above the batch budget,
-no requeue of a lost worker's message) are in config/settings.py, each with its reason.
+Messages name the tasks (reminders/queue.py); the scan has none, each worker's scan lane
+consumes its queue (reminders/worker/scanlane.py). Their runtime settings are in
+config/settings.py.
 """
 
 from __future__ import annotations
@@ -75,10 +74,8 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
             ids, worker=self.request.hostname or "", stop=shutdown.flag(), held=held
         )
     except pipeline.DatabaseUnavailable as exc:
-        # Nothing was sent; the claim the database went away in may hold some (exc.held),
-        # released first by the retry. Retry shortly rather than drain the queue into errors
-        # while PostgreSQL restarts; after the last retry the reminders stay queued (any that
-        # claim holds wait for their lease) and the scan dispatches them again.
+        # Nothing was sent: retry shortly rather than drain the queue into errors while
+        # PostgreSQL restarts. After the last retry the scan dispatches them again.
         if self.request.retries >= DATABASE_RETRIES:
             logger.error("Database still unavailable; %s reminders left to the scan", len(exc.ids))
             return {"database_unavailable": len(exc.ids)}
@@ -88,7 +85,6 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
             args=[exc.ids],
             kwargs={"held_by": held_by},
             countdown=2**self.request.retries,
-            max_retries=DATABASE_RETRIES,
         ) from exc
     logger.info("Batch of %s finished: %s", len(ids), counts)
     return counts
@@ -136,10 +132,8 @@ def _well_formed(decision_id, task: str) -> bool:
 def replay_selection(decision_id) -> dict[str, int]:
     """Replay the next chunk of a background replay (StaffDecision ``decision_id``).
 
-    Each chunk is a task that queues the next once committed: a lost worker or a time limit
-    costs at most the chunk under way, and a replay left without a task (that queueing lost) is
-    handed to a worker again by the scan once its heartbeat is older than the claim lease. Each
-    chunk commits with its progress, so running twice or after a crash is safe.
+    Each chunk commits with its progress and queues the next; a replay left without a task is
+    resumed by the scan once its heartbeat is older than the claim lease.
     """
     if not _well_formed(decision_id, "replay_selection"):
         return {"rejected": 1}
