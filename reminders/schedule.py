@@ -5,8 +5,6 @@ Only beat decides when a scan runs; workshops and reminders are rows it reads.
 
 from __future__ import annotations
 
-import json
-
 from django.conf import settings
 
 SCAN_TASK_NAME = "Scan for workshops starting soon"
@@ -25,36 +23,30 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
     if interval_model is None or task_model is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-        interval_model = interval_model or IntervalSchedule
-        task_model = task_model or PeriodicTask
+        interval_model, task_model = IntervalSchedule, PeriodicTask
     every = every or settings.REMINDERS_SCAN_INTERVAL
     same = interval_model.objects.filter(every=every, period="seconds")
     interval = same.order_by("pk").first() or same.create(every=every, period="seconds")
+    wanted = {
+        "task": SCAN_TASK,
+        "interval_id": interval.pk,
+        "queue": SCAN_QUEUE,
+        # No expiry (a host's clock): the scan lane drops a scan with a newer one behind.
+        "expire_seconds": None,
+        "enabled": True,
+    }
     task, created = task_model.objects.get_or_create(
         name=SCAN_TASK_NAME,
         defaults={
-            "task": SCAN_TASK,
-            "interval": interval,
-            "queue": SCAN_QUEUE,
-            # No expiry (a host's clock): the scan lane drops a scan with a newer one behind.
-            "expire_seconds": None,
-            "args": json.dumps([]),
-            "kwargs": json.dumps({}),
-            "enabled": True,
+            **wanted,
+            "args": "[]",
+            "kwargs": "{}",
             "description": "Plan, dispatch, reconcile and reap reminders (REMINDERS_SCAN_INTERVAL).",
         },
     )
-    if not created:
-        wanted = {
-            "task": SCAN_TASK,
-            "interval_id": interval.pk,
-            "queue": SCAN_QUEUE,
-            "expire_seconds": None,
-            "enabled": True,
-        }
-        if any(getattr(task, field) != value for field, value in wanted.items()):
-            for field, value in wanted.items():
-                setattr(task, field, value)
-            task.crontab = None
-            task.save()
+    if not created and any(getattr(task, field) != value for field, value in wanted.items()):
+        for field, value in wanted.items():
+            setattr(task, field, value)
+        task.crontab = None
+        task.save()
     return task
