@@ -23,23 +23,20 @@ def serve_as_worker() -> None:
     _role["worker"] = True
 
 
-def lock_timeout_seconds() -> float:
-    """Return the lock timeout of this process's sessions."""
-    if _role["worker"]:
-        return settings.REMINDERS_WORKER_LOCK_TIMEOUT
-    return settings.REMINDERS_STAFF_LOCK_TIMEOUT
-
-
 def on_connection_created(sender, connection, **kwargs) -> None:
     """Set the session's ``lock_timeout`` (Django's ``connection_created`` signal)."""
     if connection.vendor != "postgresql":
         return
-    milliseconds = max(1, round(lock_timeout_seconds() * 1000))
+    if _role["worker"]:
+        seconds = settings.REMINDERS_WORKER_LOCK_TIMEOUT
+    else:
+        seconds = settings.REMINDERS_STAFF_LOCK_TIMEOUT
+    milliseconds = max(1, round(seconds * 1000))
     with connection.cursor() as cursor:
         cursor.execute("SELECT set_config('lock_timeout', %s, false)", [f"{milliseconds}ms"])
 
 
-def _sqlstate_in(exc: BaseException, codes: frozenset[str]) -> bool:
+def _sqlstate_in(exc: BaseException, codes: set[str]) -> bool:
     seen: BaseException | None = exc
     while seen is not None:
         if getattr(seen, "sqlstate", None) in codes:
@@ -50,18 +47,18 @@ def _sqlstate_in(exc: BaseException, codes: frozenset[str]) -> bool:
 
 def lock_not_available(exc: BaseException) -> bool:
     """Return whether ``exc`` is PostgreSQL giving up on a lock (SQLSTATE 55P03)."""
-    return _sqlstate_in(exc, frozenset({"55P03"}))
+    return _sqlstate_in(exc, {"55P03"})
 
 
 def lost_a_race(exc: BaseException) -> bool:
     """Return whether ``exc`` is PostgreSQL ending a transaction that lost to a concurrent one
     (deadlock 40P01, serialization failure 40001): running it again is safe."""
-    return _sqlstate_in(exc, frozenset({"40P01", "40001"}))
+    return _sqlstate_in(exc, {"40P01", "40001"})
 
 
 def gave_up_waiting(exc: BaseException) -> bool:
     """Return whether ``exc`` is a lock or statement timeout firing (55P03, 57014)."""
-    return _sqlstate_in(exc, frozenset({"55P03", "57014"}))
+    return _sqlstate_in(exc, {"55P03", "57014"})
 
 
 BUSY_MESSAGE = (
