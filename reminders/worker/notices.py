@@ -1,8 +1,7 @@
-"""Deliver change notices on a worker: claim, render, send on the reminders' engine, record.
+"""Deliver change notices on a worker, as reminders are (same channels, limiter and session).
 
-The same channels, rate limiter and session as reminders (reminders.worker.bridge),
-one concurrency-sized chunk at a time; the claim and record are the notices' own
-(reminders.services.notices), since a cancellation notice goes to a cancelled workshop.
+The claim and record are the notices' own (reminders.services.notices): a cancellation
+notice goes to a cancelled workshop.
 """
 
 from __future__ import annotations
@@ -30,10 +29,8 @@ def deliver_notices(
 ) -> dict[str, int]:
     """Claim, render, send and record the notices ``ids``; return counts by outcome.
 
-    No call starts after a notice's workshop starts (its envelope's ``send_by``); ``stop`` ends
-    the batch between chunks, and what is not claimed stays pending for the next scan. A worker
-    lost mid-send leaves its chunk ``sending`` until the lease, when the scan sends it again
-    under its key (http, file) or marks it ``unknown``.
+    No call starts after a notice's workshop starts. ``stop`` ends the batch between chunks;
+    what is not claimed stays pending for the next scan.
     """
     clock = clock or default_clock()
     channel = settings.REMINDERS_CHANNEL

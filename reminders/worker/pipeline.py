@@ -286,9 +286,8 @@ def record_with_retry(
             return counts
 
 
-def _send(
-    claim, *, channel: str, clock: Clock, budget: float, stop, session
-) -> list[DeliveryResult]:
+def _send(claim, *, clock: Clock, **options) -> list[DeliveryResult]:
+    """Render and send a claimed chunk (``options`` go to ``bridge.deliver_envelopes``)."""
     try:
         envelopes, results = build_envelopes(
             claim.reminders,
@@ -307,17 +306,7 @@ def _send(
         reminder_release(claim=claim, clock=clock)
         _raise_interruption(exc)
     # From here on a provider may be called: never release, the lease decides.
-    return send_envelopes(
-        claim,
-        envelopes,
-        results,
-        channel=channel,
-        clock=clock,
-        budget=budget,
-        stop=stop,
-        session=session,
-        watch=watch,
-    )
+    return send_envelopes(claim, envelopes, results, clock=clock, watch=watch, **options)
 
 
 def send_envelopes(
