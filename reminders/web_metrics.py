@@ -44,19 +44,19 @@ NEAR_DEADLINE = timedelta(minutes=10)
 WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
 
 
-def _family(kind, name: str, documentation: str, samples, labels=()):
+def _family(kind, name: str, documentation: str, samples, labels):
     """Return a metric family of ``kind`` holding ``samples``, pairs of label values and value."""
-    family = kind(name, documentation, labels=list(labels))
+    family = kind(name, documentation, labels=labels)
     for values, value in samples:
-        family.add_metric(list(values), value)
+        family.add_metric(values, value)
     return family
 
 
-def _gauge(name: str, documentation: str, samples, labels=()):
+def _gauge(name: str, documentation: str, samples, labels: list[str]):
     return _family(GaugeMetricFamily, name, documentation, samples, labels)
 
 
-def _counter(name: str, documentation: str, samples, labels=()):
+def _counter(name: str, documentation: str, samples, labels: list[str]):
     return _family(CounterMetricFamily, name, documentation, samples, labels)
 
 
@@ -124,15 +124,15 @@ class ReminderCollector(Collector):
             .first()
         ) or {}
         finished = scan.get("finished_at")
-        yield _gauge(
+        yield GaugeMetricFamily(
             "reminders_scan_last_completed_timestamp_seconds",
             "When the last scan completed (Unix time; 0 before the first)",
-            [([], finished.timestamp() if finished else 0.0)],
+            value=finished.timestamp() if finished else 0.0,
         )
-        yield _gauge(
+        yield GaugeMetricFamily(
             "reminders_scan_seconds",
             "How long the last completed scan took",
-            [([], float(scan.get("duration_seconds") or 0.0))],
+            value=float(scan.get("duration_seconds") or 0.0),
         )
         yield _gauge(
             "reminders_scan_phase_seconds",
@@ -150,10 +150,10 @@ class ReminderCollector(Collector):
             (([phase], float(rows)) for phase, rows in sorted((scan.get("counts") or {}).items())),
             ["phase"],
         )
-        yield _counter(
+        yield CounterMetricFamily(
             "reminders_scans",
             "Scans completed since the first",
-            [([], float(scan.get("completed") or 0))],
+            value=float(scan.get("completed") or 0),
         )
         yield from _beat_series()
         yield _gauge(
@@ -202,18 +202,18 @@ def _beat_series():
         .first()
     )
     last_run = row["last_run_at"] if row else None
-    yield _gauge(
+    yield GaugeMetricFamily(
         "reminders_beat_last_published_timestamp_seconds",
         "When celery-beat last published the scan (Unix time; 0 before the first)",
-        [([], last_run.timestamp() if last_run else 0.0)],
+        value=last_run.timestamp() if last_run else 0.0,
     )
     seconds = 0.0
     if row and row["enabled"] and row["interval__every"]:
         seconds = row["interval__every"] * _PERIOD_SECONDS.get(row["interval__period"], 0.0)
-    yield _gauge(
+    yield GaugeMetricFamily(
         "reminders_scan_interval_seconds",
         "How often beat publishes the scan (0 when the schedule is missing or disabled)",
-        [([], seconds)],
+        value=seconds,
     )
 
 
