@@ -46,14 +46,11 @@ class ReminderPolicy:
         """Return ``is_late`` as a filter on the workshop's start."""
         return Q(**{f"{through}starts_at__lte": now + self.cutoff})
 
-    def on_time_start_q(self, now: datetime, *, through: str = "") -> Q:
-        """Return the negation of ``late_start_q``: the deadline is still ahead."""
-        return Q(**{f"{through}starts_at__gt": now + self.cutoff})
-
     def open_start_q(self, now: datetime, *, through: str = "") -> Q:
         """Return "the window is open and the deadline ahead" as a filter on the start."""
-        return self.on_time_start_q(now, through=through) & Q(
-            **{f"{through}starts_at__lte": now + self.lead}
+        return Q(
+            **{f"{through}starts_at__gt": now + self.cutoff},
+            **{f"{through}starts_at__lte": now + self.lead},
         )
 
     def late_sql(self, column: str, now_plus) -> tuple[str, list]:

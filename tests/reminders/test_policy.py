@@ -50,7 +50,7 @@ def test_lead_must_exceed_cutoff():
 
 @pytest.mark.django_db
 def test_every_form_of_the_late_rule_agrees_at_the_boundary(clock, make_workshop, enrol):
-    """is_late, late_start_q/on_time_start_q and late_sql (all on the workshop's start,
+    """is_late, late_start_q/open_start_q and late_sql/open_sql (all on the workshop's start,
     which is all a decision reads) give one answer a microsecond before, at, and a
     microsecond after the deadline."""
     from reminders.models import Reminder
@@ -75,8 +75,8 @@ def test_every_form_of_the_late_rule_agrees_at_the_boundary(clock, make_workshop
             "late_start_q": Reminder.objects.filter(
                 policy.late_start_q(now, through="workshop__")
             ).exists(),
-            "not on_time_start_q": not Reminder.objects.filter(
-                policy.on_time_start_q(now, through="workshop__")
+            "not open_start_q": not Reminder.objects.filter(
+                policy.open_start_q(now, through="workshop__")
             ).exists(),
             "late_sql": _exists_where(Workshop, *policy.late_sql("starts_at", literal)),
             "not open_sql": not _exists_where(Workshop, *policy.open_sql("starts_at", literal)),
