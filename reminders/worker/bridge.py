@@ -196,10 +196,9 @@ def _channel_values(name: str):
 
 
 def check_channel(name: str, *, clock: Clock) -> int:
-    """Build the named channel once, so a bad setting fails before any reminder is claimed.
+    """Build the named channel once, so a bad setting (``ValueError``) fails before a claim.
 
-    Raise ``ValueError`` naming the setting. Return how many calls may really be
-    in flight at once: REMINDERS_CONCURRENCY, capped by the channel's own limit.
+    Return how many calls may be in flight: REMINDERS_CONCURRENCY, capped by the channel's.
     """
     channel = channel_factory(name, clock=clock)()
     own_limit = getattr(channel, "max_concurrency", None)
@@ -228,8 +227,7 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 def delivery_limits(*, budget: float) -> DeliveryLimits:
     """Return the engine's policy from settings, bounded by what is left of the batch budget.
 
-    At the budget no new call starts, and calls in flight may finish within the
-    drain; config/timing.py derives Celery's time limits and the lease above it.
+    Celery's time limits and the lease are derived above it (config/timing.py).
     """
     bounds = settings.REMINDERS_TIME_BOUNDS
     return DeliveryLimits(

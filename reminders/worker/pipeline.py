@@ -265,9 +265,8 @@ def record_with_retry(
             counts = record(claim=claim, results=results, clock=clock)
         except BaseException as exc:
             if not isinstance(_interruption(exc), OperationalError | InterfaceError):
-                # Interrupted inside the record (a soft time limit): it rolled back, or it
-                # committed and the interruption beat the answer. Record again on a fresh
-                # connection (fenced: no change if it committed), then raise the interruption.
+                # Interrupted (a soft time limit): the record rolled back or committed unseen.
+                # Record again on a fresh connection (fenced), then raise the interruption.
                 if interrupted is not None:
                     raise
                 interrupted = exc
