@@ -9,6 +9,7 @@ the variable and what it accepts.
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -71,7 +72,6 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "django_celery_beat",
-    "ninja",
     "workshops",
     "reminders",
     "intake",
@@ -96,10 +96,14 @@ MIDDLEWARE = [
 ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
+# django-ninja's docs page and its static files, found without importing ninja: as an
+# installed app it would load pydantic into every worker process (12 MB each) for nothing.
+_NINJA_DIR = Path(importlib.util.find_spec("ninja").origin).parent
+
 TEMPLATES = [
     {
         "BACKEND": "django.template.backends.django.DjangoTemplates",
-        "DIRS": [BASE_DIR / "templates"],
+        "DIRS": [BASE_DIR / "templates", _NINJA_DIR / "templates"],
         "APP_DIRS": True,
         "OPTIONS": {
             "context_processors": [
@@ -168,6 +172,7 @@ USE_TZ = True
 
 STATIC_URL = "static/"
 STATIC_ROOT = VAR_DIR / "static"
+STATICFILES_DIRS = [_NINJA_DIR / "static"]
 # gunicorn serves the admin's static files through WhiteNoise: no separate
 # web server is needed locally or in docker compose.
 STORAGES = {

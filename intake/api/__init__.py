@@ -10,15 +10,19 @@ resource; what they share is in intake.api.common.
 
 from __future__ import annotations
 
+import json
+
 from django.conf import settings
 from django.contrib.admin.views.decorators import staff_member_required
 from django.core.exceptions import RequestDataTooBig
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db import OperationalError
 from django.http import Http404
+from django.shortcuts import render
 from ninja import NinjaAPI
 from ninja.errors import AuthenticationError, AuthorizationError, HttpError
 from ninja.errors import ValidationError as NinjaValidationError
+from ninja.openapi.docs import Swagger
 from ninja.openapi.views import openapi_json
 
 from intake import services
@@ -39,6 +43,18 @@ def _docs_behind_admin_login(view):
     return staff_member_required(view)
 
 
+class _Swagger(Swagger):
+    """Swagger UI from the served static files, not a CDN: ninja is no installed app here
+    (config.settings), and ninja would otherwise take that to mean a CDN."""
+
+    def render_page(self, request, api, **kwargs):
+        self.settings["url"] = self.get_openapi_url(api, kwargs)
+        # Bearer tokens need no CSRF token (ninja's own test: an auth with ``csrf`` set).
+        csrf = any(getattr(auth, "csrf", False) for auth in api.auth or ())
+        context = {"swagger_settings": json.dumps(self.settings), "api": api, "add_csrf": csrf}
+        return render(request, self.template, context)
+
+
 api = NinjaAPI(
     title="Workshop Reminders API",
     version="1",
@@ -49,6 +65,7 @@ api = NinjaAPI(
         "documents. Writes are all or nothing."
     ),
     openapi_url="/schema",
+    docs=_Swagger(),
     docs_url="/docs",
     docs_decorator=_docs_behind_admin_login,
     auth=TokenAuth(),

@@ -7,6 +7,7 @@ import threading
 from datetime import timedelta
 
 import pytest
+from django.contrib.staticfiles import finders
 from django.db import connection
 from django.test import Client
 
@@ -93,6 +94,10 @@ def test_the_schema_is_public_and_the_docs_need_a_staff_login(client, admin_clie
     assert client.get("/api/docs").status_code == 302
     docs = admin_client.get("/api/docs")
     assert docs.status_code == 200 and b"swagger" in docs.content.lower()
+    # Served from this site's static files, not a CDN (ninja is no installed app).
+    assert b"/static/ninja/swagger-ui-bundle.js" in docs.content
+    assert b"cdn" not in docs.content.lower()
+    assert finders.find("ninja/swagger-ui-bundle.js") is not None
 
 
 # ---- workshops ---------------------------------------------------------------------------
