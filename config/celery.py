@@ -13,8 +13,8 @@ from celery import Celery
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "config.settings")
 # Celery's Django fix-up runs the system checks as a worker starts and drops their findings;
 # their URL checks import the web's URLconf (the API's django-ninja and pydantic, the
-# webhooks' requests): about 20 MB in every worker process for nothing. ``manage.py check``
-# and the web process still run them.
+# webhooks' requests) into every worker process, which never uses them. ``manage.py check``
+# and ``migrate`` still run them.
 os.environ.setdefault("CELERY_SKIP_CHECKS", "1")
 
 app = Celery("reminders")

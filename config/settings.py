@@ -97,7 +97,7 @@ ROOT_URLCONF = "config.urls"
 WSGI_APPLICATION = "config.wsgi.application"
 
 # django-ninja's docs page and its static files, found without importing ninja: as an
-# installed app it would load pydantic into every worker process (12 MB each) for nothing.
+# installed app it would load pydantic into every worker process, which never uses it.
 _NINJA_DIR = Path(importlib.util.find_spec("ninja").origin).parent
 
 TEMPLATES = [

@@ -1,5 +1,5 @@
 """A worker process loads the send path, not the web's API libraries: django-ninja, pydantic
-and requests cost each worker process about 20 MB it never uses. ninja is no installed app,
+and requests would cost each worker process memory it never uses. ninja is no installed app,
 and the checks Celery's Django fix-up runs as a worker starts (which import the URLconf) are
 skipped (config/celery.py)."""
 
