@@ -23,7 +23,8 @@ def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | N
     if interval_model is None or task_model is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask
 
-        interval_model, task_model = IntervalSchedule, PeriodicTask
+        interval_model = interval_model or IntervalSchedule
+        task_model = task_model or PeriodicTask
     every = every or settings.REMINDERS_SCAN_INTERVAL
     same = interval_model.objects.filter(every=every, period="seconds")
     interval = same.order_by("pk").first() or same.create(every=every, period="seconds")

@@ -63,6 +63,7 @@ def enrollments_cancel(
         .order_by("pk")
         .select_for_update(no_key=True),
         enrollment_cancel,
+        noun="enrollment",
         affected=Q(status__in=Reminder.OPEN_STATUSES),
         changed=Q(status=Reminder.Status.CANCELLED),
         reason=reason,

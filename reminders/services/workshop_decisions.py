@@ -203,6 +203,7 @@ def workshops_cancel(
         _locked(workshops, Workshop.Status.SCHEDULED),
         # The attendees already reminded hear of it with this reason (a change notice).
         partial(workshop_cancel, reason=clean_reason(reason)),
+        noun="workshop",
         affected=Q(status__in=Reminder.OPEN_STATUSES),
         changed=Q(status=Status.CANCELLED),
         reason=reason,
@@ -223,6 +224,7 @@ def workshops_reinstate(
         lambda clock: workshop_reinstate_preview(workshops=workshops, clock=clock),
         _locked(workshops, Workshop.Status.CANCELLED),
         workshop_reinstate,
+        noun="workshop",
         affected=Q(status=Status.CANCELLED),
         changed=~Q(status=Status.CANCELLED),
         reason=reason,
@@ -249,6 +251,7 @@ def decide(
     locked: QuerySet,
     change: Callable[..., Any],
     *,
+    noun: str,
     affected: Q,
     changed: Q,
     reason: str,
@@ -258,11 +261,11 @@ def decide(
     """Count, lock the ``locked`` rows, ``change`` each, and record the decision, in one transaction.
 
     A row counts as changed if it left the status it was locked in. The reminders recorded are
-    the rows' reminders matching ``affected`` before and ``changed`` after.
+    the rows' reminders matching ``affected`` before and ``changed`` after. ``noun`` names the
+    rows (``workshop`` or ``enrollment``): the reminder's field, ``change``'s argument, the audit's.
     """
     reason = clean_reason(reason)
     clock = clock or default_clock()
-    noun = locked.model._meta.model_name  # workshop or enrollment
     with transaction.atomic(durable=True):
         counted = preview(clock)
         targets = list(locked)
