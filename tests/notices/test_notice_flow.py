@@ -8,6 +8,7 @@ from datetime import timedelta
 
 import icalendar
 import pytest
+from django.db.models import Count
 
 from reminders.models import Notice, Reminder, WorkshopRevision
 from reminders.worker import pipeline
@@ -411,3 +412,55 @@ def test_a_redelivered_batch_sends_no_second_notice(
     assert deliver_notices(batch, clock=clock) == {"notices_sent": 3}
     assert deliver_notices(batch, clock=clock) == {}  # the broker delivered it twice
     assert len(mail.messages) == 6
+
+
+def test_a_soft_time_limit_mid_notice_batch_records_what_is_known(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, monkeypatch
+):
+    """As a reminder batch's (C5): the soft limit lands while a chunk of notices is in
+    flight. Those calls drain and are recorded sent with the chunk before; what was never
+    claimed stays pending, none is left ``sending``, and the interruption is what the batch
+    raises."""
+    import os
+    import signal
+    import threading
+
+    from billiard.exceptions import SoftTimeLimitExceeded
+
+    from reminders.worker import bridge
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    settings.REMINDERS_SMTP_CONNECTIONS = 2  # chunks of 2
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=8)
+    run()
+    reminded = len(mail.received())
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # the revision
+    pipeline.scan(clock=clock)  # its notices published
+    [batch] = notices_published
+    mail.data_delay = 1.0  # each chunk's calls stay in flight for a second
+    deliver = bridge.deliver_envelopes
+    chunks = []
+
+    def deliver_and_interrupt_the_second_chunk(*args, **kwargs):
+        chunks.append(1)
+        if len(chunks) == 2:
+            # As Celery's pool does: SIGUSR1, whose handler raises in the waiting thread.
+            fire = threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGUSR1))
+            fire.start()
+        return deliver(*args, **kwargs)
+
+    def raise_soft_limit(signum, frame):
+        raise SoftTimeLimitExceeded()
+
+    monkeypatch.setattr(bridge, "deliver_envelopes", deliver_and_interrupt_the_second_chunk)
+    previous = signal.signal(signal.SIGUSR1, raise_soft_limit)
+    try:
+        with pytest.raises(SoftTimeLimitExceeded):
+            deliver_notices(batch, clock=clock)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    statuses = dict(Notice.objects.values_list("status").annotate(n=Count("pk")))
+    assert statuses == {"sent": 4, "pending": 4}
+    assert len(mail.received()) - reminded == 4
