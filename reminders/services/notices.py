@@ -393,17 +393,19 @@ def notice_claim(
     ids: list[int],
     channel: str,
     clock: Clock | None = None,
+    token: uuid.UUID | None = None,
 ) -> NoticeClaim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
     One guarded UPDATE judges, by the database's clock: pending, past any retry time, workshop
     not started, notice still true (``_live_now``), attendee not erased; of two claimers one
     wins. Notices of a started workshop become missed; texts are frozen at the first claim.
+    ``token`` (new by default) lets a caller release a claim interrupted before it returned.
     """
     clock = clock or default_clock()
     host_now = clock.now()
     now = database_now(clock)
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     lease = timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
     taken = [
         pk
@@ -439,6 +441,24 @@ def notice_claim(
     _freeze_texts([notice for notice in notices if notice.text_id is None])
     send_by = {n.pk: host_now + (n.workshop.starts_at - now) for n in notices}
     return NoticeClaim(token=token, channel=channel, notices=notices, send_by=send_by)
+
+
+def notice_release_interrupted(*, token: uuid.UUID, ids: list[int], clock: Clock | None = None):
+    """Hand back what a claim of ``ids`` interrupted before it returned holds under ``token``.
+
+    Its statement may still commit after the caller reconnected: the rows are locked whoever
+    holds them, which waits for it. No call was made: the attempt is refunded. Return how many.
+    """
+    now = (clock or default_clock()).now()
+    with transaction.atomic():
+        list(Notice.objects.filter(pk__in=ids).order_by("pk").select_for_update(no_key=True))
+        return Notice.objects.filter(pk__in=ids, claim_token=token, status=Status.SENDING).update(
+            status=Status.PENDING,
+            claim_token=None,
+            lease_expires_at=None,
+            attempts=F("attempts") - 1,
+            updated_at=now,
+        )
 
 
 def _freeze_texts(notices: list[Notice]) -> None:

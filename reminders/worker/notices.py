@@ -7,15 +7,24 @@ notice goes to a cancelled workshop.
 from __future__ import annotations
 
 import logging
+import uuid
 from collections import Counter
 
 from django.conf import settings
+from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
 from reminders.content import notice_envelope
-from reminders.services.notices import notice_claim, notice_record
+from reminders.services.notices import notice_claim, notice_record, notice_release_interrupted
 from reminders.worker import bridge
-from reminders.worker.pipeline import build_envelopes, record_with_retry, send_envelopes
+from reminders.worker.pipeline import (
+    build_envelopes,
+    fresh_connection,
+    interruption,
+    raise_interruption,
+    record_with_retry,
+    send_envelopes,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -44,9 +53,14 @@ def deliver_notices(
             if remaining < 1 or (stop is not None and stop.is_set()):
                 counts["notices_deferred"] += len(ids) - offset
                 break
-            claim = notice_claim(
-                ids=ids[offset : offset + chunk_size], channel=channel, clock=clock
-            )
+            chunk, token = ids[offset : offset + chunk_size], uuid.uuid4()
+            try:
+                claim = notice_claim(ids=chunk, channel=channel, clock=clock, token=token)
+            except BaseException as exc:
+                if not isinstance(interruption(exc), OperationalError | InterfaceError):
+                    # A soft time limit, perhaps after the claim committed: hand it back.
+                    _release(exc, token=token, chunk=chunk, clock=clock)
+                raise_interruption(exc)
             if not claim.notices:
                 continue
             envelopes, results = build_envelopes(
@@ -71,3 +85,21 @@ def deliver_notices(
             )
     logger.info("Notices %s: %s", worker or "batch", dict(counts))
     return dict(counts)
+
+
+def _release(exc: BaseException, *, token: uuid.UUID, chunk: list[int], clock: Clock) -> None:
+    """Hand back what ``token`` holds after its claim was interrupted, perhaps once committed;
+    the rest of the batch stays pending for the next scan. Without the database, the lease
+    decides."""
+    fresh_connection()
+    try:
+        released = notice_release_interrupted(token=token, ids=chunk, clock=clock)
+    except Error as error:
+        connection.close()
+        logger.warning("An interrupted notice claim could not be released (%s)", error)
+        return
+    logger.warning(
+        "A notice claim ended by %s: %s notices handed back",
+        type(interruption(exc)).__name__,
+        released,
+    )

@@ -207,7 +207,7 @@ def deliver(
                     ids=chunk, channel=channel, worker=worker, clock=clock, token=token
                 )
             except BaseException as exc:
-                if isinstance(_interruption(exc), OperationalError | InterfaceError):
+                if isinstance(interruption(exc), OperationalError | InterfaceError):
                     # Nothing later is claimed, and this chunk's claim may have committed
                     # as the connection went: the retry releases it, then delivers them all.
                     connection.close()
@@ -216,7 +216,7 @@ def deliver(
                 _claim_interrupted(
                     exc, token=token, channel=channel, chunk=chunk, rest=ids[offset:], clock=clock
                 )
-                _raise_interruption(exc)
+                raise_interruption(exc)
             counts["skipped"] += len(chunk) - len(claim.reminders)
             if not claim.reminders:
                 continue
@@ -264,13 +264,13 @@ def record_with_retry(
         try:
             counts = record(claim=claim, results=results, clock=clock)
         except BaseException as exc:
-            if not isinstance(_interruption(exc), OperationalError | InterfaceError):
+            if not isinstance(interruption(exc), OperationalError | InterfaceError):
                 # Interrupted (a soft time limit): the record rolled back or committed unseen.
                 # Record again on a fresh connection (fenced), then raise the interruption.
                 if interrupted is not None:
                     raise
                 interrupted = exc
-                _fresh_connection()
+                fresh_connection()
                 continue
             connection.close()
             if clock.monotonic() + delay > give_up_at:
@@ -281,7 +281,7 @@ def record_with_retry(
             delay = min(delay * 2, 5.0)
         else:
             if interrupted is not None:
-                _raise_interruption(interrupted)
+                raise_interruption(interrupted)
             return counts
 
 
@@ -301,9 +301,9 @@ def _send(claim, *, clock: Clock, **options) -> list[DeliveryResult]:
     except BaseException as exc:
         # No provider was called: hand the chunk back. An interruption may have
         # landed inside a query, so the release starts on a fresh connection.
-        _fresh_connection()
+        fresh_connection()
         reminder_release(claim=claim, clock=clock)
-        _raise_interruption(exc)
+        raise_interruption(exc)
     # From here on a provider may be called: never release, the lease decides.
     return send_envelopes(claim, envelopes, results, clock=clock, watch=watch, **options)
 
@@ -319,7 +319,7 @@ def send_envelopes(
         return results + bridge.deliver_envelopes(envelopes, clock=clock, **options)
     except Interrupted as exc:
         # It may have landed in the claim watch's query: record on a fresh connection.
-        _fresh_connection()
+        fresh_connection()
         record_with_retry(claim=claim, results=results + exc.results, clock=clock, record=record)
         raise exc.cause from None
 
@@ -343,13 +343,13 @@ def build_envelopes(rows, build) -> tuple[list, list[DeliveryResult]]:
     return envelopes, results
 
 
-def _fresh_connection() -> None:
+def fresh_connection() -> None:
     """Drop the connection (outside a transaction) so the next query opens a clean one."""
     if not connection.in_atomic_block:
         connection.close()
 
 
-def _interruption(exc: BaseException) -> BaseException:
+def interruption(exc: BaseException) -> BaseException:
     """Return the first non-database error in ``exc``'s chain, else ``exc``.
 
     A soft time limit during COMMIT makes Django's clean-up raise a ProgrammingError, which,
@@ -363,12 +363,12 @@ def _interruption(exc: BaseException) -> BaseException:
     return seen
 
 
-def _raise_interruption(exc: BaseException) -> NoReturn:
-    """Raise what interrupted the database call that raised ``exc`` (``_interruption``)."""
-    interruption = _interruption(exc)
-    if interruption is exc:
+def raise_interruption(exc: BaseException) -> NoReturn:
+    """Raise what interrupted the database call that raised ``exc`` (``interruption``)."""
+    cause = interruption(exc)
+    if cause is exc:
         raise exc
-    raise interruption from None
+    raise cause from None
 
 
 def _claim_interrupted(
@@ -385,8 +385,8 @@ def _claim_interrupted(
     ``rest``, the rest of the batch, is due at the next scan. Without the database, the lease
     and the scan decide.
     """
-    _fresh_connection()
-    cause = type(_interruption(exc)).__name__
+    fresh_connection()
+    cause = type(interruption(exc)).__name__
     try:
         released = reminder_release_interrupted(
             token=token, channel=channel, ids=chunk, clock=clock

@@ -464,3 +464,46 @@ def test_a_soft_time_limit_mid_notice_batch_records_what_is_known(
     statuses = dict(Notice.objects.values_list("status").annotate(n=Count("pk")))
     assert statuses == {"sent": 4, "pending": 4}
     assert len(mail.received()) - reminded == 4
+
+
+@pytest.mark.parametrize("committed", [True, False], ids=["after_commit", "before_commit"])
+def test_a_soft_time_limit_inside_a_notice_claim_leaves_nothing_claimed(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, committed
+):
+    """The limit lands in the claim's statement: after the server ran it (and so committed
+    it), the connection busy again, or before it went out. The claimed notices are handed
+    back with their attempt refunded, the interruption is what the batch raises, and the
+    next batch on the same connection sends every notice once."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+    from django.db import connection
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    settings.REMINDERS_SMTP_CONNECTIONS = 2  # chunks of 2
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=4)
+    run()
+    reminded = len(mail.received())
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # the revision
+    pipeline.scan(clock=clock)  # its notices published
+    [batch] = notices_published
+    seen = []
+
+    def interrupt_the_claim(execute, sql, params, many, context):
+        if seen or not sql.startswith('UPDATE "reminders_notice" SET "status"'):
+            return execute(sql, params, many, context)
+        seen.append(sql)
+        if committed:
+            execute(sql, params, many, context)
+            context["connection"].connection.pgconn.send_query(b"SELECT pg_sleep(0.2)")
+        raise SoftTimeLimitExceeded()
+
+    with connection.execute_wrapper(interrupt_the_claim):
+        with pytest.raises(SoftTimeLimitExceeded):
+            deliver_notices(batch, clock=clock)
+    assert len(seen) == 1
+    rows = set(Notice.objects.values_list("status", "attempts", "claim_token"))
+    assert rows == {("pending", 0, None)}
+    assert len(mail.received()) == reminded
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 4}
+    assert len(mail.received()) == reminded + 4

@@ -267,8 +267,8 @@ def test_what_interrupted_a_database_call_is_found_behind_the_errors_it_caused(d
     driver = getattr(psycopg, django_error)("another command is already in progress")
     driver.__context__ = interruption
     caused = _chain(getattr(django.db, django_error)("from the driver"), driver)
-    assert pipeline._interruption(caused) is interruption
+    assert pipeline.interruption(caused) is interruption
     # A database error with nothing behind it is the database's, not an interruption.
     alone = _chain(getattr(django.db, django_error)("lost"), getattr(psycopg, django_error)("x"))
-    assert pipeline._interruption(alone) is alone
-    assert pipeline._interruption(interruption) is interruption
+    assert pipeline.interruption(alone) is alone
+    assert pipeline.interruption(interruption) is interruption
