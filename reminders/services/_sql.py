@@ -114,14 +114,16 @@ def one_of(connection, column: str, values: list, kind: str = "bigint") -> tuple
 def rows_cte(connection, name: str, columns: dict[str, str], rows: list[tuple]) -> tuple[str, list]:
     """Return ``(sql, params)`` for the CTE ``name (columns...) AS (...)`` holding ``rows``.
 
-    ``columns`` maps each column's name to its PostgreSQL type.
+    ``columns`` maps each column's name to its PostgreSQL type. ``rows`` may be empty only on
+    PostgreSQL.
     """
     names = ", ".join(columns)
     if connection.vendor == "postgresql":
         arrays = ", ".join(f"%s::{kind}[]" for kind in columns.values())
+        values = list(zip(*rows, strict=True)) or [()] * len(columns)
         params = [
             array_literal(column, kind)
-            for column, kind in zip(zip(*rows, strict=True), columns.values(), strict=True)
+            for column, kind in zip(values, columns.values(), strict=True)
         ]
         return f"{name} ({names}) AS (SELECT * FROM unnest({arrays}))", params
     return (

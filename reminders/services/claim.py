@@ -12,7 +12,7 @@ from django.db import connection, transaction
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, reminder_language
-from reminders.models import DeliveryAttempt, MessageText, Reminder
+from reminders.models import DeliveryAttempt, MessageText, Reminder, Suppression
 from reminders.policy import ReminderPolicy
 from reminders.services import reasons
 from reminders.services._sql import (
@@ -24,6 +24,7 @@ from reminders.services._sql import (
     rows_cte,
 )
 from reminders.services.fate import lock_in_id_order, refusal_sql
+from reminders.services.feedback import suppressions_refusing
 from workshops.models import Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
@@ -49,6 +50,8 @@ class Claim:
     # Per reminder, the instant on this host's clock after which no call may start (its
     # deadline by the database's clock at the claim).
     send_by: dict[int, datetime] = field(default_factory=dict)
+    # Why no call is made, per reminder whose address was suppressed when it was claimed.
+    refusals: dict[int, str] = field(default_factory=dict)
 
     @property
     def ids(self) -> list[int]:
@@ -63,6 +66,7 @@ def reminder_claim_batch(
     lease_seconds: int | None = None,
     clock: Clock | None = None,
     token: uuid.UUID | None = None,
+    addresses: dict[int, tuple[str, str]] | None = None,
 ) -> Claim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
@@ -73,6 +77,8 @@ def reminder_claim_batch(
     ``cancelled``. Claim, lease, frozen texts and attempts commit before any provider call.
 
     ``token`` (new by default) lets a caller release a claim interrupted before it returned.
+    ``addresses`` (``feedback.suppression_addresses``, read as the batch began) lets PostgreSQL's
+    statement read their suppressions too; a row whose address changed since is looked up apart.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -81,6 +87,7 @@ def reminder_claim_batch(
     token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
+    refusals: dict[int, str | None] = {}
     # When the statement decided, by the database's clock.
     decided_at = now
     read_at = clock.monotonic()
@@ -91,7 +98,7 @@ def reminder_claim_batch(
     # (reminders.worker.pipeline) or reaped; nothing was sent. SQLite's steps commit together.
     with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
         if together and ids:
-            claimed, numbers, stamped = _claim_read_postgres(
+            claimed, numbers, stamped, refusals = _claim_read_postgres(
                 cursor,
                 ids=ids,
                 token=token,
@@ -99,6 +106,7 @@ def reminder_claim_batch(
                 channel=channel,
                 now=statement_now,
                 worker=worker,
+                addresses=addresses or {},
             )
             taken = set(numbers)
             if statement_now.database and stamped is not None:
@@ -123,6 +131,8 @@ def reminder_claim_batch(
             # between the statements): the newer claim sends them.
             claimed = [reminder for reminder in claimed if reminder.pk not in lost]
             numbers = {pk: number for pk, number in numbers.items() if pk not in lost}
+        if unchecked := [reminder for reminder in claimed if reminder.pk not in refusals]:
+            refusals.update(suppressions_refusing(unchecked))
     # Deadlines on this host's clock: the time the database said was left, counted from this host's
     # reading before the statement, so never later than the database's deadline whatever the skew.
     policy = ReminderPolicy.from_settings()
@@ -138,6 +148,7 @@ def reminder_claim_batch(
         attempt_numbers=numbers,
         read_at=read_at,
         send_by=send_by,
+        refusals={pk: refusal for pk, refusal in refusals.items() if refusal is not None},
     )
 
 
@@ -199,11 +210,12 @@ def _claim_rows(cursor, *, ids, token, lease, channel: str, now: StatementNow) -
 
 
 def _claim_read_postgres(
-    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str
-) -> tuple[list[Reminder], dict[int, int], datetime | None]:
+    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str, addresses
+) -> tuple[list[Reminder], dict[int, int], datetime | None, dict[int, str | None]]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
-    Return the claimed reminders in send order, their attempt numbers and the database's clock.
+    Return the claimed reminders in send order, their attempt numbers, the database's clock,
+    and, for each whose address is still that of ``addresses``, its suppression (None: none).
     """
     # Lock the open rows in id order first, as every writer does (a staff settle): an UPDATE
     # alone locks in its plan's order, and two orders over the same rows deadlock.
@@ -219,26 +231,45 @@ def _claim_read_postgres(
     )
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
     attempts, attempt_params = _attempt_insert(source="taken", worker=worker)
+    # The live suppression of each row's address as the batch began, found by its key.
+    keyed, keyed_params = rows_cte(
+        connection,
+        "keyed",
+        {"id": "bigint", "key": "text"},
+        [(pk, addresses[pk][1]) for pk in ids if pk in addresses],
+    )
+    suppressed = (
+        "(SELECT s.{} FROM " + connection.ops.quote_name(Suppression._meta.db_table) + " s "
+        "JOIN keyed ON keyed.key = s.address_key WHERE keyed.id = r.id AND s.lifted_at IS NULL)"
+    )
     rows = _CLAIMED.read_with(
         cursor,
         prefix=(
             f"WITH locked AS MATERIALIZED ({lock}), "
             f"taken AS ({update} RETURNING {reminder}.*), "
-            f"opened AS ({attempts} RETURNING reminder_id, number) "
+            f"opened AS ({attempts} RETURNING reminder_id, number), {keyed} "
         ),
         source="taken",
         extra=(
             "(SELECT number FROM opened WHERE opened.reminder_id = r.id)",
             "STATEMENT_TIMESTAMP()",
+            suppressed.format("cause"),
+            suppressed.format("caused_at"),
         ),
         order="j1.starts_at, r.id",
-        params=[*lock_params, *params, *attempt_params],
+        params=[*lock_params, *params, *attempt_params, *keyed_params],
     )
     stamped = rows[0][1][1] if rows else None
+    refusals = {
+        base.pk: Suppression(cause=cause, caused_at=caused_at).refusal if cause else None
+        for base, (_, _, cause, caused_at) in rows
+        if base.pk in addresses and addresses[base.pk][0] == base.attendee.email
+    }
     return (
         [base for base, _ in rows],
-        {base.pk: number for base, (number, _) in rows},
+        {base.pk: number for base, (number, *_) in rows},
         stamped,
+        refusals,
     )
 
 

@@ -210,13 +210,24 @@ def _soft_bounces_in_a_row(attendee_id: int) -> int:
     return count
 
 
-def suppressions_refusing(emails: list[str]) -> dict[str, str]:
-    """Return, for each of ``emails`` whose address is suppressed now, why no call is made."""
-    keys = {address_key(email): email for email in emails}
-    live = Suppression.objects.filter(address_key__in=keys, lifted_at__isnull=True)
-    return {
+def suppressions_refusing(rows) -> dict[int, str]:
+    """Return, for each of ``rows`` (attendee loaded) whose address is suppressed now, why no
+    call is made."""
+    keys = {address_key(row.attendee.email): row.attendee.email for row in rows}
+    live = Suppression.objects.filter(address_key__in=keys, lifted_at__isnull=True).order_by()
+    by_email = {
         keys[row.address_key]: row.refusal for row in live.only("address_key", "cause", "caused_at")
     }
+    return {row.pk: by_email[row.attendee.email] for row in rows if row.attendee.email in by_email}
+
+
+def suppression_addresses(ids: list[int]) -> dict[int, tuple[str, str]]:
+    """Return each reminder's address and its ``address_key``, by id: one statement a batch.
+
+    Each chunk's claim then reads their suppressions in its own statement (services.claim).
+    """
+    rows = Reminder.objects.filter(pk__in=ids).values_list("pk", "attendee__email")
+    return {pk: (email, address_key(email)) for pk, email in rows}
 
 
 # django-anymail's normalized event types this project keeps, as (kind, bounce).

@@ -15,6 +15,7 @@ from django.db import Error, InterfaceError, OperationalError, connection
 
 from clock import Clock, default_clock
 from reminders.content import notice_envelope
+from reminders.services.feedback import suppressions_refusing
 from reminders.services.notices import notice_claim, notice_record, notice_release_interrupted
 from reminders.worker import bridge
 from reminders.worker.pipeline import (
@@ -68,6 +69,7 @@ def deliver_notices(
                 lambda notice, send_by=claim.send_by: notice_envelope(
                     notice=notice, send_by=send_by[notice.pk]
                 ),
+                suppressions_refusing(claim.notices),
             )
             results = send_envelopes(
                 claim,

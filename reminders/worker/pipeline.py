@@ -35,7 +35,7 @@ from reminders.services import (
     replays_resume,
     scan_completed,
 )
-from reminders.services.feedback import delivery_events_prune, suppressions_refusing
+from reminders.services.feedback import delivery_events_prune, suppression_addresses
 from reminders.services.notices import (
     notices_dispatch,
     notices_plan,
@@ -187,6 +187,8 @@ def deliver(
             )
     # A chunk is what can really be in flight at once.
     chunk_size = bridge.check_channel(channel, clock=clock)
+    # Read once, so each chunk's claim checks suppressions in its own statement.
+    addresses = suppression_addresses(ids) if len(ids) > chunk_size else None
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()
@@ -204,7 +206,12 @@ def deliver(
             token = uuid.uuid4()
             try:
                 claim = reminder_claim_batch(
-                    ids=chunk, channel=channel, worker=worker, clock=clock, token=token
+                    ids=chunk,
+                    channel=channel,
+                    worker=worker,
+                    clock=clock,
+                    token=token,
+                    addresses=addresses,
                 )
             except BaseException as exc:
                 if isinstance(interruption(exc), OperationalError | InterfaceError):
@@ -293,6 +300,7 @@ def _send(claim, *, clock: Clock, **options) -> list[DeliveryResult]:
             lambda reminder: reminder_envelope(
                 reminder=reminder, send_by=claim.send_by.get(reminder.pk)
             ),
+            claim.refusals,
         )
         watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
         # The claim's read is the first snapshot; deliver_envelopes reads again
@@ -324,16 +332,16 @@ def send_envelopes(
         raise exc.cause from None
 
 
-def build_envelopes(rows, build) -> tuple[list, list[DeliveryResult]]:
+def build_envelopes(rows, build, refusals: dict[int, str]) -> tuple[list, list[DeliveryResult]]:
     """Render claimed rows (reminders or notices) with ``build``; return envelopes and results.
 
-    The results are of rows that get no call: a bounced or complained address is refused
-    saying why, and bad data fails its row permanently with the reason, never the batch.
+    The results are of rows that get no call: a row of ``refusals`` (a bounced or complained
+    address) is refused saying why, and bad data fails its row permanently with the reason,
+    never the batch.
     """
     envelopes, results = [], []
-    refusals = suppressions_refusing([row.attendee.email for row in rows])
     for row in rows:
-        if (refusal := refusals.get(row.attendee.email)) is not None:
+        if (refusal := refusals.get(row.pk)) is not None:
             results.append(_not_sent(row.pk, row.key, refusal))
             continue
         try:

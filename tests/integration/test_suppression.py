@@ -19,6 +19,7 @@ from clock import SystemClock
 from loopback.http_sink import HttpSink
 from reminders.models import Reminder, StaffDecision, Suppression
 from reminders.services.erasure import attendees_erase
+from reminders.services.feedback import address_key
 from reminders.worker import pipeline
 from tests.admin.conftest import post_action
 from workshops.models import Attendee
@@ -120,6 +121,54 @@ def test_a_hard_bounce_stops_the_next_reminder_to_that_address_before_any_call(
     )
     assert suppression.address == "ada@example.org" and suppression.cause == "bounced"
     assert Reminder.objects.get(key=second[bob.pk]).status == "sent"
+
+
+def test_each_chunk_reads_suppressions_as_it_claims_even_after_an_address_changes(
+    provider, published, live_clock, workshops_for, monkeypatch, settings
+):
+    """A batch reads its addresses once; each chunk's claim reads their suppressions in its
+    own statement. Between the chunks, Gus's address is suppressed and Hal's changes to one
+    suppressed before the batch began: neither gets a call."""
+    settings.REMINDERS_CONCURRENCY = 2
+    suppress("ida@example.org")  # an address no attendee holds yet
+    people = _people("ann", "ben", "gus", "hal")
+    keys = workshops_for(*people)
+    published.clear()
+    pipeline.scan(clock=live_clock)
+    (batch,) = published
+    by_id = dict(Reminder.objects.values_list("pk", "attendee_id"))
+    second = [by_id[pk] for pk in batch[2:]]
+    gus, hal = (Attendee.objects.get(pk=pk) for pk in second)
+    claim = pipeline.reminder_claim_batch
+    claims = []
+
+    def between_the_chunks(**kwargs):
+        claims.append(kwargs["ids"])
+        if len(claims) == 2:
+            suppress(gus.email)
+            Attendee.objects.filter(pk=hal.pk).update(email="ida@example.org")
+        return claim(**kwargs)
+
+    monkeypatch.setattr(pipeline, "reminder_claim_batch", between_the_chunks)
+    pipeline.deliver(batch, clock=live_clock)
+
+    assert claims == [batch[:2], batch[2:]]
+    called = {request.key for request in provider.requests}
+    assert called == {keys[pk] for pk in keys if pk not in second}
+    for attendee in (gus, hal):
+        refused = Reminder.objects.get(key=keys[attendee.pk])
+        assert (refused.status, refused.last_error[:19]) == ("failed", "suppressed: bounced")
+
+
+def suppress(email: str) -> None:
+    now = SystemClock().now()
+    Suppression.objects.create(
+        address_key=address_key(email),
+        address=email,
+        cause="bounced",
+        caused_at=now,
+        created_at=now,
+    )
 
 
 def test_a_complaint_suppresses_and_soft_bounces_only_in_a_run(
