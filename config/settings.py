@@ -446,6 +446,9 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = False
 # Take one message at a time, so a busy worker does not hoard batches that an
 # idle one could run before their deadline.
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Celery's Django fix-up closes the database connection after every this many tasks; the
+# worker's task_prerun hook (reminders.worker.hooks) applies CONN_MAX_AGE instead.
+CELERY_DB_REUSE_MAX = 1_000_000
 # Time limits sit above the batch's longest run: the engine stops itself at the
 # budget with partial results; the soft limit is the safety net (it stops the
 # batch like a warm shutdown and records what is known) and the hard limit the

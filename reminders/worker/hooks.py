@@ -6,6 +6,7 @@ Each handler imports what it needs when it runs, so loading the Celery app loads
 from __future__ import annotations
 
 from celery.signals import (
+    task_prerun,
     worker_init,
     worker_process_shutdown,
     worker_ready,
@@ -44,6 +45,20 @@ def warm_send_path() -> None:
     content.warm_up()
     gc.collect()
     gc.freeze()
+
+
+@task_prerun.connect
+def reuse_database_connection(sender=None, **kwargs) -> None:
+    """Keep a pool process's database session from task to task, as Django keeps a web
+    process's: closed once broken or older than CONN_MAX_AGE, health-checked before reuse.
+
+    Celery's fix-up would close it around every task (CELERY_DB_REUSE_MAX in settings stops
+    that): a new session, with its ``lock_timeout``, for every batch.
+    """
+    from django.db import close_old_connections
+
+    if not getattr(getattr(sender, "request", None), "is_eager", False):
+        close_old_connections()
 
 
 @worker_ready.connect

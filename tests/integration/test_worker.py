@@ -2,9 +2,12 @@
 
 import pytest
 import redis
+from django.db import connection
 
+from clock import SystemClock
 from config.celery import app
 from reminders.models import Reminder
+from reminders.services import reminders_plan
 from tests.support.processes import celery_worker, process_env
 from tests.support.seeding import unplanned_workshop
 
@@ -28,3 +31,35 @@ def test_worker_process_runs_the_scan_it_was_sent(redis_url, smtp_sink):
     # Counted at a server that records every message (files would overwrite by key).
     recipients = sorted(r for m in smtp_sink.received() for r in m.rcpt_tos)
     assert recipients == [f"p{i}@example.com" for i in range(3)]
+
+
+def test_a_pool_process_keeps_its_database_session_from_batch_to_batch(redis_url, smtp_sink):
+    """Two batches, one after the other, run in the same PostgreSQL session: Celery's fix-up
+    no longer closes it after each task (the worker's hook applies CONN_MAX_AGE instead)."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a session is a PostgreSQL backend here")
+    redis.Redis.from_url(redis_url).flushdb()
+    unplanned_workshop("Kept session", attendees=2)
+    reminders_plan(clock=SystemClock())
+    env = process_env(
+        REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
+    )
+    sessions = []
+    with celery_worker(env) as worker:
+        for pk in Reminder.objects.order_by("pk").values_list("pk", flat=True):
+            task = app.send_task("reminders.deliver_batch", args=[[pk]])
+            # Logged by the main process once the pool process has run task_postrun.
+            worker.wait_for_line(f"{task.id}] succeeded")
+            sessions.append(_other_sessions())
+    assert Reminder.objects.filter(status="sent").count() == 2
+    assert len(sessions[0]) == 1 and sessions[0] == sessions[1], sessions
+
+
+def _other_sessions() -> set[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, backend_start FROM pg_stat_activity "
+            "WHERE datname = current_database() AND pid <> pg_backend_pid() "
+            "AND backend_type = 'client backend'"
+        )
+        return set(cursor.fetchall())
