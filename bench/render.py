@@ -75,9 +75,10 @@ for i in range(count):
     attendee = Attendee(pk=i + 1, **person)
     reminder = Reminder(pk=i + 1, key=f"bench-w1-a{i + 1}", created_at=start, **stored)
     reminder.workshop, reminder.attendee = workshop, attendee
-    if hasattr(content, "choose_text"):  # the text the claim froze
-        reminder.text = content.choose_text(workshop=workshop, attendee=attendee, texts={})
-        reminder.text.pk = 1
+    if hasattr(content, "choose_text"):  # the text the claim froze (pk first: text_id is set)
+        text = content.choose_text(workshop=workshop, attendee=attendee, texts={})
+        text.pk = 1
+        reminder.text = text
     rows.append(reminder)
 for reminder in rows:
     content.reminder_envelope(reminder=reminder)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import html
 import json
 import re
 from dataclasses import dataclass
@@ -18,7 +19,6 @@ from zoneinfo import ZoneInfo
 from django.conf import settings
 from django.utils import translation
 from django.utils.dates import MONTHS, WEEKDAYS
-from django.utils.html import escape
 from django.utils.translation import gettext, gettext_noop, pgettext
 
 from delivery.addresses import address_problem
@@ -122,7 +122,7 @@ def _words(language: str) -> _Words:
             default_subject=gettext(DEFAULT_SUBJECT),
             default_intro=gettext(DEFAULT_INTRO),
             labels=labels,
-            html_labels={name: escape(text) for name, text in labels.items()},
+            html_labels={name: _escape(text) for name, text in labels.items()},
             notice=notice,
             elsewhere=gettext(ELSEWHERE),
             held_in=gettext("Held in {zone}."),
@@ -324,20 +324,25 @@ def _fact_lines(values: dict[str, str], label: dict, elsewhere: str = "") -> lis
     return lines
 
 
+def _escape(value) -> str:
+    """Return ``value`` HTML-escaped, as Django's ``escape`` does without its lazy wrapper."""
+    return html.escape(str(value))
+
+
 def _bdi(value: str) -> str:
     """Escape and isolate a value, so a right-to-left name cannot reorder its line."""
-    return f"<bdi>{escape(value)}</bdi>"
+    return f"<bdi>{_escape(value)}</bdi>"
 
 
 def _link(url: str) -> str:
-    url = escape(url)
+    url = _escape(url)
     return f'<a href="{url}" style="color: #1a5fb4">{url}</a>'
 
 
 def _html(language: str, paragraphs: str) -> str:
     return (
         "<!doctype html>\n"
-        f'<html lang="{escape(language)}">\n'
+        f'<html lang="{_escape(language)}">\n'
         '<body style="font-family: sans-serif; line-height: 1.5">\n'
         f"{paragraphs}"
         "</body>\n"
@@ -348,7 +353,7 @@ def _html(language: str, paragraphs: str) -> str:
 def _organiser_line(values: dict[str, str], *, html: bool) -> str:
     name, email = values["organiser"], values["organiser_email"]
     if html:
-        name, email = (_bdi(name) if name else ""), escape(email)
+        name, email = (_bdi(name) if name else ""), _escape(email)
     if name and email:
         return f"{name} &lt;{email}&gt;" if html else f"{name} <{email}>"
     return name or email
@@ -372,9 +377,9 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     """Return a reminder's HTML part: inline styles only, everything escaped, names in <bdi>."""
     label = words.html_labels
     details = [
-        f"<strong>{label['when']}</strong> {escape(values['start_local'])} "
-        f"({escape(values['zone'])}){escape(elsewhere)}",
-        f"<strong>{label['until']}</strong> {escape(values['end_local'])}",
+        f"<strong>{label['when']}</strong> {_escape(values['start_local'])} "
+        f"({_escape(values['zone'])}){_escape(elsewhere)}",
+        f"<strong>{label['until']}</strong> {_escape(values['end_local'])}",
     ]
     if values["location"]:
         details.append(f"<strong>{label['where']}</strong> {_bdi(values['location'])}")
@@ -383,7 +388,7 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     if values["organiser"] or values["organiser_email"]:
         who = _organiser_line(values, html=True)
         details.append(f"<strong>{label['organiser']}</strong> {who} ({label['reply']})")
-    intro = fill(text.intro, values, literal=escape, value=_bdi)
+    intro = fill(text.intro, values, literal=_escape, value=_bdi)
     paragraphs = [part for part in re.split(r"\n\s*\n", intro) if part.strip()]
     intro = "\n".join(f"<p>{paragraph.replace(chr(10), '<br>')}</p>" for paragraph in paragraphs)
     attendance = ""
@@ -562,7 +567,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         html_body=_html(
             text.language,
             "".join(
-                f"<p>{escape(part).replace(chr(10), '<br>')}</p>\n"
+                f"<p>{_escape(part).replace(chr(10), '<br>')}</p>\n"
                 for part in paragraphs
                 if part.strip()
             ),
@@ -653,7 +658,7 @@ def event_ics(
     if _join_url(facts.join_url):
         lines.append(f"URL:{facts.join_url}")  # a URI value: printable, one line, no escaping
     name, address = workshop.contact_name, workshop.contact_email
-    if not address or address_problem(address) is not None:
+    if not address or not _deliverable(address):
         # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
         name, address = _mailbox(settings.DEFAULT_FROM_EMAIL)
     cn = _ics_param(name)
@@ -669,6 +674,12 @@ def event_ics(
 _ICS_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 # Other controls are not allowed in a TEXT value (RFC 5545, 3.1).
 _ICS_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
+
+
+@functools.lru_cache(maxsize=256)
+def _deliverable(organiser: str) -> bool:
+    """Whether an organiser's address can be written as one (a workshop's, so few and repeated)."""
+    return address_problem(organiser) is None
 
 
 def _ics_text(value: str) -> str:
@@ -700,7 +711,8 @@ def _fold(line: str) -> str:
 
 
 def _ics_time(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y%m%dT%H%M%SZ")
+    at = moment.astimezone(UTC)
+    return f"{at.year:04}{at.month:02}{at.day:02}T{at.hour:02}{at.minute:02}{at.second:02}Z"
 
 
 @dataclass(frozen=True, slots=True)
