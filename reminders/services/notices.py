@@ -304,7 +304,7 @@ def notices_settle(*, clock: Clock | None = None) -> dict[str, int]:
             status=status, status_reason=STARTED, queued_until=None, updated_at=now
         )
     lost = Notice.objects.filter(status=Status.SENDING, lease_expires_at__lte=now)
-    for notice in lost.select_related("revision", "workshop"):
+    for notice in lost.select_related("revision", "workshop").order_by():
         lapsed = Notice.objects.filter(
             pk=notice.pk, status=Status.SENDING, claim_token=notice.claim_token
         )

@@ -63,10 +63,14 @@ class ClaimWatch:
         """Return the ids still ``sending`` under this claim, live and as rendered."""
         quote = connection.ops.quote_name
         stamp = connection.ops.adapt_datetimefield_value
+        # Each shown value by its column's type (a rendered tuple follows _SHOWN's order).
         shown_rows = [
-            (workshop_id, title, stamp(starts), stamp(ends), zone, *details)
-            for workshop_id, (title, starts, ends, zone, *details) in self._shown.items()
-        ]
+            (workshop_id, *(
+                stamp(value) if kind == "timestamptz" else value
+                for kind, value in zip(_SHOWN.values(), shown, strict=True)
+            ))
+            for workshop_id, shown in self._shown.items()
+        ]  # fmt: skip
         shown, params = rows_cte(connection, "shown", _SHOWN_COLUMNS, shown_rows)
         among, among_params = one_of(connection, "r.id", list(self._workshop_of))
         sql = (
