@@ -226,7 +226,7 @@ def suppression_addresses(ids: list[int]) -> dict[int, tuple[str, str]]:
 
     Each chunk's claim then reads their suppressions in its own statement (services.claim).
     """
-    rows = Reminder.objects.filter(pk__in=ids).values_list("pk", "attendee__email")
+    rows = Reminder.objects.filter(pk__in=ids).order_by().values_list("pk", "attendee__email")
     return {pk: (email, address_key(email)) for pk, email in rows}
 
 
