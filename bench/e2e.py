@@ -401,7 +401,7 @@ class CpuMeter:
 
 
 def cpu_parts(workers: list[Proc], sink: SinkProcess, observer, beat: Proc | None = None) -> dict:
-    """Name the processes whose CPU time is counted (live processes only)."""
+    """Name the processes whose CPU time is counted (with the children they reaped)."""
     parts = {
         "workers": lambda: [pid for proc in workers for pid in proc.group_pids()],
         "beat": beat.group_pids if beat is not None else list,

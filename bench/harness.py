@@ -616,12 +616,14 @@ def family(pid: int) -> list[int]:
 
 
 def cpu_seconds(pids: list[int]) -> float:
-    """Return the user + system CPU time the live processes ``pids`` have used so far."""
+    """Return the user + system CPU time the live processes ``pids`` have used so far, with
+    that of their children that exited and were waited for: a PostgreSQL backend that
+    disconnected counts in its postmaster's, not nowhere."""
     total = 0
     for pid in pids:
         fields = _stat_fields(pid)
         if fields:
-            total += int(fields[11]) + int(fields[12])  # utime, stime
+            total += sum(int(field) for field in fields[11:15])  # utime, stime, cutime, cstime
     return total / _TICKS
 
 
