@@ -507,3 +507,70 @@ def test_a_soft_time_limit_inside_a_notice_claim_leaves_nothing_claimed(
     assert len(mail.received()) == reminded
     assert deliver_notices(batch, clock=clock) == {"notices_sent": 4}
     assert len(mail.received()) == reminded + 4
+
+
+def test_a_notice_claim_committed_after_the_interruption_is_still_released(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """The limit lands while the notice claim's UPDATE waits for a row another transaction
+    holds, and the server runs it to its end (and so commits it) only after the worker
+    dropped that connection and opened another: the release queues behind it for the same
+    rows, then hands them back, instead of finding nothing and leaving them ``sending``."""
+    import threading
+
+    import psycopg
+    from billiard.exceptions import SoftTimeLimitExceeded
+    from django.db import connection
+
+    from clock import SystemClock
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=4)
+    run()
+    reminded = len(mail.received())
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # the revision
+    pipeline.scan(clock=clock)  # its notices published
+    [batch] = notices_published
+    params = connection.get_connection_params()
+    holder = psycopg.connect(**params)
+    holder.execute("SELECT id FROM reminders_notice WHERE id = %s FOR UPDATE", [batch[0]])
+    late: list[threading.Thread] = []
+
+    def interrupt(execute, sql, sql_params, many, context):
+        if late or not sql.startswith('UPDATE "reminders_notice" SET "status"'):
+            return execute(sql, sql_params, many, context)
+        # Django gets another connection; the claim's stays open, its UPDATE waiting for
+        # the held row, and ends 0.3 s later when the holder commits.
+        claims = context["cursor"].cursor
+        connection.connection = connection.get_new_connection(params)
+        backend = claims.connection.info.backend_pid
+
+        def claim_later() -> None:
+            claims.execute(sql, sql_params)
+            claims.connection.close()
+
+        late.append(threading.Thread(target=claim_later))
+        late[0].start()
+        with psycopg.connect(**params, autocommit=True) as watcher:
+            while not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                [backend],
+            ).fetchone():
+                SystemClock().sleep_blocking(0.01)
+        threading.Timer(0.3, holder.commit).start()
+        raise SoftTimeLimitExceeded()
+
+    with connection.execute_wrapper(interrupt):
+        with pytest.raises(SoftTimeLimitExceeded):
+            deliver_notices(batch, clock=clock)
+    late[0].join(10)
+    holder.close()
+
+    assert set(Notice.objects.values_list("status", "attempts", "claim_token")) == {
+        ("pending", 0, None)
+    }
+    assert len(mail.received()) == reminded
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 4}
+    assert len(mail.received()) == reminded + 4
