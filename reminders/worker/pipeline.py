@@ -188,7 +188,11 @@ def deliver(
     # A chunk is what can really be in flight at once.
     chunk_size = bridge.check_channel(channel, clock=clock)
     # Read once, so each chunk's claim checks suppressions in its own statement.
-    addresses = suppression_addresses(ids) if len(ids) > chunk_size else None
+    try:
+        addresses = suppression_addresses(ids) if len(ids) > chunk_size else None
+    except (OperationalError, InterfaceError) as exc:
+        connection.close()
+        raise DatabaseUnavailable(ids) from exc
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()

@@ -191,9 +191,13 @@ def test_a_staff_change_between_the_records_tries_decides_the_unsent(
     assert not DeliveryAttempt.objects.filter(outcome="in_flight").exists()
 
 
+@pytest.mark.parametrize("chunks", [1, 2])
 def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
-    live_clock, due_reminders, outbox
+    live_clock, due_reminders, outbox, settings, chunks
 ):
+    """With one chunk the claim meets the dead connection; with two, the batch's read of its
+    addresses does, before any claim."""
+    settings.REMINDERS_CONCURRENCY = 3 if chunks == 1 else 2
     ids = due_reminders(3)
     connection.ensure_connection()
     _terminate_my_connection()
