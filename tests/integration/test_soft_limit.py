@@ -22,6 +22,7 @@ from django.db import connection
 from clock import SystemClock
 from reminders.models import DeliveryAttempt, Reminder
 from reminders.worker import pipeline
+from tests.support.races import interrupted_while_it_waits
 
 # Autocommit, as in a worker: the signal may land inside a query, and no test
 # transaction may hide (or suffer) what that does to the connection.
@@ -172,43 +173,10 @@ def test_a_claim_committed_after_the_interruption_is_still_released(
     the worker dropped that connection and opened another: the release queues behind it
     for the same rows, then hands them back, instead of finding nothing and leaving them
     ``sending`` for the lease."""
-    import psycopg
-
     ids = _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol)
-    params = connection.get_connection_params()
-    holder = psycopg.connect(**params)
-    holder.execute("SELECT id FROM reminders_reminder WHERE id = %s FOR UPDATE", [ids[0]])
-    late: list[threading.Thread] = []
-
-    def interrupt(execute, sql, sql_params, many, context):
-        if late or CLAIM not in sql:
-            return execute(sql, sql_params, many, context)
-        # Django gets another connection to drop; the claim's stays open, its statement
-        # waiting for the held row, and ends 0.3 s later when the holder commits.
-        claims = context["cursor"].cursor
-        connection.connection = connection.get_new_connection(params)
-        backend = claims.connection.info.backend_pid
-
-        def claim_later() -> None:
-            claims.execute(sql, sql_params)
-            claims.connection.close()
-
-        late.append(threading.Thread(target=claim_later))
-        late[0].start()
-        with psycopg.connect(**params, autocommit=True) as watcher:
-            while not watcher.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [backend],
-            ).fetchone():
-                _real.sleep_blocking(0.01)
-        threading.Timer(0.3, holder.commit).start()
-        raise SoftTimeLimitExceeded()
-
-    with connection.execute_wrapper(interrupt):
+    with interrupted_while_it_waits("reminders_reminder", ids[0], CLAIM, SoftTimeLimitExceeded):
         with pytest.raises(SoftTimeLimitExceeded):
             pipeline.deliver(ids, clock=_real, channel="smtp")
-    late[0].join(10)
-    holder.close()
 
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
     assert rows == [("pending", 0, None)] * 8

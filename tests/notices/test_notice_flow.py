@@ -36,6 +36,23 @@ def run(clock, published, notices_published):
     return run
 
 
+def _notices_of_a_move(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, *, count
+):
+    """Remind ``count`` attendees, move their workshop an hour earlier and scan until its
+    notices are published: return that one batch and how many messages went out before."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=count)
+    run()
+    reminded = len(mail.received())
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # the revision
+    pipeline.scan(clock=clock)  # its notices published
+    [batch] = notices_published
+    return batch, reminded
+
+
 def _move(workshop, by: timedelta):
     workshop.refresh_from_db()
     workshop_update(
@@ -429,16 +446,10 @@ def test_a_soft_time_limit_mid_notice_batch_records_what_is_known(
 
     from reminders.worker import bridge
 
-    settings.REMINDERS_NOTICE_SETTLE = 0
     settings.REMINDERS_SMTP_CONNECTIONS = 2  # chunks of 2
-    workshop = make_workshop(starts_in=timedelta(hours=3))
-    enrol(workshop, count=8)
-    run()
-    reminded = len(mail.received())
-    _move(workshop, timedelta(hours=1))
-    pipeline.scan(clock=clock)  # the revision
-    pipeline.scan(clock=clock)  # its notices published
-    [batch] = notices_published
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=8
+    )
     mail.data_delay = 1.0  # each chunk's calls stay in flight for a second
     deliver = bridge.deliver_envelopes
     chunks = []
@@ -477,16 +488,10 @@ def test_a_soft_time_limit_inside_a_notice_claim_leaves_nothing_claimed(
     from billiard.exceptions import SoftTimeLimitExceeded
     from django.db import connection
 
-    settings.REMINDERS_NOTICE_SETTLE = 0
     settings.REMINDERS_SMTP_CONNECTIONS = 2  # chunks of 2
-    workshop = make_workshop(starts_in=timedelta(hours=3))
-    enrol(workshop, count=4)
-    run()
-    reminded = len(mail.received())
-    _move(workshop, timedelta(hours=1))
-    pipeline.scan(clock=clock)  # the revision
-    pipeline.scan(clock=clock)  # its notices published
-    [batch] = notices_published
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=4
+    )
     seen = []
 
     def interrupt_the_claim(execute, sql, params, many, context):
@@ -516,57 +521,17 @@ def test_a_notice_claim_committed_after_the_interruption_is_still_released(
     holds, and the server runs it to its end (and so commits it) only after the worker
     dropped that connection and opened another: the release queues behind it for the same
     rows, then hands them back, instead of finding nothing and leaving them ``sending``."""
-    import threading
-
-    import psycopg
     from billiard.exceptions import SoftTimeLimitExceeded
-    from django.db import connection
 
-    from clock import SystemClock
+    from tests.support.races import interrupted_while_it_waits
 
-    settings.REMINDERS_NOTICE_SETTLE = 0
-    workshop = make_workshop(starts_in=timedelta(hours=3))
-    enrol(workshop, count=4)
-    run()
-    reminded = len(mail.received())
-    _move(workshop, timedelta(hours=1))
-    pipeline.scan(clock=clock)  # the revision
-    pipeline.scan(clock=clock)  # its notices published
-    [batch] = notices_published
-    params = connection.get_connection_params()
-    holder = psycopg.connect(**params)
-    holder.execute("SELECT id FROM reminders_notice WHERE id = %s FOR UPDATE", [batch[0]])
-    late: list[threading.Thread] = []
-
-    def interrupt(execute, sql, sql_params, many, context):
-        if late or not sql.startswith('UPDATE "reminders_notice" SET "status"'):
-            return execute(sql, sql_params, many, context)
-        # Django gets another connection; the claim's stays open, its UPDATE waiting for
-        # the held row, and ends 0.3 s later when the holder commits.
-        claims = context["cursor"].cursor
-        connection.connection = connection.get_new_connection(params)
-        backend = claims.connection.info.backend_pid
-
-        def claim_later() -> None:
-            claims.execute(sql, sql_params)
-            claims.connection.close()
-
-        late.append(threading.Thread(target=claim_later))
-        late[0].start()
-        with psycopg.connect(**params, autocommit=True) as watcher:
-            while not watcher.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
-                [backend],
-            ).fetchone():
-                SystemClock().sleep_blocking(0.01)
-        threading.Timer(0.3, holder.commit).start()
-        raise SoftTimeLimitExceeded()
-
-    with connection.execute_wrapper(interrupt):
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=4
+    )
+    claim = 'UPDATE "reminders_notice" SET "status"'
+    with interrupted_while_it_waits("reminders_notice", batch[0], claim, SoftTimeLimitExceeded):
         with pytest.raises(SoftTimeLimitExceeded):
             deliver_notices(batch, clock=clock)
-    late[0].join(10)
-    holder.close()
 
     assert set(Notice.objects.values_list("status", "attempts", "claim_token")) == {
         ("pending", 0, None)

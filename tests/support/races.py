@@ -131,3 +131,51 @@ def held_rows(queryset):
     finally:
         release.set()
         thread.join(60)
+
+
+@contextmanager
+def interrupted_while_it_waits(table: str, row_id: int, containing: str, interruption):
+    """Interrupt the first statement containing ``containing`` while it waits for ``row_id`` of
+    ``table``, which another transaction holds, and let the server finish (and so commit) it
+    0.3 s later, after Django moved to a new connection: a soft time limit landing in a claim
+    whose statement still commits. The block runs with that in place; it ends once the late
+    statement has."""
+    import psycopg
+
+    params = connection.get_connection_params()
+    holder = psycopg.connect(**params)
+    holder.execute(f"SELECT id FROM {table} WHERE id = %s FOR UPDATE", [row_id])
+    late: list[threading.Thread] = []
+
+    def interrupt(execute, sql, sql_params, many, context):
+        if late or containing not in sql:
+            return execute(sql, sql_params, many, context)
+        # Django gets another connection; the statement's stays open, waiting for the held
+        # row, and ends when the holder commits.
+        waiting = context["cursor"].cursor
+        connection.connection = connection.get_new_connection(params)
+        backend = waiting.connection.info.backend_pid
+
+        def finish_later() -> None:
+            waiting.execute(sql, sql_params)
+            waiting.connection.close()
+
+        late.append(threading.Thread(target=finish_later))
+        late[0].start()
+        with psycopg.connect(**params, autocommit=True) as watcher:
+            while not watcher.execute(
+                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'",
+                [backend],
+            ).fetchone():
+                _real.sleep_blocking(0.01)
+        threading.Timer(0.3, holder.commit).start()
+        raise interruption()
+
+    try:
+        with connection.execute_wrapper(interrupt):
+            yield
+    finally:
+        if late:
+            late[0].join(10)
+        holder.close()
+    assert late, f"no statement containing {containing!r} ran"
