@@ -137,8 +137,8 @@ def test_a_permanent_4xx_is_not_retried_and_keeps_the_providers_reason(
 def test_a_slow_provider_call_times_out_while_the_rest_of_the_batch_is_sent(
     http_sink, system_clock, make_real_envelope
 ):
-    """The batch takes about the 1 s call timeout, not the provider's 5 s. (At 0.3 s, a
-    loaded CI host once timed out all five calls.)"""
+    """The batch takes about the 1 s call timeout, not the provider's 5 s. The timeout leaves
+    the four fast calls room on a loaded host (the chaos run beside the suite)."""
     envelopes = [make_real_envelope() for _ in range(5)]
     http_sink.slow(envelopes[2].key, 5.0)
     policy = DeliveryLimits(concurrency=5, call_timeout=1.0, max_attempts=1)
