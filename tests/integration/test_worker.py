@@ -63,3 +63,29 @@ def _other_sessions() -> set[tuple]:
             "AND backend_type = 'client backend'"
         )
         return set(cursor.fetchall())
+
+
+def test_a_session_killed_between_batches_is_replaced_before_the_next_one(redis_url, smtp_sink):
+    """The kept session dies while the pool process is idle (a PostgreSQL restart, a pooler
+    dropping it): the next task's health check replaces it, so the batch runs at once rather
+    than failing its first statement and waiting for a retry."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a session is a PostgreSQL backend here")
+    redis.Redis.from_url(redis_url).flushdb()
+    unplanned_workshop("Killed session", attendees=2)
+    reminders_plan(clock=SystemClock())
+    env = process_env(
+        REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
+    )
+    first, second = Reminder.objects.order_by("pk").values_list("pk", flat=True)
+    with celery_worker(env) as worker:
+        task = app.send_task("reminders.deliver_batch", args=[[first]])
+        worker.wait_for_line(f"{task.id}] succeeded")
+        [(pid, _)] = _other_sessions()
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
+        task = app.send_task("reminders.deliver_batch", args=[[second]])
+        worker.wait_for_line(f"{task.id}] succeeded")
+        output = worker.output()
+    assert Reminder.objects.filter(status="sent").count() == 2
+    assert "Database unavailable" not in output, output
