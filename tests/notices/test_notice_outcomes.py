@@ -1,0 +1,155 @@
+"""What each delivery outcome writes on a claimed change notice (notice_record), on a channel
+with idempotency keys (http) and one without (smtp)."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import Notice, Reminder
+from reminders.services.notices import STARTED, notice_claim, notice_record
+from reminders.services.record import retry_delay
+from reminders.worker import pipeline
+from workshops.services import workshop_update
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def claimed(clock, make_workshop, enrol, mail, published, notices_published, settings):
+    """Remind one attendee, move the workshop and claim its notice on ``channel``."""
+
+    def claimed(channel: str, **notice_values) -> tuple:
+        settings.REMINDERS_NOTICE_SETTLE = 0
+        workshop = make_workshop(starts_in=timedelta(hours=3))
+        enrol(workshop, count=1)
+        pipeline.scan(clock=clock)
+        for batch in published:
+            pipeline.deliver(batch, clock=clock)
+        workshop.refresh_from_db()
+        workshop_update(workshop=workshop, starts_at=workshop.starts_at - timedelta(hours=1))
+        pipeline.scan(clock=clock)  # the revision
+        pipeline.scan(clock=clock)  # its notice
+        [[notice_id]] = notices_published
+        Notice.objects.filter(pk=notice_id).update(**notice_values)
+        claim = notice_claim(ids=[notice_id], channel=channel, clock=clock)
+        [notice] = claim.notices
+        return claim, notice
+
+    return claimed
+
+
+def _result(notice, outcome, *, reached=True, maybe=False, attempts=1, error="refused"):
+    return DeliveryResult(
+        reminder_id=notice.pk,
+        key=notice.key,
+        outcome=outcome,
+        message_id="<m@example.com>" if outcome == Outcome.SENT else None,
+        error="" if outcome == Outcome.SENT else error,
+        attempts=attempts,
+        provider_reached=reached,
+        maybe_delivered=maybe,
+    )
+
+
+def _told(notice) -> int:
+    return Reminder.objects.get(pk=notice.reminder_id).told_revision
+
+
+@pytest.mark.parametrize("channel", ["smtp", "http"])
+def test_a_sent_notice_moves_what_the_attendee_was_told(claimed, clock, channel):
+    claim, notice = claimed(channel)
+    told = _told(notice)
+    assert notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock) == {
+        "notices_sent": 1
+    }
+    notice.refresh_from_db()
+    assert (notice.status, notice.provider_message_id) == ("sent", "<m@example.com>")
+    assert _told(notice) == notice.number > told
+
+
+def test_a_refusal_fails_the_notice_and_tells_nothing(claimed, clock):
+    claim, notice = claimed("http")
+    told = _told(notice)
+    notice_record(claim=claim, results=[_result(notice, Outcome.PERMANENT)], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.last_error) == (
+        "failed",
+        "refused",
+        "refused",
+    )
+    assert notice.claim_token is None and _told(notice) == told
+
+
+def test_a_refusal_after_an_unanswered_call_is_unknown(claimed, clock):
+    """An earlier call may have reached the provider: a refusal now does not say it did not."""
+    claim, notice = claimed("http", maybe_sent=True)
+    notice_record(claim=claim, results=[_result(notice, Outcome.PERMANENT)], clock=clock)
+    notice.refresh_from_db()
+    assert notice.status == "unknown"
+    assert _told(notice) == notice.number  # they may hold it
+
+
+def test_an_unanswered_call_without_keys_is_unknown_and_never_sent_again(claimed, clock):
+    claim, notice = claimed("smtp")
+    result = _result(notice, Outcome.TIMED_OUT, maybe=True, error="timed out")
+    assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_unknown": 1}
+    notice.refresh_from_db()
+    assert notice.status == "unknown" and notice.maybe_sent
+    assert "timed out" in notice.status_reason and _told(notice) == notice.number
+
+
+def test_an_unanswered_call_with_keys_is_retried_later_marked_maybe_sent(claimed, clock):
+    claim, notice = claimed("http")
+    result = _result(notice, Outcome.TIMED_OUT, maybe=True, error="timed out")
+    notice_record(claim=claim, results=[result], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.maybe_sent, notice.attempts) == ("pending", True, 1)
+    assert notice.next_attempt_at == clock.now() + retry_delay(1)
+
+
+def test_a_transient_failure_is_retried_after_the_backoff(claimed, clock):
+    claim, notice = claimed("smtp")
+    notice_record(claim=claim, results=[_result(notice, Outcome.TRANSIENT)], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.maybe_sent, notice.last_error) == ("pending", False, "refused")
+    assert notice.next_attempt_at == clock.now() + retry_delay(1)
+
+
+def test_a_transient_failure_at_the_attempt_cap_gives_up(claimed, clock, settings):
+    settings.REMINDERS_MAX_ATTEMPTS = 1
+    claim, notice = claimed("smtp")
+    notice_record(claim=claim, results=[_result(notice, Outcome.TRANSIENT)], clock=clock)
+    notice.refresh_from_db()
+    assert notice.status == "failed"
+    assert notice.status_reason == "gave up after 1 attempts: refused"
+
+
+def test_a_notice_stopped_before_any_call_goes_back_with_its_attempt_refunded(claimed, clock):
+    claim, notice = claimed("smtp")
+    result = _result(notice, Outcome.CANCELLED, reached=False, attempts=0, error="stopped")
+    notice_record(claim=claim, results=[result], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.attempts, notice.next_attempt_at) == ("pending", 0, None)
+
+
+@pytest.mark.parametrize(("maybe", "status"), [(False, "missed"), (True, "unknown")])
+def test_a_notice_past_the_start_is_missed_or_unknown_if_a_call_may_have_arrived(
+    claimed, clock, maybe, status
+):
+    claim, notice = claimed("http", maybe_sent=maybe)
+    result = _result(notice, Outcome.EXPIRED, reached=False, attempts=0, error="too late")
+    notice_record(claim=claim, results=[result], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason) == (status, STARTED)
+
+
+def test_a_record_under_another_claims_token_changes_nothing(claimed, clock):
+    """The fence: a worker whose claim was reaped and taken again writes nothing."""
+    claim, notice = claimed("smtp")
+    Notice.objects.filter(pk=notice.pk).update(claim_token=None)
+    assert notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock) == {}
+    notice.refresh_from_db()
+    assert notice.status == "sending"
