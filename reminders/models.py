@@ -1,8 +1,7 @@
 """Reminders and their delivery attempts.
 
-One Reminder per (attendee, workshop), enforced by a unique constraint: the
-sent marker the design rests on. A status changes only through a guarded
-UPDATE in ``reminders.services`` (never ``save()``), whose row count says who won.
+One Reminder per (attendee, workshop), by a unique constraint: the sent marker. A status changes
+only through a guarded UPDATE in ``reminders.services`` (never ``save()``).
 """
 
 from __future__ import annotations
@@ -27,16 +26,12 @@ def id_from_text(value: str) -> int | None:
 
 
 def reminder_key(*, attendee_id: int, workshop_id: int) -> str:
-    """Return the stable idempotency key of the reminder for (attendee, workshop).
-
-    reminders_plan builds the same text in SQL. REMINDERS_KEY_PREFIX keeps two
-    deployments (or a rebuilt database) from sharing keys at a provider.
-    """
+    """Return the reminder's idempotency key (reminders_plan builds the same text in SQL)."""
     return f"{settings.REMINDERS_KEY_PREFIX}-w{workshop_id}-a{attendee_id}"
 
 
 def notice_key(*, attendee_id: int, workshop_id: int, revision: int) -> str:
-    """Return the idempotency key of the change notice of one revision: the reminder's, plus it."""
+    """Return the idempotency key of one revision's change notice."""
     return f"{reminder_key(attendee_id=attendee_id, workshop_id=workshop_id)}-r{revision}"
 
 
@@ -204,10 +199,9 @@ class Reminder(models.Model):
 
 
 class MessageText(models.Model):
-    """One language, subject and intro that a reminder was frozen with (immutable).
+    """The language, subject and intro a reminder was frozen with at its first claim (immutable).
 
-    Written by the first claim, placeholders unfilled, shared by content (``digest`` is unique).
-    Every later send renders from it, so a staff edit never changes the bytes sent under a key.
+    Shared by content (``digest``); a staff edit never changes what is sent under a key.
     """
 
     class Source(models.TextChoices):
@@ -270,8 +264,7 @@ class DeliveryAttempt(models.Model):
 class DeliveryEvent(models.Model):
     """What a provider reported after it accepted a reminder (append-only history).
 
-    One row per provider event: the unique (channel, event id) counts a retried webhook once.
-    The reminder's delivery state is its latest event's kind; no column copies it.
+    The unique (channel, event id) counts a retried webhook once.
     """
 
     class Kind(models.TextChoices):
@@ -312,10 +305,7 @@ class DeliveryEvent(models.Model):
 
 
 class DroppedReports(models.Model):
-    """How many provider reports named no reminder sent here (or an erased attendee's).
-
-    Nothing of such a report is kept but this count, per channel (/metrics).
-    """
+    """How many provider reports named no reminder here (or an erased attendee's), per channel."""
 
     channel = models.CharField(max_length=16, unique=True, editable=False)
     count = models.PositiveBigIntegerField(default=0, editable=False)
@@ -327,9 +317,8 @@ class DroppedReports(models.Model):
 class Suppression(models.Model):
     """An address no reminder goes to: it bounced hard, or its owner marked a reminder as spam.
 
-    Matched by ``address_key``, a keyed HMAC of the lower-cased address (feedback.address_key),
-    so an erased attendee's address stays suppressed with ``address`` blanked. One live row per
-    address; lifting it (with a reason, audited) keeps the row as history.
+    Matched by ``address_key`` (feedback.address_key), so an erased attendee's address stays
+    suppressed with ``address`` blanked. A lifted row stays as history.
     """
 
     class Cause(models.TextChoices):
@@ -373,10 +362,7 @@ class Suppression(models.Model):
 
 
 class StaffDecision(models.Model):
-    """One staff decision on reminders, workshops or attendees (append-only).
-
-    Written in the transaction that makes the change, so a row exists exactly when it committed.
-    """
+    """One staff decision, written in the transaction that makes the change (append-only)."""
 
     class Action(models.TextChoices):
         REPLAY = "replay", "Replay"
@@ -516,8 +502,7 @@ class StaffDecision(models.Model):
 class ScanRun(models.Model):
     """The last completed scan of one kind: when it finished, how long it took, what it did.
 
-    Beat's ``last_run_at`` says when a scan was published; this row, when one
-    finished (a published scan can expire unrun).
+    Beat's ``last_run_at`` says when one was published (it can expire unrun).
     """
 
     name = models.CharField(max_length=64, unique=True, editable=False)
@@ -537,11 +522,7 @@ class ScanRun(models.Model):
 
 
 class Dispatch(models.Model):
-    """One batch message the dispatch queued: which reminders, when, and until when.
-
-    Written in the transaction that queues the rows. History, not state: nothing
-    decides a reminder's fate from it, and the scan deletes old records.
-    """
+    """One batch message the dispatch queued: which reminders, when, and until when (history)."""
 
     queued_at = models.DateTimeField(db_index=True, editable=False)
     expires_at = models.DateTimeField(
@@ -559,9 +540,7 @@ class Dispatch(models.Model):
 class WorkshopRevision(models.Model):
     """One numbered state of a workshop's facts that its reminded attendees must hear of.
 
-    Numbered by the notice scan under the workshop's lock when what some reminded attendee was
-    told differs from the workshop now. Its notices are planned once it settles; a newer
-    revision supersedes its unsent ones.
+    Its notices are planned once it settles; a newer revision supersedes its unsent ones.
     """
 
     workshop = models.ForeignKey(
@@ -600,8 +579,8 @@ class WorkshopRevision(models.Model):
 class Notice(models.Model):
     """One change notice: tells one reminded attendee what a workshop revision changed.
 
-    At most one per (attendee, workshop, revision), by a unique constraint: its sent marker, as
-    (attendee, workshop) is the reminder's. Its status changes only by guarded UPDATEs in notices.
+    At most one per (attendee, workshop, revision): its sent marker. Its status changes only by
+    guarded UPDATEs in notices.
     """
 
     class Kind(models.TextChoices):
