@@ -1,9 +1,4 @@
-"""Staff cancelling enrollments: previewed, reasoned and audited, as a workshop cancel is.
-
-One durable transaction locks the active enrollments in id order (``FOR NO KEY UPDATE``, the
-staff lock), cancels each through the workshops service, whose signal cancels its unsent
-reminder, and writes a StaffDecision. ``sent`` stays sent; ``sending`` is left to its worker.
-"""
+"""Staff cancelling enrollments: previewed, reasoned and audited, as a workshop cancel is."""
 
 from __future__ import annotations
 
@@ -12,15 +7,14 @@ from django.db.models import Q, QuerySet
 
 from clock import Clock
 from reminders.models import Reminder, StaffDecision
+from reminders.services.replay import selection_of, skipped_as
 from reminders.services.workshop_decisions import (
     CANCEL_EFFECT_LABELS,
     DecisionPreview,
     DecisionResult,
     cancel_effects,
     decide,
-    selection_of,
     sizes,
-    skipped_as,
 )
 from workshops.models import Enrollment
 from workshops.services import enrollment_cancel
@@ -58,10 +52,8 @@ def enrollments_cancel(
     """Cancel the active enrollments of a selection, with a reason; return what changed."""
     return decide(
         lambda clock: enrollment_cancel_preview(enrollments=enrollments),
-        selection_of(enrollments)
-        .filter(status=Enrollment.Status.ACTIVE)
-        .order_by("pk")
-        .select_for_update(no_key=True),
+        enrollments,
+        Enrollment.Status.ACTIVE,
         enrollment_cancel,
         noun="enrollment",
         affected=Q(status__in=Reminder.OPEN_STATUSES),

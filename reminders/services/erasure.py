@@ -30,7 +30,7 @@ from reminders.models import (
 )
 from reminders.services.feedback import address_key
 from reminders.services.personal import personal_words, scrub_json_text, scrubber
-from reminders.services.replay import clean_reason
+from reminders.services.replay import clean_reason, selection_of, skipped_as
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
 
@@ -62,7 +62,7 @@ def erased_email() -> str:
 
 
 def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> ErasurePreview:
-    selection = Attendee.objects.filter(pk__in=attendees.order_by().values("pk"))
+    selection = selection_of(attendees)
     eligible = selection.filter(erased_at__isnull=True)
     reminders = Reminder.objects.filter(attendee__in=eligible.values("pk"))
     return ErasurePreview(
@@ -90,9 +90,8 @@ def attendees_erase(
     with transaction.atomic(durable=True):
         preview = attendee_erase_preview(attendees=attendees)
         targets = list(
-            Attendee.objects.filter(
-                pk__in=attendees.order_by().values("pk"), erased_at__isnull=True
-            )
+            selection_of(attendees)
+            .filter(erased_at__isnull=True)
             .order_by("pk")
             .select_for_update()
         )
@@ -106,9 +105,7 @@ def attendees_erase(
             reason=reason,
             selected=preview.selected,
             changed=len(targets),
-            skipped={"already_erased": preview.selected - len(targets)}
-            if preview.selected > len(targets)
-            else {},
+            skipped=skipped_as("already_erased", preview.selected, len(targets)),
             reminder_ids=sorted(cancelled),
             attendee_ids=[a.pk for a in targets],
         )

@@ -28,7 +28,6 @@ from reminders.selectors import (
     SelectionPreview,
     reminder_replay_preview,
     reminder_resolve_preview,
-    selection_of,
 )
 from reminders.services import reminder_fate, reminders_dispatch, reminders_return, sources_locked
 from reminders.services._sql import database_now, update_returning
@@ -200,6 +199,16 @@ def clean_reason(reason: str | None) -> str:
     return reason
 
 
+def selection_of(rows: QuerySet) -> QuerySet:
+    """Return the selection as a plain subquery filter on its model, fit for a lock or UPDATE."""
+    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
+
+
+def skipped_as(key: str, total: int, done: int) -> dict[str, int]:
+    """Return ``{key: total - done}``, or nothing if none of ``total`` was left."""
+    return {key: total - done} if total > done else {}
+
+
 def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
     """Return the rows of ``candidates`` still matching ``guard``, with the guard on the row itself.
 
@@ -340,9 +349,7 @@ def replay_step(
         ids = decision.selection_ids[decision.progress : decision.progress + chunk]
         if not ids:
             eligible = decision.selected - sum(decision.skipped.values())
-            raced = eligible - decision.changed
-            if raced > 0:
-                decision.skipped = {**decision.skipped, "raced": raced}
+            decision.skipped |= skipped_as("raced", eligible, decision.changed)
             decision.state = StaffDecision.State.DONE
             decision.selection_ids = []
             decision.save(update_fields=["state", "selection_ids", "skipped", "heartbeat_at"])
@@ -381,11 +388,8 @@ def _audit(
     reason: str,
     use_edited_text: bool = False,
 ) -> StaffActionResult:
-    skipped = dict(preview.skipped)
     # Counted eligible, but taken first by a concurrent replay or a worker.
-    raced = preview.eligible - len(changed)
-    if raced > 0:
-        skipped["raced"] = raced
+    skipped = {**preview.skipped, **skipped_as("raced", preview.eligible, len(changed))}
     audit = StaffDecision.record(
         action=action,
         actor=actor,

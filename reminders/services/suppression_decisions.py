@@ -7,7 +7,7 @@ from django.db.models import QuerySet
 
 from clock import Clock, default_clock
 from reminders.models import StaffDecision, Suppression
-from reminders.services.replay import clean_reason
+from reminders.services.replay import clean_reason, selection_of, skipped_as
 
 
 def suppressions_lift(
@@ -23,9 +23,8 @@ def suppressions_lift(
     with transaction.atomic(durable=True):
         selected = suppressions.count()
         live = list(
-            Suppression.objects.filter(
-                pk__in=suppressions.order_by().values("pk"), lifted_at__isnull=True
-            )
+            selection_of(suppressions)
+            .filter(lifted_at__isnull=True)
             .order_by("pk")
             .select_for_update()
         )
@@ -36,7 +35,7 @@ def suppressions_lift(
             reason=reason,
             selected=selected,
             changed=len(live),
-            skipped={"already_lifted": selected - len(live)} if selected > len(live) else {},
+            skipped=skipped_as("already_lifted", selected, len(live)),
             outcome=f"suppressions lifted: {', '.join(str(row.pk) for row in live) or 'none'}",
         )
         Suppression.objects.filter(pk__in=[row.pk for row in live]).update(

@@ -1,8 +1,7 @@
-"""Staff decisions on workshops: cancel and reinstate, each previewed, reasoned and audited.
+"""Staff decisions on workshops (cancel, reinstate, silence), each previewed, reasoned and audited.
 
 Each is one durable transaction: it locks the selected workshops, changes each through the
-workshops service (whose signal settles their reminders) and writes a StaffDecision. ``sent``
-reminders are never touched; ``sending`` ones are left to their worker.
+workshops service (whose signal settles their reminders) and writes a StaffDecision.
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from clock import Clock, default_clock
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.services.notices import notices_reach, notices_silence, notices_told_count
-from reminders.services.replay import clean_reason
+from reminders.services.replay import clean_reason, selection_of, skipped_as
 from workshops.models import Enrollment, Workshop
 from workshops.services import workshop_cancel, workshop_reinstate
 
@@ -79,19 +78,10 @@ WORKSHOP_SKIP_LABELS = {
 }
 
 
-def selection_of(rows: QuerySet) -> QuerySet:
-    """Return the selection as a plain subquery filter on its model."""
-    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
-
-
 def sizes(selection: QuerySet, status: str) -> tuple[int, int]:
     """Return how many rows the selection has, and how many of them are in ``status``."""
     got = selection.aggregate(total=Count("pk"), eligible=Count("pk", filter=Q(status=status)))
     return got["total"], got["eligible"]
-
-
-def skipped_as(key: str, total: int, eligible: int) -> dict[str, int]:
-    return {key: total - eligible} if total > eligible else {}
 
 
 def cancel_effects(reminders: QuerySet[Reminder]) -> dict[str, int]:
@@ -200,7 +190,8 @@ def workshops_cancel(
     """Cancel the scheduled workshops of a selection, with a reason; return what changed."""
     return decide(
         lambda clock: workshop_cancel_preview(workshops=workshops),
-        _locked(workshops, Workshop.Status.SCHEDULED),
+        workshops,
+        Workshop.Status.SCHEDULED,
         # The attendees already reminded hear of it with this reason (a change notice).
         partial(workshop_cancel, reason=clean_reason(reason)),
         noun="workshop",
@@ -222,7 +213,8 @@ def workshops_reinstate(
     """Reinstate the cancelled workshops of a selection, with a reason; return what changed."""
     return decide(
         lambda clock: workshop_reinstate_preview(workshops=workshops, clock=clock),
-        _locked(workshops, Workshop.Status.CANCELLED),
+        workshops,
+        Workshop.Status.CANCELLED,
         workshop_reinstate,
         noun="workshop",
         affected=Q(status=Status.CANCELLED),
@@ -233,22 +225,10 @@ def workshops_reinstate(
     )
 
 
-def _locked(workshops: QuerySet[Workshop], status: str) -> QuerySet[Workshop]:
-    """Return the selected workshops still in ``status``, to lock in id order.
-
-    ``FOR NO KEY UPDATE``, so a plan's ``FOR KEY SHARE`` (inserting reminders) need not wait.
-    """
-    return (
-        selection_of(workshops)
-        .filter(status=status)
-        .order_by("pk")
-        .select_for_update(of=("self",), no_key=True)
-    )
-
-
 def decide(
     preview: Callable[[Clock], DecisionPreview],
-    locked: QuerySet,
+    rows: QuerySet,
+    status: str,
     change: Callable[..., Any],
     *,
     noun: str,
@@ -258,17 +238,23 @@ def decide(
     actor: AbstractBaseUser,
     clock: Clock | None,
 ) -> DecisionResult:
-    """Count, lock the ``locked`` rows, ``change`` each, and record the decision, in one transaction.
+    """Count, lock the ``rows`` in ``status``, ``change`` each and record it, in one transaction.
 
-    A row counts as changed if it left the status it was locked in. The reminders recorded are
-    the rows' reminders matching ``affected`` before and ``changed`` after. ``noun`` names the
-    rows (``workshop`` or ``enrollment``): the reminder's field, ``change``'s argument, the audit's.
+    A row counts as changed if it left ``status``. The reminders recorded are the rows' reminders
+    matching ``affected`` before and ``changed`` after. ``noun`` names the rows (``workshop`` or
+    ``enrollment``): the reminder's field, ``change``'s argument, the audit's.
     """
     reason = clean_reason(reason)
     clock = clock or default_clock()
     with transaction.atomic(durable=True):
         counted = preview(clock)
-        targets = list(locked)
+        # In id order; FOR NO KEY UPDATE, so a plan's FOR KEY SHARE (inserting reminders) goes on.
+        targets = list(
+            selection_of(rows)
+            .filter(status=status)
+            .order_by("pk")
+            .select_for_update(of=("self",), no_key=True)
+        )
         before = list(
             Reminder.objects.filter(affected, **{f"{noun}__in": targets}).values_list(
                 "pk", flat=True
@@ -276,15 +262,12 @@ def decide(
         )
         done = []
         for target in targets:
-            locked_in = target.status  # ``change`` refreshes the row it is given
-            if change(**{noun: target}, clock=clock).status != locked_in:
+            if change(**{noun: target}, clock=clock).status != status:
                 done.append(target.pk)
         reminders = sorted(
             Reminder.objects.filter(changed, pk__in=before).values_list("pk", flat=True)
         )
-        skipped = dict(counted.skipped)
-        if counted.eligible > len(done):
-            skipped["raced"] = counted.eligible - len(done)
+        skipped = {**counted.skipped, **skipped_as("raced", counted.eligible, len(done))}
         audit = StaffDecision.record(
             action=counted.action,
             actor=actor,
