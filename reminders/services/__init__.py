@@ -1,10 +1,7 @@
 """Writes to reminders, one module per stage of a reminder's life.
 
-Each status change is a guarded, set-based UPDATE whose ``WHERE`` names the
-statuses it may leave; the rows it changed say which of two racing callers
-won. ``reminders.services.replay`` (staff decisions) uses the same fate and
-guards. These modules never import the Celery tasks or the publisher: the
-dispatcher is handed its ``publish`` function.
+Each status change is a guarded UPDATE whose ``WHERE`` names the statuses it may leave; the rows
+it changed say which of two racing callers won. These modules never import the Celery tasks.
 """
 
 from reminders.services import reasons

@@ -21,8 +21,7 @@ CANCEL_REASON = "cancelled by the attendee through the link in their reminder or
 
 
 def reminder_for_link(token: str, *, purpose: str) -> Reminder | None:
-    """Return the reminder a link's token names, with its workshop, attendee and enrollment;
-    None for a token that was tampered with, made for another purpose, or names no reminder."""
+    """Return the reminder a link's token names, or None for a bad token or no such reminder."""
     pk = reminder_id_from(token, purpose=purpose)
     if pk is None:
         return None
@@ -32,11 +31,7 @@ def reminder_for_link(token: str, *, purpose: str) -> Reminder | None:
 
 
 def enrollment_cancel_by_attendee(*, reminder: Reminder, clock: Clock | None = None) -> bool:
-    """Cancel the reminder's enrollment as the attendee asked; return whether it changed.
-
-    The staff cancel's service (an unsent reminder is cancelled, a sent one brings a cancellation
-    notice), recorded as a decision whose actor is the attendee. Twice is once.
-    """
+    """Cancel the reminder's enrollment as the attendee asked (audited); return if it changed."""
     clock = clock or default_clock()
     with transaction.atomic(durable=True):
         enrollment = (
@@ -63,10 +58,9 @@ def enrollment_cancel_by_attendee(*, reminder: Reminder, clock: Clock | None = N
 
 
 def reminder_unsubscribe(*, reminder: Reminder, clock: Clock | None = None) -> bool:
-    """Send the attendee no more messages about this workshop; the enrollment stays.
+    """Send the attendee no more messages about this workshop (the enrollment stays).
 
-    Notices not yet sent are silenced; none is planned for them again.
-    Return whether it changed anything (twice is once).
+    Notices not yet sent are silenced. Return whether it changed anything.
     """
     now = (clock or default_clock()).now()
     with transaction.atomic():

@@ -31,10 +31,9 @@ STATEMENTS_PER_TRANSACTION = 3
 
 
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
-    """Return when a batch message carrying reminders with these deadlines stops being useful.
+    """Return when a batch message stops being useful: its latest deadline, or sooner.
 
-    At the batch's *latest* deadline, or ``requeue_after`` from now if sooner; its rows are
-    queued until then, so an expiry never strands a row that still has time.
+    Its rows are queued until then, so an expiry never strands a row that still has time.
     """
     return min(now + requeue_after, max(deadlines))
 
@@ -47,8 +46,7 @@ def reminders_dispatch(
 ) -> int:
     """Queue due reminders and publish them by id in batches after commit; return how many.
 
-    Due: workshop scheduled with its window open, enrollment active, retry time reached, and
-    never queued or queued under an expired message (so this is also the reconciler). Only the
+    Due includes queued under an expired message, so this is also the reconciler. Only the
     UPDATE finding a row due queues it, so two dispatchers never both publish it. Rows are
     locked ``ROWS_PER_TRANSACTION`` at a time, so a claim waits one short transaction at most.
     """
@@ -181,9 +179,8 @@ def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:
 def replays_resume(*, publish: Callable[[int], object], clock: Clock | None = None) -> int:
     """Hand each background replay whose heartbeat stopped to a worker again; return how many.
 
-    A heartbeat older than the claim lease means no live task. A guarded UPDATE moves it to now,
-    so only one of two scans resumes it; a merely slow one then runs in two tasks, harmlessly,
-    as each chunk is taken under the decision's lock.
+    The guarded UPDATE lets one of two scans resume it; a merely slow one then runs in two
+    tasks, harmlessly, as each chunk is taken under the decision's lock.
     """
     now = database_now(clock or default_clock())
     stalled = StaffDecision.objects.filter(

@@ -57,7 +57,7 @@ class ErasureResult:
 
 
 def erased_email() -> str:
-    """A placeholder nobody can guess and so create first (the admin refuses .invalid)."""
+    """Return a placeholder nobody can guess and so create first (the admin refuses .invalid)."""
     return f"erased-{secrets.token_hex(12)}@erased.invalid"
 
 
@@ -171,9 +171,8 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
 
 
 def _scrub_for(attendee: Attendee):
-    """Return ``scrub(text, about=False)``: every form of the name and address out of a text
-    about the attendee, or one quoting their address; from any other text the address and
-    the name's parts of ``MIN_NAME_TO_SCRUB`` characters or more."""
+    """Return ``scrub(text, about=False)``: every form of the attendee out of a text about them
+    or quoting their address; the address and the longer name parts out of any other."""
     email = [w for w in personal_words(email=attendee.email, name="") if w]
     every = scrubber(personal_words(email=attendee.email, name=attendee.name))
     longer = scrubber(personal_words(email=attendee.email, name=attendee.name, short_names=False))

@@ -14,15 +14,7 @@ from dataclasses import dataclass
 from datetime import datetime
 
 from django.db import connection
-from django.db.models import (
-    Case,
-    CharField,
-    Expression,
-    F,
-    Q,
-    Value,
-    When,
-)
+from django.db.models import Case, CharField, Expression, F, Q, Value, When
 from django.db.models.functions import Concat, Left
 from django.db.transaction import TransactionManagementError
 
@@ -70,9 +62,7 @@ def reminder_fate(
 ) -> Fate:
     """Return the fate of a reminder going back towards delivery (pure).
 
-    ``cancelled`` if its workshop or enrollment is, even at the cap; ``failed`` with ``gave_up``
-    at the cap; ``missed`` with ``late_reason`` if late by ``retry_at``; else ``pending``. If
-    the provider may hold it (``maybe_sent``), ``unknown`` replaces ``failed`` and ``missed``.
+    If the provider may hold it (``maybe_sent``), ``unknown`` replaces ``failed`` and ``missed``.
     """
     deadline = policy.deadline_at(source.starts_at)
     maybe_sent = maybe_sent or source.maybe_sent
@@ -235,9 +225,8 @@ def reminders_return(
 ) -> dict[int, str]:
     """Write each reminder's fate with a guarded UPDATE; return ``{id: status}`` of rows changed.
 
-    A row changes only while it matches ``guard``, which PostgreSQL re-checks after any lock
-    wait. One statement per fate; ``refund`` gives back the claim's attempt; ``extra`` adds
-    the same values to every row.
+    One statement per fate; ``refund`` gives back the claim's attempt; ``extra`` adds the same
+    values to every row.
     """
     errors = errors or {}
     refund = set(refund)

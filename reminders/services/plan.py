@@ -129,9 +129,8 @@ def reminders_plan(
 ) -> int:
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
-    One ``INSERT ... SELECT ... ON CONFLICT DO NOTHING``: the unique (attendee, workshop) makes
-    overlapping plans create each row once. Rows past their deadline are created ``missed``
-    with ``late_reason``. Return how many were created.
+    ``ON CONFLICT DO NOTHING`` makes overlapping plans create each row once. Rows past their
+    deadline are created ``missed`` with ``late_reason``. Return how many were created.
     """
     clock = clock or default_clock()
     policy = ReminderPolicy.from_settings()
@@ -158,10 +157,7 @@ def reminders_plan(
 def reminders_follow_workshop(
     *, workshop: Workshop, changed: frozenset[str], clock: Clock | None = None
 ) -> None:
-    """Bring a workshop's unsent reminders in line with its new state, at once.
-
-    Runs in the workshop service's transaction (workshops.signals), holding the workshop's lock.
-    """
+    """Bring a workshop's unsent reminders in line with its new state, in its transaction."""
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
     reminders_settle(clock=clock, scope=Q(workshop=workshop), late_reason=late_reason)
     if changed & {"starts_at", "created", "status"}:

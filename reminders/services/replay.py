@@ -1,9 +1,8 @@
 """Staff decisions on reminders: replay, and the resolution of unknown outcomes.
 
-Each is one durable transaction: a guarded UPDATE, a dispatch after commit (FAULTS S3) and a
-StaffDecision row. A concurrent replay of the same rows waits on their locks, re-checks the
-WHERE and changes nothing, so each reminder is re-armed and published once (D3). No replay
-leaves ``sent`` (D3) or touches the automatic path's ``pending``, ``queued`` or ``sending`` (D4).
+Each is one durable transaction: a guarded UPDATE, a dispatch after commit and a StaffDecision.
+A concurrent replay of the same rows waits on their locks, re-checks the WHERE and changes
+nothing, so each reminder is re-armed and published once.
 """
 
 from __future__ import annotations
@@ -77,9 +76,7 @@ def reminder_replay(
 ) -> StaffActionResult:
     """Re-arm the replayable reminders of a selection and queue them for delivery after commit.
 
-    Replayable: ``failed``, or ``missed`` before the deadline, with a scheduled
-    workshop and an active enrollment. A replayed reminder keeps its frozen
-    text unless ``use_edited_text``: then its next claim freezes the current one.
+    A replayed reminder keeps its frozen text unless ``use_edited_text``.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -126,9 +123,8 @@ def reminder_resolve_unknown(
 ) -> StaffActionResult:
     """Decide the reminders of a selection whose outcome is ``unknown``, recording why.
 
-    ``MARK_SENT`` makes them ``sent`` (``sent_at`` stays empty: nobody knows
-    when); ``SEND_AGAIN`` re-arms them like a replay, before the deadline only,
-    at the risk, which staff accept, of a second delivery.
+    ``MARK_SENT`` makes them ``sent`` (``sent_at`` stays empty: nobody knows when);
+    ``SEND_AGAIN`` re-arms them like a replay, at the risk of a second delivery.
     """
     reason = clean_reason(reason)
     if decision not in (StaffDecision.Action.MARK_SENT, StaffDecision.Action.SEND_AGAIN):
@@ -226,10 +222,7 @@ def _rearm(
     now: datetime,
     use_edited_text: bool = False,
 ) -> list[int]:
-    """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is still ``pending``.
-
-    Reset their attempt count (and frozen text with ``use_edited_text``); return the ids changed.
-    """
+    """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is ``pending``."""
     ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
     fates = {}
@@ -269,24 +262,18 @@ def reminder_replay_selection(
     return replay(reminders=reminders, actor=actor, reason=reason, use_edited_text=use_edited_text)
 
 
-# --- Replays too large for one request ------------------------------------------
-
-PublishTask = Callable[[int], object]
-
-
 def reminder_replay_later(
     *,
     reminders: QuerySet[Reminder],
     actor: AbstractBaseUser,
     reason: str = "",
     clock: Clock | None = None,
-    publish_task: PublishTask | None = None,
+    publish_task: Callable[[int], object] | None = None,
     use_edited_text: bool = False,
 ) -> StaffActionResult:
     """Record a replay of a large selection and hand it to a worker after commit.
 
-    The selection's ids are kept on the StaffDecision row, so the worker replays
-    what staff confirmed whatever the filters match later.
+    The ids are kept on the decision: the worker replays what staff confirmed.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -335,8 +322,8 @@ def replay_step(
 ) -> StaffDecision:
     """Re-arm and queue the next chunk of a background replay, or close it when none is left.
 
-    ``progress`` and ``heartbeat_at`` move in the chunk's transaction under the decision's lock,
-    so a lost or redelivered task resumes after the last chunk and never re-arms one twice.
+    ``progress`` moves in the chunk's transaction under the decision's lock, so a lost or
+    redelivered task resumes after the last chunk.
     """
     clock = clock or default_clock()
     chunk = chunk or settings.REMINDERS_REPLAY_CHUNK

@@ -57,10 +57,9 @@ def reminders_settle(
     scope: Q | None = None,
     late_reason: str | None = None,
 ) -> dict[str, int]:
-    """Apply the module's four rules to the rows of ``scope`` (all rows by default).
+    """Apply the module's four rules to the rows of ``scope`` (all rows by default); return counts.
 
-    ``late_reason`` overrides the reason read from each row. Return how many rows
-    were ``cancelled``, ``missed`` (or ``unknown``) and ``reopened``.
+    ``late_reason`` overrides the reason read from each row.
     """
     now = database_now(clock or default_clock())
     policy = ReminderPolicy.from_settings()

@@ -37,9 +37,7 @@ def reminder_send_test_request(
 ) -> StaffDecision:
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
-    Raise ``ValidationError``, recording nothing, if the staff member has no usable address or
-    the attendee is not enrolled. A ``request_token`` seen before (a form posted twice) returns
-    that decision and queues nothing: the unique constraint decides between two at once.
+    A ``request_token`` seen before (a form posted twice) returns that decision, queueing nothing.
     """
     clock = clock or default_clock()
     address = (actor.email or "").strip()
