@@ -38,22 +38,6 @@ logger = logging.getLogger(__name__)
 
 Status = Reminder.Status
 
-# Columns the plan fills, in the order of its SELECT list.
-_PLAN_COLUMNS = (
-    "attendee_id",
-    "workshop_id",
-    "enrollment_id",
-    "key",
-    "status",
-    "status_reason",
-    "attempts",
-    "last_error",
-    "channel",
-    "provider_message_id",
-    "created_at",
-    "updated_at",
-)
-
 
 def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet | None:
     """Return the enrollments of the workshops in the lead window, or None if there are none.
@@ -82,31 +66,32 @@ def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet |
 
 def _plan_source(
     *, now: datetime, policy: ReminderPolicy, enrollments: QuerySet[Enrollment], late_reason: str
-) -> QuerySet:
-    """Return the SELECT feeding the plan: one row per enrollment lacking a reminder."""
+) -> tuple[list[str], QuerySet]:
+    """Return the columns the plan fills and their SELECT: a row per enrollment with no reminder."""
     late = policy.late_start_q(now, through="workshop__")
-    # One per column of _PLAN_COLUMNS, in order.
     values = {
-        "p_attendee": F("attendee_id"),
-        "p_workshop": F("workshop_id"),
-        "p_enrollment": F("id"),
-        "p_key": Concat(
+        "attendee_id": F("attendee_id"),
+        "workshop_id": F("workshop_id"),
+        "enrollment_id": F("id"),
+        "key": Concat(
             Value(f"{settings.REMINDERS_KEY_PREFIX}-w"),
             Cast("workshop_id", CharField()),
             Value("-a"),
             Cast("attendee_id", CharField()),
             output_field=CharField(),
         ),
-        "p_status": Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
-        "p_reason": Case(When(late, then=Value(late_reason)), default=Value("")),
-        "p_attempts": Value(0, output_field=IntegerField()),
-        "p_error": Value(""),
-        "p_channel": Value(""),
-        "p_message_id": Value(""),
-        "p_created": Value(now, output_field=DateTimeField()),
-        "p_updated": Value(now, output_field=DateTimeField()),
+        "status": Case(When(late, then=Value(Status.MISSED)), default=Value(Status.PENDING)),
+        "status_reason": Case(When(late, then=Value(late_reason)), default=Value("")),
+        "attempts": Value(0, output_field=IntegerField()),
+        "last_error": Value(""),
+        "channel": Value(""),
+        "provider_message_id": Value(""),
+        "created_at": Value(now, output_field=DateTimeField()),
+        "updated_at": Value(now, output_field=DateTimeField()),
     }
-    return (
+    # Prefixed: an annotation may not take the name of one of the enrollment's fields.
+    selected = {f"p_{column}": value for column, value in values.items()}
+    return list(values), (
         enrollments.filter(
             status=Enrollment.Status.ACTIVE,
             workshop__status=Workshop.Status.SCHEDULED,
@@ -116,8 +101,8 @@ def _plan_source(
             reminders__isnull=True,
         )
         .order_by()
-        .annotate(**values)
-        .values_list(*values)
+        .annotate(**selected)
+        .values_list(*selected)
     )
 
 
@@ -140,10 +125,12 @@ def reminders_plan(
         enrollments = _in_window_workshops(now=now, policy=policy)
         if enrollments is None:
             return 0
-    source = _plan_source(now=now, policy=policy, enrollments=enrollments, late_reason=late_reason)
+    names, source = _plan_source(
+        now=now, policy=policy, enrollments=enrollments, late_reason=late_reason
+    )
     select_sql, params = source.query.sql_with_params()
     table = connection.ops.quote_name(Reminder._meta.db_table)
-    columns = ", ".join(connection.ops.quote_name(column) for column in _PLAN_COLUMNS)
+    columns = ", ".join(connection.ops.quote_name(column) for column in names)
     with connection.cursor() as cursor:
         cursor.execute(
             f"INSERT INTO {table} ({columns}) {select_sql} ON CONFLICT DO NOTHING", params
