@@ -11,7 +11,6 @@ import asyncio
 import contextvars
 import logging
 import queue
-import random as _random
 import threading
 from collections.abc import Callable, Iterable
 
@@ -134,7 +133,6 @@ class Session:
         *,
         policy: DeliveryLimits,
         stop: Flag | None = None,
-        random: Callable[[], float] = _random.random,
         gate: Gate | None = None,
         tick: Callable[[], None] | None = None,
         tick_interval: float = 0.25,
@@ -168,7 +166,6 @@ class Session:
                 clock=self._clock,
                 limiter=limiter,
                 stop=async_stop,
-                random=random,
                 gate=gate,
                 observer=observer,
                 flags=stops,
