@@ -42,8 +42,6 @@ async def hedged_send(
 
     Channel *i* starts ``stagger`` seconds after channel *i-1*, or once that one failed.
     """
-    if not channels:
-        raise HedgeRefusedError("hedging needs at least one channel; pass two or more.")
     unsafe = [c.name for c in channels if not c.honours_idempotency_keys]
     if unsafe:
         raise HedgeRefusedError(
