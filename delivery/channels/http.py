@@ -33,17 +33,7 @@ from delivery.errors import (
 from delivery.hedge import hedged_send
 from delivery.redact import redact_text, redact_url
 
-__all__ = [
-    "HttpSettings",
-    "HttpChannel",
-    "encode_body",
-    "sign",
-    "signed_headers",
-    "parse_retry_after",
-    "SIGNATURE_HEADER",
-    "TIMESTAMP_HEADER",
-    "CONTRACT_VERSION",
-]
+__all__ = ["HttpSettings", "HttpChannel", "encode_body", "signed_headers", "parse_retry_after"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,11 +82,7 @@ class HttpSettings:
                 "HttpSettings.secret is empty; pass the shared secret the provider uses to "
                 "verify the X-Reminders-Signature header."
             )
-        if (
-            not isinstance(self.timeout, int | float)
-            or not math.isfinite(self.timeout)
-            or (self.timeout <= 0)
-        ):
+        if not (isinstance(self.timeout, int | float) and 0 < self.timeout < math.inf):
             raise ValueError(f"HttpSettings.timeout must be seconds > 0 (got {self.timeout!r}).")
         if not math.isfinite(self.hedge_stagger) or self.hedge_stagger < 0:
             raise ValueError("HttpSettings.hedge_stagger must be seconds >= 0.")
@@ -136,26 +122,20 @@ def _loopback(parts: SplitResult) -> bool:
     return host.endswith(".localhost") or is_loopback_host(host)
 
 
-def sign(secret: str, timestamp: str, key: str, body: bytes) -> str:
-    """Return the HMAC-SHA256 signature of ``timestamp LF key LF body``.
+def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dict[str, str]:
+    """Return the contract's request headers for ``body``, signed at ``timestamp``.
 
-    The timestamp (digits) and the key hold no line break, so the parts cannot shift.
+    The signature is HMAC-SHA256 of ``timestamp LF key LF body``: the timestamp (digits) and the
+    key (printable ASCII, as ``Envelope`` checks) hold no line break, so the parts cannot shift.
     """
-    if not key.isascii() or "\r" in key or "\n" in key:
-        raise ValueError(f"An idempotency key must be ASCII on one line; got {key!r}.")
     message = b"\n".join((timestamp.encode("ascii"), key.encode("ascii"), body))
     digest = hmac.new(secret.encode(), message, hashlib.sha256)
-    return f"sha256={digest.hexdigest()}"
-
-
-def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dict[str, str]:
-    """Return the contract's request headers for ``body``, signed at ``timestamp``."""
     return {
         "Content-Type": "application/json; charset=utf-8",
         "Accept": "application/json",
         "Idempotency-Key": key,
         TIMESTAMP_HEADER: timestamp,
-        SIGNATURE_HEADER: sign(secret, timestamp, key, body),
+        SIGNATURE_HEADER: f"sha256={digest.hexdigest()}",
     }
 
 
