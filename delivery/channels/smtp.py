@@ -81,11 +81,7 @@ class SmtpSettings:
             raise ValueError(
                 "SmtpSettings needs both username and password, or neither (no authentication)."
             )
-        if (
-            not isinstance(self.timeout, int | float)
-            or not math.isfinite(self.timeout)
-            or (self.timeout <= 0)
-        ):
+        if not (isinstance(self.timeout, int | float) and 0 < self.timeout < math.inf):
             raise ValueError(f"SmtpSettings.timeout must be seconds > 0 (got {self.timeout!r}).")
         if not isinstance(self.max_connections, int) or self.max_connections < 1:
             raise ValueError(
@@ -417,7 +413,10 @@ class SmtpChannel:
         except (aiosmtplib.SMTPException, OSError) as exc:
             # Before DATA (``_data`` translates its own errors): not accepted.
             if isinstance(exc, aiosmtplib.SMTPResponseException):
-                reusable = await self._reset(connection)
+                # End the refused transaction; the connection is reused if RSET goes through.
+                with contextlib.suppress(aiosmtplib.SMTPException, OSError):
+                    await connection.rset()
+                    reusable = True
                 command = (
                     "RCPT TO" if isinstance(exc, aiosmtplib.SMTPRecipientRefused) else "MAIL FROM"
                 )
@@ -561,14 +560,6 @@ class SmtpChannel:
             raise _from_reply(exc.code, exc.message, "DATA") from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise self._failed_during_data(exc) from exc
-
-    async def _reset(self, connection: aiosmtplib.SMTP) -> bool:
-        """End a refused transaction; return whether the connection can be reused."""
-        try:
-            await connection.rset()
-        except (aiosmtplib.SMTPException, OSError):
-            return False
-        return True
 
 
 def translate_smtplib_error(exc: BaseException) -> BaseException:
