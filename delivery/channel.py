@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 from types import TracebackType
-from typing import Protocol, Self, runtime_checkable
+from typing import Protocol, Self
 
 from delivery.envelope import Envelope
 
 __all__ = ["Channel"]
 
 
-@runtime_checkable
 class Channel(Protocol):
     """A connection to a provider, opened once per batch or per ``Session``.
 

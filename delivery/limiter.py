@@ -25,7 +25,7 @@ import math
 import uuid
 from collections import deque
 from datetime import datetime, timedelta
-from typing import Protocol, runtime_checkable
+from typing import Protocol
 
 from clock import Clock
 
@@ -51,7 +51,6 @@ class DeadlineReached(Exception):
     """The wait for a start would end at or after the caller's deadline."""
 
 
-@runtime_checkable
 class RateLimiter(Protocol):
     """What the engine needs from a rate limiter."""
 
@@ -155,9 +154,6 @@ class LocalRateLimiter:
 
     async def aclose(self) -> None:
         return None
-
-    def __repr__(self) -> str:
-        return f"LocalRateLimiter(per_second={self.per_second}, window={self.window})"
 
 
 # KEYS[1]: sorted set of start times (µs, Redis TIME), reserved ones included; KEYS[2]:
@@ -427,6 +423,3 @@ class RedisRateLimiter:
             self.skipped = 0
         if client is not None:
             await client.aclose()
-
-    def __repr__(self) -> str:
-        return f"RedisRateLimiter(account={self.account!r}, per_second={self.per_second})"

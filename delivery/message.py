@@ -60,9 +60,6 @@ class Sender:
         self.address = address
         self.domain = address.rpartition("@")[2]
 
-    def __repr__(self) -> str:
-        return f"Sender({self.name!r}, {self.address!r})"
-
 
 def parse_sender(from_email: str, *, setting: str) -> Sender:
     """Parse ``"Name <addr>"`` or ``"addr"``; raise ``ValueError`` naming ``setting``."""
