@@ -1,19 +1,13 @@
 """Rate limiters: at most R provider call starts in any window of one second.
 
-Both keep an exact sliding window (a log of recent starts; a token bucket would let 2R through
-at a window boundary) and by default *spread* starts, one every ``(window + margin) /
-per_second`` seconds, so a burst does not reach the provider bunched. The schedule is anchored
-to ideal start times and restarts only after a whole idle interval. ``margin`` stretches our
-window past the provider's, which counts arrivals, trailing our starts by network jitter. A
-reserved start woken for over one interval late (a stall) is not made: the caller reserves
-again, once, rather than bunch with the on-time starts reserved after it.
-
-- ``LocalRateLimiter``: one event loop, on the injected clock.
-- ``RedisRateLimiter``: every worker shares one window in Redis; a Lua script prunes, counts
-  and reserves the next start atomically on Redis's ``TIME``, one round trip per start.
+Both keep an exact sliding window (a token bucket would let 2R through at a window boundary)
+and by default spread starts ``(window + margin) / per_second`` apart, anchored to ideal start
+times, so a burst does not reach the provider bunched. ``margin`` stretches our window past the
+provider's, which counts arrivals, trailing our starts by network jitter. ``LocalRateLimiter``
+serves one event loop; ``RedisRateLimiter`` shares one window between workers.
 
 ``acquire`` raises ``DeadlineReached`` when the wait would end at or after the caller's
-deadline and gives up at once when cancelled. ``pause`` is how a 429 slows every caller down.
+deadline. ``pause`` is how a 429 slows every caller down.
 """
 
 from __future__ import annotations
@@ -88,11 +82,7 @@ def _refuse_a_wait_past(deadline_at: datetime | None, wait: float, clock: Clock)
 
 
 class LocalRateLimiter:
-    """Limit call starts within one event loop (one batch, or one process's loop).
-
-    Waiters are served in order (``asyncio.Lock`` is FIFO); the head sleeps until the next
-    start is allowed. Create one per event loop; ``RedisRateLimiter`` is shared by processes.
-    """
+    """Limit call starts within one event loop, serving waiters in order (the lock is FIFO)."""
 
     def __init__(
         self,

@@ -1,8 +1,7 @@
-"""The synchronous side of the crossing: a Session runs batches on an event loop of its own.
+"""Run batches from synchronous code on an event loop of the Session's own.
 
-A worker keeps one Session for a whole job (claim, send, record, next chunk): the chunks share
-the loop, the provider connections and the rate limiter's client. The loop runs only while
-``deliver`` runs, so the caller's synchronous work (the ORM) never overlaps it.
+The chunks of a job share the loop, the provider connections and the limiter's client; the
+loop runs only while ``deliver`` runs, so the caller's work (the ORM) never overlaps it.
 """
 
 from __future__ import annotations
@@ -100,10 +99,9 @@ class Session:
             logger.warning("Delivery session did not close cleanly", exc_info=True)
 
     def close(self) -> None:
-        """Close the channel and the limiter inside the loop, then end the loop (idempotent).
+        """Close the channel, the limiter, then the loop (idempotent).
 
-        An exception raised into the calling thread meanwhile (a soft time limit) is raised
-        once everything is closed and the loop's thread has ended.
+        An exception raised into the calling thread meanwhile is raised once all is closed.
         """
         if self._thread is None:
             return
@@ -138,13 +136,12 @@ class Session:
         tick_interval: float = 0.25,
         observer: Observer | None = None,
     ) -> list[DeliveryResult]:
-        """Run one batch on the session's loop and return one result per envelope (blocking).
+        """Run one batch on the session's loop; return one result per envelope (blocking).
 
-        Meanwhile the calling thread calls ``tick`` every ``tick_interval`` seconds (to refresh
-        ``gate``). ``stop`` is anything with ``is_set()``, such as a ``threading.Event``. The
-        batch runs in the caller's context (its context variables, such as the claim its log
-        lines carry). An exception raised in the calling thread meanwhile (a soft time limit)
-        stops the batch as ``stop`` would, then ``Interrupted`` carries its results.
+        The calling thread calls ``tick`` every ``tick_interval`` seconds (to refresh ``gate``);
+        the batch runs in its context (context variables, such as the claim logs carry). An
+        exception raised into it (a soft time limit) stops the batch as ``stop`` would, then
+        ``Interrupted`` carries the results.
         """
         if self._thread is None:
             raise RuntimeError("Session.deliver() needs the session open: use 'with Session(...)'.")

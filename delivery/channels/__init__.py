@@ -1,8 +1,4 @@
-"""Ways of handing a message to a provider.
-
-``HttpChannel`` and ``FileChannel`` honour idempotency keys; ``SmtpChannel``
-and ``ThreadedChannel`` do not.
-"""
+"""Ways of handing a message to a provider."""
 
 from delivery.channels.file import FileChannel
 from delivery.channels.http import HttpChannel, HttpSettings
