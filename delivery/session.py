@@ -266,6 +266,7 @@ class _KeptOpen:
         self.name = channel.name
         self.honours_idempotency_keys = channel.honours_idempotency_keys
         self.max_concurrency = channel.max_concurrency
+        self.send = channel.send  # no forwarding coroutine between the engine and the channel
         self.is_open = False
 
     async def __aenter__(self) -> _KeptOpen:
@@ -276,9 +277,6 @@ class _KeptOpen:
 
     async def __aexit__(self, *exc_info) -> None:
         return None
-
-    async def send(self, envelope: Envelope) -> str:
-        return await self.channel.send(envelope)
 
     async def close(self, clock: Clock, seconds: float) -> None:
         if self.is_open:

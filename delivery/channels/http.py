@@ -217,7 +217,6 @@ class HttpChannel:
         session, self._session = self._session, None
         if session is not None:
             await session.close()
-        return None
 
     async def send(self, envelope: Envelope) -> str:
         if len(self._endpoints) == 1:

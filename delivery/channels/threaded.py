@@ -51,7 +51,6 @@ class ThreadedChannel:
                 self.name,
                 running,
             )
-        return None
 
     async def send(self, envelope: Envelope) -> str:
         loop = asyncio.get_running_loop()
