@@ -68,8 +68,8 @@ class RateLimitedError(TransientError):
 class OutcomeUnknownError(TransientError):
     """The request was sent and its answer lost; retry only where keys are honoured."""
 
-    def __init__(self, message: str, retry_after: float | None = None):
-        super().__init__(message, retry_after, reached=True, maybe_delivered=True)
+    def __init__(self, message: str):
+        super().__init__(message, reached=True, maybe_delivered=True)
 
 
 class PermanentError(DeliveryError):

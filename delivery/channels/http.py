@@ -226,8 +226,6 @@ class HttpChannel:
         )
 
     async def _post(self, url: str, envelope: Envelope) -> str:
-        if self._session is None:
-            raise RuntimeError("HttpChannel.send() needs the channel open: use 'async with'.")
         body = encode_body(envelope)
         timestamp = str(int(self._clock.now().timestamp()))
         headers = signed_headers(

@@ -372,8 +372,6 @@ class SmtpChannel:
         )
 
     async def send(self, envelope: Envelope) -> str:
-        if self._slots is None:
-            raise RuntimeError("SmtpChannel.send() needs the channel open: use 'async with'.")
         message = write_message(envelope, sender=self._sender, date=self._clock.now())
         data = message.data
         if self.settings.dkim is not None:

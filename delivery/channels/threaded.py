@@ -27,8 +27,6 @@ class ThreadedChannel:
     max_concurrency = None
 
     def __init__(self, name: str, send: Callable[[Envelope], str]) -> None:
-        if not name:
-            raise ValueError("ThreadedChannel needs a name, e.g. 'django-mail'.")
         self.name = name
         self._send = send
         self._lock = threading.Lock()
