@@ -91,11 +91,7 @@ class SmtpSettings:
 
 
 def plaintext_smtp_allowed(host: str, plaintext_hosts: Iterable[str] = ()) -> bool:
-    """Return True if SMTP to ``host`` may stay unencrypted (pure).
-
-    Only this machine (``localhost``, 127.0.0.0/8, ``::1``) and EMAIL_PLAINTEXT_HOSTS may (names
-    compared without case or a trailing dot); any other host gets TLS or nothing.
-    """
+    """Return True if SMTP to ``host`` may stay unencrypted: a loopback host or one listed."""
     name = _host_name(host)
     if not name:
         return False
@@ -429,12 +425,8 @@ class SmtpChannel:
     async def _send_pipelined(
         self, connection: _Pipeline, reused: bool, recipient: str, data: bytes
     ) -> None:
-        """Run one transaction in two round trips.
-
-        A failure before the message is written is transient; after that,
-        without a reply, the outcome is unknown.
-        """
-        if _CONTROL.search(self._sender.address) or _CONTROL.search(recipient):
+        """Run one transaction in two round trips; without the final reply the outcome is unknown."""
+        if _CONTROL.search(recipient):  # the sender's was refused at construction
             self._release(connection)
             raise PermanentError(f"address {recipient!r} holds a control character", reached=False)
         try:
