@@ -44,6 +44,7 @@ TIMESTAMP_HEADER = "X-Reminders-Timestamp"
 USER_AGENT = "workshop-reminders-delivery/1"
 _TRANSIENT_STATUSES = frozenset({408, 409, 425})
 _MAX_ERROR_TEXT = 300
+_MAX_CONNECTIONS = 100
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -55,7 +56,6 @@ class HttpSettings:
     timeout: float = 10.0
     hedge_urls: tuple[str, ...] = ()
     hedge_stagger: float = 0.0
-    max_connections: int = 100
     #: Plain http:// to a host other than this machine (REMINDERS_HTTP_ALLOW_INSECURE).
     allow_insecure_http: bool = False
 
@@ -86,8 +86,6 @@ class HttpSettings:
             raise ValueError(f"HttpSettings.timeout must be seconds > 0 (got {self.timeout!r}).")
         if not math.isfinite(self.hedge_stagger) or self.hedge_stagger < 0:
             raise ValueError("HttpSettings.hedge_stagger must be seconds >= 0.")
-        if not isinstance(self.max_connections, int) or self.max_connections < 1:
-            raise ValueError("HttpSettings.max_connections must be an integer >= 1.")
 
 
 def encode_body(envelope: Envelope) -> bytes:
@@ -203,7 +201,7 @@ class HttpChannel:
         settings = self.settings
         urls = (settings.url, *settings.hedge_urls)
         tls = ssl.create_default_context() if any(u.startswith("https:") for u in urls) else False
-        connector = aiohttp.TCPConnector(limit=settings.max_connections, limit_per_host=0, ssl=tls)
+        connector = aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, limit_per_host=0, ssl=tls)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=settings.timeout, connect=settings.timeout),
