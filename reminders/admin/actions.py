@@ -12,7 +12,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from reminders.admin.columns import plural
-from reminders.admin.forms import ReplayForm
+from reminders.admin.forms import ReasonForm, ReplayForm
 from reminders.models import Reminder, StaffDecision, id_from_text
 from reminders.selectors import SKIP_REASONS, reminder_replay_preview
 from reminders.services.replay import StaffActionResult, reminder_replay_selection
@@ -193,3 +193,46 @@ class StaffActionsMixin:
             messages.SUCCESS if result.changed or result.running else messages.WARNING,
         )
         return None
+
+    def _decision(
+        self, request, *, noun, action, preview, run, skip_labels, effect_labels, title,
+        eligible_label, verb, explanation, done,
+    ):  # fmt: skip
+        """Confirm a decision with a reason; ``done`` is its message, formatted with counts."""
+        form = confirmed_form(request, ReasonForm)
+        not_found = f"{noun}s_not_found"
+        if form.is_valid():
+            result = run(reason=form.cleaned_data["reason"], actor=request.user)
+            missing = self._missing(request, found=result.selected, key=not_found)
+            text = done.format(
+                changed=plural(result.changed, noun),
+                reminders=plural(result.reminders, "reminder"),
+                attendees=plural(result.reminders, "reminded attendee"),
+            )
+            self.message_user(
+                request,
+                f"{text} The decision is recorded."
+                + skipped_text({**result.skipped, **missing}, skip_labels),
+                messages.SUCCESS if result.changed else messages.WARNING,
+            )
+            return None
+        counted = preview()
+        missing = self._missing(request, found=counted.selected, key=not_found)
+        return self._confirmation_page(
+            request,
+            "workshop_decision_confirmation.html",
+            title=title,
+            action=action,
+            noun=noun,
+            explanation=explanation,
+            preview=counted,
+            eligible_label=eligible_label,
+            effect_rows=[
+                (label, counted.effects[key])
+                for key, label in effect_labels.items()
+                if key in counted.effects
+            ],
+            skipped_rows=skipped_rows({**counted.skipped, **missing}, skip_labels),
+            submit_label=f"Yes, {verb} {plural(counted.eligible, noun)}",
+            form=form,
+        )

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from functools import partial
+
+from django.contrib import admin
 from django.urls import reverse
 from django.utils.html import format_html
 
-from reminders.admin.actions import StaffActionsMixin, confirmed_form, skipped_rows, skipped_text
-from reminders.admin.columns import copy_saved, format_local, plural, utc_column
-from reminders.admin.forms import EnrollmentForm, ReasonForm
+from reminders.admin.actions import StaffActionsMixin
+from reminders.admin.columns import copy_saved, format_local, utc_column
+from reminders.admin.forms import EnrollmentForm
 from reminders.services.enrollment_decisions import (
     ENROLLMENT_EFFECT_LABELS,
     ENROLLMENT_SKIP_LABELS,
@@ -17,8 +19,6 @@ from reminders.services.enrollment_decisions import (
 )
 from workshops.models import Enrollment
 from workshops.services import enrollment_create
-
-NOT_FOUND = "enrollments_not_found"
 
 
 @admin.register(Enrollment)
@@ -54,39 +54,21 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Cancel selected enrollments", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         """Preview, ask for a reason, then cancel the enrollments and their unsent reminders."""
-        form = confirmed_form(request, ReasonForm)
-        if form.is_valid():
-            result = enrollments_cancel(
-                enrollments=queryset, reason=form.cleaned_data["reason"], actor=request.user
-            )
-            missing = self._missing(request, found=result.selected, key=NOT_FOUND)
-            self.message_user(
-                request,
-                f"Cancelled {plural(result.changed, 'enrollment')}; "
-                f"{plural(result.reminders, 'reminder')} cancelled. The decision is recorded."
-                + skipped_text({**result.skipped, **missing}, ENROLLMENT_SKIP_LABELS),
-                messages.SUCCESS if result.changed else messages.WARNING,
-            )
-            return None
-        counted = enrollment_cancel_preview(enrollments=queryset)
-        missing = self._missing(request, found=counted.selected, key=NOT_FOUND)
-        return self._confirmation_page(
+        return self._decision(
             request,
-            "workshop_decision_confirmation.html",
-            title="Cancel the selected enrollments",
-            action="cancel_selected",
             noun="enrollment",
+            action="cancel_selected",
+            preview=partial(enrollment_cancel_preview, enrollments=queryset),
+            run=partial(enrollments_cancel, enrollments=queryset),
+            skip_labels=ENROLLMENT_SKIP_LABELS,
+            effect_labels=ENROLLMENT_EFFECT_LABELS,
+            title="Cancel the selected enrollments",
+            eligible_label="Active enrollments that will be cancelled",
+            verb="cancel",
             explanation="A cancelled enrollment gets no reminder. To enrol the attendee again, "
             "set the enrollment back to active: its reminder is planned again unless the "
             "cutoff has passed; one already sent is never sent twice.",
-            preview=counted,
-            eligible_label="Active enrollments that will be cancelled",
-            effect_rows=[
-                (label, counted.effects[key]) for key, label in ENROLLMENT_EFFECT_LABELS.items()
-            ],
-            skipped_rows=skipped_rows({**counted.skipped, **missing}, ENROLLMENT_SKIP_LABELS),
-            submit_label=f"Yes, cancel {plural(counted.eligible, 'enrollment')}",
-            form=form,
+            done="Cancelled {changed}; {reminders} cancelled.",
         )
 
     @admin.display(description="Workshop", ordering="workshop__title")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from functools import partial
 
 from django import forms
 from django.conf import settings
@@ -18,13 +19,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from clock import default_clock
-from reminders.admin.actions import (
-    SKIP_LABELS,
-    StaffActionsMixin,
-    confirmed_form,
-    skipped_rows,
-    skipped_text,
-)
+from reminders.admin.actions import SKIP_LABELS, StaffActionsMixin
 from reminders.admin.columns import (
     KeepEnrolledMixin,
     copy_saved,
@@ -34,12 +29,7 @@ from reminders.admin.columns import (
     plural,
     utc_column,
 )
-from reminders.admin.forms import (
-    EnrollmentInlineForm,
-    EnrollmentInlineFormSet,
-    ReasonForm,
-    WorkshopForm,
-)
+from reminders.admin.forms import EnrollmentInlineForm, EnrollmentInlineFormSet, WorkshopForm
 from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
 from reminders.selectors import workshop_notice_revisions, workshop_text_reach
@@ -317,32 +307,30 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         error = NOT_ENROLLED if wanted and chosen is None else ""
         chosen = chosen or next(iter(enrolled), None)
         notice = request.GET.get("message") == "notice"
-        render = notice_preview if notice else reminder_preview
-        preview = (
-            render(workshop=workshop, attendee=chosen, now=default_clock().now())
-            if chosen is not None
-            else None
-        )
-        envelope = preview.envelope if preview else None
         context = {
             **self.admin_site.each_context(request),
-            "text": preview.text if preview else None,
-            "text_language": language_name(preview.text.language) if preview else "",
-            "frozen": preview.frozen if preview else False,
-            "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "title": f"Preview of the {'change notice' if notice else 'reminder'} for "
             f"{workshop.title}",
-            "notice": notice,
             "subtitle": None,
             "opts": self.model._meta,
             "original": workshop,
+            "notice": notice,
             "enrolled": enrolled,
             "chosen": chosen,
             "error": error,
-            "envelope": envelope,
-            "ics": envelope.attachments[0].content.decode() if envelope else "",
+            "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "request_token": uuid.uuid4().hex,
         }
+        if chosen is not None:
+            render = notice_preview if notice else reminder_preview
+            preview = render(workshop=workshop, attendee=chosen, now=default_clock().now())
+            context |= {
+                "text": preview.text,
+                "text_language": language_name(preview.text.language),
+                "frozen": preview.frozen,
+                "envelope": preview.envelope,
+                "ics": preview.envelope.attachments[0].content.decode(),
+            }
         return TemplateResponse(request, "admin/reminders/workshop/preview.html", context)
 
     def _send_test(self, request, workshop):
@@ -431,94 +419,58 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Cancel selected workshops", permissions=["cancel"])
     def cancel_selected(self, request, queryset):
         """Preview, ask for a reason, then cancel the selected workshops and their reminders."""
-        return self._workshop_decision(
+        return self._decision(
             request,
-            queryset,
+            noun="workshop",
             action="cancel_selected",
-            preview=workshop_cancel_preview,
-            run=workshops_cancel,
+            preview=partial(workshop_cancel_preview, workshops=queryset),
+            run=partial(workshops_cancel, workshops=queryset),
+            skip_labels=WORKSHOP_SKIPS,
+            effect_labels=WORKSHOP_EFFECT_LABELS,
             title="Cancel the selected workshops",
             eligible_label="Scheduled workshops that will be cancelled",
             verb="cancel",
             explanation="Attendees get no reminder for a cancelled workshop. You can reinstate "
             "it later: its reminders are then planned again, unless the cutoff has passed.",
-            done="Cancelled {workshops}; {reminders} cancelled.",
+            done="Cancelled {changed}; {reminders} cancelled.",
         )
 
     @admin.action(description="Reinstate selected workshops", permissions=["cancel"])
     def reinstate_selected(self, request, queryset):
         """Preview, ask for a reason, then reinstate cancelled workshops and re-plan reminders."""
-        return self._workshop_decision(
+        return self._decision(
             request,
-            queryset,
+            noun="workshop",
             action="reinstate_selected",
-            preview=workshop_reinstate_preview,
-            run=workshops_reinstate,
+            preview=partial(workshop_reinstate_preview, workshops=queryset),
+            run=partial(workshops_reinstate, workshops=queryset),
+            skip_labels=WORKSHOP_SKIPS,
+            effect_labels=WORKSHOP_EFFECT_LABELS,
             title="Reinstate the selected workshops",
             eligible_label="Cancelled workshops that will be scheduled again",
             verb="reinstate",
             explanation="Reinstated workshops are scheduled again; a reminder already sent is "
             "never sent twice.",
-            done="Reinstated {workshops}; {reminders} planned again or marked missed or unknown.",
+            done="Reinstated {changed}; {reminders} planned again or marked missed or unknown.",
         )
 
     @admin.action(description="Don't notify attendees of the latest change", permissions=["cancel"])
     def silence_selected(self, request, queryset):
         """Preview, ask for a reason, then let the reminded attendees not hear of the change."""
-        return self._workshop_decision(
+        return self._decision(
             request,
-            queryset,
+            noun="workshop",
             action="silence_selected",
-            preview=workshop_silence_preview,
-            run=workshops_silence,
+            preview=partial(workshop_silence_preview, workshops=queryset),
+            run=partial(workshops_silence, workshops=queryset),
+            skip_labels=WORKSHOP_SKIPS,
+            effect_labels=WORKSHOP_EFFECT_LABELS,
             title="Don't notify attendees of the latest change",
             eligible_label="Workshops with reminded attendees not yet told of a change",
             verb="silence",
             explanation="Attendees already reminded get no change notice for the workshop as it "
             "is now (notices not yet sent are marked silenced). A later change is news again.",
-            done="{attendees} of {workshops} will not be told of the latest change.",
-        )
-
-    def _workshop_decision(
-        self, request, queryset, *, action, preview, run, title, eligible_label, verb, explanation,
-        done,
-    ):  # fmt: skip
-        """Confirm a decision on workshops; ``done`` is its message, formatted with counts."""
-        form = confirmed_form(request, ReasonForm)
-        if form.is_valid():
-            result = run(workshops=queryset, reason=form.cleaned_data["reason"], actor=request.user)
-            missing = self._missing(request, found=result.selected, key="workshops_not_found")
-            text = done.format(
-                workshops=plural(result.changed, "workshop"),
-                reminders=plural(result.reminders, "reminder"),
-                attendees=plural(result.reminders, "reminded attendee"),
-            )
-            self.message_user(
-                request,
-                f"{text} The decision is recorded."
-                + skipped_text({**result.skipped, **missing}, WORKSHOP_SKIPS),
-                messages.SUCCESS if result.changed else messages.WARNING,
-            )
-            return None
-        counted = preview(workshops=queryset)
-        missing = self._missing(request, found=counted.selected, key="workshops_not_found")
-        return self._confirmation_page(
-            request,
-            "workshop_decision_confirmation.html",
-            title=title,
-            action=action,
-            noun="workshop",
-            explanation=explanation,
-            preview=counted,
-            eligible_label=eligible_label,
-            effect_rows=[
-                (label, counted.effects[key])
-                for key, label in WORKSHOP_EFFECT_LABELS.items()
-                if key in counted.effects
-            ],
-            skipped_rows=skipped_rows({**counted.skipped, **missing}, WORKSHOP_SKIPS),
-            submit_label=f"Yes, {verb} {plural(counted.eligible, 'workshop')}",
-            form=form,
+            done="{attendees} of {changed} will not be told of the latest change.",
         )
 
 
