@@ -10,7 +10,6 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
-from django.utils.timesince import timesince
 
 from clock import default_clock
 from reminders.admin.actions import (
@@ -275,14 +274,6 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
             "opts": self.model._meta,
             "health": health,
             "rows": rows,
-            "last_scan_ago": (
-                timesince(health.last_scan_at, now=health.now) if health.last_scan_at else ""
-            ),
-            "last_completed_ago": (
-                timesince(health.last_completed_at, now=health.now)
-                if health.last_completed_at
-                else ""
-            ),
             "stale_after_seconds": int(health.stale_after.total_seconds()),
             "interval_seconds": int(health.interval.total_seconds()),
         }
