@@ -1,7 +1,6 @@
-"""Reads for the staff surface: scheduler health, and what a replay or resolution would do.
+"""Reads for the staff pages; uncached, so they never claim beat is alive when it is not.
 
-Nothing is cached: a cache could claim beat is alive when it is not. The send path never imports
-this module: delivery decides by guarded UPDATEs, never earlier reads (tests/admin/test_health.py).
+The send path never imports this module: delivery decides by guarded UPDATEs, never earlier reads.
 """
 
 from __future__ import annotations
@@ -97,8 +96,7 @@ def _selection_preview(
 def reminder_replay_preview(
     *, reminders: QuerySet[Reminder], clock: Clock | None = None
 ) -> SelectionPreview:
-    """Count the reminders a replay would re-arm (failed or missed, still sendable), and why
-    it skips the rest."""
+    """Count the reminders a replay would re-arm, and why it skips the rest."""
     now = (clock or default_clock()).now()
     replayable = Q(status__in=REPLAYABLE_STATUSES)
     return _selection_preview(
@@ -115,10 +113,7 @@ def reminder_replay_preview(
 def reminder_resolve_preview(
     *, reminders: QuerySet[Reminder], send_again: bool, clock: Clock | None = None
 ) -> SelectionPreview:
-    """Count the selected reminders of unknown outcome that can be resolved as asked.
-
-    Any can be marked as sent; only a still sendable one can be sent again.
-    """
+    """Count the unknown reminders resolvable as asked (only sendable ones can be sent again)."""
     unknown = Q(status=Status.UNKNOWN)
     if not send_again:
         return _selection_preview(reminders, unknown, not_unknown=~unknown)
@@ -265,7 +260,6 @@ def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
 class TextReach:
     """Which text the attendees of one language get, and how many reminders an edit reaches."""
 
-    language: str
     language_name: str
     attendees: int
     unclaimed: int
@@ -274,29 +268,26 @@ class TextReach:
 
 
 def workshop_text_reach(workshop: Workshop) -> tuple[list[TextReach], int, int]:
-    """Return the text each language's attendees get now, and how many reminders an edit
-    would reach (unclaimed and open) and not (frozen)."""
+    """Return the text each language's attendees get, and how many reminders an edit reaches
+    (unclaimed) and not (frozen)."""
+
+    def by_language(rows) -> Counter:
+        counted = Counter()
+        for language, count in rows.values_list("attendee__language").annotate(count=Count("pk")):
+            counted[reminder_language(workshop=workshop, attendee=_Speaker(language))] += count
+        return counted
+
     texts = {text.language: text for text in workshop.texts.all()}
-    attendees, unclaimed = Counter(), Counter()
-    for language, count in (
-        Enrollment.objects.filter(workshop=workshop, status=Enrollment.Status.ACTIVE)
-        .values_list("attendee__language")
-        .annotate(count=Count("pk"))
-    ):
-        attendees[reminder_language(workshop=workshop, attendee=_Speaker(language))] += count
     mine = Reminder.objects.filter(workshop=workshop)
-    for language, count in (
-        mine.filter(text__isnull=True, status__in=Reminder.OPEN_STATUSES)
-        .values_list("attendee__language")
-        .annotate(count=Count("pk"))
-    ):
-        unclaimed[reminder_language(workshop=workshop, attendee=_Speaker(language))] += count
+    attendees = by_language(
+        Enrollment.objects.filter(workshop=workshop, status=Enrollment.Status.ACTIVE)
+    )
+    unclaimed = by_language(mine.filter(text__isnull=True, status__in=Reminder.OPEN_STATUSES))
     rows = []
     for language in sorted(set(attendees) | set(unclaimed)):
         chosen = choose_text(workshop=workshop, attendee=_Speaker(language), texts=texts)
         rows.append(
             TextReach(
-                language=language,
                 language_name=language_name(language),
                 attendees=attendees[language],
                 unclaimed=unclaimed[language],
@@ -326,8 +317,7 @@ DELIVERY_STATES = {
 
 
 def with_delivery_state(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
-    """Annotate each reminder with its latest delivery event: ``delivery_kind``,
-    ``delivery_bounce`` and ``delivery_at`` (None when the provider reported nothing)."""
+    """Annotate ``delivery_kind``, ``delivery_bounce`` and ``delivery_at`` of the latest report."""
     latest = DeliveryEvent.objects.filter(reminder=OuterRef("pk")).order_by("-occurred_at", "-id")
     return reminders.annotate(
         delivery_kind=Subquery(latest.values("kind")[:1]),
@@ -337,8 +327,7 @@ def with_delivery_state(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
 
 
 def delivery_state_q(state: str) -> Q:
-    """Filter reminders annotated by ``with_delivery_state`` on one of DELIVERY_STATES, or
-    "none" for those with no report."""
+    """Filter on one of DELIVERY_STATES, or "none" (annotated by ``with_delivery_state``)."""
     if state == "none":
         return Q(delivery_kind__isnull=True)
     kind, _, bounce = state.partition(":")
