@@ -44,20 +44,12 @@ NEAR_DEADLINE = timedelta(minutes=10)
 WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
 
 
-def _family(kind, name: str, documentation: str, samples, labels):
-    """Return a metric family of ``kind`` holding ``samples``, pairs of label values and value."""
+def _family(name: str, documentation: str, samples, labels: list[str], kind=GaugeMetricFamily):
+    """Return a metric family holding ``samples``, pairs of label values and value."""
     family = kind(name, documentation, labels=labels)
     for values, value in samples:
         family.add_metric(values, value)
     return family
-
-
-def _gauge(name: str, documentation: str, samples, labels: list[str]):
-    return _family(GaugeMetricFamily, name, documentation, samples, labels)
-
-
-def _counter(name: str, documentation: str, samples, labels: list[str]):
-    return _family(CounterMetricFamily, name, documentation, samples, labels)
 
 
 def _counts(queryset, *fields: str) -> dict:
@@ -72,14 +64,14 @@ class ReminderCollector(Collector):
     def collect(self):
         now = default_clock().now()
         counts = _counts(Reminder.objects, "status")
-        yield _gauge(
+        yield _family(
             "reminders_by_status",
             "Reminders in each status, from the database",
             (([status.value], counts.get(status.value, 0)) for status in Reminder.Status),
             ["status"],
         )
         found = _counts(Notice.objects, "status", "kind")
-        yield _gauge(
+        yield _family(
             "reminders_notices",
             "Change notices in each status and kind, from the database",
             (
@@ -102,7 +94,7 @@ class ReminderCollector(Collector):
             },
         )
         since = {status.value: oldest[status.value] for status in AGED}
-        yield _gauge(
+        yield _family(
             "reminders_oldest_seconds",
             "Seconds since the oldest reminder in this status got there (0 when none is)",
             (
@@ -111,7 +103,7 @@ class ReminderCollector(Collector):
             ),
             ["status"],
         )
-        yield _gauge(
+        yield _family(
             "reminders_near_deadline",
             "Reminders still pending or queued whose deadline is under 10 minutes away or past",
             (([status.value], oldest[f"near_{status.value}"]) for status in WAITING),
@@ -134,7 +126,7 @@ class ReminderCollector(Collector):
             "How long the last completed scan took",
             value=float(scan.get("duration_seconds") or 0.0),
         )
-        yield _gauge(
+        yield _family(
             "reminders_scan_phase_seconds",
             "How long each phase of the last completed scan took",
             (
@@ -143,7 +135,7 @@ class ReminderCollector(Collector):
             ),
             ["phase"],
         )
-        yield _gauge(
+        yield _family(
             "reminders_scan_rows",
             "What the last completed scan did: reminders expired (missed), reaped by "
             "outcome, planned and dispatched",
@@ -156,21 +148,22 @@ class ReminderCollector(Collector):
             value=float(scan.get("completed") or 0),
         )
         yield from _beat_series()
-        yield _gauge(
+        yield _family(
             "reminders_queue_depth",
             "Messages waiting in each broker queue",
             (([queue], waiting) for queue, waiting in _queue_depths().items()),
             ["queue"],
         )
         recorded = _counts(StaffDecision.objects, "action")
-        yield _counter(
+        yield _family(
             "reminders_staff_actions",
             "Staff decisions recorded, by action (replays, resolutions, cancels, ...)",
             (([action.value], recorded.get(action.value, 0)) for action in StaffDecision.Action),
             ["action"],
+            kind=CounterMetricFamily,
         )
         kept = _counts(DeliveryEvent.objects, "channel", "kind")
-        yield _gauge(
+        yield _family(
             "reminders_delivery_events",
             "Providers' reports kept (REMINDERS_EVENT_RETENTION_DAYS), by channel and kind",
             (
@@ -181,11 +174,12 @@ class ReminderCollector(Collector):
             ["channel", "kind"],
         )
         counted = dict(DroppedReports.objects.values_list("channel", "count"))
-        yield _counter(
+        yield _family(
             "reminders_delivery_events_dropped",
             "Providers' reports that named no reminder sent here, or an erased attendee's",
             (([channel], counted.get(channel, 0)) for channel in sorted({"http", *counted})),
             ["channel"],
+            kind=CounterMetricFamily,
         )
 
 
