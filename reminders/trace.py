@@ -1,8 +1,4 @@
-"""One reminder's history, read back from the database (``manage.py reminder_trace``).
-
-Read only: every line comes from a durable record (the row, its Dispatches, DeliveryAttempts,
-the provider's DeliveryEvents, its change notices and the StaffDecisions that name it).
-"""
+"""One reminder's history, read back from its durable records (``manage.py reminder_trace``)."""
 
 from __future__ import annotations
 

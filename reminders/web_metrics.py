@@ -1,8 +1,7 @@
-"""``/metrics`` on the web process: what the database and the broker say, for Prometheus.
+"""``/metrics`` for Prometheus, read from the database and the broker at each scrape.
 
-Every series is read at scrape time, never kept in memory, so any web process
-answers the same, at a cost that does not grow with the reminders. Off (404)
-unless METRICS_TOKEN is set; then ``Authorization: Bearer <token>`` is required.
+Nothing is kept in memory, so any web process answers the same. Off (404) unless
+METRICS_TOKEN is set; then ``Authorization: Bearer <token>`` is required.
 """
 
 from __future__ import annotations
@@ -184,10 +183,7 @@ class ReminderCollector(Collector):
 
 
 def _beat_series():
-    """Yield when beat last published the scan, and its interval, from django-celery-beat.
-
-    Its age tells "beat is not publishing" apart from "scans are not completing".
-    """
+    """Yield when beat last published the scan (not publishing vs not completing), and how often."""
     from django_celery_beat.models import PeriodicTask
 
     row = (

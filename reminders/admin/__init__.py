@@ -1,8 +1,4 @@
-"""Every admin of the project, the workshops app's included.
-
-workshops never imports reminders, so its admins live here. Staff change things
-only through confirmed actions (actions.py) that call the services.
-"""
+"""Every admin; the workshops app's live here, as workshops never imports reminders."""
 
 from reminders.admin import (  # noqa: F401
     attendee,

@@ -1,4 +1,4 @@
-"""What confirmed staff actions share: the confirmation page, the permission check, the messages."""
+"""What staff actions share: the confirmation page, the permission check, the messages."""
 
 from __future__ import annotations
 
@@ -123,7 +123,7 @@ class StaffActionsMixin:
         }
 
     def _missing(self, request, *, found: int, key: str = "not_found") -> dict[str, int]:
-        """Return how many ticked ids matched nothing, as a skip count (none with "select all")."""
+        """Return the ticked ids that matched nothing, as a skip count (none with "select all")."""
         state = self._selection_state(request)
         if state["select_across"]:
             return {}
@@ -158,10 +158,7 @@ class StaffActionsMixin:
         intro: str,
         missing: dict[str, int] | None = None,
     ):
-        """Preview a replay on a confirmation page, or run it once confirmed.
-
-        ``missing=None`` means the ticked ids are reminder ids, counted from the preview.
-        """
+        """Preview a replay, or run it once confirmed; ``missing=None``: ticked reminder ids."""
         form = confirmed_form(request, ReplayForm)
         if not form.is_valid():
             preview = reminder_replay_preview(reminders=reminders)

@@ -54,10 +54,7 @@ def format_utc(moment) -> str:
 
 
 def utc_column(field: str, label: str):
-    """Return an admin display method showing ``field`` in UTC, labelled as such.
-
-    Django shows TIME_ZONE unlabelled; staff compare times across many zones.
-    """
+    """Return a display of ``field`` labelled UTC (Django's is unlabelled; staff mix zones)."""
 
     @admin.display(description=f"{label} (UTC)", ordering=field)
     def show(self, obj) -> str:

@@ -40,10 +40,7 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
         return ("attendee", "workshop", "created_at_utc") if obj else ("created_at_utc",)
 
     def save_model(self, request, obj: Enrollment, form, change: bool) -> None:
-        """Enrol, or enrol again, through enrollment_create, never ``obj.save()``.
-
-        The form refuses a cancel: that is the audited action's (cancel_selected).
-        """
+        """Enrol, or enrol again, through enrollment_create (the form refuses a cancel)."""
         if change and "status" not in form.changed_data:
             return
         copy_saved(obj, enrollment_create(attendee=obj.attendee, workshop=obj.workshop))

@@ -20,10 +20,7 @@ ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europ
 
 
 class LocalSplitDateTime(AdminSplitDateTime):
-    """The admin's date picker and an HH:MM time, without the "Now" shortcut.
-
-    "Now" is the server's clock, but the field is read in the workshop's zone.
-    """
+    """The admin's date picker and an HH:MM time, without "Now" (the server's zone, not ours)."""
 
     template_name = "admin/widgets/split_datetime.html"
 
@@ -162,11 +159,7 @@ def _becomes(form: forms.ModelForm, status: str) -> bool:
 
 
 class ChosenByIdMixin:
-    """Foreign keys chosen with the admin's autocomplete take an id or nothing.
-
-    The autocomplete widget looks a posted value up to redraw it, and anything but an id
-    (" ", "²") made that raise: such a value is dropped and the field says what to do.
-    """
+    """Autocomplete foreign keys take an id or nothing: the widget's redraw raised on " " or "²"."""
 
     chosen_by_id: tuple[str, ...] = ()
 
@@ -297,17 +290,14 @@ class ReasonForm(forms.Form):
     )
 
 
-def deliverable_address(value: str) -> str:
-    """Refuse an address the delivery engine would refuse at send time, with its reason."""
-    if (refusal := attendee_address_refusal(value)) is not None:
-        raise ValidationError(refusal[0], code=refusal[1])
-    return value
-
-
 class AttendeeForm(forms.ModelForm):
     class Meta:
         model = Attendee
         fields = ("name", "email", "timezone", "language")
 
     def clean_email(self) -> str:
-        return deliverable_address(self.cleaned_data["email"])
+        """Refuse an address the delivery engine would refuse at send time, with its reason."""
+        email = self.cleaned_data["email"]
+        if (refusal := attendee_address_refusal(email)) is not None:
+            raise ValidationError(refusal[0], code=refusal[1])
+        return email

@@ -285,10 +285,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         return [preview, *super().get_urls()]
 
     def preview_view(self, request, object_id):
-        """Show the reminder an enrolled attendee would get: headers, text, HTML and .ics.
-
-        Read only. A POST queues a test to the staff member's own address.
-        """
+        """Show an enrolled attendee's message; a POST sends a test to the staff member."""
         workshop = self.get_object(request, object_id)
         if workshop is None:
             raise Http404("No such workshop.")
