@@ -199,17 +199,14 @@ def _beat_series():
     )
     seconds = 0.0
     if row and row["enabled"] and row["interval__every"]:
-        seconds = row["interval__every"] * _PERIOD_SECONDS.get(row["interval__period"], 0.0)
+        # As django-celery-beat's IntervalSchedule.schedule reads it.
+        period = timedelta(**{row["interval__period"]: row["interval__every"]})
+        seconds = period.total_seconds()
     yield GaugeMetricFamily(
         "reminders_scan_interval_seconds",
         "How often beat publishes the scan (0 when the schedule is missing or disabled)",
         value=seconds,
     )
-
-
-_PERIOD_SECONDS = {
-    "days": 86400.0, "hours": 3600.0, "minutes": 60.0, "seconds": 1.0, "microseconds": 1e-6,
-}  # fmt: skip
 
 
 def _queue_depths() -> dict[str, int]:
