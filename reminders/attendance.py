@@ -1,11 +1,8 @@
 """The attendee's own pages, reached from the links in their messages; no login.
 
-``/attend/<token>/``: GET shows the workshop and asks; only that page's POST (with its CSRF
-token) cancels the enrollment, so a mail scanner following every link changes nothing.
-``/unsubscribe/<token>/``: the RFC 8058 one-click POST (no cookies, no CSRF token: exempt, the
-signed token alone verifies it) stops this workshop's messages and keeps the seat; GET shows a
-button. A tampered or foreign token, or an ended workshop (by its end as it is now, not the
-token's), gets a clear page and changes nothing.
+Only a POST changes anything, so a mail scanner following every link changes nothing. The
+unsubscribe POST is RFC 8058 one-click: it carries no cookie, so it is CSRF-exempt and the signed
+token alone verifies it. A bad token, or a workshop ended by its end as it is now, changes nothing.
 """
 
 from __future__ import annotations
