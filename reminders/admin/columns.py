@@ -48,9 +48,7 @@ def format_local(moment, zone) -> str:
 
 
 def format_utc(moment) -> str:
-    if moment is None:
-        return "-"
-    return moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    return format_local(moment, UTC)
 
 
 def utc_column(field: str, label: str):
