@@ -42,9 +42,9 @@ SKIP_REASONS = {
 }
 
 
-def selection_of(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
-    """Return the selection as a plain subquery filter, fit for one aggregate or UPDATE."""
-    return Reminder.objects.filter(pk__in=reminders.order_by().values("pk"))
+def selection_of(rows: QuerySet) -> QuerySet:
+    """Return the selection as a plain subquery filter on its model, fit for a lock or UPDATE."""
+    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
 
 
 def on_time_now_q(now: datetime) -> Q:

@@ -7,7 +7,8 @@ from django.db.models import Q, QuerySet
 
 from clock import Clock
 from reminders.models import Reminder, StaffDecision
-from reminders.services.replay import selection_of, skipped_as
+from reminders.selectors import selection_of
+from reminders.services.replay import skipped_as
 from reminders.services.workshop_decisions import (
     CANCEL_EFFECT_LABELS,
     DecisionPreview,

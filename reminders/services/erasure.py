@@ -28,9 +28,10 @@ from reminders.models import (
     StaffDecision,
     Suppression,
 )
+from reminders.selectors import selection_of
 from reminders.services.feedback import address_key
 from reminders.services.personal import personal_words, scrub_json_text, scrubber
-from reminders.services.replay import clean_reason, selection_of, skipped_as
+from reminders.services.replay import clean_reason, skipped_as
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
 

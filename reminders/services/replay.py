@@ -27,6 +27,7 @@ from reminders.selectors import (
     SelectionPreview,
     reminder_replay_preview,
     reminder_resolve_preview,
+    selection_of,
 )
 from reminders.services import reminder_fate, reminders_dispatch, reminders_return, sources_locked
 from reminders.services._sql import database_now, update_returning
@@ -193,11 +194,6 @@ def clean_reason(reason: str | None) -> str:
             code="max_length",
         )
     return reason
-
-
-def selection_of(rows: QuerySet) -> QuerySet:
-    """Return the selection as a plain subquery filter on its model, fit for a lock or UPDATE."""
-    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
 
 
 def skipped_as(key: str, total: int, done: int) -> dict[str, int]:

@@ -7,7 +7,8 @@ from django.db.models import QuerySet
 
 from clock import Clock, default_clock
 from reminders.models import StaffDecision, Suppression
-from reminders.services.replay import clean_reason, selection_of, skipped_as
+from reminders.selectors import selection_of
+from reminders.services.replay import clean_reason, skipped_as
 
 
 def suppressions_lift(

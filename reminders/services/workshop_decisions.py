@@ -19,8 +19,9 @@ from django.db.models import Count, Q, QuerySet
 from clock import Clock, default_clock
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
+from reminders.selectors import selection_of
 from reminders.services.notices import notices_reach, notices_silence, notices_told_count
-from reminders.services.replay import clean_reason, selection_of, skipped_as
+from reminders.services.replay import clean_reason, skipped_as
 from workshops.models import Enrollment, Workshop
 from workshops.services import workshop_cancel, workshop_reinstate
 
