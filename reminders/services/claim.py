@@ -220,6 +220,7 @@ def _claim_read_postgres(
     # Lock the open rows in id order first, as every writer does (a staff settle): an UPDATE
     # alone locks in its plan's order, and two orders over the same rows deadlock.
     lock, lock_params = _open_locked(ids)
+    chosen, chosen_params = one_of(connection, "id", ids)
     update, params = _claim_update(
         cursor,
         ids=ids,
@@ -227,7 +228,9 @@ def _claim_read_postgres(
         lease=lease,
         channel=channel,
         now=now,
-        among=("id IN (SELECT id FROM locked)", []),
+        # The ids again: the planner then starts from them even while the statistics lag a
+        # large plan, instead of comparing every open row with the locked ones.
+        among=(f"{chosen} AND id IN (SELECT id FROM locked)", chosen_params),
     )
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
     attempts, attempt_params = _attempt_insert(source="taken", worker=worker)
