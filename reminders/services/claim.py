@@ -63,7 +63,6 @@ def reminder_claim_batch(
     ids: list[int],
     channel: str,
     worker: str = "",
-    lease_seconds: int | None = None,
     clock: Clock | None = None,
     token: uuid.UUID | None = None,
     addresses: dict[int, tuple[str, str]] | None = None,
@@ -71,19 +70,15 @@ def reminder_claim_batch(
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
     One guarded UPDATE takes the rows: under READ COMMITTED a concurrent claimer blocks on the
-    row lock, re-evaluates the WHERE, sees ``sending`` and changes nothing. It is also the one
-    place the deadline is enforced: refused late ids become ``missed`` (``unknown`` if an
-    earlier call may have reached the provider), those of a cancelled workshop or enrollment
-    ``cancelled``. Claim, lease, frozen texts and attempts commit before any provider call.
-
-    ``token`` (new by default) lets a caller release a claim interrupted before it returned.
-    ``addresses`` (``feedback.suppression_addresses``, read as the batch began) lets PostgreSQL's
-    statement read their suppressions too; a row whose address changed since is looked up apart.
+    row lock, re-evaluates the WHERE, sees ``sending`` and changes nothing. It is the one place
+    the deadline is enforced: refused ids are settled by ``_refuse``. ``token`` lets a caller
+    release a claim interrupted before it returned; ``addresses``
+    (``feedback.suppression_addresses``) lets PostgreSQL's statement read suppressions too.
     """
     clock = clock or default_clock()
     now = clock.now()
     statement_now = StatementNow(clock, now)
-    lease = timedelta(seconds=lease_seconds or settings.REMINDERS_LEASE_SECONDS)
+    lease = timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
     token = token or uuid.uuid4()
     claimed: list[Reminder] = []
     numbers: dict[int, int] = {}
@@ -157,8 +152,7 @@ def _claim_update(
 ) -> tuple[str, list]:
     """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
 
-    Hand-written (the ORM recompiled it per chunk). The statement judges everything from the
-    workshop and enrollment rows by its own clock (``now``: the database's in production).
+    Hand-written: the ORM recompiled it per chunk. It judges by ``now`` (the database's clock).
     """
     ops = cursor.db.ops
     quote = ops.quote_name
@@ -214,8 +208,8 @@ def _claim_read_postgres(
 ) -> tuple[list[Reminder], dict[int, int], datetime | None, dict[int, str | None]]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
-    Return the claimed reminders in send order, their attempt numbers, the database's clock,
-    and, for each whose address is still that of ``addresses``, its suppression (None: none).
+    Return the reminders in send order, their attempt numbers, the database's clock, and the
+    suppression (or None) of each whose address is still that of ``addresses``.
     """
     # Lock the open rows in id order first, as every writer does (a staff settle): an UPDATE
     # alone locks in its plan's order, and two orders over the same rows deadlock.
@@ -277,11 +271,10 @@ def _claim_read_postgres(
 
 
 def _refuse(cursor, *, ids, now: StatementNow) -> None:
-    """Settle those of the refused ``ids`` that can never be sent.
+    """Settle those of the refused ``ids`` that can never be sent (``fate.refusal_sql``).
 
-    Open rows of a cancelled workshop or enrollment become ``cancelled``; those now within the
-    cutoff ``missed`` (``unknown`` if ``maybe_sent``). Others (window not open, retry ahead,
-    held by another claim) are left.
+    Open rows of a cancelled workshop or enrollment become ``cancelled``, late ones ``missed``
+    (``unknown`` if ``maybe_sent``); others are left.
     """
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
     opened = f"r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
@@ -310,9 +303,8 @@ def _open_locked(ids) -> tuple[str, list]:
 def _freeze_texts(reminders: list[Reminder]) -> set[int]:
     """Fix the text of first-claimed reminders; return the ids a newer claim fixed first.
 
-    Each gets ``choose_text`` of its workshop and attendee as they are now. Texts are shared by
-    content and a fixed one is never replaced: every later send (retry, requeue, reap, replay)
-    renders from it. One statement when the texts are stored; two more for a new text.
+    A fixed text is never replaced: every later send renders from it. One statement when the
+    texts are stored; two more for a new text.
     """
     if not reminders:
         return set()
@@ -359,8 +351,8 @@ def _freeze_texts(reminders: list[Reminder]) -> set[int]:
 def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
     """Point each reminder of ``chosen`` at its stored text; return text ids by reminder id.
 
-    A reminder whose text is not stored yet, or is fixed already, is left out. RETURNING names
-    the reminder's own columns only, as SQLite requires.
+    A text not stored yet, or one fixed already, is left out. RETURNING names the reminder's
+    own columns only, as SQLite requires.
     """
     reminder_table = connection.ops.quote_name(Reminder._meta.db_table)
     text_table = connection.ops.quote_name(MessageText._meta.db_table)

@@ -13,6 +13,7 @@ from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.test import override_settings
 
 from clock import SystemClock
 from reminders.models import Reminder
@@ -84,9 +85,8 @@ def test_a_scan_on_a_host_two_minutes_fast_neither_reaps_a_live_claim_nor_marks_
     live_clock, make_workshop, enrol
 ):
     reminder = _reminder_with_deadline_in(live_clock, make_workshop, enrol, 60)
-    claim = reminder_claim_batch(
-        ids=[reminder.pk], channel="file", clock=SystemClock(), lease_seconds=90
-    )
+    with override_settings(REMINDERS_LEASE_SECONDS=90):
+        claim = reminder_claim_batch(ids=[reminder.pk], channel="file", clock=SystemClock())
     assert claim.ids == [reminder.pk]
     fast = SkewedClock(SKEW)
     assert not any(reminders_reap(clock=fast).values())
