@@ -102,11 +102,9 @@ def reminder_verdict(
 ) -> Verdict:
     """Decide what becomes of a claimed reminder from its delivery result (pure).
 
-    A result that may have reached a provider without keys is ``unknown`` whatever it says:
-    ``failed`` would invite a replay that sends it twice. With keys it goes back to be retried
-    with the same key, unless refused (``unknown``: a refusal does not say an unanswered call
-    never arrived); if the fate finds it cannot be retried, ``unknown`` too, unless
-    ``cancelled``. The row's own ``maybe_sent`` counts the same, and makes any refusal ``unknown``.
+    A call that may have reached a provider without keys is ``unknown`` whatever it says:
+    ``failed`` would invite a replay that sends it twice. With keys it is retried with the same
+    key; the row's ``maybe_sent`` makes a refusal, or a fate that cannot retry, ``unknown``.
     """
     outcome = result.outcome
     error = redact_text(result.error)  # whatever the channel quoted, no secret is stored
@@ -160,12 +158,11 @@ def _fence(claim: Claim) -> Q:
 def reminder_record_batch(
     *, claim: Claim, results: list[DeliveryResult], clock: Clock | None = None
 ) -> dict[str, int]:
-    """Write the outcome of every claimed reminder, fenced by the claim.
+    """Write the outcome of every claimed reminder, fenced by the claim; return counts by status.
 
-    A row changes only while ``sending`` under this claim's token, and its attempt only with it
-    (and while ``in_flight``), so a reaped worker's late record touches neither. Locks are taken
-    attendee, workshop, enrollment, reminder, attempt, as every writer does. Text quoting an
-    attendee erased since the claim is scrubbed. Return counts by the new status of changed rows.
+    A reaped worker's late record changes neither row nor attempt. Locks are taken attendee,
+    workshop, enrollment, reminder, attempt, as every writer does. Text quoting an attendee
+    erased since the claim is scrubbed.
     """
     clock = clock or default_clock()
     now = clock.now()
@@ -245,7 +242,7 @@ def _without_erased_data(verdicts: dict, by_id: dict[int, Reminder]) -> dict:
     """Scrub the texts of verdicts whose attendee was erased while the reminder was claimed.
 
     Only verdicts carrying text are checked, so a record without errors costs no statement. The
-    late reason needs none: erasure cancelled the enrollment, so such a reminder ends cancelled.
+    late reason needs none: erasure cancelled the enrollment.
     """
     quoting = [pk for pk, (v, _) in verdicts.items() if v.error or v.reason]
     erased = erased_among(by_id[pk].attendee_id for pk in quoting)
@@ -288,11 +285,10 @@ _ATTEMPT_COLUMNS = {
 def _record_finals(
     *, claim: Claim, finals: dict[int, Verdict], verdicts: dict, now: datetime
 ) -> tuple[dict[int, str], set[int]]:
-    """Write the final verdicts in one fenced ``UPDATE ... FROM`` a row per reminder.
+    """Write the final verdicts in one fenced ``UPDATE ... FROM``.
 
     Return ``({id: new status}, ids whose attempt is closed too)``: on PostgreSQL the statement
-    also locks the rows in id order and closes their attempts (one statement per all-final
-    chunk); SQLite cannot update in a WITH, so ``_finish_attempts`` closes them.
+    also locks the rows in id order and closes their attempts; SQLite cannot update in a WITH.
     """
     if not finals:
         return {}, set()
@@ -389,11 +385,10 @@ def reminder_release(
     clock: Clock | None = None,
     whoever_holds: bool = False,
 ) -> int:
-    """Hand back claimed reminders whose provider call never started, re-deriving their fate.
+    """Hand back claimed reminders whose provider call never started; return how many.
 
-    For a batch stopped before the engine ran. The attempt is refunded: no provider was called.
-    Fenced like the record; return how many rows changed. ``whoever_holds`` locks the rows
-    whatever their claim, waiting for a transaction still holding them.
+    The fate is re-derived and the attempt refunded. Fenced like the record; ``whoever_holds``
+    locks the rows whatever their claim, waiting for a transaction still holding them.
     """
     clock = clock or default_clock()
     now = database_now(clock)  # the fate's lateness, by the database's clock
@@ -423,9 +418,8 @@ def reminder_release_interrupted(
 ) -> int:
     """Release what a claim of ``ids`` interrupted before it returned holds under ``token``.
 
-    Its statement (or SQLite COMMIT) may have gone out and commit later, even after the caller
-    reconnected. So the rows are locked whoever holds them, in the usual order, which waits for
-    that statement; the release then reads them as it left them. Return how many were released.
+    Its statement may commit after the caller reconnected: locking the rows whoever holds them
+    waits for it. Return how many were released.
     """
     clock = clock or default_clock()
     claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
