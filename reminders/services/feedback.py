@@ -98,16 +98,12 @@ def _event(item: object) -> ProviderEvent:
     return ProviderEvent(event_id, key, kind, bounce or "", occurred_at, reason)
 
 
-def delivery_events_record(
-    *, channel: str, events: list[ProviderEvent], clock: Clock | None = None
-) -> dict[str, int]:
+def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict[str, int]:
     """Store each event once; return how many were recorded, seen before, or dropped.
 
-    An event whose key names no reminder sent here (or maybe sent), or one of an erased
-    attendee, is dropped unstored. A retried webhook records nothing new: the unique (channel,
-    event id) holds that, whoever races.
+    An event whose key names no reminder sent here, or one of an erased attendee, is dropped.
+    The unique (channel, event id) keeps a retried webhook's events once, whoever races.
     """
-    clock = clock or default_clock()
     sent = Reminder.objects.filter(
         key__in={event.key for event in events},
         status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN],
@@ -121,7 +117,7 @@ def delivery_events_record(
             channel=channel, event_id__in=[event.event_id for event in events]
         ).values_list("event_id", flat=True)
     )
-    now = clock.now()
+    now = default_clock().now()
     new: dict[str, DeliveryEvent] = {}
     dropped = seen = 0
     for event in events:
@@ -211,8 +207,7 @@ def _soft_bounces_in_a_row(attendee_id: int) -> int:
 
 
 def suppressions_refusing(rows) -> dict[int, str]:
-    """Return, for each of ``rows`` (attendee loaded) whose address is suppressed now, why no
-    call is made."""
+    """Return why no call is made, for each of ``rows`` whose address is suppressed now."""
     keys = {address_key(row.attendee.email): row.attendee.email for row in rows}
     live = Suppression.objects.filter(address_key__in=keys, lifted_at__isnull=True).order_by()
     by_email = {
@@ -245,9 +240,9 @@ def anymail_report(event, esp_name: str) -> ProviderEvent | None:
     """Return the report in a django-anymail tracking event, or None when it keeps none.
 
     The reminder is found by the ``reminder_key`` metadata the django channel sets. Opens,
-    clicks, queued and sent are not kept, nor "unsubscribed": the provider then refuses later
-    messages as "rejected", which suppresses. The id is the event's own, else a digest of its
-    payload, so a retried webhook is one report.
+    clicks, queued, sent and "unsubscribed" are not kept (the provider then refuses later
+    messages as "rejected", which suppresses). Without an event id, a digest of the payload
+    makes a retried webhook one report.
     """
     kind, bounce = _ANYMAIL_KINDS.get(event.event_type, (None, ""))
     key = (event.metadata or {}).get("reminder_key")

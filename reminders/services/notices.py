@@ -1,18 +1,10 @@
 """Change notices: a reminded attendee hears when their workshop changes, once per revision.
 
-Driven by the scan from a difference, never a hook on one write path: what each attendee was
-last told (``Reminder.told_*``, written by the claim and each notice sent since) against the
-workshop and enrollment now, so a change in the admin, a service or a shell is found alike.
-
-1. ``notices_revise`` numbers a WorkshopRevision under the workshop's lock when the facts
-   differ from what some attendee was told, superseding older unsent notices. Edits within
-   REMINDERS_NOTICE_SETTLE (at most a quarter of the time left) fold into one revision.
-2. ``notices_plan``: once it settles, one Notice per attendee whose state differs, unique on
-   (attendee, workshop, revision number).
-3. ``notices_settle``: open notices of a started workshop are missed; a lost claim is
-   ``unknown`` (or retried with the same key on a keyed channel).
-4. ``notices_dispatch`` publishes due ones; a worker claims them (``notice_claim``), sends on
-   the reminders' engine and records each outcome fenced by its claim (``notice_record``).
+The scan compares what each attendee was last told (``Reminder.told_*``) with the workshop and
+enrollment now, so a change made anywhere is found. ``notices_revise`` numbers a revision
+(edits within REMINDERS_NOTICE_SETTLE fold into one), ``notices_plan`` makes its notices,
+``notices_settle`` closes what can no longer be sent and ``notices_dispatch`` publishes the
+rest; a worker claims (``notice_claim``), sends and records (``notice_record``) them.
 """
 
 from __future__ import annotations
@@ -44,8 +36,7 @@ Status = Notice.Status
 Kind = Notice.Kind
 # Reminders whose attendee was (or may have been) told the facts they carried.
 TOLD = (Reminder.Status.SENT, Reminder.Status.UNKNOWN)
-# The workshop's columns a notice tells, each kept as ``told_<name>`` on the reminder and
-# as ``<name>`` on a revision; whether it is cancelled is told besides.
+# The workshop's columns a notice tells: ``told_<name>`` on a reminder, ``<name>`` on a revision.
 FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 
 STARTED = "the workshop started before the notice could be sent"
@@ -55,7 +46,7 @@ LEASE_LOST = "worker lost during the send (lease expired); the provider may have
 
 @dataclass(frozen=True, slots=True)
 class Facts:
-    """What a notice tells of a workshop: a change to any of it is news to a reminded attendee."""
+    """What a notice tells of a workshop: a change to any of it is news."""
 
     values: tuple  # FACT_FIELDS, in order
     cancelled: bool
@@ -99,8 +90,8 @@ _SAME_FACTS = _same_facts("told_")
 
 
 def _differs(cancelled_now: Q) -> Q:
-    """What the attendee was last told differs from now, ``cancelled_now`` being their state;
-    a cancelled workshop that moves is no news."""
+    """What the attendee was last told differs from now (a cancelled workshop that moves is no
+    news)."""
     return (cancelled_now & Q(told_cancelled=False)) | (
         ~cancelled_now & (Q(told_cancelled=True) | ~_SAME_FACTS)
     )
@@ -110,8 +101,7 @@ _DIFFERS = _differs(_CANCELLED_NOW)
 
 
 def _covered(*, cancelled: bool) -> Exists:
-    """A notice of the matching kind, not superseded, already tells the facts now (whatever its
-    status): none is planned again."""
+    """A notice of the matching kind, not superseded, already tells the facts now."""
     notices = Notice.objects.filter(
         _same_facts("revision__", OuterRef), reminder=OuterRef("pk")
     ).exclude(status=Status.SUPERSEDED)
@@ -129,8 +119,8 @@ def _needing_notice() -> Q:
 
 
 def _told(now: datetime):
-    """Reminders told something of a workshop that has not started, whose attendee neither
-    unsubscribed nor was erased (their address is gone: nothing may be sent to them)."""
+    """Reminders told something of a workshop not started, attendee neither unsubscribed nor
+    erased."""
     return Reminder.objects.filter(
         status__in=TOLD,
         workshop__starts_at__gt=now,
@@ -142,10 +132,8 @@ def _told(now: datetime):
 def _differing_workshops(now: datetime) -> set[int]:
     """Return the workshops where some told attendee's state differs from what they were told.
 
-    Two cheap reads find the candidates, a superset of ``_DIFFERS``: rows whose workshop
-    alone differs (the reminder and workshop rows), and rows whose enrollment was
-    cancelled. The full test (erased, unsubscribed, notices already covering it) joins
-    four more tables, so it runs on their workshops only (docs/scaling.md, the fifth wall).
+    Two cheap reads find candidates (a superset); the full test joins four more tables, so it
+    runs on their workshops only (docs/scaling.md, the fifth wall).
     """
     told = Reminder.objects.filter(status__in=TOLD, workshop__starts_at__gt=now).order_by()
     by_workshop = told.filter(_differs(Q(workshop__status=Workshop.Status.CANCELLED)))
@@ -326,10 +314,9 @@ def notices_settle(*, clock: Clock | None = None) -> dict[str, int]:
 
 
 def notices_dispatch(*, publish: Callable[[list[int]], object], clock: Clock | None = None) -> int:
-    """Publish the notices that may be sent now, by id, in batches after commit; return how many.
+    """Publish the notices that may be sent now, in batches after commit; return how many.
 
-    A notice is published again only when the message carrying it has had
-    REMINDERS_REQUEUE_AFTER to be consumed (``queued_until``).
+    A notice is published again only after REMINDERS_REQUEUE_AFTER (``queued_until``).
     """
     now = database_now(clock or default_clock())
     due = Notice.objects.filter(
@@ -373,8 +360,7 @@ class NoticeClaim:
     token: uuid.UUID
     channel: str
     notices: list[Notice]
-    # The instant, on this host's clock, after which no call for each notice may start:
-    # its workshop's start as the database's clock counted it at the claim.
+    # Per notice, the instant on this host's clock after which no call may start.
     send_by: dict[int, datetime] = field(default_factory=dict)
 
 
@@ -397,10 +383,8 @@ def notice_claim(
 ) -> NoticeClaim:
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
-    One guarded UPDATE judges, by the database's clock: pending, past any retry time, workshop
-    not started, notice still true (``_live_now``), attendee not erased; of two claimers one
-    wins. Notices of a started workshop become missed; texts are frozen at the first claim.
-    ``token`` (new by default) lets a caller release a claim interrupted before it returned.
+    One guarded UPDATE judges by the database's clock; of two claimers one wins. Notices of a
+    started workshop become missed. ``token`` lets a caller release an interrupted claim.
     """
     clock = clock or default_clock()
     host_now = clock.now()
@@ -444,10 +428,10 @@ def notice_claim(
 
 
 def notice_release_interrupted(*, token: uuid.UUID, ids: list[int], clock: Clock | None = None):
-    """Hand back what a claim of ``ids`` interrupted before it returned holds under ``token``.
+    """Hand back what an interrupted claim of ``ids`` holds under ``token``; return how many.
 
-    Its statement may still commit after the caller reconnected: the rows are locked whoever
-    holds them, which waits for it. No call was made: the attempt is refunded. Return how many.
+    Its statement may commit after the caller reconnected: locking the rows whoever holds them
+    waits for it. The attempt is refunded.
     """
     now = (clock or default_clock()).now()
     with transaction.atomic():
@@ -462,8 +446,7 @@ def notice_release_interrupted(*, token: uuid.UUID, ids: list[int], clock: Clock
 
 
 def _freeze_texts(notices: list[Notice]) -> None:
-    """Fix the language and intro of notices claimed for the first time (shared MessageText
-    rows, as a reminder's): every later send of the notice renders from it."""
+    """Fix the text of notices claimed for the first time: every later send renders from it."""
     if not notices:
         return
     chosen = {
@@ -485,7 +468,7 @@ def notice_record(
 ) -> dict[str, int]:
     """Write each outcome, fenced by the claim; return counts by the new status.
 
-    Sent or ``unknown`` moves what the attendee was told forward to the notice's revision.
+    Sent or ``unknown`` moves what the attendee was told to the notice's revision.
     """
     now = database_now(clock or default_clock())
     by_id = {notice.pk: notice for notice in claim.notices}
@@ -561,10 +544,9 @@ def _mark_told(notice: Notice) -> None:
     )
 
 
-def notices_reach(*, workshops, clock: Clock | None = None) -> dict[int, int]:
-    """Return per workshop of ``workshops`` (ids or rows) how many reminded attendees have not
-    heard it as it is now (the next scans' notices), one query; a workshop with none is left out."""
-    now = database_now(clock or default_clock())
+def notices_reach(*, workshops) -> dict[int, int]:
+    """Return per workshop how many reminded attendees have not heard it as it is now."""
+    now = database_now(default_clock())
     return dict(
         _told(now)
         .filter(_needing_notice(), workshop__in=workshops)
@@ -575,8 +557,7 @@ def notices_reach(*, workshops, clock: Clock | None = None) -> dict[int, int]:
 
 
 def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None) -> int:
-    """Return how many attendees of ``workshops`` hold a reminder (or notice) and would hear of
-    a cancel (``cancelled``: those not told it is cancelled) or a reinstate (those told it is)."""
+    """Return how many reminded attendees of ``workshops`` would hear of a cancel (or reinstate)."""
     now = database_now(clock or default_clock())
     return (
         _told(now)
@@ -590,11 +571,10 @@ def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None
 
 
 def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -> int:
-    """Let the attendees of ``workshop_id`` not hear of its current facts, by a staff decision.
+    """Let the attendees of ``workshop_id`` not hear of its current facts (a staff decision).
 
-    The facts get their revision now if the scan has not numbered it; it is marked silenced (its
-    notices are planned ``silenced``) and its unsent ones become ``silenced``. A later change is
-    news again. Return how many attendees this leaves untold.
+    The current revision is numbered if need be and marked silenced, with its unsent notices; a
+    later change is news again. Return how many attendees this leaves untold.
     """
     now = database_now(clock or default_clock())
     _revise(workshop_id, now=now)
@@ -620,7 +600,6 @@ def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -
 
 
 def reminders_owed_notice(*, clock: Clock | None = None):
-    """Return reminders whose attendee has not heard the workshop now and has no notice for it:
-    what the scans still owe. The chaos run checks it is empty once every change has an outcome."""
+    """Return reminders whose attendee has not heard the workshop now and has no notice for it."""
     now = database_now(clock or default_clock())
     return _told(now).filter(_needing_notice())
