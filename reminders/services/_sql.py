@@ -41,8 +41,8 @@ def reads_database_clock(clock) -> bool:
 def database_now(clock) -> datetime.datetime:
     """Return the time by the database server's clock (``clock.now()`` under a FakeClock).
 
-    Phases of several statements read it once at their start: a later statement judging by a
-    time a little behind only delays what it decides, never brings it early.
+    Read once per phase: a later statement judging by a time a little behind only delays what
+    it decides, never brings it early.
     """
     if not reads_database_clock(clock):
         return clock.now()
@@ -73,12 +73,6 @@ class StatementNow:
 def placeholders(count: int) -> str:
     """Return ``%s, %s, ...`` with ``count`` placeholders."""
     return ", ".join(["%s"] * count)
-
-
-def values_rows(rows: list[tuple]) -> str:
-    """Return the body of a VALUES list for ``rows`` of equal length."""
-    row = f"({placeholders(len(rows[0]))})"
-    return ", ".join([row] * len(rows))
 
 
 # On PostgreSQL a list goes as one array parameter per column, so a statement's text is the same
@@ -112,10 +106,9 @@ def one_of(connection, column: str, values: list, kind: str = "bigint") -> tuple
 
 
 def rows_cte(connection, name: str, columns: dict[str, str], rows: list[tuple]) -> tuple[str, list]:
-    """Return ``(sql, params)`` for the CTE ``name (columns...) AS (...)`` holding ``rows``.
+    """Return ``(sql, params)`` for the CTE ``name (columns...)`` holding ``rows``.
 
-    ``columns`` maps each column's name to its PostgreSQL type. ``rows`` may be empty only on
-    PostgreSQL.
+    ``columns`` maps names to PostgreSQL types; ``rows`` may be empty only on PostgreSQL.
     """
     names = ", ".join(columns)
     if connection.vendor == "postgresql":
@@ -126,8 +119,9 @@ def rows_cte(connection, name: str, columns: dict[str, str], rows: list[tuple]) 
             for column, kind in zip(values, columns.values(), strict=True)
         ]
         return f"{name} ({names}) AS (SELECT * FROM unnest({arrays}))", params
+    each = f"({placeholders(len(rows[0]))})"
     return (
-        f"{name} ({names}) AS (VALUES {values_rows(rows)})",
+        f"{name} ({names}) AS (VALUES {', '.join([each] * len(rows))})",
         [value for row in rows for value in row],
     )
 
@@ -141,10 +135,7 @@ def claim_token_param(token):
 
 
 def _compiled_timestamps(cursor) -> None:
-    """Read this cursor's ``timestamptz`` columns with psycopg's compiled loader.
-
-    Only when the connection's zone is UTC, where it returns what Django's loader would.
-    """
+    """Read ``timestamptz`` with psycopg's compiled loader (in UTC it returns what Django's does)."""
     connection = cursor.db
     if connection.vendor == "postgresql" and connection.timezone is datetime.UTC:
         from psycopg.types.datetime import TimestamptzLoader  # the compiled one, once registered
