@@ -166,8 +166,8 @@ def _message_text(*, language, subject_source, subject, intro_source, intro) -> 
 def choose_text(*, workshop, attendee, texts=None) -> MessageText:
     """Return the unsaved MessageText a claim would freeze now.
 
-    The workshop's text in the attendee's language, else its own; a blank subject
-    or intro is the built-in one. ``texts`` maps languages to WorkshopText rows.
+    The workshop's text in the attendee's language, else its own; a blank part is the built-in
+    one. ``texts`` maps languages to WorkshopText rows.
     """
     language = reminder_language(workshop=workshop, attendee=attendee)
     if texts is None:
@@ -193,8 +193,7 @@ def choose_text(*, workshop, attendee, texts=None) -> MessageText:
 def choose_notice_text(*, workshop, attendee, kind: str) -> MessageText:
     """Return the unsaved MessageText of a change notice of ``kind``.
 
-    The built-in subject; the workshop's notice intro if the attendee reads the
-    workshop's language, else the built-in one.
+    The workshop's notice intro if the attendee reads its language, else the built-in one.
     """
     language = reminder_language(workshop=workshop, attendee=attendee)
     words = _words(language).notice
@@ -219,10 +218,7 @@ _CODES = frozenset("ldjFYHi")
 
 
 def _parse(fmt: str) -> tuple[tuple[str, str], ...]:
-    """Split a Django date format into (code, "") and ("", literal) parts.
-
-    Only the _CODES are understood; a backslash quotes the next character.
-    """
+    """Split a Django date format (only _CODES, ``\\`` quoting) into (code, "") and ("", literal)."""
     parts: list[tuple[str, str]] = []
     quoted = False
     for char in fmt:
@@ -446,8 +442,8 @@ def _zone(attendee, workshop) -> ZoneInfo:
 def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
     """Return the envelope of a reminder whose attendee and workshop are loaded.
 
-    The text is ``text``, else the frozen one, else what a claim would freeze now.
-    ``send_by`` is not content: the same rows always give byte-identical content.
+    The text is ``text``, else the frozen one, else what a claim would freeze now. ``send_by``
+    is not content: the same rows always give byte-identical content.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
     # From the workshop's start, as the claim judges it: no row stores a copy.
@@ -505,8 +501,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
 
 def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
     """Return the envelope of a change notice whose attendee, workshop, revision and reminder
-    are loaded: the revision's facts, what the attendee had been told, and a calendar update
-    under the reminder's UID with the revision's number as SEQUENCE."""
+    are loaded; its calendar update has the reminder's UID and the revision as SEQUENCE."""
     attendee, workshop, revision = notice.attendee, notice.workshop, notice.revision
     text = (
         text
@@ -632,9 +627,8 @@ def event_ics(
 ) -> bytes:
     """Return an iCalendar object (RFC 5545) for one message about ``workshop``.
 
-    ``facts`` is the workshop or a revision of it. An attendee's messages share one
-    ``uid``, each change notice a higher ``sequence`` (RFC 5546). A CANCEL also says
-    STATUS:CANCELLED and names ``attendee`` (name, address).
+    ``facts`` is the workshop or a revision. An attendee's messages share one ``uid``, each
+    notice a higher ``sequence`` (RFC 5546); a CANCEL names ``attendee`` (name, address).
     """
     held_in = _words(language).held_in.replace("{zone}", workshop.timezone)
     lines = [
@@ -740,10 +734,7 @@ def _reminder_of(*, workshop, attendee, now: datetime) -> Reminder:
 
 
 def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
-    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only).
-
-    The planned reminder if any (the very bytes), else an unsaved one.
-    """
+    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only)."""
     reminder = _reminder_of(workshop=workshop, attendee=attendee, now=now)
     frozen = reminder.text_id is not None
     text = reminder.text if frozen else choose_text(workshop=workshop, attendee=attendee)
@@ -753,10 +744,9 @@ def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
 
 
 def notice_preview(*, workshop, attendee, now: datetime) -> Preview:
-    """Return the change notice ``attendee`` would get for ``workshop`` as it is at ``now``.
+    """Return the change notice ``attendee`` would get for ``workshop`` at ``now`` (read only).
 
-    "From" is what they were last told, else the workshop as it is (nothing marked
-    changed). Read only: nothing is numbered or stored.
+    "From" is what they were last told, else the workshop as it is (nothing marked changed).
     """
     reminder = _reminder_of(workshop=workshop, attendee=attendee, now=now)
     enrolled = workshop.enrollments.filter(attendee=attendee, status="active").exists()
