@@ -102,23 +102,18 @@ def observer() -> WorkerObserver | None:
     return _observer
 
 
-def metrics_directory(nodename: str) -> Path:
-    """Return the directory a worker named ``nodename`` owns for its processes' files."""
-    safe = re.sub(r"[^A-Za-z0-9_.@-]", "_", nodename) or "worker"
-    return Path(settings.VAR_DIR) / "metrics" / safe
-
-
 def start(nodename: str) -> Path | None:
-    """Set up multiprocess mode and serve this worker's series; return the directory, or None.
+    """Serve this worker's series; return the directory, or None. Call before the pool forks.
 
-    Call once in the main process before the pool forks. Raise ``SystemExit``
-    when the port cannot be bound (Celery would go on without metrics).
+    Raise ``SystemExit`` when the port cannot be bound (Celery would go on without metrics).
     """
     global _observer
     port = settings.REMINDERS_METRICS_PORT
     if not port:
         return None
-    directory = Path(os.environ.get(MULTIPROC_ENV) or metrics_directory(nodename))
+    # One directory per worker for its processes' files.
+    safe = re.sub(r"[^A-Za-z0-9_.@-]", "_", nodename) or "worker"
+    directory = Path(os.environ.get(MULTIPROC_ENV) or Path(settings.VAR_DIR) / "metrics" / safe)
     directory.mkdir(parents=True, exist_ok=True)
     # Files left by an earlier run would be summed into this one's totals.
     for leftover in directory.glob("*.db"):
