@@ -1,9 +1,7 @@
-"""The one place where synchronous and asynchronous code meet.
+"""Where Django meets the asyncio engine (``delivery``, which never imports Django).
 
-Above it the admin, services, ORM and Celery tasks; below it the asyncio engine (package
-``delivery``, which never imports Django). ``deliver_envelopes`` runs a chunk on the event loop
-and returns plain results: no ORM call while the loop runs, no coroutine escaping it. It also
-turns Django settings into the engine's plain values.
+``deliver_envelopes`` runs a chunk on the event loop and returns plain results; settings
+become the engine's plain values here.
 """
 
 from __future__ import annotations
@@ -196,9 +194,9 @@ def _channel_values(name: str):
 
 
 def check_channel(name: str, *, clock: Clock) -> int:
-    """Build the named channel once, so a bad setting (``ValueError``) fails before a claim.
+    """Build the named channel, so a bad setting fails before a claim; return the concurrency.
 
-    Return how many calls may be in flight: REMINDERS_CONCURRENCY, capped by the channel's.
+    REMINDERS_CONCURRENCY, capped by the channel's own.
     """
     channel = channel_factory(name, clock=clock)()
     own_limit = getattr(channel, "max_concurrency", None)
@@ -225,10 +223,7 @@ def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
 
 
 def delivery_limits(*, budget: float) -> DeliveryLimits:
-    """Return the engine's policy from settings, bounded by what is left of the batch budget.
-
-    Celery's time limits and the lease are derived above it (config/timing.py).
-    """
+    """Return the engine's policy from settings, bounded by what is left of the batch budget."""
     bounds = settings.REMINDERS_TIME_BOUNDS
     return DeliveryLimits(
         concurrency=settings.REMINDERS_CONCURRENCY,
@@ -244,9 +239,8 @@ def delivery_limits(*, budget: float) -> DeliveryLimits:
 def delivery_session(*, channel: str, clock: Clock) -> Iterator[Session]:
     """Yield the engine session a Celery batch delivers its chunks on.
 
-    With ``REMINDERS_KEEP_CONNECTIONS`` seconds, the main thread keeps one session (loop,
-    provider connections, limiter client) across batches, replaced when idle longer, built for
-    other settings or inherited, and closed when a batch raises; else each batch opens its own.
+    With REMINDERS_KEEP_CONNECTIONS, the main thread keeps one across batches, replaced when
+    idle longer, built for other settings or inherited, and closed when a batch raises.
     """
     keep = float(settings.REMINDERS_KEEP_CONNECTIONS)
     # A session serves one thread at a time; a prefork pool process runs tasks in its main one.
@@ -326,9 +320,8 @@ def deliver_envelopes(
 ) -> list[DeliveryResult]:
     """Deliver a chunk on the event loop and return one result per envelope (blocking).
 
-    Without ``session`` (a staff test send), on one from ``delivery_session``. With ``watch``,
-    no call starts for an envelope it withdrew. Raise ``delivery.session.Interrupted`` (with
-    the results) when interrupted mid-chunk, e.g. by Celery's soft time limit.
+    With ``watch``, no call starts for an envelope it withdrew. Interrupted mid-chunk, raise
+    ``delivery.session.Interrupted`` with the results.
     """
     if not envelopes:
         return []

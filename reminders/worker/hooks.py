@@ -30,8 +30,7 @@ def prepare_main_process(sender, **kwargs) -> None:
 def warm_send_path() -> None:
     """Load the send path in a main process before it forks, so pool processes share it.
 
-    Else each child imports the channels' clients and looks up every language's words at its
-    first batch; ``gc.freeze`` keeps the collector from copying the shared pages.
+    ``gc.freeze`` keeps the collector from copying the shared pages.
     """
     import gc
 
@@ -50,11 +49,7 @@ def warm_send_path() -> None:
 @task_prerun.connect
 def reuse_database_connection(sender=None, **kwargs) -> None:
     """Keep a pool process's database session from task to task, as Django keeps a web
-    process's: closed once broken or older than CONN_MAX_AGE, health-checked before reuse.
-
-    Celery's fix-up would close it around every task (CELERY_DB_REUSE_MAX in settings stops
-    that): a new session, with its ``lock_timeout``, for every batch.
-    """
+    process's (Celery's fix-up would open one per batch; CELERY_DB_REUSE_MAX stops it)."""
     from django.db import close_old_connections
 
     if not getattr(getattr(sender, "request", None), "is_eager", False):

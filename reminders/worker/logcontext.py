@@ -1,8 +1,7 @@
 """What every log line about a reminder carries: its id, key, claim token, worker and attempt.
 
-``claim_context`` sets the claim around each chunk; ``ReminderFields``, a filter on
-the console handler, adds its fields to every record logged inside it. Async tasks
-copy the context they are created in, so the engine's tasks see the chunk's claim.
+``claim_context`` sets the claim around each chunk; ``ReminderFields`` (a handler filter) adds
+its fields to each record. Async tasks copy their context, so the engine's see the claim.
 """
 
 from __future__ import annotations

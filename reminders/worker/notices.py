@@ -1,8 +1,4 @@
-"""Deliver change notices on a worker, as reminders are (same channels, limiter and session).
-
-The claim and record are the notices' own (reminders.services.notices): a cancellation
-notice goes to a cancelled workshop.
-"""
+"""Deliver change notices on a worker, as reminders are (same channels, limiter and session)."""
 
 from __future__ import annotations
 
@@ -39,8 +35,7 @@ def deliver_notices(
 ) -> dict[str, int]:
     """Claim, render, send and record the notices ``ids``; return counts by outcome.
 
-    No call starts after a notice's workshop starts. ``stop`` ends the batch between chunks;
-    what is not claimed stays pending for the next scan.
+    ``stop`` ends the batch between chunks; what is not claimed stays pending.
     """
     clock = clock or default_clock()
     channel = settings.REMINDERS_CHANNEL
@@ -90,9 +85,7 @@ def deliver_notices(
 
 
 def _release(exc: BaseException, *, token: uuid.UUID, chunk: list[int], clock: Clock) -> None:
-    """Hand back what ``token`` holds after its claim was interrupted, perhaps once committed;
-    the rest of the batch stays pending for the next scan. Without the database, the lease
-    decides."""
+    """Hand back what ``token`` holds after its claim was interrupted (else the lease decides)."""
     fresh_connection()
     try:
         released = notice_release_interrupted(token=token, ids=chunk, clock=clock)

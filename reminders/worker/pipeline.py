@@ -52,8 +52,7 @@ logger = logging.getLogger(__name__)
 class DatabaseUnavailable(Exception):
     """The database could not be reached before ``ids`` were claimed; nothing was sent.
 
-    ``held`` is ``(token, chunk)`` when the connection was lost inside a claim that may have
-    committed: the retry (``deliver(..., held=...)``) releases it first.
+    ``held`` is ``(token, chunk)`` of a claim that may have committed: the retry releases it.
     """
 
     def __init__(self, ids: list[int], held: tuple[uuid.UUID, list[int]] | None = None) -> None:
@@ -74,10 +73,9 @@ def _notices(*, clock: Clock, publish) -> dict[str, int]:
 def scan(
     *, clock: Clock | None = None, publish=None, worker: str = "", notices_publish=None
 ) -> dict[str, int]:
-    """Settle unsent rows, reap lost claims, plan new reminders and dispatch due ones.
+    """Settle, reap, plan and dispatch reminders and notices, then record a ScanRun.
 
-    Ends by recording its completion (ScanRun). ``publish`` and ``notices_publish`` replace the
-    broker publishes (benchmarks and tests count messages with them).
+    ``publish`` and ``notices_publish`` replace the broker publishes (benchmarks and tests).
     """
     clock = clock or default_clock()
     started = clock.monotonic()
@@ -165,9 +163,8 @@ def deliver(
 ) -> dict[str, int]:
     """Claim, render, send and record ``ids``, one concurrency-sized chunk at a time.
 
-    A worker killed mid-batch leaves at most a chunk ``sending`` for the reaper. Ids not
-    claimable now are skipped. ``stop`` (``is_set()``; the worker's shutdown flag) ends the
-    batch: calls in flight drain, unclaimed ids are due at the next scan. ``held`` is a
+    A worker killed mid-batch leaves at most a chunk ``sending`` for the reaper. ``stop`` (the
+    shutdown flag) ends the batch; unclaimed ids are due at the next scan. ``held`` is a
     ``DatabaseUnavailable``'s: that claim is released first.
     """
     clock = clock or default_clock()
@@ -264,8 +261,7 @@ def record_with_retry(
 ) -> dict[str, int]:
     """Record a chunk's outcomes with ``record``, retrying while the database is briefly away.
 
-    ``record`` (the reminders' or notices' own) is fenced by the claim token: running it again
-    is harmless, and better than leaving the reaper to guess.
+    ``record`` is fenced by the claim token: running it again is harmless.
     """
     # Far inside the lease (config/timing.py): no reaper takes the rows meanwhile.
     give_up_at = clock.monotonic() + settings.REMINDERS_TIME_BOUNDS.record_retry
@@ -323,10 +319,7 @@ def _send(claim, *, clock: Clock, **options) -> list[DeliveryResult]:
 def send_envelopes(
     claim, envelopes, results: list, *, clock: Clock, record=reminder_record_batch, **options
 ) -> list[DeliveryResult]:
-    """Send a claimed chunk (``bridge.deliver_envelopes``); return ``results`` with theirs.
-
-    Interrupted (a soft time limit), record what is known with ``record``, then raise.
-    """
+    """Send a claimed chunk; return ``results`` with theirs. Interrupted, record what is known."""
     try:
         return results + bridge.deliver_envelopes(envelopes, clock=clock, **options)
     except Interrupted as exc:
@@ -337,11 +330,10 @@ def send_envelopes(
 
 
 def build_envelopes(rows, build, refusals: dict[int, str]) -> tuple[list, list[DeliveryResult]]:
-    """Render claimed rows (reminders or notices) with ``build``; return envelopes and results.
+    """Render claimed rows with ``build``; return envelopes, and results of rows not called.
 
-    The results are of rows that get no call: a row of ``refusals`` (a bounced or complained
-    address) is refused saying why, and bad data fails its row permanently with the reason,
-    never the batch.
+    A row of ``refusals`` (a suppressed address) is refused saying why; bad data fails its row
+    permanently, never the batch.
     """
     envelopes, results = [], []
     for row in rows:
@@ -392,11 +384,8 @@ def _claim_interrupted(
     rest: list[int],
     clock: Clock,
 ) -> None:
-    """Release what ``token`` holds after its claim was interrupted, perhaps once committed.
-
-    ``rest``, the rest of the batch, is due at the next scan. Without the database, the lease
-    and the scan decide.
-    """
+    """Release what ``token`` holds after its claim was interrupted; ``rest`` is due at the next
+    scan. Without the database, the lease decides."""
     fresh_connection()
     cause = type(interruption(exc)).__name__
     try:

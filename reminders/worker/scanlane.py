@@ -38,11 +38,7 @@ class ScanLane:
         logger.info("Scan lane consuming queue %r", SCAN_QUEUE)
 
     def stop(self) -> None:
-        """Stop taking scans, and return at once: a scan already running goes on.
-
-        Runs inside the main process's signal handler, where waiting would hold
-        up its acks and heartbeats; ``join`` waits.
-        """
+        """Stop taking scans, and return at once (a signal handler must not wait; ``join`` does)."""
         self._stopping.set()
 
     def join(self, timeout: float) -> None:

@@ -1,8 +1,6 @@
 """The worker's warm-shutdown flag, shared by the main process and its pool processes.
 
-Celery tells only the main process of a SIGTERM. It creates this flag before the
-pool forks and sets it when shutdown begins; a batch reads it before every call,
-so no new call starts and the ids not yet claimed go back for the next scan.
+Celery tells only the main process of a SIGTERM; a batch reads the flag before every call.
 """
 
 from __future__ import annotations

@@ -1,7 +1,6 @@
 """Send the test a staff member asked for (reminders.services.testsend), on a worker.
 
-It never touches a reminder row. One conditional UPDATE claims the decision
-before the send, so a redelivered task sends nothing more.
+One conditional UPDATE claims the decision before the send: a redelivered task sends nothing.
 """
 
 from __future__ import annotations
