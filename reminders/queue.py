@@ -32,7 +32,7 @@ def _send(task: str, args: list, *, failed: str) -> bool:
 def publish_batch(ids: list[int]) -> bool:
     """Send one ``reminders.deliver_batch`` message; return whether it went out.
 
-    No Celery ``expires`` (a worker's clock would judge it): ``queued_until`` in the database does.
+    No Celery ``expires`` (a worker's clock would judge it): ``queued_until`` does.
     """
     return _send(
         DELIVER_TASK,
@@ -43,8 +43,7 @@ def publish_batch(ids: list[int]) -> bool:
 
 
 def publish_notices(ids: list[int]) -> bool:
-    """Send one ``reminders.deliver_notices`` message; a failure leaves the notices pending
-    for the next scan."""
+    """Send one ``reminders.deliver_notices`` message; return whether it went out."""
     return _send(
         NOTICES_TASK,
         [ids],
@@ -54,8 +53,7 @@ def publish_notices(ids: list[int]) -> bool:
 
 
 def publish_replay(decision_id: int) -> bool:
-    """Send one ``reminders.replay_selection`` message; on failure the decision stays ``running``
-    without a heartbeat and the scan resumes it (dispatch.replays_resume)."""
+    """Send one ``reminders.replay_selection`` message (on failure the scan resumes the replay)."""
     return _send(
         REPLAY_TASK,
         [decision_id],

@@ -15,10 +15,10 @@ SCAN_NAME = "scan"
 
 
 def ensure_scan_schedule(*, interval_model=None, task_model=None, every: int | None = None):
-    """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL.
+    """Create or update the periodic scan so it follows REMINDERS_SCAN_INTERVAL; return it.
 
-    Idempotent; run by the data migration and at every beat start. Two beats may
-    both create the interval (no unique key): any one serves. Return the task.
+    Run by the data migration and at every beat start. Two beats may both create the interval
+    (no unique key): any one serves.
     """
     if interval_model is None or task_model is None:
         from django_celery_beat.models import IntervalSchedule, PeriodicTask

@@ -1,8 +1,6 @@
 """Celery entry points: thin wrappers that check their arguments, call one job, return counts.
 
-Messages name the tasks (reminders/queue.py); the scan has none, each worker's scan lane
-consumes its queue (reminders/worker/scanlane.py). Their runtime settings are in
-config/settings.py.
+The scan has no task: each worker's scan lane consumes its queue (reminders/worker/scanlane.py).
 """
 
 from __future__ import annotations
@@ -58,8 +56,8 @@ def _parse_held(value: object, ids: list[int]) -> tuple[uuid.UUID, list[int]] | 
 def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
     """Deliver the reminders named by id; malformed arguments are rejected, never retried.
 
-    ``held_by`` (``[claim token hex, [ids]]``) comes only with a retry after the
-    database went away inside a claim: that claim is released first.
+    ``held_by`` (``[claim token hex, [ids]]``) comes with a retry after the database went away
+    inside a claim: that claim is released first.
     """
     ids = parse_ids(reminder_ids)
     if ids is None:
@@ -98,10 +96,8 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
     max_retries=DATABASE_RETRIES,
 )
 def deliver_notices(notice_ids) -> dict[str, int]:
-    """Deliver the change notices named by id (reminders.worker.notices).
-
-    A brief database outage is waited out; guarded claims make a rerun take only what is pending.
-    """
+    """Deliver the change notices named by id; guarded claims make a retry take only what is
+    pending."""
     ids = parse_ids(notice_ids)
     if ids is None:
         logger.error("Rejected deliver_notices with malformed ids %.200r", notice_ids)
@@ -130,11 +126,8 @@ def _well_formed(decision_id, task: str) -> bool:
 
 @shared_task(name="reminders.replay_selection", **STAFF_TASK)
 def replay_selection(decision_id) -> dict[str, int]:
-    """Replay the next chunk of a background replay (StaffDecision ``decision_id``).
-
-    Each chunk commits with its progress and queues the next; a replay left without a task is
-    resumed by the scan once its heartbeat is older than the claim lease.
-    """
+    """Replay the next chunk of a background replay and queue the next (the scan resumes one
+    left without a task)."""
     if not _well_formed(decision_id, "replay_selection"):
         return {"rejected": 1}
     decision = replay_step(decision_id=decision_id)

@@ -21,10 +21,10 @@ logger = logging.getLogger(__name__)
 
 
 class ClaimWatch:
-    """Re-read a claim's rows while its batch runs, and tell the engine's gate what changed.
+    """Re-read a claim's rows between engine turns, and tell the engine's gate what changed.
 
-    Runs in the calling thread between engine turns. An envelope is withdrawn once its reminder
-    is not ``sending`` under this claim, its workshop or enrollment is off, or what it shows moved.
+    An envelope is withdrawn once its reminder is not ``sending`` under this claim, its
+    workshop or enrollment is off, or what it shows moved.
     """
 
     def __init__(self, *, token, reminders, clock: Clock) -> None:
@@ -39,10 +39,7 @@ class ClaimWatch:
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
     def seed(self, read_at: float) -> None:
-        """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot.
-
-        The claim took only live rows and rendered what it read: nothing is withdrawn then.
-        """
+        """Take the claim's own read, begun at ``read_at`` (monotonic), as the first snapshot."""
         self.gate.publish({}, taken_at=read_at)
 
     def refresh(self) -> None:
