@@ -1,7 +1,4 @@
-"""The scan's schedule: one interval task in django-celery-beat's table.
-
-Only beat decides when a scan runs; workshops and reminders are rows it reads.
-"""
+"""The scan's schedule: one interval task in django-celery-beat's table."""
 
 from __future__ import annotations
 

@@ -194,10 +194,7 @@ def _channel_values(name: str):
 
 
 def check_channel(name: str, *, clock: Clock) -> int:
-    """Build the named channel, so a bad setting fails before a claim; return the concurrency.
-
-    REMINDERS_CONCURRENCY, capped by the channel's own.
-    """
+    """Build the named channel, so a bad setting fails before a claim; return the concurrency."""
     channel = channel_factory(name, clock=clock)()
     own_limit = getattr(channel, "max_concurrency", None)
     concurrency = settings.REMINDERS_CONCURRENCY

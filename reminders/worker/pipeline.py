@@ -73,10 +73,7 @@ def _notices(*, clock: Clock, publish) -> dict[str, int]:
 def scan(
     *, clock: Clock | None = None, publish=None, worker: str = "", notices_publish=None
 ) -> dict[str, int]:
-    """Settle, reap, plan and dispatch reminders and notices, then record a ScanRun.
-
-    ``publish`` and ``notices_publish`` replace the broker publishes (benchmarks and tests).
-    """
+    """Settle, reap, plan and dispatch reminders and notices, then record a ScanRun."""
     clock = clock or default_clock()
     started = clock.monotonic()
     phases: dict[str, float] = {}
