@@ -269,10 +269,7 @@ _FINAL_COLUMNS = {
     "message_id": "text",
 }
 # What the PostgreSQL record adds to each final row to close its attempt in the same statement.
-_FINAL_ATTEMPT_COLUMNS = {
-    "outcome": "text",
-    "calls": "integer",
-}
+_FINAL_ATTEMPT_COLUMNS = {"outcome": "text", "calls": "integer"}
 _ATTEMPT_COLUMNS = {
     "reminder_id": "bigint",
     "outcome": "text",
