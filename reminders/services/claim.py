@@ -36,10 +36,9 @@ _CLAIMED = RowsWithRelated(Reminder, ("attendee", "workshop", "text"))
 
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """What one worker now owns: reminders fenced by ``token`` until ``lease_expires_at``."""
+    """What one worker now owns: reminders fenced by ``token`` until their lease expires."""
 
     token: uuid.UUID
-    lease_expires_at: datetime
     channel: str
     reminders: list[Reminder]
     # The DeliveryAttempt number of this claim, per reminder id (logs carry it).
@@ -137,7 +136,6 @@ def reminder_claim_batch(
     }
     return Claim(
         token=token,
-        lease_expires_at=claimed[0].lease_expires_at if claimed else now + lease,
         channel=channel,
         reminders=claimed,
         attempt_numbers=numbers,

@@ -418,6 +418,5 @@ def reminder_release_interrupted(
     Its statement may commit after the caller reconnected: locking the rows whoever holds them
     waits for it. Return how many were released.
     """
-    clock = clock or default_clock()
-    claim = Claim(token=token, lease_expires_at=clock.now(), channel=channel, reminders=[])
+    claim = Claim(token=token, channel=channel, reminders=[])
     return reminder_release(claim=claim, ids=ids, clock=clock, whoever_holds=True)

@@ -219,7 +219,6 @@ def test_one_chunk_with_an_erased_and_a_kept_attendee_scrubs_only_the_erased_one
     DeliveryAttempt.objects.filter(claim_token=ada_claim.token).update(claim_token=kept_claim.token)
     claim = type(kept_claim)(
         token=kept_claim.token,
-        lease_expires_at=kept_claim.lease_expires_at,
         channel=kept_claim.channel,
         reminders=chunk,
     )

@@ -145,9 +145,8 @@ def test_a_late_claim_clears_queue_and_retry_marks_and_stamps_the_row(clock, due
 def test_the_claim_reads_the_clock_it_is_given(clock, due_reminders, settings):
     ids = due_reminders(1)
     own = FakeClock(clock.now() + timedelta(minutes=10))
-    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=own)
+    reminder_claim_batch(ids=ids, channel="smtp", clock=own)
     lease = own.now() + timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
-    assert claim.lease_expires_at == lease
     assert Reminder.objects.get(pk=ids[0]).lease_expires_at == lease
 
 
