@@ -356,20 +356,22 @@ def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
     text_table = connection.ops.quote_name(MessageText._meta.db_table)
     pairs = [(pk, row.digest) for pk, row in chosen.items()]
     wanted, params = rows_cte(connection, "v", {"id": "bigint", "digest": "text"}, pairs)
-    source = "v"
+    source, unfixed = "v", f"{reminder_table}.text_id IS NULL"
     if connection.vendor == "postgresql":
-        # Autocommit after the claim: lock the rows in id order, as every writer does.
+        # Autocommit after the claim: lock the rows in id order, as every writer does. The lock
+        # re-checks that a row has no text yet, so the UPDATE need not: a condition on text_id
+        # lets the planner start from every row without one, while the statistics lag a plan.
         lock, lock_params = lock_in_id_order(
             chosen, where="text_id IS NULL", params=[], mode="NO KEY UPDATE"
         )
         wanted += f", locked AS MATERIALIZED ({lock})"
         params += lock_params
-        source = "v JOIN locked ON locked.id = v.id"
+        source, unfixed = "locked JOIN v ON v.id = locked.id", "TRUE"
     with connection.cursor() as cursor:
         cursor.execute(
             f"WITH {wanted} UPDATE {reminder_table} SET text_id = t.id "
             f"FROM {source} JOIN {text_table} t ON t.digest = v.digest "
-            f"WHERE {reminder_table}.id = v.id AND {reminder_table}.text_id IS NULL "
+            f"WHERE {reminder_table}.id = v.id AND {unfixed} "
             f"RETURNING {reminder_table}.id, {reminder_table}.text_id",
             params,
         )
