@@ -1,7 +1,8 @@
 """The docs cannot drift: every module, function, test and file they name exists, and
 every default and time bound they quote is the one the code computes.
 
-Checked: docs/runtime_packet.md, docs/operations.md, docs/faults.md, docs/staff.md and README.md.
+Checked: docs/runtime_packet.md, docs/operations.md, docs/faults.md, docs/staff.md,
+docs/scaling.md, docs/benchmarks.md and README.md.
 """
 
 import importlib
@@ -20,12 +21,16 @@ OPERATIONS = ROOT / "docs" / "operations.md"
 FAULTS = ROOT / "docs" / "faults.md"
 README = ROOT / "README.md"
 STAFF = ROOT / "docs" / "staff.md"
+SCALING = ROOT / "docs" / "scaling.md"
+BENCHMARKS = ROOT / "docs" / "benchmarks.md"
 DOCS = {
     "packet": PACKET,
     "operations": OPERATIONS,
     "faults": FAULTS,
     "readme": README,
     "staff": STAFF,
+    "scaling": SCALING,
+    "benchmarks": BENCHMARKS,
 }
 OWN_PACKAGES = {"clock", "config", "delivery", "intake", "loopback", "reminders", "workshops"}
 
@@ -37,6 +42,8 @@ AT_LEAST = {
     "faults": (0, 180),
     "readme": (0, 0),  # its defaults are checked instead (at least 20)
     "staff": (1, 0),
+    "scaling": (1, 1),
+    "benchmarks": (3, 0),
 }
 
 TEST_REF = re.compile(r"^(tests/[\w/]+\.py)::(test_\w+)$")
@@ -83,8 +90,8 @@ def _file_references(doc: str) -> list[str]:
     """Return the backticked paths into this repository.
 
     Left out: URLs (``://``), absolute host paths and URL paths (``/...``),
-    paths outside the repository (``../``), ``var/``, which the local run
-    creates, and what no path looks like: a rate (``600/minute``), a media
+    paths outside the repository (``../``), ``var/`` and ``mutants/``, which the local run
+    and mutmut create, and what no path looks like: a rate (``600/minute``), a media
     type (``application/problem+json``), a pattern (``api:<name>/<label>``).
     """
     return sorted(
@@ -95,7 +102,7 @@ def _file_references(doc: str) -> list[str]:
             and "::" not in ref
             and "://" not in ref
             and " " not in ref
-            and not ref.startswith(("/", "../", "var/"))
+            and not ref.startswith(("/", "../", "var/", "mutants/"))
             and re.fullmatch(r"[A-Za-z_.][\w.\-/]*", ref)
         }
     )
