@@ -277,16 +277,18 @@ def _refuse(cursor, *, ids, now: StatementNow) -> None:
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
     opened = f"r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
     statuses = [status.value for status in Reminder.OPEN_STATUSES]
-    if cursor.db.vendor == "postgresql":
-        lock, lock_params = _open_locked(ids)  # in id order, as the claim's own
-        cursor.execute(
-            f"WITH locked AS MATERIALIZED ({lock}) {settle} "
-            f"AND r.id IN (SELECT id FROM locked) AND {opened}",
-            [*lock_params, *settle_params, *statuses],
-        )
-        return
     among, among_params = one_of(cursor.db, "r.id", ids)
-    cursor.execute(f"{settle} AND {among} AND {opened}", [*settle_params, *among_params, *statuses])
+    prefix, prefix_params = "", []
+    if cursor.db.vendor == "postgresql":
+        lock, prefix_params = _open_locked(ids)  # in id order, as the claim's own
+        prefix, among = (
+            f"WITH locked AS MATERIALIZED ({lock}) ",
+            f"{among} AND r.id IN (SELECT id FROM locked)",
+        )
+    cursor.execute(
+        f"{prefix}{settle} AND {among} AND {opened}",
+        [*prefix_params, *settle_params, *among_params, *statuses],
+    )
 
 
 def _open_locked(ids) -> tuple[str, list]:
