@@ -9,6 +9,7 @@ import pytest
 
 from delivery import Attachment, DeliveryLimits, DeliveryResult, Outcome, deliver
 from delivery.channels import SmtpChannel, SmtpSettings
+from delivery.errors import TransientError
 from delivery.message import message_id_for
 from loopback._loop_thread import LoopThread
 from loopback.smtp_sink import SmtpSink
@@ -261,6 +262,8 @@ def test_a_non_ascii_mailbox_fails_permanently_without_a_call(
         ({"use_tls": True, "starttls": True}, "use_tls and starttls are mutually exclusive"),
         ({"username": "u"}, "needs both username and password"),
         ({"port": 0}, "SmtpSettings.port must be 1-65535 (got 0)"),
+        ({"timeout": 0}, "SmtpSettings.timeout must be seconds > 0 (got 0)"),
+        ({"max_connections": 0}, "SmtpSettings.max_connections must be >= 1 (got 0)"),
     ],
 )
 def test_bad_settings_fail_at_construction(settings, message):
@@ -479,16 +482,27 @@ def test_require_tls_with_starttls_off_and_no_implicit_tls_fails_at_construction
 
 
 class _ScriptedServer:
-    """A raw SMTP server on loopback offering PIPELINING: each command line gets the next
-    reply its script holds for that verb, sent in ``pieces`` (bytes written apart, a
-    moment between them); it records every line the client sent and each message body."""
+    """A raw SMTP server on loopback, offering PIPELINING unless told not to: each command
+    line gets the next reply its script holds for that verb ("CLOSE": hang up instead),
+    sent in ``pieces`` (bytes written apart, a moment between them); it records every
+    line the client sent and each message body."""
 
     def __init__(
-        self, replies: dict[str, list[str]], *, pieces: int = 1, later: bytes = b""
+        self,
+        replies: dict[str, list[str]],
+        *,
+        pieces: int = 1,
+        later: bytes = b"",
+        greeting: str = "220 scripted ESMTP",
+        pipelining: tuple[bool, ...] = (True,),
+        stall: float = 0.0,
     ) -> None:
         self.replies = {verb: list(answers) for verb, answers in replies.items()}
         self.pieces = pieces
         self.later = later  # written 50 ms after the first message's reply, unasked
+        self.greeting = greeting
+        self.pipelining = list(pipelining)  # per connection; the last one for any later
+        self.stall = stall  # seconds between the 354 and reading the message
         self.lines: list[bytes] = []
         self.bodies: list[bytes] = []
         self._thread = LoopThread("scripted-smtp")
@@ -509,38 +523,44 @@ class _ScriptedServer:
                 await writer.drain()
                 await asyncio.sleep(0.01)
 
-        await send(b"220 scripted ESMTP\r\n")
+        pipelining = self.pipelining.pop(0) if len(self.pipelining) > 1 else self.pipelining[0]
+        await send(self.greeting.encode() + b"\r\n")
         pending = b""
         while line := await reader.readline():
             self.lines.append(line.rstrip(b"\r\n"))
             verb = line[:4].upper().decode("ascii", "replace").strip()
             if verb == "EHLO":
-                pending += b"250-scripted\r\n250-PIPELINING\r\n250 HELP\r\n"
+                offer = b"250-PIPELINING\r\n" if pipelining else b""
+                pending += b"250-scripted\r\n" + offer + b"250 HELP\r\n"
             elif verb == "DATA":
                 reply = self._reply("DATA", "354 go ahead")
                 if not reply.startswith(b"354"):
                     pending += reply
-                    continue
-                await send(pending + reply)
-                pending = b""
-                body = b""
-                while (part := await reader.readline()) not in (b".\r\n", b""):
-                    body += part
-                if not part:
-                    break  # the client went away mid-message: nothing was received
-                self.bodies.append(body)
-                pending += self._reply("END", "250 accepted")
-                if self.later:
-                    await send(pending)
+                else:  # DATA accepted: the group's replies go out, then the message is read
+                    await send(pending + reply)
                     pending = b""
-                    await asyncio.sleep(0.05)
-                    await send(self.later)
-                    self.later = b""
+                    await asyncio.sleep(self.stall)
+                    body = bytearray()
+                    while (part := await reader.readline()) not in (b".\r\n", b""):
+                        body += part
+                    if not part:
+                        break  # the client went away mid-message: nothing was received
+                    self.bodies.append(bytes(body))
+                    pending += self._reply("END", "250 accepted")
+                    if self.later:
+                        await send(pending)
+                        pending = b""
+                        await asyncio.sleep(0.05)
+                        await send(self.later)
+                        self.later = b""
             elif verb == "QUIT":
                 await send(pending + b"221 bye\r\n")
                 break
             else:
                 pending += self._reply(verb, "250 OK")
+            if pending.endswith(b"CLOSE\r\n"):
+                await send(pending.removesuffix(b"CLOSE\r\n"))
+                break
             # Answer when the client has nothing more buffered: a pipelined group at once.
             if not reader._buffer:
                 await send(pending)
@@ -642,10 +662,19 @@ def test_a_pipelined_refusal_sends_no_message_even_when_data_is_accepted(
     assert b"RSET" in server.lines
 
 
+@pytest.mark.parametrize(
+    "reply",
+    [
+        "hello there",
+        "250-sender ok\r\n550 5.1.0 no such sender",  # RFC 5321 4.2.1: one code per reply
+        "\r\n".join(["250-" + "x" * 996] * 40) + "\r\n250 ok",  # 40 kB in all
+    ],
+    ids=["not-a-reply", "code-changes-within-a-reply", "longer-than-any-reply"],
+)
 def test_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
-    system_clock, make_real_envelope
+    system_clock, make_real_envelope, reply
 ):
-    with _ScriptedServer({"MAIL": ["hello there"]}) as server:
+    with _ScriptedServer({"MAIL": [reply]}) as server:
         result = _one_through(server, system_clock, make_real_envelope())
     assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
     assert len(server.bodies) == 1
@@ -669,11 +698,6 @@ def test_a_reply_the_server_sent_unasked_on_an_idle_connection_is_not_paired_wit
     assert [(r.outcome, r.attempts) for r in results] == [(Outcome.SENT, 1)] * 2
     assert len(server.bodies) == 2
     assert server.connections == 2
-
-
-def _one_through(server: _ScriptedServer, clock, envelope) -> DeliveryResult:
-    [result] = run(deliver([envelope], _scripted_channel(server, clock), policy=QUICK, clock=clock))
-    return result
 
 
 def test_a_session_that_ends_right_after_its_354_fails_before_the_message_and_is_retried(
@@ -713,8 +737,16 @@ def test_a_final_reply_that_is_neither_success_nor_refusal_leaves_the_outcome_un
     assert len(server.bodies) == 1
 
 
+@pytest.mark.parametrize(
+    ("later", "why"),
+    [
+        (b"421 4.3.2 going away soon\r\n", "unasked"),
+        (b"421 " + b"x" * 40_000, "longer than any SMTP reply"),  # and no line end yet
+    ],
+    ids=["a-reply", "a-line-without-end"],
+)
 def test_a_pooled_session_ends_as_soon_as_the_server_speaks_unasked(
-    system_clock, make_real_envelope
+    system_clock, make_real_envelope, later, why
 ):
     """An idle pooled connection reads nothing into memory for later: the first reply
     nobody asked for closes it at once (a server talking to it cannot grow its buffer)."""
@@ -728,9 +760,9 @@ def test_a_pooled_session_ends_as_soon_as_the_server_speaks_unasked(
                 await system_clock.sleep(0.01)
             return pooled.ended, pooled.transport.is_closing()
 
-    with _ScriptedServer({}, later=b"421 4.3.2 going away soon\r\n") as server:
+    with _ScriptedServer({}, later=later) as server:
         ended, closing = run(scenario(_scripted_channel(server, system_clock)))
-    assert ended is not None and "unasked" in ended, ended
+    assert ended is not None and why in ended, ended
     assert closing
 
 
@@ -777,3 +809,136 @@ def test_a_pause_while_the_connection_opens_sends_nothing_under_the_old_snapshot
     assert smtp_sink.received() == []
     assert result.outcome is Outcome.WITHDRAWN
     assert result.provider_reached is False
+
+
+async def _until(condition, clock, within: float = 2.0) -> None:
+    deadline = clock.monotonic() + within
+    while not condition() and clock.monotonic() < deadline:
+        await clock.sleep(0.01)
+
+
+def test_a_server_refusing_the_session_in_its_greeting_was_never_reached_and_is_retried(
+    system_clock, make_real_envelope
+):
+    with _ScriptedServer({}, greeting="554 5.7.1 no service here") as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.provider_reached) == (Outcome.TRANSIENT, False)
+    assert result.attempts == QUICK.max_attempts
+    assert f"127.0.0.1:{server.port} refused the session (554): 5.7.1 no service here" in (
+        result.error
+    )
+
+
+def test_a_pipelined_data_command_refused_with_4xx_is_retried_on_the_same_connection(
+    system_clock, make_real_envelope
+):
+    with _ScriptedServer({"DATA": ["451 4.3.0 try again later"]}) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert (len(server.bodies), server.connections) == (1, 1)
+    assert b"RSET" in server.lines
+
+
+def test_a_refusal_is_reported_even_when_the_server_hangs_up_on_the_reset(
+    system_clock, make_real_envelope
+):
+    with _ScriptedServer(
+        {"RCPT": ["550 5.1.1 no such user"], "DATA": ["554 no recipients"], "RSET": ["CLOSE"]}
+    ) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.PERMANENT, 1)
+    assert result.error == "SMTP 550 on RCPT TO: 5.1.1 no such user"
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+def test_a_hang_up_after_the_message_leaves_the_outcome_unknown_and_is_not_sent_again(
+    system_clock, make_real_envelope, pipelining
+):
+    with _ScriptedServer({"END": ["CLOSE"]}, pipelining=(pipelining,)) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.maybe_delivered, result.attempts) == (True, 1), result
+    assert "failed during DATA; the server may have accepted the message" in result.error
+    assert len(server.bodies) == 1
+
+
+def test_without_pipelining_a_hang_up_before_the_message_is_retried_on_a_new_connection(
+    system_clock, make_real_envelope
+):
+    """A fresh connection lost is not replaced within the try: only a pooled one is."""
+    with _ScriptedServer({"MAIL": ["CLOSE"]}, pipelining=(False,)) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert (len(server.bodies), server.connections) == (1, 2)
+
+
+def test_a_server_silent_after_the_message_past_the_timeout_leaves_the_outcome_unknown(
+    smtp_sink, system_clock, make_real_envelope
+):
+    smtp_sink.data_delay = 1.0
+    channel = channel_for(smtp_sink, system_clock, timeout=0.2)
+
+    [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+
+    assert (result.maybe_delivered, result.attempts) == (True, 1), result
+    assert "failed during DATA; the server may have accepted the message" in result.error
+
+
+def test_a_pooled_connection_holding_part_of_an_unasked_reply_is_not_used_again(
+    system_clock, make_real_envelope
+):
+    """Those bytes would begin the next reply read on it: the next message takes a new one."""
+
+    async def scenario(channel):
+        async with channel:
+            await channel.send(make_real_envelope())
+            [pooled] = channel._idle
+            await _until(lambda: not pooled.idle, system_clock)
+            await channel.send(make_real_envelope())
+
+    with _ScriptedServer({}, later=b"421 4.3.2 going") as server:
+        run(scenario(_scripted_channel(server, system_clock)))
+    assert (len(server.bodies), server.connections) == (2, 2)
+
+
+def test_a_replacement_connection_without_pipelining_fails_the_message_before_it_is_sent(
+    system_clock, make_real_envelope
+):
+    """The pooled connection ended; the new one no longer offers PIPELINING: the message is
+    retried later, then sent one command at a time."""
+
+    async def scenario(channel):
+        async with channel:
+            await channel.send(make_real_envelope())
+            [pooled] = channel._idle
+            await _until(lambda: pooled.ended is not None, system_clock)
+            with pytest.raises(TransientError, match="no longer offers PIPELINING"):
+                await channel.send(make_real_envelope())
+            await channel.send(make_real_envelope())
+
+    with _ScriptedServer({}, later=b"421 4.3.2 going away\r\n", pipelining=(True, False)) as server:
+        run(scenario(_scripted_channel(server, system_clock)))
+    assert (len(server.bodies), server.connections) == (2, 3)
+
+
+@pytest.mark.parametrize(
+    ("stall", "sent"), [(0.3, True), (3.0, False)], ids=["reads-late", "stops-reading"]
+)
+def test_a_server_slow_to_read_the_message_gets_it_unless_it_stops_past_the_timeout(
+    system_clock, make_real_envelope, stall, sent
+):
+    """The message outgrows the socket buffers: the channel waits for the server to read,
+    up to the timeout; past it the outcome is unknown (part of the message went out)."""
+    envelope = make_real_envelope(text_body="See you there.\n" * 400_000)  # 6 MB
+    with _ScriptedServer({}, stall=stall) as server:
+        channel = SmtpChannel(
+            SmtpSettings(
+                host="127.0.0.1", port=server.port, from_email=FROM, timeout=1, starttls=False
+            ),
+            clock=system_clock,
+        )
+        [result] = run(deliver([envelope], channel, policy=QUICK, clock=system_clock))
+    if sent:
+        assert (result.outcome, result.attempts) == (Outcome.SENT, 1), result.error
+    else:
+        assert (result.maybe_delivered, result.attempts) == (True, 1), result
+        assert "the server stopped reading within the timeout" in result.error
