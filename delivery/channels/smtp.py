@@ -113,7 +113,6 @@ def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentEr
 _LEADING_PERIOD = re.compile(rb"(?m)^\.")
 # Longer than any real SMTP reply, all its lines together.
 _MAX_REPLY_BYTES = 32 * 1024
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _ReplyError(Exception):
@@ -426,9 +425,6 @@ class SmtpChannel:
         self, connection: _Pipeline, reused: bool, recipient: str, data: bytes
     ) -> None:
         """Run one transaction in two round trips; without the final reply the outcome is unknown."""
-        if _CONTROL.search(recipient):  # the sender's was refused at construction
-            self._release(connection)
-            raise PermanentError(f"address {recipient!r} holds a control character", reached=False)
         try:
             try:
                 replies = await self._pipelined_envelope(connection, recipient)
@@ -467,9 +463,8 @@ class SmtpChannel:
         if refused is not None:
             raise refused
         try:
+            # write_message ends every message with CRLF.
             body = _LEADING_PERIOD.sub(b"..", data)
-            if not body.endswith(b"\r\n"):
-                body += b"\r\n"
             await connection.write(body + b".\r\n", replies=1)
             code, text = await connection.reply()
         except _ReplyError as exc:
