@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import asyncio
 import re
+import smtplib
 
 import pytest
 
 from delivery import Attachment, DeliveryLimits, DeliveryResult, Outcome, deliver
 from delivery.channels import SmtpChannel, SmtpSettings
-from delivery.errors import TransientError
+from delivery.channels.smtp import translate_smtplib_error
+from delivery.errors import OutcomeUnknownError, PermanentError, TransientError
 from delivery.message import message_id_for
 from loopback._loop_thread import LoopThread
 from loopback.smtp_sink import SmtpSink
@@ -942,3 +944,52 @@ def test_a_server_slow_to_read_the_message_gets_it_unless_it_stops_past_the_time
     else:
         assert (result.maybe_delivered, result.attempts) == (True, 1), result
         assert "the server stopped reading within the timeout" in result.error
+
+
+def _smtplib_error(port: int, login: tuple[str, str] | None = None) -> Exception:
+    """What a blocking sender (Django's backend) raises sending one message to ``port``."""
+    try:
+        with smtplib.SMTP("127.0.0.1", port, timeout=5) as client:
+            if login:
+                client.login(*login)
+            client.sendmail("r@example.org", ["ada@example.com"], b"Subject: hi\r\n\r\nx")
+    except Exception as exc:
+        return exc
+    raise AssertionError("the message was sent")
+
+
+@pytest.mark.parametrize(
+    ("script", "error", "text"),
+    [
+        (
+            {"greeting": "554 5.7.1 no service here"},
+            TransientError,
+            "SMTP server refused the session (554): 5.7.1 no service here",
+        ),
+        (
+            {"replies": {"MAIL": ["550 5.7.1 not from you"]}},
+            PermanentError,
+            "SMTP 550 on MAIL FROM: 5.7.1 not from you",
+        ),
+        ({"replies": {"END": ["554 5.7.1 spam"]}}, PermanentError, "SMTP 554 on DATA: 5.7.1 spam"),
+        ({"replies": {"END": ["CLOSE"]}}, OutcomeUnknownError, "SMTP connection lost: "),
+    ],
+    ids=["greeting-refused", "sender-refused", "message-refused", "lost-after-the-message"],
+)
+def test_smtplib_errors_map_to_the_delivery_error_of_their_phase(script, error, text):
+    with _ScriptedServer(script.pop("replies", {}), **script) as server:
+        translated = translate_smtplib_error(_smtplib_error(server.port))
+    assert type(translated) is error
+    assert str(translated).startswith(text)
+    assert translated.reached is (error is not TransientError)
+
+
+def test_smtplib_login_refused_fails_permanently_and_others_pass_through_unchanged():
+    with SmtpSink(credentials=("mailer", "secret")) as sink:
+        refused = translate_smtplib_error(_smtplib_error(sink.port, ("mailer", "wrong")))
+    assert (type(refused), refused.reached) == (PermanentError, False)
+    assert str(refused).startswith("SMTP login refused (535): ")
+    assert str(refused).endswith("check the username and password")
+    with _ScriptedServer({}) as server:  # offers no AUTH
+        unsupported = _smtplib_error(server.port, ("mailer", "secret"))
+    assert translate_smtplib_error(unsupported) is unsupported
