@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import re
 import smtplib
 
@@ -498,6 +499,7 @@ class _ScriptedServer:
         greeting: str = "220 scripted ESMTP",
         pipelining: tuple[bool, ...] = (True,),
         stall: float = 0.0,
+        slow: dict[str, float] | None = None,
     ) -> None:
         self.replies = {verb: list(answers) for verb, answers in replies.items()}
         self.pieces = pieces
@@ -505,6 +507,8 @@ class _ScriptedServer:
         self.greeting = greeting
         self.pipelining = list(pipelining)  # per connection; the last one for any later
         self.stall = stall  # seconds between the 354 and reading the message
+        self.slow = slow or {}  # seconds before answering a verb
+        self.open = 0
         self.lines: list[bytes] = []
         self.bodies: list[bytes] = []
         self._thread = LoopThread("scripted-smtp")
@@ -517,6 +521,14 @@ class _ScriptedServer:
 
     async def _serve(self, reader, writer) -> None:
         self.connections += 1
+        self.open += 1
+        try:
+            await self._converse(reader, writer)
+        finally:
+            self.open -= 1
+            writer.close()
+
+    async def _converse(self, reader, writer) -> None:
 
         async def send(data: bytes) -> None:
             size = max(1, len(data) // self.pieces)
@@ -531,6 +543,7 @@ class _ScriptedServer:
         while line := await reader.readline():
             self.lines.append(line.rstrip(b"\r\n"))
             verb = line[:4].upper().decode("ascii", "replace").strip()
+            await asyncio.sleep(self.slow.get(verb, 0))
             if verb == "EHLO":
                 offer = b"250-PIPELINING\r\n" if pipelining else b""
                 pending += b"250-scripted\r\n" + offer + b"250 HELP\r\n"
@@ -567,7 +580,6 @@ class _ScriptedServer:
             if not reader._buffer:
                 await send(pending)
                 pending = b""
-        writer.close()
 
     def __enter__(self) -> _ScriptedServer:
         self._thread.start()
@@ -993,3 +1005,27 @@ def test_smtplib_login_refused_fails_permanently_and_others_pass_through_unchang
     with _ScriptedServer({}) as server:  # offers no AUTH
         unsupported = _smtplib_error(server.port, ("mailer", "secret"))
     assert translate_smtplib_error(unsupported) is unsupported
+
+
+@pytest.mark.parametrize("verb", ["EHLO", "MAIL"])
+def test_a_call_cancelled_by_its_timeout_closes_its_connection(
+    system_clock, make_real_envelope, verb
+):
+    """The engine's call timeout cancels the send while the server is slow to answer,
+    opening the connection or in the envelope: the connection is closed then, not left
+    open until the collector (disabled here) or the process ends."""
+    policy = DeliveryLimits(call_timeout=0.3, max_attempts=1)
+    gc.disable()
+    try:
+        with _ScriptedServer({}, slow={verb: 1.0}) as server:
+            channel = _scripted_channel(server, system_clock)
+            [result] = run(
+                deliver([make_real_envelope()], channel, policy=policy, clock=system_clock)
+            )
+            deadline = system_clock.monotonic() + 3.0
+            while server.open and system_clock.monotonic() < deadline:
+                system_clock.sleep_blocking(0.02)
+            assert server.open == 0
+    finally:
+        gc.enable()
+    assert result.outcome is Outcome.TIMED_OUT
