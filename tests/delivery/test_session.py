@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import signal
 import threading
 
 import pytest
@@ -273,3 +274,63 @@ def test_a_task_the_open_channel_owns_survives_the_batches_and_ends_with_the_ses
 
     assert caplog.records == []  # not reported as left over by either batch
     assert owned[0].cancelled()  # the session's close ends it
+
+
+class _SoftLimit(Exception):
+    """What Celery's soft time limit raises into the worker's main thread."""
+
+
+class _SlowToClose(MemoryChannel):
+    async def __aexit__(self, *exc_info):
+        await asyncio.sleep(0.5)
+        return await super().__aexit__(*exc_info)
+
+
+@pytest.mark.parametrize("leaving_on", [None, LookupError], ids=["normally", "on-an-exception"])
+def test_an_interruption_while_the_session_closes_lets_the_close_finish_then_goes_on(
+    system_clock, make_real_envelope, caplog, leaving_on
+):
+    """The signal lands while the channel closes: the close runs to its end (channel, loop
+    and its thread), then the interruption is raised, unless the session is left on an
+    exception already: that one goes on, the interruption is logged."""
+    channel = _SlowToClose(clock=system_clock)
+
+    def soft_limit(signum, frame):
+        raise _SoftLimit
+
+    previous = signal.signal(signal.SIGALRM, soft_limit)
+    try:
+        with pytest.raises(leaving_on or _SoftLimit):
+            with Session(lambda: channel, clock=system_clock) as session:
+                session.deliver([make_real_envelope()], policy=DeliveryLimits())
+                signal.setitimer(signal.ITIMER_REAL, 0.1)
+                if leaving_on:
+                    raise leaving_on
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert channel.closed == 1
+    assert session._thread is None
+    assert not [t for t in threading.enumerate() if t.name == "delivery-loop"]
+    logged = [r.getMessage() for r in caplog.records if r.name == "delivery"]
+    assert logged == (["Delivery session did not close cleanly"] if leaving_on else [])
+
+
+def test_a_limiter_that_fails_to_close_is_logged_and_the_session_still_closes(
+    system_clock, make_real_envelope, caplog
+):
+    class Unclosable(LocalRateLimiter):
+        async def aclose(self):
+            raise ConnectionError("Redis went away")
+
+    channel = MemoryChannel(clock=system_clock)
+    limiter_factory = lambda: Unclosable(1000, clock=system_clock)  # noqa: E731
+    with Session(lambda: channel, clock=system_clock, limiter_factory=limiter_factory) as session:
+        session.deliver([make_real_envelope()], policy=DeliveryLimits())
+
+    assert channel.closed == 1
+    assert session._thread is None
+    assert [r.getMessage() for r in caplog.records if r.name == "delivery"] == [
+        "Rate limiter did not close cleanly"
+    ]
