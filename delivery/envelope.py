@@ -36,10 +36,7 @@ class FrozenMap(Mapping[str, str]):
                     "convert numbers and dates to text (e.g. isoformat()) before building "
                     "the envelope."
                 )
-        object.__setattr__(self, "_data", items)
-
-    def __setattr__(self, name: str, value: object) -> None:
-        raise AttributeError("FrozenMap is immutable")
+        self._data = items
 
     def __getitem__(self, name: str) -> str:
         return self._data[name]
@@ -52,11 +49,6 @@ class FrozenMap(Mapping[str, str]):
 
     def __hash__(self) -> int:
         return hash(frozenset(self._data.items()))
-
-    def __eq__(self, other: object) -> bool:
-        if isinstance(other, Mapping):
-            return self._data == dict(other.items())
-        return NotImplemented
 
     def __reduce__(self):
         return (FrozenMap, (self._data,))
@@ -87,12 +79,6 @@ class Attachment:
             raise ValueError(
                 f"Attachment content_type {self.content_type!r} must look like 'type/subtype', "
                 "e.g. 'text/calendar'."
-            )
-        if isinstance(self.content, bytearray | memoryview):
-            object.__setattr__(self, "content", bytes(self.content))
-        if not isinstance(self.content, bytes):
-            raise TypeError(
-                f"Attachment content must be bytes (got {type(self.content).__name__})."
             )
 
 
@@ -132,8 +118,6 @@ class Envelope:
         return self.send_by or self.deadline_at
 
     def __post_init__(self) -> None:
-        if not isinstance(self.reminder_id, int) or isinstance(self.reminder_id, bool):
-            raise TypeError(f"Envelope.reminder_id must be an int (got {self.reminder_id!r}).")
         if not isinstance(self.key, str) or not self.key:
             raise ValueError("Envelope.key is empty; pass the reminder's stable idempotency key.")
         if len(self.key) > MAX_KEY_LENGTH or _has_control(self.key) or not self.key.isascii():
@@ -141,12 +125,6 @@ class Envelope:
                 f"Envelope.key {self.key!r} must be at most {MAX_KEY_LENGTH} printable ASCII "
                 "characters (it is sent as an HTTP header); hash longer keys."
             )
-        for name in (
-            "recipient", "recipient_name", "subject", "text_body",
-            "reply_to", "reply_to_name", "list_id",
-        ):  # fmt: skip
-            if not isinstance(getattr(self, name), str):
-                raise TypeError(f"Envelope.{name} must be str (got {getattr(self, name)!r}).")
         if self.unsubscribe_url and (
             not self.unsubscribe_url.startswith(("https://", "http://"))
             or not self.unsubscribe_url.isprintable()
@@ -156,34 +134,13 @@ class Envelope:
                 f"Envelope.unsubscribe_url {self.unsubscribe_url!r} must be one http(s) URL "
                 "without spaces or angle brackets."
             )
-        if self.kind not in ("reminder", "notice"):
-            raise ValueError(f"Envelope.kind {self.kind!r} must be 'reminder' or 'notice'.")
-        if self.calendar_method not in ("", "PUBLISH", "REQUEST", "CANCEL"):
-            raise ValueError(
-                f"Envelope.calendar_method {self.calendar_method!r} must be '', 'PUBLISH', "
-                "'REQUEST' or 'CANCEL'."
-            )
-        if self.html_body is not None and not isinstance(self.html_body, str):
-            raise TypeError("Envelope.html_body must be str or None.")
-        if not isinstance(self.deadline_at, datetime):
-            raise TypeError(f"Envelope.deadline_at must be a datetime (got {self.deadline_at!r}).")
         if self.deadline_at.tzinfo is None or self.deadline_at.utcoffset() is None:
             raise ValueError(
                 "Envelope.deadline_at is naive; pass an aware datetime (e.g. tzinfo=UTC)."
             )
         object.__setattr__(self, "deadline_at", self.deadline_at.astimezone(UTC))
         if self.send_by is not None:
-            if not isinstance(self.send_by, datetime) or self.send_by.utcoffset() is None:
-                raise TypeError(
-                    f"Envelope.send_by must be an aware datetime or None (got {self.send_by!r})."
-                )
             object.__setattr__(self, "send_by", self.send_by.astimezone(UTC))
-        attachments = tuple(self.attachments)
-        for attachment in attachments:
-            if not isinstance(attachment, Attachment):
-                raise TypeError(
-                    f"Envelope.attachments must hold Attachment objects (got {attachment!r})."
-                )
-        object.__setattr__(self, "attachments", attachments)
+        object.__setattr__(self, "attachments", tuple(self.attachments))
         if not isinstance(self.payload, FrozenMap):
             object.__setattr__(self, "payload", FrozenMap(self.payload))

@@ -88,3 +88,17 @@ def test_an_unsafe_attachment_is_refused(fields, message):
 def test_envelope_fields_are_keyword_only():
     with pytest.raises(TypeError):
         Envelope(1, "k", "a@example.com", "A", "S", "T", datetime(2026, 3, 2, tzinfo=UTC))
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://reminders.example.com/my reminders/unsubscribe/t/",  # REMINDERS_PUBLIC_URL
+        "https://reminders.example.com/x>, <mailto:all@example.com",  # with a space or '>'
+        "javascript:alert(1)",
+    ],
+)
+def test_an_unsubscribe_url_that_cannot_be_one_header_link_is_refused(make_envelope, url):
+    """Settings accept a public URL whose path holds a space: List-Unsubscribe would break."""
+    with pytest.raises(ValueError, match="must be one http\\(s\\) URL"):
+        make_envelope(unsubscribe_url=url)
