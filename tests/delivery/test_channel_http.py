@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import re
 
 import pytest
@@ -9,6 +11,7 @@ import pytest
 from delivery import Attachment, DeliveryLimits, Outcome, deliver
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.channels.http import parse_retry_after
+from loopback._loop_thread import LoopThread
 from loopback.http_sink import HttpSink
 from tests.delivery.conftest import START, run
 
@@ -236,6 +239,10 @@ def test_hedged_urls_return_the_fastest_provider_and_drop_the_slow_one(
         ({"url": "https://x/y", "secret": "s", "hedge_urls": ["https://x/y"]}, "repeats a URL"),
         ({"url": "https://x/y", "secret": "s", "timeout": 0}, "timeout must be seconds > 0"),
         (
+            {"url": "https://x/y", "secret": "s", "hedge_stagger": -1},
+            "hedge_stagger must be seconds >= 0",
+        ),
+        (
             {"url": "http://notify.example.com/r?token=t0ps3cret", "secret": "s"},
             "HttpSettings.url 'http://notify.example.com/r?token=***' is plain http to another "
             "machine",
@@ -277,3 +284,73 @@ def test_retry_after_is_read_as_seconds_or_as_an_http_date():
     assert parse_retry_after("Mon, 02 Mar 2026 09:00:30 GMT", now=START) == 30.0
     assert parse_retry_after("soon", now=START) is None
     assert parse_retry_after(None, now=START) is None
+    # A date in no known zone, or a number no wait can be: ignored, the backoff decides.
+    assert parse_retry_after("Mon, 02 Mar 2026 09:00:30 -0000", now=START) is None
+    assert parse_retry_after("inf", now=START) is None
+    assert parse_retry_after("nan", now=START) is None
+
+
+class _OneAnswer:
+    """A raw HTTP server on loopback giving every request the same answer."""
+
+    def __init__(self, answer: bytes) -> None:
+        self.answer = answer
+        self._thread = LoopThread("one-answer-http")
+
+    async def _serve(self, reader, writer) -> None:
+        head = await reader.readuntil(b"\r\n\r\n")
+        length = re.search(rb"(?i)content-length: *(\d+)", head)
+        await reader.readexactly(int(length.group(1)))
+        writer.write(self.answer)
+        await writer.drain()
+        writer.close()
+
+    def __enter__(self) -> str:
+        self._thread.start()
+
+        async def listen():
+            return await asyncio.start_server(self._serve, "127.0.0.1", 0)
+
+        self._server = self._thread.run(listen)
+        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/r"
+
+    def __exit__(self, *exc_info) -> None:
+        async def close():
+            self._server.close()
+
+        self._thread.run(close)
+        self._thread.stop()
+
+
+def _answer(status: str, body: bytes, content_type: str) -> bytes:
+    return (
+        f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n"
+    ).encode() + body
+
+
+def test_an_error_page_that_is_not_json_is_quoted_on_one_line(system_clock, make_real_envelope):
+    """A proxy in front of the provider answers 502 with HTML: its text is the error."""
+    page = b"<html>\n  <h1>502 Bad Gateway</h1>\n</html>\n"
+    with _OneAnswer(_answer("502 Bad Gateway", page, "text/html")) as url:
+        channel = HttpChannel(HttpSettings(url=url, secret="s"), clock=system_clock)
+        policy = DeliveryLimits(call_timeout=5, max_attempts=1)
+        [result] = run(deliver([make_real_envelope()], channel, policy=policy, clock=system_clock))
+    assert result.outcome is Outcome.TRANSIENT
+    assert result.error.endswith(f"HTTP 502 from {url}: <html> <h1>502 Bad Gateway</h1> </html>")
+
+
+@pytest.mark.parametrize(
+    "body", [b"OK", b'{"status": "queued"}'], ids=["not-json", "no-message-id"]
+)
+def test_an_acceptance_without_a_message_id_is_still_sent_and_logged(
+    system_clock, make_real_envelope, caplog, body
+):
+    """Accepted is accepted: failing it would send the message again."""
+    envelope = make_real_envelope()
+    with _OneAnswer(_answer("202 Accepted", body, "application/json")) as url:
+        channel = HttpChannel(HttpSettings(url=url, secret="s"), clock=system_clock)
+        with caplog.at_level(logging.WARNING):
+            [result] = run(deliver([envelope], channel, policy=QUICK, clock=system_clock))
+    assert (result.outcome, result.attempts, result.message_id) == (Outcome.SENT, 1, None)
+    assert f"accepted reminder {envelope.reminder_id} without a message_id" in caplog.text
