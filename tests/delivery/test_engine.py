@@ -549,3 +549,77 @@ def test_the_log_line_of_a_failed_send_quotes_no_address_or_name(fake_clock, mak
     assert f"Reminder {envelope.reminder_id} not sent" in logged
     assert "550 5.1.1 <address>: unknown user; Dear <name>" in logged
     assert "jane.doe@example.org" not in logged and "Jane Doe" not in logged
+
+
+def test_a_429_without_retry_after_pauses_the_limiter_for_one_window(fake_clock, make_envelope):
+    channel = MemoryChannel(clock=fake_clock)
+    envelopes = [make_envelope() for _ in range(3)]
+    channel.fail(envelopes[0].key, RateLimitedError("HTTP 429"))
+    limiter = LocalRateLimiter(100, clock=fake_clock)
+    policy = DeliveryLimits(concurrency=1, backoff_base=0.1)
+
+    results = run(deliver(envelopes, channel, policy=policy, clock=fake_clock, limiter=limiter))
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 3
+    assert min(channel.start_times[1:]) == pytest.approx(limiter.window)
+
+
+def test_a_limiter_that_cannot_pause_is_logged_and_the_batch_goes_on(
+    fake_clock, make_envelope, caplog
+):
+    class Unpausable(LocalRateLimiter):
+        async def pause(self, seconds):
+            raise ConnectionError("Redis went away")
+
+    channel = MemoryChannel(clock=fake_clock)
+    envelopes = [make_envelope() for _ in range(2)]
+    channel.fail(envelopes[0].key, RateLimitedError("HTTP 429", retry_after=5))
+    limiter = Unpausable(100, clock=fake_clock)
+
+    results = run(deliver(envelopes, channel, policy=FAST, clock=fake_clock, limiter=limiter))
+
+    assert [r.outcome for r in results] == [Outcome.SENT] * 2
+    assert "Could not pause the rate limiter" in caplog.text
+
+
+def test_a_channel_that_fails_to_close_keeps_the_batchs_results(fake_clock, make_envelope, caplog):
+    class Unclosable(MemoryChannel):
+        async def __aexit__(self, *exc_info):
+            raise ConnectionResetError("the provider hung up first")
+
+    results = run(
+        deliver([make_envelope()], Unclosable(clock=fake_clock), policy=FAST, clock=fake_clock)
+    )
+
+    assert [r.outcome for r in results] == [Outcome.SENT]
+    assert "Channel memory did not close cleanly" in caplog.text
+
+
+def test_a_batch_cancelled_from_outside_still_closes_its_channel(fake_clock, make_envelope):
+    """The caller's task is cancelled while a call hangs: the channel is closed, and told why."""
+    seen: list[type] = []
+    called = asyncio.Event()
+
+    class Recording(MemoryChannel):
+        async def send(self, envelope):
+            called.set()
+            return await super().send(envelope)
+
+        async def __aexit__(self, exc_type, exc, tb):
+            seen.append(exc_type)
+            return await super().__aexit__(exc_type, exc, tb)
+
+    channel = Recording(clock=fake_clock)
+    envelope = make_envelope()
+    channel.hang(envelope.key)
+
+    async def scenario():
+        task = asyncio.create_task(deliver([envelope], channel, policy=FAST, clock=fake_clock))
+        await called.wait()
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    run(scenario())
+
+    assert (channel.closed, seen) == (1, [asyncio.CancelledError])
