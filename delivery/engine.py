@@ -95,8 +95,6 @@ class _Progress:
     result: DeliveryResult | None = None
 
     def finish(self, outcome: Outcome, error: str = "", message_id: str | None = None) -> None:
-        if self.result is not None:
-            return
         self.result = DeliveryResult(
             reminder_id=self.envelope.reminder_id,
             key=self.envelope.key,
