@@ -41,8 +41,6 @@ class FileChannel:
     max_concurrency = None
 
     def __init__(self, directory: str | os.PathLike[str], *, from_email: str, clock: Clock) -> None:
-        if not str(directory):
-            raise ValueError("FileChannel needs a directory to write .eml files into.")
         self.directory = Path(directory)
         self._sender = parse_sender(from_email, setting="FileChannel from_email")
         self._clock = clock

@@ -60,3 +60,19 @@ def test_a_resend_replaces_the_file_instead_of_adding_one(
 def test_a_file_channel_needs_a_usable_sender(tmp_path, system_clock):
     with pytest.raises(ValueError, match="FileChannel from_email is empty"):
         FileChannel(tmp_path, from_email="", clock=system_clock)
+
+
+def test_a_file_that_cannot_be_written_is_retried_and_leaves_no_partial_file(
+    tmp_path, system_clock, make_real_envelope
+):
+    """Here a directory stands where the file goes, as a full disk would fail the write."""
+    channel = FileChannel(tmp_path, from_email="reminders@example.org", clock=system_clock)
+    envelope = make_real_envelope()
+    channel.path_for(envelope.key).mkdir()
+    policy = DeliveryLimits(max_attempts=2, backoff_base=0.01)
+
+    [result] = run(deliver([envelope], channel, policy=policy, clock=system_clock))
+
+    assert (result.outcome, result.attempts) == (Outcome.TRANSIENT, 2)
+    assert f"could not write {channel.path_for(envelope.key)}: " in result.error
+    assert [p.name for p in tmp_path.iterdir()] == [channel.path_for(envelope.key).name]

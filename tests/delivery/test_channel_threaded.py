@@ -7,10 +7,10 @@ import threading
 
 import pytest
 
-from delivery import DeliveryLimits, Outcome, PermanentError, TransientError
+from delivery import DeliveryLimits, Outcome, PermanentError, TransientError, deliver
 from delivery.channels import ThreadedChannel
 from delivery.channels.smtp import translate_smtplib_error
-from tests.delivery.conftest import deliver_once
+from tests.delivery.conftest import deliver_once, run
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -140,3 +140,29 @@ def test_smtplib_errors_from_a_blocking_sender_are_translated_by_reply_code(
     assert (results[1].outcome, results[1].attempts) == (Outcome.SENT, 2)
     assert isinstance(translate_smtplib_error(ConnectionRefusedError()), TransientError)
     assert translate_smtplib_error(ConnectionRefusedError()).reached is False
+
+
+def test_a_send_that_ends_after_its_timeout_is_only_logged(
+    system_clock, make_real_envelope, caplog
+):
+    """The result came too late for the batch, which counts it maybe delivered; the log says."""
+    channel = ThreadedChannel(
+        "django-mail", lambda envelope: system_clock.sleep_blocking(0.3) or "id-7"
+    )
+
+    async def scenario():
+        results = await deliver(
+            [make_real_envelope()],
+            channel,
+            policy=DeliveryLimits(call_timeout=0.1),
+            clock=system_clock,
+        )
+        while channel.running_threads:  # the loop stays open for the late result
+            await system_clock.sleep(0.02)
+        await system_clock.sleep(0.05)
+        return results
+
+    [result] = run(scenario())
+
+    assert result.outcome is Outcome.TIMED_OUT
+    assert "finished late: sent as id-7" in caplog.text
