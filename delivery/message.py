@@ -13,7 +13,6 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 from email.utils import format_datetime, parseaddr
-from urllib.parse import quote
 
 from delivery.addresses import address_problem, clean_header_text, idna_domain
 from delivery.envelope import Envelope
@@ -93,10 +92,7 @@ def _ascii_recipient(address: str) -> tuple[str, str]:
             "this channel does not send it",
             reached=False,
         )
-    ascii_domain = idna_domain(domain)
-    if ascii_domain is None:  # already rejected by address_problem
-        raise PermanentError(f"recipient {address!r} has an invalid domain", reached=False)
-    return local, ascii_domain
+    return local, idna_domain(domain)  # address_problem refused a domain it cannot encode
 
 
 def _reply_to(envelope: Envelope) -> str | None:
@@ -104,10 +100,9 @@ def _reply_to(envelope: Envelope) -> str | None:
     if not envelope.reply_to or address_problem(envelope.reply_to) is not None:
         return None
     local, _, domain = envelope.reply_to.rpartition("@")
-    ascii_domain = idna_domain(domain)
-    if not local.isascii() or ascii_domain is None:
+    if not local.isascii():
         return None
-    return _mailbox(clean_header_text(envelope.reply_to_name), f"{local}@{ascii_domain}")
+    return _mailbox(clean_header_text(envelope.reply_to_name), f"{local}@{idna_domain(domain)}")
 
 
 _last_date: tuple[tuple[datetime, object], str] | None = None
@@ -243,9 +238,7 @@ def _unstructured(text: str) -> str:
 
 def _list_id(text: str) -> str:
     """Return a List-Id (``phrase <id>``) with only the phrase encoded."""
-    phrase, bracket, rest = text.rpartition(" <")
-    if not bracket or not rest.endswith(">"):
-        return _unstructured(text)
+    phrase, _, rest = text.rpartition(" <")
     return f"{_unstructured(phrase)} <{rest}"
 
 
@@ -322,10 +315,7 @@ def _calendar_part(content: bytes, method: str) -> str:
 
 def _attachment_part(attachment) -> str:
     filename = clean_header_text(attachment.filename)
-    if filename.isascii() and '"' not in filename and "\\" not in filename:
-        disposition = f'attachment; filename="{filename}"'
-    else:
-        disposition = f"attachment; filename*=utf-8''{quote(filename, safe='')}"
+    disposition = f'attachment; filename="{filename}"'
     content = base64.encodebytes(attachment.content).decode("ascii").replace("\n", CRLF)
     return (
         f"Content-Type: {attachment.content_type}{CRLF}"

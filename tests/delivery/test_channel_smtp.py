@@ -265,6 +265,7 @@ def test_a_non_ascii_mailbox_fails_permanently_without_a_call(
         ({"use_tls": True, "starttls": True}, "use_tls and starttls are mutually exclusive"),
         ({"username": "u"}, "needs both username and password"),
         ({"port": 0}, "SmtpSettings.port must be 1-65535 (got 0)"),
+        ({"from_email": "a@example.org\r\nBcc: b@example.org"}, "contains a line break"),
         ({"timeout": 0}, "SmtpSettings.timeout must be seconds > 0 (got 0)"),
         ({"max_connections": 0}, "SmtpSettings.max_connections must be >= 1 (got 0)"),
     ],

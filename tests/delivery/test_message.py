@@ -330,3 +330,10 @@ def test_the_date_header_follows_the_clock_second_by_second():
     for moment in moments:
         written = write_message(envelope, sender=SENDERS[0], date=moment)
         assert f"\r\nDate: {format_datetime(moment)}\r\n".encode() in written.data, moment
+
+
+def test_a_reply_to_that_needs_smtputf8_is_dropped_and_the_message_still_written():
+    """Workshop.contact_email is staff input: a non-ASCII local part passes address_problem."""
+    envelope = envelope_factory(SystemClock())(reply_to="jürgen@example.org")
+    data = write_message(envelope, sender=SENDERS[0], date=DATE).data
+    assert b"\nReply-To:" not in data
