@@ -440,6 +440,11 @@ def test_the_same_reminder_twice_refuses_the_whole_batch(fake_clock, make_envelo
             "recipient address 'ok@example.com\\r\\nBcc: x@example.com' contains whitespace or control characters",
         ),
         ("..a@example.com", "recipient address '..a@example.com' has an invalid local part"),
+        ("a@" + "x" * 250 + ".org", "recipient address is longer than 254 characters"),
+        (
+            "a@" + "x" * 64 + ".org",  # IDNA allows 63 per label
+            f"recipient address 'a@{'x' * 64}.org' has a domain that cannot be encoded",
+        ),
     ],
 )
 def test_a_bad_recipient_fails_permanently_without_a_provider_call(
