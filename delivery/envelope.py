@@ -134,13 +134,15 @@ class Envelope:
                 f"Envelope.unsubscribe_url {self.unsubscribe_url!r} must be one http(s) URL "
                 "without spaces or angle brackets."
             )
-        if self.deadline_at.tzinfo is None or self.deadline_at.utcoffset() is None:
-            raise ValueError(
-                "Envelope.deadline_at is naive; pass an aware datetime (e.g. tzinfo=UTC)."
-            )
-        object.__setattr__(self, "deadline_at", self.deadline_at.astimezone(UTC))
-        if self.send_by is not None:
-            object.__setattr__(self, "send_by", self.send_by.astimezone(UTC))
+        # astimezone() would read a naive time as this host's local time, silently.
+        for name in ("deadline_at", "send_by"):
+            moment = getattr(self, name)
+            if moment is not None and moment.utcoffset() is None:
+                raise ValueError(
+                    f"Envelope.{name} is naive; pass an aware datetime (e.g. tzinfo=UTC)."
+                )
+            if moment is not None:
+                object.__setattr__(self, name, moment.astimezone(UTC))
         object.__setattr__(self, "attachments", tuple(self.attachments))
         if not isinstance(self.payload, FrozenMap):
             object.__setattr__(self, "payload", FrozenMap(self.payload))

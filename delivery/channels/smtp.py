@@ -113,6 +113,7 @@ def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentEr
 _LEADING_PERIOD = re.compile(rb"(?m)^\.")
 # Longer than any real SMTP reply, all its lines together.
 _MAX_REPLY_BYTES = 32 * 1024
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
 class _ReplyError(Exception):
@@ -368,6 +369,11 @@ class SmtpChannel:
 
     async def send(self, envelope: Envelope) -> str:
         message = write_message(envelope, sender=self._sender, date=self._clock.now())
+        # The engine refuses such an address first; the commands refuse it themselves.
+        if _CONTROL.search(message.recipient):  # the sender's was refused at construction
+            raise PermanentError(
+                f"address {message.recipient!r} holds a control character", reached=False
+            )
         data = message.data
         if self.settings.dkim is not None:
             data = dkim_sign(data, self.settings.dkim)

@@ -77,6 +77,24 @@ def test_header_injection_through_subject_or_name_adds_no_header_and_no_recipien
     assert message.parsed().get_content() == "See you there.\r\n"
 
 
+def test_a_line_break_in_the_recipient_never_reaches_the_command_stream(
+    smtp_sink, system_clock, make_real_envelope
+):
+    """Called without the engine, whose address check refuses it first, the channel still
+    writes no command an address smuggled in."""
+    envelope = make_real_envelope(recipient="ada@example.com>\r\nRCPT TO:<victim@example.com")
+    channel = channel_for(smtp_sink, system_clock)
+
+    async def send():
+        async with channel:
+            await channel.send(envelope)
+
+    with pytest.raises(PermanentError, match="control character") as refused:
+        run(send())
+    assert not refused.value.reached
+    assert smtp_sink.received() == []
+
+
 def test_non_ascii_names_and_subjects_arrive_intact_as_encoded_words(
     smtp_sink, system_clock, make_real_envelope
 ):

@@ -48,9 +48,10 @@ def test_the_deadline_is_normalised_to_utc(make_envelope):
     assert envelope.deadline_at.isoformat() == "2026-03-02T09:00:00+00:00"
 
 
-def test_a_naive_deadline_is_refused(make_envelope):
-    with pytest.raises(ValueError, match="deadline_at is naive; pass an aware datetime"):
-        make_envelope(deadline_at=datetime(2026, 3, 2, 10, 0))
+@pytest.mark.parametrize("name", ["deadline_at", "send_by"])
+def test_a_naive_deadline_is_refused(make_envelope, name):
+    with pytest.raises(ValueError, match=f"{name} is naive; pass an aware datetime"):
+        make_envelope(**{name: datetime(2026, 3, 2, 10, 0)})
 
 
 @pytest.mark.parametrize("key", ["", "line\nbreak", "ü-key", "k" * 256])
