@@ -139,7 +139,7 @@ def run_fan_out(
 ) -> tuple[float, int]:
     """Deliver ``count`` envelopes; return (sends/s over the batch, how many were sent)."""
     batch = envelopes(count, clock, f"fanout-{uuid.uuid4().hex[:8]}")
-    settings = HttpSettings(url=sink.url, secret=SECRET, max_connections=concurrency)
+    settings = HttpSettings(url=sink.url, secret=SECRET)
     policy = DeliveryLimits(concurrency=concurrency, call_timeout=10, max_attempts=3, budget=600)
     began = clock.monotonic()
     with Session(
