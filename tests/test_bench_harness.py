@@ -154,3 +154,19 @@ def test_a_server_that_died_during_the_run_is_not_counted_as_left_running(driver
     process.send_signal(signal.SIGTERM)
     assert process.wait(30) == 128 + signal.SIGTERM
     assert "left running" not in said()
+
+
+def test_the_delivery_benchmark_runs_against_the_library_as_it_is_now(redis_url):
+    """The benchmarks drive the delivery library directly, and no other test runs them: an
+    option the library lost (7f093bc's ``HttpSettings.max_connections``) broke this one unseen."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "bench.delivery", "--count", "30", "--rate-count", "6"]
+        + ["--baseline-count", "2", "--rate", "20", "--redis-url", redis_url],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    assert "fan-out        C=50, 30 sends" in finished.stdout
+    assert finished.stdout.count("sent 6/6") == 2, finished.stdout  # the Redis and local limiters
