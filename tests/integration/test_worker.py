@@ -36,14 +36,7 @@ def test_worker_process_runs_the_scan_it_was_sent(redis_url, smtp_sink):
 def test_a_pool_process_keeps_its_database_session_from_batch_to_batch(redis_url, smtp_sink):
     """Two batches, one after the other, run in the same PostgreSQL session: Celery's fix-up
     no longer closes it after each task (the worker's hook applies CONN_MAX_AGE instead)."""
-    if connection.vendor != "postgresql":
-        pytest.skip("a session is a PostgreSQL backend here")
-    redis.Redis.from_url(redis_url).flushdb()
-    unplanned_workshop("Kept session", attendees=2)
-    reminders_plan(clock=SystemClock())
-    env = process_env(
-        REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
-    )
+    env = _two_planned_reminders("Kept session", redis_url, smtp_sink)
     sessions = []
     with celery_worker(env) as worker:
         for pk in Reminder.objects.order_by("pk").values_list("pk", flat=True):
@@ -53,6 +46,18 @@ def test_a_pool_process_keeps_its_database_session_from_batch_to_batch(redis_url
             sessions.append(_other_sessions())
     assert Reminder.objects.filter(status="sent").count() == 2
     assert len(sessions[0]) == 1 and sessions[0] == sessions[1], sessions
+
+
+def _two_planned_reminders(title: str, redis_url: str, smtp_sink) -> dict:
+    """Plan two reminders on an empty broker; return a worker's environment sending to the sink."""
+    if connection.vendor != "postgresql":
+        pytest.skip("a session is a PostgreSQL backend here")
+    redis.Redis.from_url(redis_url).flushdb()
+    unplanned_workshop(title, attendees=2)
+    reminders_plan(clock=SystemClock())
+    return process_env(
+        REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
+    )
 
 
 def _other_sessions() -> set[tuple]:
@@ -69,14 +74,7 @@ def test_a_session_killed_between_batches_is_replaced_before_the_next_one(redis_
     """The kept session dies while the pool process is idle (a PostgreSQL restart, a pooler
     dropping it): the next task's health check replaces it, so the batch runs at once rather
     than failing its first statement and waiting for a retry."""
-    if connection.vendor != "postgresql":
-        pytest.skip("a session is a PostgreSQL backend here")
-    redis.Redis.from_url(redis_url).flushdb()
-    unplanned_workshop("Killed session", attendees=2)
-    reminders_plan(clock=SystemClock())
-    env = process_env(
-        REMINDERS_CHANNEL="smtp", EMAIL_HOST="127.0.0.1", EMAIL_PORT=str(smtp_sink.port)
-    )
+    env = _two_planned_reminders("Killed session", redis_url, smtp_sink)
     first, second = Reminder.objects.order_by("pk").values_list("pk", flat=True)
     with celery_worker(env) as worker:
         task = app.send_task("reminders.deliver_batch", args=[[first]])
