@@ -619,10 +619,12 @@ async def deliver(
 ) -> list[DeliveryResult]:
     """Deliver ``envelopes`` through ``channel``; return one result each, in order.
 
-    No call starts at or runs past an envelope's deadline, nor (with a ``gate``) for a withdrawn
-    envelope or under a stale snapshot. ``stop``, a set flag (read at each call start) or the
-    spent ``policy.budget`` starts no new call and gives calls in flight ``policy.drain`` to
-    end. Only a batch that cannot run at all (the same reminder twice) raises.
+    At most ``policy.concurrency`` calls run at once, started no faster than ``limiter`` allows;
+    transient failures are retried with backoff until ``policy.max_attempts``. No call starts at
+    or runs past an envelope's deadline, nor (with a ``gate``) for a withdrawn envelope or under
+    a stale snapshot. ``stop``, a set flag (read at each call start) or the spent
+    ``policy.budget`` starts no new call and gives calls in flight ``policy.drain`` to end. Only
+    a batch that cannot run at all (the same reminder twice) raises.
     """
     batch = _Batch(
         list(envelopes),
