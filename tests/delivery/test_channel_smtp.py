@@ -907,8 +907,9 @@ def test_without_pipelining_a_hang_up_before_the_message_is_retried_on_a_new_con
 def test_a_server_silent_after_the_message_past_the_timeout_leaves_the_outcome_unknown(
     smtp_sink, system_clock, make_real_envelope
 ):
-    smtp_sink.data_delay = 1.0
-    channel = channel_for(smtp_sink, system_clock, timeout=0.2)
+    # The commands before DATA get 1 s each, so a loaded host does not time out there instead.
+    smtp_sink.data_delay = 3.0
+    channel = channel_for(smtp_sink, system_clock, timeout=1.0)
 
     [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
 
