@@ -22,8 +22,6 @@ ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europ
 class LocalSplitDateTime(AdminSplitDateTime):
     """The admin's date picker and an HH:MM time, without "Now" (the server's zone, not ours)."""
 
-    template_name = "admin/widgets/split_datetime.html"
-
     def __init__(self, attrs=None) -> None:
         widgets = [AdminDateWidget, forms.TimeInput(attrs={"size": "8"}, format="%H:%M")]
         forms.MultiWidget.__init__(self, widgets, attrs)
@@ -60,14 +58,8 @@ class LocalDateTimeField(forms.SplitDateTimeField):
     widget = LocalSplitDateTime
 
     def compress(self, data_list):
-        if not data_list:
-            return None
-        day, time = data_list
-        if day in self.empty_values:
-            raise ValidationError(self.error_messages["invalid_date"], code="invalid_date")
-        if time in self.empty_values:
-            raise ValidationError(self.error_messages["invalid_time"], code="invalid_time")
-        return datetime.combine(day, time)
+        # Naive, unlike Django's; required, so MultiValueField refused a missing part already.
+        return datetime.combine(*data_list)
 
 
 class WorkshopForm(forms.ModelForm):
