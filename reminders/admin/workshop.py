@@ -24,7 +24,6 @@ from reminders.admin.columns import (
     KeepEnrolledMixin,
     copy_saved,
     format_local,
-    format_utc,
     kept_text,
     plural,
     utc_column,
@@ -169,16 +168,13 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         ),
         (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
     )
+    start_utc = utc_column("starts_at", "Start")
     created_at_utc = utc_column("created_at", "Created")
     updated_at_utc = utc_column("updated_at", "Updated")
 
     @admin.display(description="Start (workshop's zone)", ordering="starts_at")
     def start_local(self, obj: Workshop) -> str:
         return format_local(obj.starts_at, obj.zone) if obj.starts_at else "-"
-
-    @admin.display(description="Start (UTC)", ordering="starts_at")
-    def start_utc(self, obj: Workshop) -> str:
-        return format_utc(obj.starts_at)
 
     def save_model(self, request, obj: Workshop, form, change: bool) -> None:
         """Save through workshop_create / workshop_update, never ``obj.save()``."""
