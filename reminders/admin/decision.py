@@ -8,9 +8,26 @@ from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from reminders.admin.columns import ViewOnlyMixin, plural, utc_column
-from reminders.models import StaffDecision
+from reminders.models import Reminder, StaffDecision
 from reminders.selectors import SKIP_REASONS
 from reminders.services.workshop_decisions import WORKSHOP_SKIP_LABELS
+from workshops.models import Attendee, Enrollment, Workshop
+
+
+def ids_column(model, label: str):
+    """Return a display of the decision's ``<model>_ids``: their count, linked to their list."""
+    opts = model._meta
+
+    @admin.display(description=label)
+    def show(self, obj: StaffDecision) -> str:
+        ids = getattr(obj, f"{opts.model_name}_ids")
+        if not ids:
+            return "-"
+        changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
+        url = f"{changelist}?{urlencode({'id__in': ','.join(map(str, ids))})}"
+        return format_html('<a href="{}">{}</a>', url, plural(len(ids), opts.verbose_name))
+
+    return show
 
 
 @admin.register(StaffDecision)
@@ -41,33 +58,13 @@ class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
     )
     readonly_fields = fields
     created_at_utc = utc_column("created_at", "Decided")
+    reminders_changed = ids_column(Reminder, "Reminders changed")
+    workshops_changed = ids_column(Workshop, "Workshops changed")
+    attendees_changed = ids_column(Attendee, "Attendees erased")
+    enrollments_changed = ids_column(Enrollment, "Enrollments cancelled")
 
     @admin.display(description="Skipped")
     def skipped_counts(self, obj: StaffDecision) -> str:
         labels = {**SKIP_REASONS, **WORKSHOP_SKIP_LABELS, "already_erased": "already erased"}
         parts = [f"{count} {labels.get(key, key)}" for key, count in obj.skipped.items() if count]
         return ", ".join(parts) or "-"
-
-    @admin.display(description="Reminders changed")
-    def reminders_changed(self, obj: StaffDecision) -> str:
-        return _ids_link("admin:reminders_reminder_changelist", obj.reminder_ids, "reminder")
-
-    @admin.display(description="Workshops changed")
-    def workshops_changed(self, obj: StaffDecision) -> str:
-        return _ids_link("admin:workshops_workshop_changelist", obj.workshop_ids, "workshop")
-
-    @admin.display(description="Attendees erased")
-    def attendees_changed(self, obj: StaffDecision) -> str:
-        return _ids_link("admin:workshops_attendee_changelist", obj.attendee_ids, "attendee")
-
-    @admin.display(description="Enrollments cancelled")
-    def enrollments_changed(self, obj: StaffDecision) -> str:
-        return _ids_link("admin:workshops_enrollment_changelist", obj.enrollment_ids, "enrollment")
-
-
-def _ids_link(changelist: str, ids: list[int], noun: str) -> str:
-    """Link to the changelist filtered to ``ids`` (an ``id__in`` lookup), with the count."""
-    if not ids:
-        return "-"
-    url = f"{reverse(changelist)}?{urlencode({'id__in': ','.join(map(str, ids))})}"
-    return format_html('<a href="{}">{}</a>', url, plural(len(ids), noun))
