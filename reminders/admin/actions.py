@@ -138,6 +138,7 @@ class StaffActionsMixin:
             "subtitle": None,
             "opts": opts,
             "app_label": opts.app_label,
+            "noun": opts.verbose_name,
             "media": self.media + form.media,
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -192,11 +193,12 @@ class StaffActionsMixin:
         return None
 
     def _decision(
-        self, request, *, noun, action, preview, run, skip_labels, effect_labels, title,
+        self, request, *, action, preview, run, skip_labels, effect_labels, title,
         eligible_label, verb, explanation, done,
     ):  # fmt: skip
         """Confirm a decision with a reason; ``done`` is its message, formatted with counts."""
         form = confirmed_form(request, ReasonForm)
+        noun = self.model._meta.verbose_name
         not_found = f"{noun}s_not_found"
         if form.is_valid():
             result = run(reason=form.cleaned_data["reason"], actor=request.user)
@@ -220,7 +222,6 @@ class StaffActionsMixin:
             "workshop_decision_confirmation.html",
             title=title,
             action=action,
-            noun=noun,
             explanation=explanation,
             preview=counted,
             eligible_label=eligible_label,

@@ -62,7 +62,6 @@ class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             "workshop_decision_confirmation.html",
             title="Erase personal data of the selected attendees",
             action="erase_selected",
-            noun="attendee",
             explanation="Names and emails are replaced and cannot be brought back; earlier "
             "errors and staff notes that quote them are cleaned. Reminder rows stay, so "
             "nothing already sent is sent again; history keeps counts and ids only.",

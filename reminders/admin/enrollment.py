@@ -53,7 +53,6 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
         """Preview, ask for a reason, then cancel the enrollments and their unsent reminders."""
         return self._decision(
             request,
-            noun="enrollment",
             action="cancel_selected",
             preview=partial(enrollment_cancel_preview, enrollments=queryset),
             run=partial(enrollments_cancel, enrollments=queryset),

@@ -414,7 +414,6 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         """Preview, ask for a reason, then cancel the selected workshops and their reminders."""
         return self._decision(
             request,
-            noun="workshop",
             action="cancel_selected",
             preview=partial(workshop_cancel_preview, workshops=queryset),
             run=partial(workshops_cancel, workshops=queryset),
@@ -433,7 +432,6 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         """Preview, ask for a reason, then reinstate cancelled workshops and re-plan reminders."""
         return self._decision(
             request,
-            noun="workshop",
             action="reinstate_selected",
             preview=partial(workshop_reinstate_preview, workshops=queryset),
             run=partial(workshops_reinstate, workshops=queryset),
@@ -452,7 +450,6 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         """Preview, ask for a reason, then let the reminded attendees not hear of the change."""
         return self._decision(
             request,
-            noun="workshop",
             action="silence_selected",
             preview=partial(workshop_silence_preview, workshops=queryset),
             run=partial(workshops_silence, workshops=queryset),
