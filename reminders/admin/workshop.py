@@ -115,16 +115,6 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     date_hierarchy = "starts_at"
     inlines = [WorkshopTextInline, EnrollmentInline]
     save_as = True
-    readonly_fields = (
-        "status",
-        "start_local",
-        "start_utc",
-        "created_at_utc",
-        "updated_at_utc",
-        "reminder_counts",
-        "text_reach",
-        "notice_revisions",
-    )
     fieldsets = (
         (
             None,
@@ -167,6 +157,13 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             },
         ),
         (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
+    )
+    # What the form does not edit is shown read-only.
+    readonly_fields = tuple(
+        name
+        for _, options in fieldsets
+        for name in options["fields"]
+        if name not in WorkshopForm.Meta.fields
     )
     start_utc = utc_column("starts_at", "Start")
     created_at_utc = utc_column("created_at", "Created")
