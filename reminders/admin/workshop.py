@@ -308,7 +308,6 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             "enrolled": enrolled,
             "chosen": chosen,
             "error": error,
-            "may_send_test": request.user.has_perm("reminders.send_test_reminder"),
             "request_token": uuid.uuid4().hex,
         }
         if chosen is not None:
