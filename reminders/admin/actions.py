@@ -5,7 +5,6 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
-from django.db.models import QuerySet
 from django.http import HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import reverse
@@ -13,7 +12,7 @@ from django.utils.html import format_html
 
 from reminders.admin.columns import plural
 from reminders.admin.forms import ReasonForm, ReplayForm
-from reminders.models import Reminder, StaffDecision, id_from_text
+from reminders.models import StaffDecision, id_from_text
 from reminders.selectors import SKIP_REASONS, reminder_replay_preview
 from reminders.services.replay import StaffActionResult, reminder_replay_selection
 
@@ -149,48 +148,50 @@ class StaffActionsMixin:
         }
         return TemplateResponse(request, f"admin/reminders/{template}", context)
 
-    def _replay(
-        self,
-        request,
-        *,
-        reminders: QuerySet[Reminder],
-        action: str,
-        title: str,
-        intro: str,
-        missing: dict[str, int] | None = None,
-    ):
-        """Preview a replay, or run it once confirmed; ``missing=None``: ticked reminder ids."""
-        form = confirmed_form(request, ReplayForm)
+    def _reminder_action(
+        self, request, form_class, *, reminders, preview, run, message, submit_label,
+        missing=None, **page,
+    ):  # fmt: skip
+        """Preview an action on ``reminders``, or run it once confirmed with the form's fields.
+
+        ``submit_label`` gets the eligible count in its ``{}``; ``missing=None``: ticked ids.
+        """
+        form = confirmed_form(request, form_class)
         if not form.is_valid():
-            preview = reminder_replay_preview(reminders=reminders)
+            counted = preview(reminders=reminders)
             if missing is None:
-                missing = self._missing(request, found=preview.selected)
+                missing = self._missing(request, found=counted.selected)
             return self._confirmation_page(
                 request,
                 "staff_action_confirmation.html",
-                action=action,
-                title=title,
-                intro=intro,
-                preview=preview,
-                eligible_label="Will be queued for delivery again",
-                skipped_rows=skipped_rows({**preview.skipped, **missing}, SKIP_LABELS),
-                submit_label=f"Yes, replay {plural(preview.eligible, 'reminder')}",
+                preview=counted,
+                skipped_rows=skipped_rows({**counted.skipped, **missing}, SKIP_LABELS),
+                submit_label=submit_label.format(plural(counted.eligible, "reminder")),
                 form=form,
+                **page,
             )
-        result = reminder_replay_selection(
-            reminders=reminders,
-            actor=request.user,
-            reason=form.cleaned_data["reason"],
-            use_edited_text=form.cleaned_data["use_edited_text"],
-        )
+        result = run(reminders=reminders, actor=request.user, **form.cleaned_data)
         if missing is None:
             missing = self._missing(request, found=result.selected)
         self.message_user(
             request,
-            replay_message(result, not_found=missing),
+            message(result, not_found=missing),
             messages.SUCCESS if result.changed or result.running else messages.WARNING,
         )
         return None
+
+    def _replay(self, request, **kwargs):
+        """Preview a replay, or run it once confirmed (``kwargs`` as for _reminder_action)."""
+        return self._reminder_action(
+            request,
+            ReplayForm,
+            preview=reminder_replay_preview,
+            run=reminder_replay_selection,
+            message=replay_message,
+            eligible_label="Will be queued for delivery again",
+            submit_label="Yes, replay {}",
+            **kwargs,
+        )
 
     def _decision(
         self, request, *, action, preview, run, skip_labels, effect_labels, title,

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from functools import partial
 
-from django.contrib import admin, messages
+from django.contrib import admin
 from django.core.exceptions import PermissionDenied
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -12,13 +13,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from clock import default_clock
-from reminders.admin.actions import (
-    SKIP_LABELS,
-    StaffActionsMixin,
-    confirmed_form,
-    resolve_message,
-    skipped_rows,
-)
+from reminders.admin.actions import StaffActionsMixin, resolve_message
 from reminders.admin.columns import ViewOnlyMixin, format_local, format_utc, utc_column
 from reminders.admin.forms import ResolveUnknownForm
 from reminders.content import language_name, reminder_envelope
@@ -298,33 +293,18 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
     )
     def resolve_unknown(self, request, queryset):
         """Ask for a decision and a reason, then mark unknown reminders sent or send them again."""
-        form = confirmed_form(request, ResolveUnknownForm)
-        if form.is_valid():
-            result = reminder_resolve_unknown(
-                reminders=queryset,
-                decision=form.cleaned_data["decision"],
-                reason=form.cleaned_data["reason"],
-                actor=request.user,
-            )
-            self.message_user(
-                request,
-                resolve_message(result, not_found=self._missing(request, found=result.selected)),
-                messages.SUCCESS if result.changed else messages.WARNING,
-            )
-            return None
-        preview = reminder_resolve_preview(reminders=queryset, send_again=True)
-        missing = self._missing(request, found=preview.selected)
-        return self._confirmation_page(
+        return self._reminder_action(
             request,
-            "staff_action_confirmation.html",
+            ResolveUnknownForm,
+            reminders=queryset,
+            preview=partial(reminder_resolve_preview, send_again=True),
+            run=reminder_resolve_unknown,
+            message=resolve_message,
             action="resolve_unknown",
             title="Decide reminders of unknown outcome",
             intro="the selected reminders",
-            preview=preview,
             eligible_label="Of unknown outcome and still before the deadline (can be sent again)",
-            skipped_rows=skipped_rows({**preview.skipped, **missing}, SKIP_LABELS),
             submit_label="Record the decision",
-            form=form,
         )
 
     @admin.display(description="Status", ordering="status")
