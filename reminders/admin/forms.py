@@ -97,13 +97,10 @@ class WorkshopForm(forms.ModelForm):
 
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        instance = self.instance
-        if instance.pk and instance.timezone:
-            zone = instance.zone
+        if self.instance.pk:  # saved by the services: both times and the zone are set
             for name in ("starts_at", "ends_at"):
-                value = getattr(instance, name)
-                if value is not None:
-                    self.initial[name] = value.astimezone(zone).replace(tzinfo=None)
+                local = getattr(self.instance, name).astimezone(self.instance.zone)
+                self.initial[name] = local.replace(tzinfo=None)
 
     def clean(self):
         cleaned = super().clean()
