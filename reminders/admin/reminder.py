@@ -239,9 +239,8 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
         return [health, *super().get_urls()]
 
     def changelist_view(self, request, extra_context=None):
-        extra_context = {**(extra_context or {})}
         if request.method == "GET":
-            extra_context["health"] = scheduler_health()
+            extra_context = {**(extra_context or {}), "health": scheduler_health()}
         return super().changelist_view(request, extra_context)
 
     def health_view(self, request):
