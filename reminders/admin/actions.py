@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django import forms
 from django.contrib import messages
 from django.contrib.admin import helpers
 from django.core.exceptions import PermissionDenied
@@ -118,7 +119,11 @@ class StaffActionsMixin:
     def _selection_state(self, request) -> dict:
         return {
             "selected_ids": request.POST.getlist(helpers.ACTION_CHECKBOX_NAME),
-            "select_across": request.POST.get("select_across") in ("1", "True", "true", "on"),
+            # Read as Django's action form reads it (any value but "", "0" or "false" is yes),
+            # so the confirmation carries over the selection the action ran on.
+            "select_across": forms.BooleanField(required=False).clean(
+                request.POST.get("select_across")
+            ),
         }
 
     def _missing(self, request, *, found: int, key: str = "not_found") -> dict[str, int]:

@@ -233,6 +233,24 @@ def test_select_all_across_pages_replays_every_row_matching_the_filters(
     assert statuses(other) == {"failed": 3} and statuses(sent) == {"sent": 2}
 
 
+def test_select_all_sent_as_any_true_value_is_carried_to_the_confirmation(
+    make_reminders, login, replayer
+):
+    """Django's action form reads "yes" as select-all and previews every matching row; the
+    confirmation must post the same selection back, not the one ticked row."""
+    failed = make_reminders(3, "failed")
+    workshop_id = Reminder.objects.get(pk=failed[0]).workshop_id
+    url = f"{CHANGELIST}?status__exact=failed&workshop__id__exact={workshop_id}"
+    preview = post_action(login(replayer), "replay_selected", failed[:1], url=url)
+    assert preview.context["preview"].selected == 1
+    data = {"action": "replay_selected", "_selected_action": [failed[0]], "index": "0"}
+    preview = login(replayer).post(url, {**data, "select_across": "yes"})
+    assert preview.context["preview"].selected == 3
+    html = preview.content.decode()
+    assert 'name="select_across" value="1"' in html
+    assert "(every row matching the current filters)" in html
+
+
 def _replay_request_queries(client, workshop, first: int, *, capture) -> list[str]:
     """Confirm a select-all replay of the workshop's failed reminders; return the SQL it ran."""
     url = f"{CHANGELIST}?status__exact=failed&workshop__id__exact={workshop.pk}"
