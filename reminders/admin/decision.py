@@ -30,6 +30,15 @@ def ids_column(model, label: str):
     return show
 
 
+# What each skip a staff decision records means (keys from the services' skipped_as).
+DECISION_SKIPS = {
+    **SKIP_REASONS,
+    **WORKSHOP_SKIP_LABELS,
+    "already_erased": "already erased",
+    "already_lifted": "already lifted",
+}
+
+
 @admin.register(StaffDecision)
 class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
     list_display = (
@@ -65,6 +74,7 @@ class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
 
     @admin.display(description="Skipped")
     def skipped_counts(self, obj: StaffDecision) -> str:
-        labels = {**SKIP_REASONS, **WORKSHOP_SKIP_LABELS, "already_erased": "already erased"}
-        parts = [f"{count} {labels.get(key, key)}" for key, count in obj.skipped.items() if count]
+        parts = [
+            f"{count} {DECISION_SKIPS.get(key, key)}" for key, count in obj.skipped.items() if count
+        ]
         return ", ".join(parts) or "-"
