@@ -11,7 +11,6 @@ import json
 import logging
 import secrets
 from dataclasses import dataclass
-from functools import partial
 
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -89,13 +88,9 @@ def attendees_erase(
     clock = clock or default_clock()
     now = clock.now()
     with transaction.atomic(durable=True):
-        preview = attendee_erase_preview(attendees=attendees)
-        targets = list(
-            selection_of(attendees)
-            .filter(erased_at__isnull=True)
-            .order_by("pk")
-            .select_for_update()
-        )
+        selection = selection_of(attendees)
+        selected = selection.count()
+        targets = list(selection.filter(erased_at__isnull=True).order_by("pk").select_for_update())
         cancelled: list[int] = []
         for attendee in targets:
             cancelled += _erase_one(attendee, now=now, clock=clock)
@@ -104,9 +99,9 @@ def attendees_erase(
             actor=actor,
             created_at=now,
             reason=reason,
-            selected=preview.selected,
+            selected=selected,
             changed=len(targets),
-            skipped=skipped_as("already_erased", preview.selected, len(targets)),
+            skipped=skipped_as("already_erased", selected, len(targets)),
             reminder_ids=sorted(cancelled),
             attendee_ids=[a.pk for a in targets],
         )
@@ -116,13 +111,22 @@ def attendees_erase(
         audit.actor_name,
         audit.attendee_ids,
     )
-    return ErasureResult(preview.selected, len(targets), len(cancelled), audit.pk)
+    return ErasureResult(selected, len(targets), len(cancelled), audit.pk)
 
 
 def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     """Erase one locked attendee; return the ids of the reminders it cancelled."""
     words = personal_words(email=attendee.email, name=attendee.name)
-    scrub = _scrub_for(attendee)
+    anyone = personal_words(email=attendee.email, name=attendee.name, short_names=False)
+    about, longer = scrubber(words), scrubber(anyone)
+    addresses = [address.lower() for address in personal_words(email=attendee.email, name="")]
+
+    def scrub(text: str) -> str:
+        """Return ``text`` without the attendee's address and longer name parts; without every
+        form of them if it quotes the address (texts about them use ``about``)."""
+        quotes_email = any(address in text.lower() for address in addresses)
+        return about(text) if quotes_email else longer(text)
+
     open_before = set(
         Reminder.objects.filter(attendee=attendee, status__in=Reminder.OPEN_STATUSES).values_list(
             "pk", flat=True
@@ -132,7 +136,6 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     for enrollment in Enrollment.objects.filter(attendee=attendee, status=Enrollment.Status.ACTIVE):
         enrollment_cancel(enrollment=enrollment, clock=clock)
     mine = Reminder.objects.filter(attendee=attendee)
-    about = partial(scrub, about=True)
     _scrub_rows(mine, words, about, "last_error", "status_reason")
     # Their notices: none is sent any more (the address is gone), none quotes them.
     Notice.objects.filter(attendee=attendee, status=Notice.Status.PENDING).update(
@@ -150,10 +153,10 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     _scrub_rows(
         DeliveryEvent.objects.filter(reminder__in=mine.values("pk")), words, about, "reason"
     )
-    anyone = personal_words(email=attendee.email, name=attendee.name, short_names=False)
     _scrub_rows(StaffDecision.objects.all(), anyone, scrub, "reason", "outcome")
     _scrub_admin_log(
         scrub,
+        about,
         anyone,
         {
             Attendee: [attendee.pk],
@@ -171,38 +174,22 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     )
 
 
-def _scrub_for(attendee: Attendee):
-    """Return ``scrub(text, about=False)``: every form of the attendee out of a text about them
-    or quoting their address; the address and the longer name parts out of any other."""
-    email = [w for w in personal_words(email=attendee.email, name="") if w]
-    every = scrubber(personal_words(email=attendee.email, name=attendee.name))
-    longer = scrubber(personal_words(email=attendee.email, name=attendee.name, short_names=False))
-
-    def scrub(text: str, *, about: bool = False) -> str:
-        if not text:
-            return text
-        quotes_email = any(address.lower() in text.lower() for address in email)
-        return every(text) if about or quotes_email else longer(text)
-
-    return scrub
-
-
-def _scrub_admin_log(scrub, words: list[str], objects: dict[type, list[int]]) -> None:
+def _scrub_admin_log(scrub, about, words: list[str], objects: dict[type, list[int]]) -> None:
     """Scrub admin log entries on the attendee, their enrollments and reminders, and any other
     quoting them (an inline "added enrollment 'Zoë <zoe@…>'"), JSON-escaped forms included."""
     types = ContentType.objects.get_for_models(*objects)
-    about = Q()
+    on_them = Q()
     for model, ids in objects.items():
-        about |= Q(content_type=types[model], object_id__in=[str(pk) for pk in ids])
+        on_them |= Q(content_type=types[model], object_id__in=[str(pk) for pk in ids])
     escaped = [json.dumps(word)[1:-1] for word in words]
     quoting = (
         _quoting(words, "object_repr")
         | _quoting(words, "change_message")
         | _quoting(escaped, "change_message")
     )
-    tied = set(LogEntry.objects.filter(about).values_list("pk", flat=True))
-    for entry in LogEntry.objects.filter(about | quoting):
-        this = partial(scrub, about=entry.pk in tied)
+    tied = set(LogEntry.objects.filter(on_them).values_list("pk", flat=True))
+    for entry in LogEntry.objects.filter(on_them | quoting):
+        this = about if entry.pk in tied else scrub
         LogEntry.objects.filter(pk=entry.pk).update(
             object_repr=this(entry.object_repr)[:200],
             change_message=scrub_json_text(entry.change_message, this),
