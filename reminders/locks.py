@@ -12,6 +12,7 @@ from django.conf import settings
 from django.contrib import messages
 from django.db import OperationalError
 from django.http import HttpResponseRedirect
+from django.utils.deprecation import MiddlewareMixin
 
 logger = logging.getLogger(__name__)
 
@@ -67,14 +68,8 @@ BUSY_MESSAGE = (
 )
 
 
-class LockBusyMiddleware:
+class LockBusyMiddleware(MiddlewareMixin):
     """Send a request that gave up waiting for a row lock back to its page with BUSY_MESSAGE."""
-
-    def __init__(self, get_response) -> None:
-        self.get_response = get_response
-
-    def __call__(self, request):
-        return self.get_response(request)
 
     def process_exception(self, request, exception):
         if not (isinstance(exception, OperationalError) and lock_not_available(exception)):
