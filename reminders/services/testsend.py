@@ -19,11 +19,6 @@ from workshops.models import Enrollment
 # Also the reminder preview's answer to an attendee not enrolled.
 NOT_ENROLLED = "That attendee is not enrolled in this workshop; choose one from the list."
 
-# A test send may take this long on the worker, limiter wait included.
-TEST_SEND_BUDGET = 60.0
-# Written on the decision while the worker that claimed it sends.
-SENDING = "sending"
-
 
 def reminder_send_test_request(
     *,
