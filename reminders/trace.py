@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from zoneinfo import ZoneInfo
 
@@ -20,12 +19,6 @@ from reminders.models import (
 )
 
 
-@dataclass(frozen=True, slots=True)
-class TraceEvent:
-    at: datetime
-    what: str
-
-
 def reminder_lookup(identifier: str) -> Reminder:
     """Return the reminder whose id or key is ``identifier``; raise ``Reminder.DoesNotExist``."""
     identifier = identifier.strip()
@@ -35,11 +28,12 @@ def reminder_lookup(identifier: str) -> Reminder:
     return Reminder.objects.select_related("workshop", "attendee").get(query)
 
 
-def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
-    """Return its events, oldest first (ties: planned, attempts, decisions, dispatches)."""
+def trace_lines(reminder: Reminder) -> list[str]:
+    """Return one line per event, oldest first: the time in UTC and in the workshop's zone, then
+    what (ties: planned, attempts, decisions, dispatches)."""
     workshop = reminder.workshop
     events = [
-        TraceEvent(
+        (
             reminder.created_at,
             f"planned: reminder {reminder.pk} {reminder.key}, workshop {workshop.pk} "
             f"{workshop.title!r} ({workshop.timezone}), attendee {reminder.attendee_id}; "
@@ -49,7 +43,7 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
     attempts = DeliveryAttempt.objects.filter(reminder=reminder).order_by("number", "pk")
     for attempt in attempts:
         events.append(
-            TraceEvent(
+            (
                 attempt.claimed_at,
                 f"claimed: attempt {attempt.number} by {attempt.worker or 'unnamed worker'} "
                 f"on {attempt.channel}, token {attempt.claim_token}, "
@@ -67,7 +61,7 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
             detail += f", message {attempt.provider_message_id}"
         if attempt.error:
             detail += f", error: {attempt.error}"
-        events.append(TraceEvent(attempt.finished_at, detail))
+        events.append((attempt.finished_at, detail))
     for report in DeliveryEvent.objects.filter(reminder=reminder).order_by("occurred_at", "pk"):
         detail = f"provider reports on {report.channel}: {report.kind}"
         if report.bounce:
@@ -75,7 +69,7 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         if report.reason:
             detail += f", {report.reason}"
         detail += f" (event {report.event_id}, received {_utc(report.received_at)})"
-        events.append(TraceEvent(report.occurred_at, detail))
+        events.append((report.occurred_at, detail))
     for notice in Notice.objects.filter(reminder=reminder).order_by("number", "pk"):
         events.extend(_notice_events(notice))
     named = (
@@ -90,26 +84,29 @@ def reminder_timeline(reminder: Reminder) -> list[TraceEvent]:
         detail = f"staff {decision.action} by {decision.actor_name or 'unknown'} ({decision.state})"
         if decision.reason:
             detail += f": {decision.reason}"
-        events.append(TraceEvent(decision.created_at, detail))
+        events.append((decision.created_at, detail))
     dispatches = Dispatch.objects.order_by("queued_at", "pk")
     for dispatch in _naming(dispatches, (("reminder_ids", reminder.pk),)):
         events.append(
-            TraceEvent(
+            (
                 dispatch.queued_at,
                 f"dispatched: queued in a batch of {len(dispatch.reminder_ids)} "
                 f"(dispatch {dispatch.pk}), its message expires {_utc(dispatch.expires_at)}",
             )
         )
-    events.sort(key=lambda event: event.at)
-    events.append(TraceEvent(reminder.updated_at, f"now: {_state(reminder)}"))
-    return events
+    events.sort(key=lambda event: event[0])
+    events.append((reminder.updated_at, f"now: {_state(reminder)}"))
+    zone = ZoneInfo(workshop.timezone)
+    return [
+        f"{_utc(at)}  {at.astimezone(zone):%Y-%m-%d %H:%M:%S %Z}  {what}" for at, what in events
+    ]
 
 
-def _notice_events(notice: Notice) -> list[TraceEvent]:
+def _notice_events(notice: Notice) -> list[tuple[datetime, str]]:
     """A change notice's life: planned, then how it ended (or where it stands)."""
     label = f"notice {notice.number} ({notice.get_kind_display().lower()}, {notice.key})"
     events = [
-        TraceEvent(
+        (
             notice.created_at,
             f"{label} planned: the workshop's revision {notice.number} differs from what the "
             "attendee was told",
@@ -119,7 +116,7 @@ def _notice_events(notice: Notice) -> list[TraceEvent]:
         detail = f"{label} sent on {notice.channel}"
         if notice.provider_message_id:
             detail += f", message {notice.provider_message_id}"
-        events.append(TraceEvent(notice.sent_at or notice.updated_at, detail))
+        events.append((notice.sent_at or notice.updated_at, detail))
     elif notice.status != Notice.Status.PENDING or notice.attempts:
         detail = f"{label} {notice.status}"
         if notice.status_reason:
@@ -127,7 +124,7 @@ def _notice_events(notice: Notice) -> list[TraceEvent]:
         detail += f", {notice.attempts} attempt(s)"
         if notice.last_error:
             detail += f", last error: {notice.last_error}"
-        events.append(TraceEvent(notice.updated_at, detail))
+        events.append((notice.updated_at, detail))
     return events
 
 
@@ -162,13 +159,3 @@ def _state(reminder: Reminder) -> str:
 
 def _utc(moment: datetime | None) -> str:
     return "-" if moment is None else moment.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
-
-
-def trace_lines(reminder: Reminder) -> list[str]:
-    """Return one line per event: the time in UTC and in the workshop's zone, then what."""
-    zone = ZoneInfo(reminder.workshop.timezone)
-    lines = []
-    for event in reminder_timeline(reminder):
-        local = event.at.astimezone(zone).strftime("%Y-%m-%d %H:%M:%S %Z")
-        lines.append(f"{_utc(event.at)}  {local}  {event.what}")
-    return lines
