@@ -157,16 +157,20 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
     return max(seconds, 0.0)
 
 
+def _json_string(body: bytes | str, name: str) -> str | None:
+    """Return the string ``name`` holds in the JSON object ``body``, else None."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return None
+    value = document.get(name) if isinstance(document, dict) else None
+    return value if isinstance(value, str) else None
+
+
 def _error_text(body: bytes) -> str:
     text = body.decode("utf-8", errors="replace")
-    try:
-        document = json.loads(text)
-    except ValueError:
-        document = None
-    if isinstance(document, dict) and isinstance(document.get("error"), str):
-        text = document["error"]
-    text = " ".join(text.split())
-    return text[:_MAX_ERROR_TEXT]
+    error = _json_string(text, "error")
+    return " ".join((text if error is None else error).split())[:_MAX_ERROR_TEXT]
 
 
 class _Endpoint:
@@ -248,33 +252,20 @@ class HttpChannel:
                 f"request to {redact_url(url)} failed after it was sent: {type(exc).__name__}: "
                 f"{redact_text(str(exc)) or 'no answer in time'}"
             ) from exc
-        return self._read(url, envelope, status, answer, retry_after)
-
-    def _read(
-        self, url: str, envelope: Envelope, status: int, body: bytes, retry_after: str | None
-    ) -> str:
         if 200 <= status < 300:
-            return self._message_id(url, envelope, body)
+            if message_id := _json_string(answer, "message_id"):
+                return message_id
+            # Accepted is accepted: failing here would invite a duplicate.
+            logger.warning(
+                "%s accepted reminder %s without a message_id in its answer",
+                redact_url(url),
+                envelope.reminder_id,
+            )
+            return ""
         wait = parse_retry_after(retry_after, now=self._clock.now())
-        text = redact_text(f"HTTP {status} from {url}: {_error_text(body)}")
+        text = redact_text(f"HTTP {status} from {url}: {_error_text(answer)}")
         if status == 429:
             raise RateLimitedError(text, wait)
         if status >= 500 or status in _TRANSIENT_STATUSES:
             raise TransientError(text, wait)
         raise PermanentError(text)
-
-    def _message_id(self, url: str, envelope: Envelope, body: bytes) -> str:
-        try:
-            document = json.loads(body)
-        except ValueError:
-            document = None
-        message_id = document.get("message_id") if isinstance(document, dict) else None
-        if isinstance(message_id, str) and message_id:
-            return message_id
-        # Accepted is accepted: failing here would invite a duplicate.
-        logger.warning(
-            "%s accepted reminder %s without a message_id in its answer",
-            redact_url(url),
-            envelope.reminder_id,
-        )
-        return ""
