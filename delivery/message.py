@@ -49,15 +49,13 @@ def message_id_for(key: str, domain: str) -> str:
     return f"<{key_digest(key)}.reminder@{domain}>"
 
 
+@dataclass(frozen=True, slots=True)
 class Sender:
-    """A checked ``From`` address: display name and mailbox."""
+    """A checked ``From`` address: display name, mailbox and the mailbox's domain."""
 
-    __slots__ = ("name", "address", "domain")
-
-    def __init__(self, name: str, address: str) -> None:
-        self.name = name
-        self.address = address
-        self.domain = address.rpartition("@")[2]
+    name: str
+    address: str
+    domain: str
 
 
 def parse_sender(from_email: str, *, setting: str) -> Sender:
@@ -73,7 +71,7 @@ def parse_sender(from_email: str, *, setting: str) -> Sender:
             f"{setting} {from_email!r} is not a usable sender address "
             f"({problem or 'non-ASCII mailbox'}); pass e.g. 'Reminders <reminders@example.com>'."
         )
-    return Sender(clean_header_text(name), address)
+    return Sender(clean_header_text(name), address, address.rpartition("@")[2])
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,25 +82,21 @@ class Message:
     recipient: str
 
 
-def _ascii_recipient(address: str) -> tuple[str, str]:
+def _ascii_address(address: str) -> str | None:
+    """Return ``address`` with a punycode domain, or None if its local part needs SMTPUTF8."""
     local, _, domain = address.rpartition("@")
-    if not local.isascii():
-        raise PermanentError(
-            f"recipient {address!r} has a non-ASCII local part, which needs SMTPUTF8; "
-            "this channel does not send it",
-            reached=False,
-        )
-    return local, idna_domain(domain)  # address_problem refused a domain it cannot encode
+    # address_problem refused a domain it cannot encode.
+    return f"{local}@{idna_domain(domain)}" if local.isascii() else None
 
 
 def _reply_to(envelope: Envelope) -> str | None:
     """Return the Reply-To mailbox, or None when there is none usable."""
     if not envelope.reply_to or address_problem(envelope.reply_to) is not None:
         return None
-    local, _, domain = envelope.reply_to.rpartition("@")
-    if not local.isascii():
+    address = _ascii_address(envelope.reply_to)
+    if address is None:
         return None
-    return _mailbox(clean_header_text(envelope.reply_to_name), f"{local}@{idna_domain(domain)}")
+    return _mailbox(clean_header_text(envelope.reply_to_name), address)
 
 
 _last_date: tuple[tuple[datetime, object], str] | None = None
@@ -124,8 +118,13 @@ def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Mess
     Raise ``PermanentError(reached=False)`` for a recipient not writable in
     ASCII (no SMTPUTF8).
     """
-    local, domain = _ascii_recipient(envelope.recipient)
-    recipient = f"{local}@{domain}"
+    recipient = _ascii_address(envelope.recipient)
+    if recipient is None:
+        raise PermanentError(
+            f"recipient {envelope.recipient!r} has a non-ASCII local part, which needs "
+            "SMTPUTF8; this channel does not send it",
+            reached=False,
+        )
     boundary = f"=_{key_digest(envelope.key)}"
     headers = [
         _header("From", _mailbox(sender.name, sender.address)),
