@@ -64,10 +64,9 @@ def attend(request: HttpRequest, token: str) -> HttpResponse:
         return refused
     if request.method == "POST":
         enrollment_cancel_by_attendee(reminder=reminder)
-        return _page(request, "cancelled", reminder)
-    if reminder.enrollment.status != Enrollment.Status.ACTIVE:
-        return _page(request, "cancelled", reminder)
-    return _page(request, "ask", reminder)
+    elif reminder.enrollment.status == Enrollment.Status.ACTIVE:
+        return _page(request, "ask", reminder)
+    return _page(request, "cancelled", reminder)
 
 
 @csrf_exempt
@@ -79,7 +78,6 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
         return refused
     if request.method == "POST":
         reminder_unsubscribe(reminder=reminder)
-        return _page(request, "unsubscribed", reminder)
-    if reminder.unsubscribed_at is not None:
-        return _page(request, "unsubscribed", reminder)
-    return _page(request, "ask_unsubscribe", reminder)
+    elif reminder.unsubscribed_at is None:
+        return _page(request, "ask_unsubscribe", reminder)
+    return _page(request, "unsubscribed", reminder)
