@@ -320,9 +320,8 @@ def _fact_lines(values: dict[str, str], label: dict, elsewhere: str = "") -> lis
     return lines
 
 
-def _escape(value) -> str:
-    """Return ``value`` HTML-escaped, as Django's ``escape`` does without its lazy wrapper."""
-    return html.escape(str(value))
+# Django's escape without its lazy wrapper (every value here is a str already).
+_escape = html.escape
 
 
 def _bdi(value: str) -> str:
