@@ -52,19 +52,15 @@ def on_time_now_q(now: datetime) -> Q:
     return ~ReminderPolicy.from_settings().late_start_q(now, through="workshop__")
 
 
+# The workshop is on and the attendee still enrolled; its negation is "called off".
+_GOING_AHEAD = Q(
+    workshop__status=Workshop.Status.SCHEDULED, enrollment__status=Enrollment.Status.ACTIVE
+)
+
+
 def sendable_q(now: datetime) -> Q:
     """Return the rule for "may still be sent": before the deadline, workshop and enrollment on."""
-    return (
-        on_time_now_q(now)
-        & Q(workshop__status=Workshop.Status.SCHEDULED)
-        & Q(enrollment__status=Enrollment.Status.ACTIVE)
-    )
-
-
-def _called_off_q() -> Q:
-    return ~Q(workshop__status=Workshop.Status.SCHEDULED) | ~Q(
-        enrollment__status=Enrollment.Status.ACTIVE
-    )
+    return on_time_now_q(now) & _GOING_AHEAD
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +100,7 @@ def reminder_replay_preview(
         replayable & sendable_q(now),
         sent=Q(status=Status.SENT),
         past_cutoff=replayable & ~on_time_now_q(now),
-        cancelled=Q(status=Status.CANCELLED) | (replayable & on_time_now_q(now) & _called_off_q()),
+        cancelled=Q(status=Status.CANCELLED) | (replayable & on_time_now_q(now) & ~_GOING_AHEAD),
         unknown=Q(status=Status.UNKNOWN),
         in_progress=Q(status__in=(Status.PENDING, Status.QUEUED, Status.SENDING)),
     )
@@ -123,7 +119,7 @@ def reminder_resolve_preview(
         unknown & sendable_q(now),
         not_unknown=~unknown,
         past_cutoff=unknown & ~on_time_now_q(now),
-        cancelled=unknown & on_time_now_q(now) & _called_off_q(),
+        cancelled=unknown & on_time_now_q(now) & ~_GOING_AHEAD,
     )
 
 
