@@ -15,16 +15,17 @@ def _check_int(name: str, value: object, hint: str) -> None:
         raise ValueError(f"DeliveryLimits.{name} must be an integer >= 1 (got {value!r}); {hint}")
 
 
+def _is_number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
 def _check_seconds(limits: DeliveryLimits, *checks: tuple[str, bool, str]) -> None:
     """Check each ``(name, allow_zero, hint)`` field of ``limits`` is finite seconds."""
     for name, allow_zero, hint in checks:
         value = getattr(limits, name)
         bound = ">= 0" if allow_zero else "> 0"
         ok = (
-            isinstance(value, int | float)
-            and not isinstance(value, bool)
-            and math.isfinite(value)
-            and (value >= 0 if allow_zero else value > 0)
+            _is_number(value) and math.isfinite(value) and (value >= 0 if allow_zero else value > 0)
         )
         if not ok:
             raise ValueError(
@@ -68,11 +69,7 @@ class DeliveryLimits:
                 f"DeliveryLimits.backoff_max ({self.backoff_max}) is below backoff_base "
                 f"({self.backoff_base}); raise backoff_max or lower backoff_base."
             )
-        if (
-            not isinstance(self.jitter, int | float)
-            or isinstance(self.jitter, bool)
-            or not 0 <= self.jitter <= 1
-        ):
+        if not _is_number(self.jitter) or not 0 <= self.jitter <= 1:
             raise ValueError(
                 f"DeliveryLimits.jitter must be a fraction between 0 and 1 (got {self.jitter!r}); "
                 "0.2 shortens each wait by up to 20%."
