@@ -86,13 +86,14 @@ def reminder_claim_batch(
     decided_at = now
     read_at = clock.monotonic()
     # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
-    together = connection.vendor == "postgresql"
+    postgres = connection.vendor == "postgresql"
     # On PostgreSQL each step is one atomic statement, so no BEGIN/COMMIT (two round trips):
     # rows taken but not frozen when the worker or database dies are released by the caller
     # (reminders.worker.pipeline) or reaped; nothing was sent. SQLite's steps commit together.
-    with nullcontext() if together else transaction.atomic(), connection.cursor() as cursor:
-        if together and ids:
-            claimed, numbers, stamped, refusals = _claim_read_postgres(
+    with nullcontext() if postgres else transaction.atomic(), connection.cursor() as cursor:
+        if ids:
+            take = _claim_read_postgres if postgres else _claim_read_sqlite
+            claimed, numbers, decided_at, refusals = take(
                 cursor,
                 ids=ids,
                 token=token,
@@ -102,25 +103,10 @@ def reminder_claim_batch(
                 worker=worker,
                 addresses=addresses or {},
             )
-            taken = set(numbers)
-            if statement_now.database and stamped is not None:
-                decided_at = stamped
-        else:
-            taken = _claim_rows(
-                cursor, ids=ids, token=token, lease=lease, channel=channel, now=statement_now
-            )
         # Only an id the claim did not take can be refused for good.
-        if refused := [pk for pk in ids if pk not in taken]:
+        if refused := [pk for pk in ids if pk not in numbers]:
             _refuse(cursor, ids=refused, now=statement_now)
-        if taken and not together:
-            claimed = _CLAIMED.read(
-                cursor,
-                where="r.claim_token = %s AND r.status = %s",
-                order="j1.starts_at, r.id",
-                params=[claim_token_param(token), Status.SENDING.value],
-            )
-            numbers = _record_attempts(token=token, worker=worker)
-        if taken and (lost := _freeze_texts([r for r in claimed if r.text_id is None])):
+        if lost := _freeze_texts([r for r in claimed if r.text_id is None]):
             # Reaped and claimed again before this claim fixed their texts (a worker frozen
             # between the statements): the newer claim sends them.
             claimed = [reminder for reminder in claimed if reminder.pk not in lost]
@@ -145,17 +131,21 @@ def reminder_claim_batch(
     )
 
 
+# "The row is open", in a hand-written statement.
+_OPEN = f"status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
+_OPEN_PARAMS = [status.value for status in Reminder.OPEN_STATUSES]
+
+
 def _claim_update(
-    cursor, *, ids, token, lease: timedelta, channel: str, now: StatementNow, among=None
+    cursor, *, among: tuple[str, list], token, lease: timedelta, channel: str, now: StatementNow
 ) -> tuple[str, list]:
-    """Return the guarded UPDATE that takes those of ``ids`` that may be sent now.
+    """Return the guarded UPDATE that takes the rows ``among`` picks that may be sent now.
 
     Hand-written: the ORM recompiled it per chunk. It judges by ``now`` (the database's clock).
     """
     ops = cursor.db.ops
     quote = ops.quote_name
-    opened = placeholders(len(Reminder.OPEN_STATUSES))
-    among, among_params = among or one_of(cursor.db, "id", ids)
+    among, among_params = among
     lease_sql, lease_params = now.plus(lease)
     now_sql, now_params = now.plus()
     window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
@@ -170,7 +160,7 @@ def _claim_update(
         f"(SELECT starts_at, ends_at, location, join_url, FALSE FROM {workshops} "
         f"WHERE {workshops}.id = {reminders}.workshop_id) WHERE {among} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= {now_sql}) "
-        f"AND status IN ({opened}) "
+        f"AND {_OPEN} "
         f"AND workshop_id IN (SELECT id FROM {workshops} "
         f"WHERE status = %s AND {window}) "
         f"AND enrollment_id IN (SELECT id FROM {quote(Enrollment._meta.db_table)} "
@@ -184,7 +174,7 @@ def _claim_update(
         ops.adapt_datetimefield_value(now.now),
         *among_params,
         *now_params,
-        *(status.value for status in Reminder.OPEN_STATUSES),
+        *_OPEN_PARAMS,
         Workshop.Status.SCHEDULED.value,
         *window_params,
         Enrollment.Status.ACTIVE.value,
@@ -192,30 +182,21 @@ def _claim_update(
     return sql, params
 
 
-def _claim_rows(cursor, *, ids, token, lease, channel: str, now: StatementNow) -> set[int]:
-    """Take those of ``ids`` that may be sent now; return the ids taken (SQLite)."""
-    if not ids:
-        return set()
-    sql, params = _claim_update(cursor, ids=ids, token=token, lease=lease, channel=channel, now=now)
-    cursor.execute(f"{sql} RETURNING id", params)
-    return {row[0] for row in cursor.fetchall()}
-
-
 def _claim_read_postgres(
     cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str, addresses
-) -> tuple[list[Reminder], dict[int, int], datetime | None, dict[int, str | None]]:
+) -> tuple[list[Reminder], dict[int, int], datetime, dict[int, str | None]]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
-    Return the reminders in send order, their attempt numbers, the database's clock, and the
-    suppression (or None) of each whose address is still that of ``addresses``.
+    Return the reminders in send order, their attempt numbers, when the statement decided (by
+    the database's clock, if ``now`` reads it), and the suppression (or None) of each whose
+    address is still that of ``addresses``.
     """
     # Lock the open rows in id order first, as every writer does (a staff settle): an UPDATE
     # alone locks in its plan's order, and two orders over the same rows deadlock.
-    lock, lock_params = _open_locked(ids)
+    lock, lock_params = lock_in_id_order(ids, where=_OPEN, params=_OPEN_PARAMS)
     chosen, chosen_params = one_of(connection, "id", ids)
     update, params = _claim_update(
         cursor,
-        ids=ids,
         token=token,
         lease=lease,
         channel=channel,
@@ -254,7 +235,7 @@ def _claim_read_postgres(
         order="j1.starts_at, r.id",
         params=[*lock_params, *params, *attempt_params, *keyed_params],
     )
-    stamped = rows[0][1][1] if rows else None
+    decided_at = rows[0][1][1] if rows and now.database else now.now
     refusals = {
         base.pk: Suppression(cause=cause, caused_at=caused_at).refusal if cause else None
         for base, (_, _, cause, caused_at) in rows
@@ -263,9 +244,36 @@ def _claim_read_postgres(
     return (
         [base for base, _ in rows],
         {base.pk: number for base, (number, *_) in rows},
-        stamped,
+        decided_at,
         refusals,
     )
+
+
+def _claim_read_sqlite(
+    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str, addresses
+) -> tuple[list[Reminder], dict[int, int], datetime, dict[int, str | None]]:
+    """``_claim_read_postgres`` in three statements, in the caller's transaction.
+
+    ``addresses`` is not read: the caller checks the suppressions of every row claimed.
+    """
+    update, params = _claim_update(
+        cursor,
+        among=one_of(cursor.db, "id", ids),
+        token=token,
+        lease=lease,
+        channel=channel,
+        now=now,
+    )
+    cursor.execute(f"{update} RETURNING id", params)
+    if not cursor.fetchall():
+        return [], {}, now.now, {}
+    claimed = "r.claim_token = %s AND r.status = %s"
+    fence = [claim_token_param(token), Status.SENDING.value]
+    reminders = _CLAIMED.read(cursor, where=claimed, order="j1.starts_at, r.id", params=fence)
+    reminder = connection.ops.quote_name(Reminder._meta.db_table)
+    insert, params = _attempt_insert(source=reminder, worker=worker)
+    cursor.execute(f"{insert} WHERE {claimed} RETURNING reminder_id, number", [*params, *fence])
+    return reminders, dict(cursor.fetchall()), now.now, {}
 
 
 def _refuse(cursor, *, ids, now: StatementNow) -> None:
@@ -275,28 +283,18 @@ def _refuse(cursor, *, ids, now: StatementNow) -> None:
     (``unknown`` if ``maybe_sent``); others are left.
     """
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
-    opened = f"r.status IN ({placeholders(len(Reminder.OPEN_STATUSES))})"
-    statuses = [status.value for status in Reminder.OPEN_STATUSES]
     among, among_params = one_of(cursor.db, "r.id", ids)
     prefix, prefix_params = "", []
     if cursor.db.vendor == "postgresql":
-        lock, prefix_params = _open_locked(ids)  # in id order, as the claim's own
+        # In id order, as the claim's own.
+        lock, prefix_params = lock_in_id_order(ids, where=_OPEN, params=_OPEN_PARAMS)
         prefix, among = (
             f"WITH locked AS MATERIALIZED ({lock}) ",
             f"{among} AND r.id IN (SELECT id FROM locked)",
         )
     cursor.execute(
-        f"{prefix}{settle} AND {among} AND {opened}",
-        [*prefix_params, *settle_params, *among_params, *statuses],
-    )
-
-
-def _open_locked(ids) -> tuple[str, list]:
-    """Return the SELECT that locks the open rows of ``ids`` ``FOR UPDATE`` in id order."""
-    return lock_in_id_order(
-        ids,
-        where=f"status IN ({placeholders(len(Reminder.OPEN_STATUSES))})",
-        params=[status.value for status in Reminder.OPEN_STATUSES],
+        f"{prefix}{settle} AND {among} AND r.{_OPEN}",
+        [*prefix_params, *settle_params, *among_params, *_OPEN_PARAMS],
     )
 
 
@@ -397,15 +395,3 @@ def _attempt_insert(*, source: str, worker: str) -> tuple[str, list]:
         f"FROM {source} r"
     )
     return sql, [worker[:200], DeliveryAttempt.Outcome.IN_FLIGHT.value]
-
-
-def _record_attempts(*, token: uuid.UUID, worker: str) -> dict[int, int]:
-    """Insert an in-flight attempt per claimed reminder (SQLite; PostgreSQL's claim does it)."""
-    reminder = connection.ops.quote_name(Reminder._meta.db_table)
-    insert, params = _attempt_insert(source=reminder, worker=worker)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"{insert} WHERE r.claim_token = %s AND r.status = %s RETURNING reminder_id, number",
-            [*params, claim_token_param(token), Status.SENDING.value],
-        )
-        return dict(cursor.fetchall())
