@@ -191,8 +191,7 @@ def reminder_record_batch(
     ):
         # The common chunk (all sent, quoting no one): nothing else to lock, so one statement,
         # atomic alone, locks the rows in id order, writes them and closes their attempts.
-        finals = {pk: verdict for pk, (verdict, _) in verdicts.items()}
-        changed, _ = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
+        changed, _ = _record_finals(claim=claim, verdicts=verdicts, now=now)
         return dict(Counter(str(status) for status in changed.values()))
     with transaction.atomic():
         if any(verdict.returns for verdict, _ in verdicts.values()):
@@ -200,11 +199,10 @@ def reminder_record_batch(
             now = database_now(clock)
             verdicts = judged(now)
         verdicts = _without_erased_data(verdicts, by_id)
-        finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
         returns = {pk: verdict for pk, (verdict, _) in verdicts.items() if verdict.returns}
         sources = sources_locked(returns)
         claimed_locked(verdicts, claim.token)
-        changed, closed = _record_finals(claim=claim, finals=finals, verdicts=verdicts, now=now)
+        changed, closed = _record_finals(claim=claim, verdicts=verdicts, now=now)
         if returns:
             policy = ReminderPolicy.from_settings()
             fates = {
@@ -230,10 +228,7 @@ def reminder_record_batch(
                 )
             )
         _finish_attempts(
-            claim=claim,
-            verdicts=verdicts,
-            changed={pk: status for pk, status in changed.items() if pk not in closed},
-            now=now,
+            claim=claim, verdicts=verdicts, ids=[pk for pk in changed if pk not in closed], now=now
         )
     return dict(Counter(str(status) for status in changed.values()))
 
@@ -271,7 +266,7 @@ _FINAL_COLUMNS = {
 # What the PostgreSQL record adds to each final row to close its attempt in the same statement.
 _FINAL_ATTEMPT_COLUMNS = {"outcome": "text", "calls": "integer"}
 _ATTEMPT_COLUMNS = {
-    "reminder_id": "bigint",
+    "id": "bigint",
     "outcome": "text",
     "error": "text",
     "message_id": "text",
@@ -280,13 +275,14 @@ _ATTEMPT_COLUMNS = {
 
 
 def _record_finals(
-    *, claim: Claim, finals: dict[int, Verdict], verdicts: dict, now: datetime
+    *, claim: Claim, verdicts: dict, now: datetime
 ) -> tuple[dict[int, str], set[int]]:
     """Write the final verdicts in one fenced ``UPDATE ... FROM``.
 
     Return ``({id: new status}, ids whose attempt is closed too)``: on PostgreSQL the statement
     also locks the rows in id order and closes their attempts; SQLite cannot update in a WITH.
     """
+    finals = {pk: verdict for pk, (verdict, _) in verdicts.items() if not verdict.returns}
     if not finals:
         return {}, set()
     postgres = connection.vendor == "postgresql"
@@ -322,13 +318,9 @@ def _record_finals(
     params += [Status.SENT.value, stamp, Status.UNKNOWN.value, stamp, *fence_params]
     if postgres:
         # An unread data-modifying WITH runs last: attempts lock after reminders, as everywhere.
-        attempt = _table(DeliveryAttempt)
         sql = (
             f"WITH {values}, done AS ({update}), "
-            f"closed AS (UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
-            "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
-            f"FROM v JOIN done ON done.id = v.id WHERE {attempt}.reminder_id = v.id "
-            f"AND {attempt}.claim_token = %s AND {attempt}.outcome = %s) "
+            f"closed AS ({_attempts_closed('v JOIN done ON done.id = v.id')}) "
             "SELECT id, status FROM done"
         )
         params += [stamp, token, Attempt.IN_FLIGHT.value]
@@ -340,35 +332,40 @@ def _record_finals(
     return changed, set(changed) if postgres else set()
 
 
-def _finish_attempts(
-    *, claim: Claim, verdicts: dict, changed: dict[int, str], now: datetime
-) -> None:
-    """Close the in-flight attempts of the reminders whose row the record changed (one UPDATE)."""
-    if not changed:
+def _finish_attempts(*, claim: Claim, verdicts: dict, ids: list[int], now: datetime) -> None:
+    """Close the in-flight attempts of the reminders ``ids`` (one UPDATE)."""
+    if not ids:
         return
     rows = []
-    for pk in changed:
+    for pk in ids:
         verdict, result = verdicts[pk]
         rows.append(
             (pk, verdict.attempt_outcome, verdict.error, (verdict.message_id or "")[:255],
              result.attempts)
         )  # fmt: skip
     values, params = rows_cte(connection, "v", _ATTEMPT_COLUMNS, rows)
-    attempt = _table(DeliveryAttempt)
-    sql = (
-        f"WITH {values} "
-        f"UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
-        "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
-        f"FROM v WHERE {attempt}.reminder_id = v.reminder_id AND {attempt}.claim_token = %s "
-        f"AND {attempt}.outcome = %s"
-    )
     params += [
         connection.ops.adapt_datetimefield_value(now),
         claim_token_param(claim.token),
         Attempt.IN_FLIGHT.value,
     ]
     with connection.cursor() as cursor:
-        cursor.execute(sql, params)
+        cursor.execute(f"WITH {values} {_attempts_closed('v')}", params)
+
+
+def _attempts_closed(source: str) -> str:
+    """Return the UPDATE closing the in-flight attempts of the rows ``v`` of ``source``.
+
+    ``v`` has the columns of ``_ATTEMPT_COLUMNS``; the parameters are the time they finished,
+    the claim token and the in-flight outcome.
+    """
+    attempt = _table(DeliveryAttempt)
+    return (
+        f"UPDATE {attempt} SET outcome = v.outcome, error = v.error, "
+        "provider_message_id = v.message_id, provider_calls = v.calls, finished_at = %s "
+        f"FROM {source} WHERE {attempt}.reminder_id = v.id "
+        f"AND {attempt}.claim_token = %s AND {attempt}.outcome = %s"
+    )
 
 
 def _table(model) -> str:
