@@ -17,7 +17,6 @@ from dataclasses import dataclass
 class ClaimContext:
     token: str
     worker: str
-    keys: Mapping[int, str]
     attempts: Mapping[int, int]
 
 
@@ -27,11 +26,9 @@ _claim: contextvars.ContextVar[ClaimContext | None] = contextvars.ContextVar(
 
 
 @contextmanager
-def claim_context(
-    *, token, worker: str, keys: Mapping[int, str], attempts: Mapping[int, int]
-) -> Iterator[None]:
+def claim_context(*, token, worker: str, attempts: Mapping[int, int]) -> Iterator[None]:
     """Make the log lines inside the block carry this claim's token, worker and attempts."""
-    previous = _claim.set(ClaimContext(str(token), worker, keys, attempts))
+    previous = _claim.set(ClaimContext(str(token), worker, attempts))
     try:
         yield
     finally:
@@ -47,11 +44,8 @@ class ReminderFields(logging.Filter):
             return True
         record.claim_token = context.token
         record.worker = context.worker
-        reminder_id = getattr(record, "reminder_id", None)
-        if reminder_id is not None:
-            if not getattr(record, "key", None):
-                record.key = context.keys.get(reminder_id, "")
-            attempt = context.attempts.get(reminder_id)
-            if attempt is not None:
-                record.attempt = attempt
+        # The engine's lines name the reminder by id and key (``extra``); the claim adds the rest.
+        attempt = context.attempts.get(getattr(record, "reminder_id", None))
+        if attempt is not None:
+            record.attempt = attempt
         return True

@@ -225,13 +225,7 @@ def deliver(
             counts["skipped"] += len(chunk) - len(claim.reminders)
             if not claim.reminders:
                 continue
-            context = claim_context(
-                token=claim.token,
-                worker=worker,
-                keys={reminder.pk: reminder.key for reminder in claim.reminders},
-                attempts=claim.attempt_numbers,
-            )
-            with context:
+            with claim_context(token=claim.token, worker=worker, attempts=claim.attempt_numbers):
                 try:
                     results = _send(
                         claim,
