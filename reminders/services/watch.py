@@ -34,7 +34,8 @@ class ClaimWatch:
         self._shown = {}
         for reminder in reminders:
             if reminder.workshop_id not in self._shown:
-                self._shown[reminder.workshop_id] = _rendered(reminder.workshop)
+                workshop = reminder.workshop
+                self._shown[workshop.pk] = tuple(getattr(workshop, name) for name in _SHOWN)
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
@@ -127,7 +128,3 @@ _SHOWN = {
     "contact_email": "text",
 }
 _SHOWN_COLUMNS = {"id": "bigint", **_SHOWN}
-
-
-def _rendered(workshop) -> tuple:
-    return tuple(getattr(workshop, name) for name in _SHOWN)

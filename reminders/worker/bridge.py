@@ -284,11 +284,10 @@ def _kept_session(*, channel: str, clock: Clock, keep: float) -> Session:
     global _kept
     limiter = (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL, LIMITER_MARGIN)
     key = repr((channel, _channel_values(channel), limiter, id(clock)))
-    if _kept is not None:
-        if _kept.pid != os.getpid():
-            _kept = None  # inherited across a fork: its loop thread is not in this process
-        elif _kept.key != key or clock.monotonic() - _kept.last_used > keep:
-            close_kept_session()
+    if _kept is not None and (
+        _kept.pid != os.getpid() or _kept.key != key or clock.monotonic() - _kept.last_used > keep
+    ):
+        close_kept_session()  # dropped unclosed if inherited across a fork
     if _kept is None:
         session = _new_session(channel=channel, clock=clock)
         session.__enter__()
