@@ -19,7 +19,7 @@ from reminders.services.fate import (
     reminders_return,
     sources_locked,
 )
-from reminders.services.record import CHANNELS_HONOURING_KEYS
+from reminders.services.record import channel_honours_keys
 
 logger = logging.getLogger(__name__)
 
@@ -46,9 +46,7 @@ def reminders_reap(*, clock: Clock | None = None) -> dict[str, int]:
         return counts
     cap = settings.REMINDERS_MAX_ATTEMPTS
     tokens = {pk: token for pk, _, _, token in rows}
-    keyed = {
-        pk: attempts for pk, channel, attempts, _ in rows if channel in CHANNELS_HONOURING_KEYS
-    }
+    keyed = {pk: attempts for pk, channel, attempts, _ in rows if channel_honours_keys(channel)}
     gave_up = reasons.GAVE_UP.format(attempts=cap, error=reasons.LEASE_LOST)
     blind = [pk for pk in tokens if pk not in keyed]
     policy = ReminderPolicy.from_settings()

@@ -36,12 +36,11 @@ from reminders.services.personal import erased_among, personal_words, scrubber
 Status = Reminder.Status
 Attempt = DeliveryAttempt.Outcome
 
-# Providers deduplicating by the reminder's key: an unknown send may be repeated with that key.
-CHANNELS_HONOURING_KEYS = frozenset({"http", "file"})
-
 
 def channel_honours_keys(channel: str) -> bool:
-    return channel in CHANNELS_HONOURING_KEYS
+    """Whether the provider deduplicates by the reminder's key: an unknown send may be repeated
+    with that key."""
+    return channel in ("http", "file")
 
 
 def maybe_sent_reason(outcome: str, channel: str) -> str:
