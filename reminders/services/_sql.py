@@ -176,7 +176,11 @@ class RowsWithRelated:
         ``extra`` adds columns; ``params`` are the prefix's, then the where's.
         """
         connection = cursor.db
-        columns, joins, parts = self._plan(connection)
+        # Built once per alias and backend: some converters read the alias's settings.
+        key = (connection.alias, type(connection.ops))
+        if (built := self._built.get(key)) is None:
+            built = self._built[key] = self._build(connection)
+        columns, joins, parts = built
         table = source or connection.ops.quote_name(self.model._meta.db_table)
         selected = columns + "".join(f", {column}" for column in extra)
         sql = f"{prefix}SELECT {selected} FROM {table} r {joins}"
@@ -202,14 +206,6 @@ class RowsWithRelated:
                 field.set_cached_value(base, instance)
             found.append((base, row[extras_start:]))
         return found
-
-    def _plan(self, connection) -> tuple[str, str, list]:
-        # Per alias and backend: some converters read the alias's settings.
-        key = (connection.alias, type(connection.ops))
-        plan = self._built.get(key)
-        if plan is None:
-            plan = self._built[key] = self._build(connection)
-        return plan
 
     def _build(self, connection) -> tuple[str, str, list]:
         quote = connection.ops.quote_name
