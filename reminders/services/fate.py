@@ -9,7 +9,7 @@ lock them in id order first: two UPDATEs locking them in their plans' orders can
 from __future__ import annotations
 
 from collections import defaultdict
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -202,9 +202,8 @@ def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str 
     return sql, [array_literal(sorted(set(ids)), "bigint"), *params]
 
 
-def claimed_locked(ids: Iterable[int], token) -> None:
+def claimed_locked(ids: Collection[int], token) -> None:
     """``reminders_locked`` for the rows still ``sending`` under the claim ``token``, in raw SQL."""
-    ids = sorted(set(ids))
     if ids and connection.vendor == "postgresql":
         if not connection.in_atomic_block:
             # Outside a transaction the lock would end at once.
