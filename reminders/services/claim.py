@@ -76,33 +76,29 @@ def reminder_claim_batch(
     """
     clock = clock or default_clock()
     now = clock.now()
-    statement_now = StatementNow(clock, now)
-    lease = timedelta(seconds=settings.REMINDERS_LEASE_SECONDS)
     token = token or uuid.uuid4()
-    claimed: list[Reminder] = []
-    numbers: dict[int, int] = {}
-    refusals: dict[int, str | None] = {}
-    # When the statement decided, by the database's clock.
-    decided_at = now
     read_at = clock.monotonic()
+    if not ids:
+        return Claim(token=token, channel=channel, reminders=[], read_at=read_at)
+    statement_now = StatementNow(clock, now)
     # PostgreSQL takes, reads and opens the attempts in one statement; SQLite in three.
     postgres = connection.vendor == "postgresql"
+    take = _claim_read_postgres if postgres else _claim_read_sqlite
     # On PostgreSQL each step is one atomic statement, so no BEGIN/COMMIT (two round trips):
     # rows taken but not frozen when the worker or database dies are released by the caller
     # (reminders.worker.pipeline) or reaped; nothing was sent. SQLite's steps commit together.
     with nullcontext() if postgres else transaction.atomic(), connection.cursor() as cursor:
-        if ids:
-            take = _claim_read_postgres if postgres else _claim_read_sqlite
-            claimed, numbers, decided_at, refusals = take(
-                cursor,
-                ids=ids,
-                token=token,
-                lease=lease,
-                channel=channel,
-                now=statement_now,
-                worker=worker,
-                addresses=addresses or {},
-            )
+        # decided_at: when the statement decided, by the database's clock.
+        claimed, numbers, decided_at, refusals = take(
+            cursor,
+            ids=ids,
+            token=token,
+            lease=timedelta(seconds=settings.REMINDERS_LEASE_SECONDS),
+            channel=channel,
+            now=statement_now,
+            worker=worker,
+            addresses=addresses or {},
+        )
         # Only an id the claim did not take can be refused for good.
         if refused := [pk for pk in ids if pk not in numbers]:
             _refuse(cursor, ids=refused, now=statement_now)
