@@ -95,9 +95,8 @@ MODULES = [
         "dispatch",
         "reminders/services/dispatch.py",
         _r("test_dispatch.py", "test_pipeline.py", "test_mutants.py"),
-        # expire and dispatch; not scan_completed (the scan's health record).
+        # The dispatch and its message expiry; not scan_completed (the scan's health record).
         only=(
-            "x_reminders_expire",
             "x_message_expiry",
             "x_reminders_dispatch",
             "x_reminders_unpublished",

@@ -170,3 +170,19 @@ def test_the_delivery_benchmark_runs_against_the_library_as_it_is_now(redis_url)
     assert finished.returncode == 0, finished.stderr[-2000:]
     assert "fan-out        C=50, 30 sends" in finished.stdout
     assert finished.stdout.count("sent 6/6") == 2, finished.stdout  # the Redis and local limiters
+
+
+def test_the_mutation_run_names_only_functions_and_tests_that_exist():
+    """bench/mutate.py lists modules, their tests and (mutmut's x_ names of) functions by hand."""
+    from bench.mutate import MODULES
+
+    root = Path(__file__).resolve().parent.parent
+    for module in MODULES:
+        source = (root / module.path).read_text()
+        for name in module.only:
+            # mutmut names a function x_<name>, a method xǁ<class>ǁ<name>.
+            *owner, function = name.removeprefix("x_").split("ǁ")
+            assert f"def {function}(" in source, (module.path, name)
+            assert not owner or f"class {owner[-1]}" in source, (module.path, name)
+        for test in module.tests:
+            assert (root / test).exists(), (module.key, test)

@@ -119,7 +119,7 @@ def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(clock,
     print(f"\nclaim + record of 100 reminders: {counts[1]} statements ({counts[0]} for a new text)")
     # Claim (PostgreSQL): take, load and insert attempts in one statement, then
     # freeze the texts (point the rows at the stored ones, joined by digest).
-    # Record: lock in id order (reminders.services.fate.reminders_locked),
+    # Record: lock in id order (reminders.services.fate.claimed_locked),
     # write the rows and close the attempts. The first batch of a text also
     # stores it, then points its rows at it.
     assert counts[1] / 100 <= 0.09
