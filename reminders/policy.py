@@ -53,6 +53,13 @@ class ReminderPolicy:
             **{f"{through}starts_at__lte": now + self.lead},
         )
 
+    def lead_start_q(self, now: datetime, *, through: str = "") -> Q:
+        """Return "the start is within a lead either side of now": what plan and settle scan."""
+        return Q(
+            **{f"{through}starts_at__gt": now - self.lead},
+            **{f"{through}starts_at__lte": now + self.lead},
+        )
+
     def late_sql(self, column: str, now_plus) -> tuple[str, list]:
         """Return ``late_start_q`` as ``(sql, params)`` on ``column``, a workshop's start.
 

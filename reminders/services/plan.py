@@ -49,9 +49,7 @@ def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet |
         return Enrollment.objects.all()
     ids = list(
         Workshop.objects.filter(
-            status=Workshop.Status.SCHEDULED,
-            starts_at__gt=now - policy.lead,
-            starts_at__lte=now + policy.lead,
+            policy.lead_start_q(now), status=Workshop.Status.SCHEDULED
         ).values_list("id", flat=True)
     )
     if not ids:
@@ -93,11 +91,10 @@ def _plan_source(
     selected = {f"p_{column}": value for column, value in values.items()}
     return list(values), (
         enrollments.filter(
+            # Planned up to a lead after the start: a reminder nobody could send shows as missed.
+            policy.lead_start_q(now, through="workshop__"),
             status=Enrollment.Status.ACTIVE,
             workshop__status=Workshop.Status.SCHEDULED,
-            # Planned up to a lead after the start: a reminder nobody could send shows as missed.
-            workshop__starts_at__gt=now - policy.lead,
-            workshop__starts_at__lte=now + policy.lead,
             reminders__isnull=True,
         )
         .order_by()

@@ -81,13 +81,7 @@ def reminders_settle(
         **closed,
     )
     # The scan, like the plan, looks only a lead either side of now: older rows stay as they ended.
-    recent = (
-        rows.filter(
-            workshop__starts_at__gt=now - policy.lead, workshop__starts_at__lte=now + policy.lead
-        )
-        if scope is None
-        else rows
-    )
+    recent = rows.filter(policy.lead_start_q(now, through="workshop__")) if scope is None else rows
     called_off = recent.filter(_LIVE, status=Status.CANCELLED, status_reason__in=_CALLED_OFF)
     reinstated = Case(
         When(status_reason=reasons.WORKSHOP_CANCELLED, then=Value(reasons.REINSTATED)),

@@ -87,6 +87,15 @@ def test_late_start_q_defaults_to_the_workshop_itself():
     )
 
 
+def test_lead_start_q_is_a_lead_either_side_of_now():
+    policy = ReminderPolicy(lead=timedelta(minutes=30), cutoff=timedelta(minutes=5))
+    lead = timedelta(minutes=30)
+    assert policy.lead_start_q(NOW) == Q(starts_at__gt=NOW - lead, starts_at__lte=NOW + lead)
+    assert policy.lead_start_q(NOW, through="workshop__") == Q(
+        workshop__starts_at__gt=NOW - lead, workshop__starts_at__lte=NOW + lead
+    )
+
+
 # -- claim -----------------------------------------------------------------------
 
 
