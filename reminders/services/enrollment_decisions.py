@@ -10,7 +10,6 @@ from reminders.models import Reminder, StaffDecision
 from reminders.selectors import selection_of
 from reminders.services.replay import skipped_as
 from reminders.services.workshop_decisions import (
-    CANCEL_EFFECT_LABELS,
     DecisionPreview,
     DecisionResult,
     cancel_effects,
@@ -25,7 +24,6 @@ ENROLLMENT_SKIP_LABELS = {
     "raced": "changed meanwhile",
     "enrollments_not_found": "selected enrollments no longer exist",
 }
-ENROLLMENT_EFFECT_LABELS = CANCEL_EFFECT_LABELS
 
 
 def enrollment_cancel_preview(*, enrollments: QuerySet[Enrollment]) -> DecisionPreview:
