@@ -49,7 +49,10 @@ def reminders_dispatch(
     Due includes queued under an expired message, so this is also the reconciler. Only the
     UPDATE finding a row due queues it, so two dispatchers never both publish it. Rows are
     locked ``ROWS_PER_TRANSACTION`` at a time, so a claim waits one short transaction at most.
+    An empty ``ids`` queues nothing and sends no statement.
     """
+    if ids is not None and not ids:
+        return 0
     clock = clock or default_clock()
     now = database_now(clock)
     batch_size = settings.REMINDERS_BATCH_SIZE

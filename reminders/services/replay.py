@@ -31,11 +31,11 @@ from reminders.selectors import (
 )
 from reminders.services import reminder_fate, reminders_dispatch, reminders_return, sources_locked
 from reminders.services._sql import database_now, update_returning
+from reminders.services.dispatch import Publish
 
 logger = logging.getLogger(__name__)
 
 Status = Reminder.Status
-Publish = Callable[[list[int], datetime], object]
 
 REASON_REPLAYED = "replayed by {actor}"
 REASON_SENT_AGAIN = "sent again by {actor}: {reason}"
@@ -90,7 +90,9 @@ def reminder_replay(
             now=now,
             use_edited_text=use_edited_text,
         )
-        queued = _dispatch(rearmed, clock=clock, publish=publish)
+        queued = reminders_dispatch(
+            ids=rearmed, clock=clock, publish=publish or queue.publish_batch
+        )
         result = _audit(
             action=StaffDecision.Action.REPLAY,
             actor=actor,
@@ -147,7 +149,7 @@ def reminder_resolve_unknown(
                 reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason),
                 now=now,
             )
-            queued = _dispatch(changed, clock=clock, publish=None)
+            queued = reminders_dispatch(ids=changed, clock=clock, publish=queue.publish_batch)
         else:
             changed = sorted(
                 pk
@@ -344,7 +346,9 @@ def replay_step(
             now=now,
             use_edited_text=decision.use_edited_text,
         )
-        decision.queued += _dispatch(rearmed, clock=clock, publish=publish)
+        decision.queued += reminders_dispatch(
+            ids=rearmed, clock=clock, publish=publish or queue.publish_batch
+        )
         decision.changed += len(rearmed)
         decision.progress += len(ids)
         decision.reminder_ids = sorted([*decision.reminder_ids, *rearmed])
@@ -352,12 +356,6 @@ def replay_step(
             update_fields=["queued", "changed", "progress", "reminder_ids", "heartbeat_at"]
         )
         return decision
-
-
-def _dispatch(ids: list[int], *, clock: Clock, publish: Publish | None) -> int:
-    if not ids:
-        return 0
-    return reminders_dispatch(ids=ids, clock=clock, publish=publish or queue.publish_batch)
 
 
 def _audit(
