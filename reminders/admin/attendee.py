@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
-from django.contrib import admin, messages
+from functools import partial
+
+from django.contrib import admin
 from django.db.models import Count, Q
 
-from reminders.admin.actions import StaffActionsMixin, confirmed_form
-from reminders.admin.columns import KeepEnrolledMixin, plural, utc_column
-from reminders.admin.forms import AttendeeForm, ReasonForm
-from reminders.services.erasure import attendee_erase_preview, attendees_erase
+from reminders.admin.actions import StaffActionsMixin
+from reminders.admin.columns import KeepEnrolledMixin, utc_column
+from reminders.admin.decision import DECISION_SKIPS
+from reminders.admin.forms import AttendeeForm
+from reminders.services.erasure import (
+    ERASURE_EFFECT_LABELS,
+    attendee_erase_preview,
+    attendees_erase,
+)
 from workshops.models import Attendee, Enrollment
 
 
@@ -42,37 +49,20 @@ class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     @admin.action(description="Erase personal data of selected attendees", permissions=["erase"])
     def erase_selected(self, request, queryset):
         """Preview, ask for a reason, then erase names and emails and cancel enrollments."""
-        form = confirmed_form(request, ReasonForm)
-        if form.is_valid():
-            result = attendees_erase(
-                attendees=queryset, reason=form.cleaned_data["reason"], actor=request.user
-            )
-            self.message_user(
-                request,
-                f"Erased the personal data of {plural(result.erased, 'attendee')}; "
-                f"{plural(result.reminders_cancelled, 'reminder')} cancelled. "
-                "The decision is recorded.",
-                messages.SUCCESS if result.erased else messages.WARNING,
-            )
-            return None
-        counted = attendee_erase_preview(attendees=queryset)
-        skipped = counted.selected - counted.eligible
-        return self._confirmation_page(
+        return self._decision(
             request,
-            "workshop_decision_confirmation.html",
-            title="Erase personal data of the selected attendees",
             action="erase_selected",
+            preview=partial(attendee_erase_preview, attendees=queryset),
+            run=partial(attendees_erase, attendees=queryset),
+            skip_labels=DECISION_SKIPS,
+            effect_labels=ERASURE_EFFECT_LABELS,
+            title="Erase personal data of the selected attendees",
+            eligible_label="Attendees whose name and email will be erased",
+            verb="erase",
             explanation="Names and emails are replaced and cannot be brought back; earlier "
             "errors and staff notes that quote them are cleaned. Reminder rows stay, so "
             "nothing already sent is sent again; history keeps counts and ids only.",
-            preview=counted,
-            eligible_label="Attendees whose name and email will be erased",
-            effect_rows=[
-                ("Active enrollments that will be cancelled", counted.enrollments),
-                ("Reminders that will be cancelled", counted.reminders_to_cancel),
-                ("Reminders already sent (kept, so never sent again)", counted.reminders_sent),
-            ],
-            skipped_rows=[("already erased", skipped)] if skipped else [],
-            submit_label=f"Yes, erase {plural(counted.eligible, 'attendee')}",
-            form=form,
+            done="Erased the personal data of {changed}; {reminders} cancelled.",
+            # The message has always named only what was erased, not the attendees skipped.
+            done_skips=False,
         )

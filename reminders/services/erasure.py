@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import logging
 import secrets
-from dataclasses import dataclass
 
 from django.contrib.admin.models import LogEntry
 from django.contrib.auth.base_user import AbstractBaseUser
@@ -31,29 +30,18 @@ from reminders.selectors import selection_of
 from reminders.services.feedback import address_key
 from reminders.services.personal import personal_words, scrub_json_text, scrubber
 from reminders.services.replay import clean_reason, skipped_as
+from reminders.services.workshop_decisions import DecisionPreview, DecisionResult, cancel_effects
 from workshops.models import Attendee, Enrollment
 from workshops.services import enrollment_cancel
 
 logger = logging.getLogger(__name__)
 
 ERASED_NAME = "(erased)"
-
-
-@dataclass(frozen=True, slots=True)
-class ErasurePreview:
-    selected: int
-    eligible: int
-    enrollments: int
-    reminders_to_cancel: int
-    reminders_sent: int
-
-
-@dataclass(frozen=True, slots=True)
-class ErasureResult:
-    selected: int
-    erased: int
-    reminders_cancelled: int
-    audit_id: int
+ERASURE_EFFECT_LABELS = {
+    "enrollments": "Active enrollments that will be cancelled",
+    "to_cancel": "Reminders that will be cancelled",
+    "sent": "Reminders already sent (kept, so never sent again)",
+}
 
 
 def erased_email() -> str:
@@ -61,19 +49,17 @@ def erased_email() -> str:
     return f"erased-{secrets.token_hex(12)}@erased.invalid"
 
 
-def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> ErasurePreview:
+def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> DecisionPreview:
+    """Count the attendees an erasure would change, their active enrollments and reminders."""
     selection = selection_of(attendees)
-    eligible = selection.filter(erased_at__isnull=True)
-    reminders = Reminder.objects.filter(attendee__in=eligible.values("pk"))
-    return ErasurePreview(
-        selected=selection.count(),
-        eligible=eligible.count(),
-        enrollments=Enrollment.objects.filter(
-            attendee__in=eligible.values("pk"), status=Enrollment.Status.ACTIVE
-        ).count(),
-        reminders_to_cancel=reminders.filter(status__in=Reminder.OPEN_STATUSES).count(),
-        reminders_sent=reminders.filter(status=Reminder.Status.SENT).count(),
-    )
+    eligible = selection.filter(erased_at__isnull=True).values("pk")
+    total, count = selection.count(), eligible.count()
+    effects = cancel_effects(Reminder.objects.filter(attendee__in=eligible))
+    effects["enrollments"] = Enrollment.objects.filter(
+        attendee__in=eligible, status=Enrollment.Status.ACTIVE
+    ).count()
+    skipped = skipped_as("already_erased", total, count)
+    return DecisionPreview(StaffDecision.Action.ERASE, total, count, skipped, effects)
 
 
 def attendees_erase(
@@ -82,8 +68,8 @@ def attendees_erase(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
-) -> ErasureResult:
-    """Erase the personal data of every selected attendee not erased yet; return counts."""
+) -> DecisionResult:
+    """Erase the personal data of every selected attendee not erased yet; return what changed."""
     reason = clean_reason(reason)
     clock = clock or default_clock()
     now = clock.now()
@@ -94,6 +80,7 @@ def attendees_erase(
         cancelled: list[int] = []
         for attendee in targets:
             cancelled += _erase_one(attendee, now=now, clock=clock)
+        skipped = skipped_as("already_erased", selected, len(targets))
         audit = StaffDecision.record(
             action=StaffDecision.Action.ERASE,
             actor=actor,
@@ -101,7 +88,7 @@ def attendees_erase(
             reason=reason,
             selected=selected,
             changed=len(targets),
-            skipped=skipped_as("already_erased", selected, len(targets)),
+            skipped=skipped,
             reminder_ids=sorted(cancelled),
             attendee_ids=[a.pk for a in targets],
         )
@@ -111,7 +98,7 @@ def attendees_erase(
         audit.actor_name,
         audit.attendee_ids,
     )
-    return ErasureResult(selected, len(targets), len(cancelled), audit.pk)
+    return DecisionResult(audit.action, selected, len(targets), len(cancelled), skipped, audit.pk)
 
 
 def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:

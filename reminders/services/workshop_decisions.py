@@ -33,7 +33,7 @@ Action = StaffDecision.Action
 
 @dataclass(frozen=True, slots=True)
 class DecisionPreview:
-    """What a staff decision on workshops or enrollments would do, counted now."""
+    """What a staff decision on workshops, enrollments or attendees would do, counted now."""
 
     action: str
     selected: int

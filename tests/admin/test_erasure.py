@@ -73,7 +73,7 @@ def test_erasure_removes_name_and_email_from_every_text_and_keeps_the_sent_marke
         actor=eraser,
         clock=clock,
     )
-    assert (result.erased, result.reminders_cancelled) == (1, 1)
+    assert (result.changed, result.reminders) == (1, 1)
     attendee.refresh_from_db()
     assert attendee.name == ERASED_NAME and attendee.email.endswith("@erased.invalid")
     assert attendee.erased_at == clock.now()
@@ -107,7 +107,7 @@ def test_an_erased_attendee_cannot_be_enrolled_again_and_nothing_is_resent(
     again = attendees_erase(
         attendees=Attendee.objects.filter(pk=attendee.pk), reason="r", actor=eraser
     )
-    assert again.erased == 0
+    assert again.changed == 0
     assert StaffDecision.objects.filter(action="erase").latest("id").skipped == {
         "already_erased": 1
     }
@@ -139,6 +139,31 @@ def test_the_admin_erases_only_with_the_permission_after_a_confirmation_with_a_r
     ]
     assert Attendee.objects.get(pk=attendee.pk).name == ERASED_NAME
     assert NAME not in client.get(url).content.decode()
+
+
+def test_the_erase_page_counts_the_already_erased_and_the_message_names_only_the_erased(
+    ada, eraser, login
+):
+    """Ticked attendees already erased are a skipped row on the page (ids gone meanwhile are
+    not); the message says what was erased, a warning when nothing was."""
+    attendee, *_ = ada
+    old = Attendee.objects.create(name="Old Timer", email="old@example.org")
+    attendees_erase(attendees=Attendee.objects.filter(pk=old.pk), reason="r", actor=eraser)
+    url = reverse("admin:workshops_attendee_changelist")
+    ticked = [attendee.pk, old.pk, old.pk + 1000]
+    data = {"action": "erase_selected", "_selected_action": ticked, "select_across": "0"}
+    client = login(eraser)
+    page = client.post(url, {**data, "index": "0"})
+    assert page.context["skipped_rows"] == [("already erased", 1)]
+    assert page.context["submit_label"] == "Yes, erase 1 attendee"
+    for expected, level in (
+        ("Erased the personal data of 1 attendee; 1 reminder cancelled.", "success"),
+        ("Erased the personal data of 0 attendees; 0 reminders cancelled.", "warning"),
+    ):
+        done = client.post(url, {**data, "post": "yes", "reason": "GDPR request"}, follow=True)
+        assert [(str(m), m.level_tag) for m in done.context["messages"]] == [
+            (f"{expected} The decision is recorded.", level)
+        ]
 
 
 # --- Erasure while a reminder is in flight -----------------------------------------------
@@ -180,7 +205,7 @@ def test_outcomes_recorded_after_the_erasure_never_quote_the_old_address_or_name
     result = attendees_erase(
         attendees=Attendee.objects.filter(pk=attendee.pk), reason="ticket 9", actor=eraser
     )
-    assert result.erased == 1
+    assert result.changed == 1
     refused, greylisted, cut_off = claim.reminders
     echo = f"<{EMAIL}> ({NAME})"
     recorded = reminder_record_batch(
@@ -283,7 +308,7 @@ def test_an_erasure_racing_a_record_on_the_same_reminder_never_leaves_the_addres
             ),
         )
         assert recorded == {"failed": 1}, (round_number, recorded)
-        assert erased.erased == 1
+        assert erased.changed == 1
         texts = _texts_of(attendee)
         assert email not in texts and name not in texts, (round_number, texts)
         assert "550 <[erased]> [erased] unknown" in texts
