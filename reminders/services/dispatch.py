@@ -13,6 +13,7 @@ from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 
 from clock import Clock, default_clock
+from reminders import queue
 from reminders.models import Dispatch, Reminder, ScanRun, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME
@@ -40,7 +41,7 @@ def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: t
 
 def reminders_dispatch(
     *,
-    publish: Publish,
+    publish: Publish | None = None,
     clock: Clock | None = None,
     ids: list[int] | None = None,
 ) -> int:
@@ -49,10 +50,11 @@ def reminders_dispatch(
     Due includes queued under an expired message, so this is also the reconciler. Only the
     UPDATE finding a row due queues it, so two dispatchers never both publish it. Rows are
     locked ``ROWS_PER_TRANSACTION`` at a time, so a claim waits one short transaction at most.
-    An empty ``ids`` queues nothing and sends no statement.
+    An empty ``ids`` queues nothing and sends no statement. ``publish`` defaults to the queue's.
     """
     if ids is not None and not ids:
         return 0
+    publish = publish or queue.publish_batch
     clock = clock or default_clock()
     now = database_now(clock)
     batch_size = settings.REMINDERS_BATCH_SIZE

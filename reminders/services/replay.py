@@ -90,9 +90,7 @@ def reminder_replay(
             now=now,
             use_edited_text=use_edited_text,
         )
-        queued = reminders_dispatch(
-            ids=rearmed, clock=clock, publish=publish or queue.publish_batch
-        )
+        queued = reminders_dispatch(ids=rearmed, clock=clock, publish=publish)
         result = _audit(
             action=StaffDecision.Action.REPLAY,
             actor=actor,
@@ -149,7 +147,7 @@ def reminder_resolve_unknown(
                 reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason),
                 now=now,
             )
-            queued = reminders_dispatch(ids=changed, clock=clock, publish=queue.publish_batch)
+            queued = reminders_dispatch(ids=changed, clock=clock)
         else:
             changed = sorted(
                 pk
@@ -346,9 +344,7 @@ def replay_step(
             now=now,
             use_edited_text=decision.use_edited_text,
         )
-        decision.queued += reminders_dispatch(
-            ids=rearmed, clock=clock, publish=publish or queue.publish_batch
-        )
+        decision.queued += reminders_dispatch(ids=rearmed, clock=clock, publish=publish)
         decision.changed += len(rearmed)
         decision.progress += len(ids)
         decision.reminder_ids = sorted([*decision.reminder_ids, *rearmed])

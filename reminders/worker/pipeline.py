@@ -105,7 +105,7 @@ def scan(
     counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock), 0)
     counts["dispatched"] = timed(
         "dispatch",
-        lambda: reminders_dispatch(clock=clock, publish=publish or queue.publish_batch),
+        lambda: reminders_dispatch(clock=clock, publish=publish),
         0,
     )
     # Change notices: after the reminders' own phases, so a reminder claimed in this
