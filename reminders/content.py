@@ -150,7 +150,7 @@ def language_name(code: str) -> str:
     return dict(settings.LANGUAGES).get(code, code)
 
 
-def _message_text(language, subject_source, subject, intro_source, intro) -> MessageText:
+def _message_text(*, language, subject_source, subject, intro_source, intro) -> MessageText:
     """Return an unsaved MessageText with its digest (rows with the same text share one)."""
     fields = {
         "language": language,
@@ -181,7 +181,13 @@ def choose_text(*, workshop, attendee, texts=None) -> MessageText:
     intro, intro_source = holder.reminder_intro, source
     if not intro.strip():
         intro, intro_source = words.default_intro, Source.BUILT_IN
-    return _message_text(language, subject_source, subject, intro_source, intro)
+    return _message_text(
+        language=language,
+        subject_source=subject_source,
+        subject=subject,
+        intro_source=intro_source,
+        intro=intro,
+    )
 
 
 def choose_notice_text(*, workshop, attendee, kind: str) -> MessageText:
@@ -194,7 +200,13 @@ def choose_notice_text(*, workshop, attendee, kind: str) -> MessageText:
     intro, intro_source = words[f"intro_{kind}"], Source.BUILT_IN
     if language == workshop.language and workshop.notice_intro.strip():
         intro, intro_source = workshop.notice_intro, Source.WORKSHOP
-    return _message_text(language, Source.BUILT_IN, words[f"subject_{kind}"], intro_source, intro)
+    return _message_text(
+        language=language,
+        subject_source=Source.BUILT_IN,
+        subject=words[f"subject_{kind}"],
+        intro_source=intro_source,
+        intro=intro,
+    )
 
 
 def local_start(moment: datetime, zone: ZoneInfo, language: str = "en") -> str:
