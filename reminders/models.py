@@ -152,10 +152,14 @@ class Reminder(models.Model):
                 ),
                 name="reminder_status_valid",
             ),
+            # A claim token is held exactly while sending: fencing by the token alone is
+            # fencing by the claim (and the primary key, not an index of status, finds rows).
             models.CheckConstraint(
-                condition=~models.Q(status="sending")
-                | models.Q(claim_token__isnull=False, lease_expires_at__isnull=False),
-                name="reminder_sending_has_lease",
+                condition=models.Q(
+                    status="sending", claim_token__isnull=False, lease_expires_at__isnull=False
+                )
+                | (~models.Q(status="sending") & models.Q(claim_token__isnull=True)),
+                name="reminder_claimed_while_sending",
             ),
         ]
         indexes = [

@@ -263,8 +263,8 @@ def _claim_read_sqlite(
     cursor.execute(f"{update} RETURNING id", params)
     if not cursor.fetchall():
         return [], {}, now.now, {}
-    claimed = "r.claim_token = %s AND r.status = %s"
-    fence = [claim_token_param(token), Status.SENDING.value]
+    claimed = "r.claim_token = %s"
+    fence = [claim_token_param(token)]
     reminders = _CLAIMED.read(cursor, where=claimed, order="j1.starts_at, r.id", params=fence)
     reminder = connection.ops.quote_name(Reminder._meta.db_table)
     insert, params = _attempt_insert(source=reminder, worker=worker)

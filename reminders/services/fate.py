@@ -212,8 +212,8 @@ def claimed_locked(ids: Collection[int], token) -> None:
             cursor.execute(
                 *lock_in_id_order(
                     ids,
-                    where="claim_token = %s AND status = %s",
-                    params=[token, Reminder.Status.SENDING.value],
+                    where="claim_token = %s",
+                    params=[token],
                 )
             )
 

@@ -1,6 +1,6 @@
 """What a worker writes after its provider calls: the record of each outcome, or a release.
 
-Both are fenced by the claim (its token and ``sending``): a reaped worker changes nothing.
+Both are fenced by the claim's token, held only while ``sending``: a reaped worker changes nothing.
 ``sent``, ``failed`` and ``unknown`` are written as they are; any other outcome hands the
 reminder back to a fate re-derived from its workshop and enrollment (reminders.services.fate).
 """
@@ -151,7 +151,7 @@ def reminder_verdict(
 
 
 def _fence(claim: Claim) -> Q:
-    return Q(claim_token=claim.token, status=Status.SENDING)
+    return Q(claim_token=claim.token)  # held only while sending (reminder_claimed_while_sending)
 
 
 def reminder_record_batch(
@@ -296,8 +296,8 @@ def _record_finals(
     reminder = _table(Reminder)
     stamp = connection.ops.adapt_datetimefield_value(now)
     token = claim_token_param(claim.token)
-    fence = f"{reminder}.claim_token = %s AND {reminder}.status = %s"
-    fence_params = [token, Status.SENDING.value]
+    fence = f"{reminder}.claim_token = %s"
+    fence_params = [token]
     source = "v"
     if postgres:
         # The UPDATE writes only rows ``locked`` took in id order, so never waits on another.
@@ -305,6 +305,9 @@ def _record_finals(
         values += f", locked AS MATERIALIZED ({lock})"
         params += lock_params
         source = "v JOIN locked ON locked.id = v.id"
+        # ``locked`` checked the fence under row locks held to the statement's end. Checked
+        # again here, a token the statistics take for rare made the planner scan for it first.
+        fence, fence_params = "TRUE", []
     update = (
         f"UPDATE {reminder} SET status = v.status, status_reason = v.reason, "
         "last_error = v.error, provider_message_id = v.message_id, "

@@ -77,13 +77,12 @@ class ClaimWatch:
             f"JOIN {quote(Workshop._meta.db_table)} w ON w.id = r.workshop_id "
             f"JOIN {quote(Enrollment._meta.db_table)} e ON e.id = r.enrollment_id "
             "JOIN shown ON shown.id = w.id "
-            f"WHERE {among} AND r.status = %s "
-            "AND r.claim_token = %s AND w.status = %s AND e.status = %s AND "
+            f"WHERE {among} AND r.claim_token = %s AND w.status = %s AND e.status = %s AND "
             + " AND ".join(f"w.{name} = shown.{name}" for name in _SHOWN)
         )
         token = claim_token_param(self._token)
         params += among_params
-        params += [Reminder.Status.SENDING.value, token, Workshop.Status.SCHEDULED.value]
+        params += [token, Workshop.Status.SCHEDULED.value]
         params += [Enrollment.Status.ACTIVE.value]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
@@ -93,15 +92,14 @@ class ClaimWatch:
         """Return why each of ``ids`` is withdrawn."""
         rows = Reminder.objects.filter(pk__in=ids).values_list(
             "pk",
-            "status",
             "claim_token",
             "workshop__status",
             "enrollment__status",
             *(f"workshop__{name}" for name in _SHOWN),
         )
         withdrawn = dict.fromkeys(ids, "the reminder no longer exists")
-        for pk, status, token, w_status, e_status, *shown in rows:
-            if status != "sending" or token != self._token:
+        for pk, token, w_status, e_status, *shown in rows:
+            if token != self._token:  # held only while sending
                 withdrawn[pk] = "the claim was lost (lease expired)"
             elif w_status != "scheduled":
                 withdrawn[pk] = "workshop cancelled"

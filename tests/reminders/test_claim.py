@@ -18,6 +18,7 @@ from reminders.services import (
     reminders_reap,
 )
 from reminders.services._sql import array_literal
+from reminders.services.watch import ClaimWatch
 from tests.support.races import race
 from workshops.services import workshop_cancel
 
@@ -165,6 +166,51 @@ def test_a_claim_right_after_a_large_plan_reads_its_chunk_not_every_open_row(
         discarded[sql[:60]] = _rows_discarded(explained["Plan"])
     # At most the chunk against itself and the statement's own few lookups.
     assert max(discarded.values()) <= chunk * chunk + 200, discarded  # claim, texts, suppressions
+
+
+def _explained_discards(statements) -> dict[str, int]:
+    """Run each ``(sql, params)`` under EXPLAIN ANALYZE, rolled back; return rows discarded."""
+    discarded = {}
+    for sql, params in statements:
+        with transaction.atomic(), connection.cursor() as cursor:
+            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
+            [[[explained]]] = cursor.fetchall()
+            transaction.set_rollback(True)
+        discarded[sql[:60]] = _rows_discarded(explained["Plan"])
+    return discarded
+
+
+@pytest.mark.parametrize("outcome", [Outcome.SENT, Outcome.TRANSIENT])
+@pytest.mark.parametrize("chunk", [4, 100])
+def test_the_watch_and_the_record_read_their_chunk_not_every_row_other_workers_are_sending(
+    clock, due_reminders, chunk, outcome
+):
+    """Every worker's chunks in flight are ``sending`` at once, while the statistics, taken
+    before they were claimed, say almost none are. Fenced by ``status = 'sending'``, the
+    watch and the record started from every sending row, the record's lock once per row of
+    its chunk (6,031 rows thrown away for a chunk of 4 among 3,000)."""
+    ids = due_reminders(3000, per_workshop=100)
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(Reminder._meta.db_table)}")
+    claim = reminder_claim_batch(ids=ids[:chunk], channel="http", clock=clock)
+    for start in range(chunk, len(ids), 100):
+        reminder_claim_batch(ids=ids[start : start + 100], channel="http", clock=clock)
+    statements = []
+
+    def keep(execute, sql, params, many, context):
+        if not sql.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
+            statements.append((sql, params))
+        return execute(sql, params, many, context)
+
+    results = [_result(r, outcome, maybe_delivered=False) for r in claim.reminders]
+    with connection.execute_wrapper(keep), transaction.atomic():
+        ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock).refresh()
+        assert (
+            sum(reminder_record_batch(claim=claim, results=results, clock=clock).values()) == chunk
+        )
+        transaction.set_rollback(True)  # explained below against the rows still sending
+    discarded = _explained_discards(statements)
+    assert max(discarded.values()) <= chunk * chunk + 200, discarded
 
 
 @pytest.mark.parametrize(

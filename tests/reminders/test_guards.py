@@ -95,15 +95,13 @@ def _sent(reminder) -> DeliveryResult:
     )  # fmt: skip
 
 
-@pytest.mark.parametrize("case", ["another_token", "no_longer_sending"])
-def test_each_record_guard_alone_keeps_the_row(clock, due_reminders, case):
+def test_the_record_guard_keeps_a_row_another_claim_holds(clock, due_reminders):
+    """The claim's token is the whole fence: a row out of ``sending`` holds no token
+    (``test_models.py::test_a_claim_token_outside_sending_is_refused_by_the_database``)."""
     (reminder_id,) = due_reminders(1)
     claim = reminder_claim_batch(ids=[reminder_id], channel="smtp", clock=clock)
     row = Reminder.objects.filter(pk=reminder_id)
-    if case == "another_token":
-        row.update(claim_token=uuid.uuid4())
-    else:
-        row.update(status="pending")  # still this claim's token
+    row.update(claim_token=uuid.uuid4())
     before = row.get()
     assert (
         reminder_record_batch(claim=claim, results=[_sent(claim.reminders[0])], clock=clock) == {}

@@ -28,8 +28,20 @@ def test_second_reminder_for_the_same_pair_is_an_integrity_error(make_workshop, 
 
 def test_sending_without_a_lease_is_refused_by_the_database(make_workshop, enrol):
     enrol(make_workshop())
-    with pytest.raises(IntegrityError, match="reminder_sending_has_lease"), transaction.atomic():
+    with (
+        pytest.raises(IntegrityError, match="reminder_claimed_while_sending"),
+        transaction.atomic(),
+    ):
         Reminder.objects.update(status="sending")
+
+
+def test_a_claim_token_outside_sending_is_refused_by_the_database(make_workshop, enrol):
+    enrol(make_workshop())
+    with (
+        pytest.raises(IntegrityError, match="reminder_claimed_while_sending"),
+        transaction.atomic(),
+    ):
+        Reminder.objects.update(claim_token=uuid.uuid4())
 
 
 def test_key_is_stable_and_derived_from_the_pair(settings):
