@@ -10,7 +10,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.conf import settings
-from django.db.models import Count, OuterRef, Q, QuerySet, Subquery
+from django.db import connections
+from django.db.models import BooleanField, Count, F, Func, OuterRef, Q, QuerySet, Subquery
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, language_name, reminder_language
@@ -42,9 +43,26 @@ SKIP_REASONS = {
 }
 
 
+class _AmongIds(Func):
+    """``pk = ANY(ARRAY(subquery))``: the subquery runs once, then each id is a primary-key probe.
+
+    ``pk IN (subquery)`` becomes a join of the table with itself, which statistics taken while
+    the table was nearly empty plan as nested loops reading it once per row.
+    """
+
+    output_field = BooleanField()
+
+    def as_sql(self, compiler, connection, **extra):
+        pk, subquery = (compiler.compile(part) for part in self.get_source_expressions())
+        return f"{pk[0]} = ANY(ARRAY{subquery[0]})", [*pk[1], *subquery[1]]
+
+
 def selection_of(rows: QuerySet) -> QuerySet:
-    """Return the selection as a plain subquery filter on its model, fit for a lock or UPDATE."""
-    return rows.model.objects.filter(pk__in=rows.order_by().values("pk"))
+    """Return the selection as a plain filter on its model's key, fit for a lock or UPDATE."""
+    ids = rows.order_by().values("pk")
+    if connections[rows.db].vendor != "postgresql":
+        return rows.model.objects.filter(pk__in=ids)
+    return rows.model.objects.filter(_AmongIds(F("pk"), Subquery(ids)))
 
 
 def on_time_now_q(now: datetime) -> Q:

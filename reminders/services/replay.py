@@ -152,7 +152,7 @@ def reminder_resolve_unknown(
             changed = sorted(
                 pk
                 for pk, _ in update_returning(
-                    _guarded(unknown, selection),
+                    selection.filter(unknown),
                     status=Status.SENT,
                     status_reason=REASON_MARKED_SENT.format(actor=actor_name, reason=reason)[:200],
                     updated_at=now,
@@ -201,15 +201,6 @@ def skipped_as(key: str, total: int, done: int) -> dict[str, int]:
     return {key: total - done} if total > done else {}
 
 
-def _guarded(guard: Q, candidates: QuerySet[Reminder]) -> QuerySet[Reminder]:
-    """Return the rows of ``candidates`` still matching ``guard``, with the guard on the row itself.
-
-    PostgreSQL re-checks an UPDATE's own WHERE after a concurrent change, not a subquery's, and
-    Django turns filters across relations into ``pk IN (subquery)``: they stay in ``candidates``.
-    """
-    return Reminder.objects.filter(guard, pk__in=candidates.values("pk"))
-
-
 def _rearm(
     *,
     candidates: QuerySet[Reminder],
@@ -218,8 +209,8 @@ def _rearm(
     now: datetime,
     use_edited_text: bool = False,
 ) -> list[int]:
-    """Re-arm the rows of ``candidates`` matching ``guard`` whose fate is ``pending``."""
-    ids = list(_guarded(guard, candidates).values_list("pk", flat=True))
+    """Re-arm the rows of ``candidates`` (a selection) matching ``guard`` whose fate is ``pending``."""
+    ids = list(candidates.filter(guard).values_list("pk", flat=True))
     policy = ReminderPolicy.from_settings()
     fates = {}
     for pk, source in sources_locked(ids).items():

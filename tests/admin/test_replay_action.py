@@ -11,6 +11,7 @@ from django.urls import reverse
 
 from clock import SystemClock
 from reminders.models import Reminder, StaffDecision
+from tests.support.plans import explained_discards, keeping
 
 pytestmark = pytest.mark.django_db
 
@@ -305,6 +306,33 @@ def test_replaying_10000_reminders_costs_the_same_queries_as_10(
         Reminder.objects.filter(workshop=large).values_list("pk", flat=True)
     )
     assert Reminder.objects.filter(workshop=large, status="queued").count() == 10_000
+
+
+def test_a_replay_reads_each_selected_row_once_under_the_statistics_of_an_emptier_table(
+    bulk_failed, login, replayer, published, django_capture_on_commit_callbacks
+):
+    """Statistics taken while the table was nearly empty (a young table, before autovacuum's
+    next ANALYZE) say every filter keeps one row. A selection read as ``pk IN (subquery)`` of
+    the table itself was then planned as nested loops reading the table once per row: 10,000
+    failed reminders kept a replay request in PostgreSQL for minutes."""
+    client = login(replayer)
+    workshop = bulk_failed(300)
+    first = Reminder.objects.filter(workshop=workshop).values_list("pk", flat=True)[0]
+    with connection.cursor() as cursor:
+        cursor.execute(
+            # As ANALYZE leaves them on a table it found empty, before the rows came.
+            "UPDATE pg_class SET reltuples = 0, relpages = pg_relation_size(oid) / 8192 "
+            "WHERE oid = %s::regclass",
+            [Reminder._meta.db_table],
+        )
+    statements = []
+    with connection.execute_wrapper(keeping(statements)):
+        _replay_request_queries(client, workshop, first, capture=django_capture_on_commit_callbacks)
+    # Explained against the rows as the request found them.
+    Reminder.objects.filter(workshop=workshop).update(status="failed", queued_until=None)
+    discarded = explained_discards([s for s in statements if "reminders_reminder" in s[0]])
+    # At most a pass over the selection per statement, never one per row.
+    assert max(discarded.values()) <= 2 * 300, discarded
 
 
 # --- Workshops -------------------------------------------------------------------

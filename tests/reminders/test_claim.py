@@ -19,6 +19,7 @@ from reminders.services import (
 )
 from reminders.services._sql import array_literal
 from reminders.services.watch import ClaimWatch
+from tests.support.plans import explained_discards, keeping, rows_discarded
 from tests.support.races import race
 from workshops.services import workshop_cancel
 
@@ -128,12 +129,6 @@ def test_claim_and_record_cost_well_under_a_tenth_of_a_query_per_reminder(clock,
     assert Reminder.objects.filter(status="sent").count() == 200
 
 
-def _rows_discarded(plan: dict) -> int:
-    """Rows the nodes of ``plan`` (EXPLAIN ... FORMAT JSON) read and then threw away."""
-    own = plan.get("Rows Removed by Filter", 0) + plan.get("Rows Removed by Join Filter", 0)
-    return own + sum(_rows_discarded(child) for child in plan.get("Plans", ()))
-
-
 @pytest.mark.parametrize("chunk", [4, 100])
 def test_a_claim_right_after_a_large_plan_reads_its_chunk_not_every_open_row(
     clock, due_reminders, chunk
@@ -163,21 +158,9 @@ def test_a_claim_right_after_a_large_plan_reads_its_chunk_not_every_open_row(
             )
             [[[explained]]] = cursor.fetchall()
             transaction.set_rollback(True)
-        discarded[sql[:60]] = _rows_discarded(explained["Plan"])
+        discarded[sql[:60]] = rows_discarded(explained["Plan"])
     # At most the chunk against itself and the statement's own few lookups.
     assert max(discarded.values()) <= chunk * chunk + 200, discarded  # claim, texts, suppressions
-
-
-def _explained_discards(statements) -> dict[str, int]:
-    """Run each ``(sql, params)`` under EXPLAIN ANALYZE, rolled back; return rows discarded."""
-    discarded = {}
-    for sql, params in statements:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", params)
-            [[[explained]]] = cursor.fetchall()
-            transaction.set_rollback(True)
-        discarded[sql[:60]] = _rows_discarded(explained["Plan"])
-    return discarded
 
 
 @pytest.mark.parametrize("outcome", [Outcome.SENT, Outcome.TRANSIENT])
@@ -196,20 +179,14 @@ def test_the_watch_and_the_record_read_their_chunk_not_every_row_other_workers_a
     for start in range(chunk, len(ids), 100):
         reminder_claim_batch(ids=ids[start : start + 100], channel="http", clock=clock)
     statements = []
-
-    def keep(execute, sql, params, many, context):
-        if not sql.startswith(("SAVEPOINT", "RELEASE", "ROLLBACK")):
-            statements.append((sql, params))
-        return execute(sql, params, many, context)
-
     results = [_result(r, outcome, maybe_delivered=False) for r in claim.reminders]
-    with connection.execute_wrapper(keep), transaction.atomic():
+    with connection.execute_wrapper(keeping(statements)), transaction.atomic():
         ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock).refresh()
         assert (
             sum(reminder_record_batch(claim=claim, results=results, clock=clock).values()) == chunk
         )
         transaction.set_rollback(True)  # explained below against the rows still sending
-    discarded = _explained_discards(statements)
+    discarded = explained_discards(statements)
     assert max(discarded.values()) <= chunk * chunk + 200, discarded
 
 
