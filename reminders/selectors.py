@@ -53,8 +53,8 @@ class _AmongIds(Func):
     output_field = BooleanField()
 
     def as_sql(self, compiler, connection, **extra):
-        pk, subquery = (compiler.compile(part) for part in self.get_source_expressions())
-        return f"{pk[0]} = ANY(ARRAY{subquery[0]})", [*pk[1], *subquery[1]]
+        (pk, pk_params), (ids, ids_params) = map(compiler.compile, self.get_source_expressions())
+        return f"{pk} = ANY(ARRAY{ids})", [*pk_params, *ids_params]
 
 
 def selection_of(rows: QuerySet) -> QuerySet:
