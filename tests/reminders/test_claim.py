@@ -19,7 +19,7 @@ from reminders.services import (
 )
 from reminders.services._sql import array_literal
 from reminders.services.watch import ClaimWatch
-from tests.support.plans import explained_discards, keeping, rows_discarded
+from tests.support.plans import explained_discards, keeping
 from tests.support.races import race
 from workshops.services import workshop_cancel
 
@@ -141,24 +141,14 @@ def test_a_claim_right_after_a_large_plan_reads_its_chunk_not_every_open_row(
     ids = due_reminders(3000, per_workshop=100)
     reminder_claim_batch(ids=ids[:chunk], channel="http", clock=clock)  # stores the text
     statements = []
-
-    def keep(execute, sql, params, many, context):
-        statements.append((sql, params))
-        return execute(sql, params, many, context)
-
     taken, probed = ids[chunk : 2 * chunk], ids[2 * chunk : 3 * chunk]
-    with connection.execute_wrapper(keep):
+    with connection.execute_wrapper(keeping(statements)):
         reminder_claim_batch(ids=taken, channel="http", clock=clock)
+    # Explained for the next chunk, whose rows are still open.
     literal = {array_literal(taken, "bigint"): array_literal(probed, "bigint")}
-    discarded = {}
-    for sql, params in statements:
-        with transaction.atomic(), connection.cursor() as cursor:
-            cursor.execute(
-                f"EXPLAIN (ANALYZE, FORMAT JSON) {sql}", [literal.get(p, p) for p in params]
-            )
-            [[[explained]]] = cursor.fetchall()
-            transaction.set_rollback(True)
-        discarded[sql[:60]] = rows_discarded(explained["Plan"])
+    discarded = explained_discards(
+        [(sql, [literal.get(p, p) for p in params]) for sql, params in statements]
+    )
     # At most the chunk against itself and the statement's own few lookups.
     assert max(discarded.values()) <= chunk * chunk + 200, discarded  # claim, texts, suppressions
 
