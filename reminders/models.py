@@ -51,7 +51,11 @@ class Reminder(models.Model):
     # Statuses that end the reminder's life unless staff act.
     FINAL_STATUSES = (Status.SENT, Status.FAILED, Status.MISSED, Status.CANCELLED, Status.UNKNOWN)
 
-    attendee = models.ForeignKey(Attendee, on_delete=models.PROTECT, related_name="reminders")
+    # No index of its own: the unique (attendee, workshop) leads with it, and every claim and
+    # record would write both.
+    attendee = models.ForeignKey(
+        Attendee, on_delete=models.PROTECT, related_name="reminders", db_index=False
+    )
     workshop = models.ForeignKey(Workshop, on_delete=models.PROTECT, related_name="reminders")
     enrollment = models.ForeignKey(Enrollment, on_delete=models.PROTECT, related_name="reminders")
     key = models.CharField(max_length=64, unique=True, editable=False)
@@ -242,7 +246,10 @@ class DeliveryAttempt(models.Model):
         LEASE_EXPIRED = "lease_expired", "Lease expired (worker lost)"
         WITHDRAWN = "withdrawn", "Withdrawn (workshop or enrollment changed before the call)"
 
-    reminder = models.ForeignKey(Reminder, on_delete=models.CASCADE, related_name="attempts_log")
+    # Indexed by the unique (reminder, number), which leads with it.
+    reminder = models.ForeignKey(
+        Reminder, on_delete=models.CASCADE, related_name="attempts_log", db_index=False
+    )
     number = models.PositiveIntegerField()
     claim_token = models.UUIDField(db_index=True)
     channel = models.CharField(max_length=16)

@@ -75,3 +75,25 @@ def test_the_maybe_sent_backfill_marks_unknown_rows_and_rows_with_an_unanswered_
     backfill(apps, None)
     marked = dict(Reminder.objects.values_list("pk", "maybe_sent"))
     assert [marked[pk] for pk in ids] == [True, True, True, False, False, True]
+
+
+def test_every_foreign_key_leads_an_index():
+    """A key without an index of its own is covered by one that leads with it (0029), so a
+    lookup or a PROTECT/CASCADE check by that column never reads a whole table."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            """
+            SELECT c.conrelid::regclass::text, a.attname
+            FROM pg_constraint c
+            JOIN pg_attribute a ON a.attrelid = c.conrelid AND a.attnum = c.conkey[1]
+            WHERE c.contype = 'f' AND array_length(c.conkey, 1) = 1
+              AND c.conrelid::regclass::text ~ '^(reminders|workshops)_'
+              AND NOT EXISTS (
+                SELECT 1 FROM pg_index i
+                WHERE i.indrelid = c.conrelid AND i.indkey[0] = c.conkey[1] AND i.indpred IS NULL
+              )
+            ORDER BY 1, 2
+            """
+        )
+        unindexed = cursor.fetchall()
+    assert unindexed == []
