@@ -871,9 +871,9 @@ def test_the_block_size_must_be_a_whole_number_of_starts(block):
 
 
 def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_url, redis_account):
-    """Found in review: callers queued behind a reservation of four are cancelled, leaving
-    three reserved starts unused. A second later new callers must not take those stale
-    starts all at once (a burst the window never counted): they reserve afresh, spread."""
+    """Found in review: callers queued behind a reservation of six are cancelled, leaving
+    five reserved starts unused. A second later new callers must not take those stale
+    starts at once (a burst the window never counted): they reserve afresh, spread."""
     clock = SystemClock()
 
     async def scenario():
@@ -882,20 +882,20 @@ def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_u
         )
         try:
             await limiter.acquire()  # the first start, at once
-            # The next caller sleeps until its start (204 ms) holding the lock; four queue.
+            # The next caller sleeps until its start (204 ms) holding the lock; six queue.
             asleep = asyncio.ensure_future(limiter.acquire())
             await asyncio.sleep(0.01)
             head = asyncio.ensure_future(limiter.acquire())
             await asyncio.sleep(0.01)
-            queued = [asyncio.ensure_future(limiter.acquire()) for _ in range(3)]
-            # Once the sleeper is done, the head reserves four starts and sleeps to its first,
+            queued = [asyncio.ensure_future(limiter.acquire()) for _ in range(5)]
+            # Once the sleeper is done, the head reserves six starts and sleeps to its first,
             # 204 ms on: watched for, not waited out, so a loaded host's late wake-up still
             # finds them (a fixed 140 ms wait once looked too early beside the whole suite).
             for _ in range(200):
                 if limiter._ready:
                     break
                 await asyncio.sleep(0.005)
-            assert len(limiter._ready) == 3, "the scenario did not leave three reserved"
+            assert len(limiter._ready) == 5, "the scenario did not leave five reserved"
             for waiter in queued:
                 waiter.cancel()
             await asyncio.gather(*queued, return_exceptions=True)
@@ -908,15 +908,16 @@ def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_u
                 starts.append(clock.monotonic())
 
             async with asyncio.TaskGroup() as group:
-                for _ in range(3):
+                for _ in range(5):
                     group.create_task(one())
             return sorted(starts)
         finally:
             await limiter.aclose()
 
     starts = run(scenario())
-    # Three fresh starts reserved one interval (204 ms) apart, not three stale ones at once
-    # (a spread near 0). A loaded host may start the first late, never a later one early:
-    # beside the chaos run in CI the first came 30 ms late and the spread was 172 ms at 10/s,
-    # so the bound is one interval, which a burst cannot reach.
-    assert starts[-1] - starts[0] >= 0.204, starts
+    # Five fresh starts reserved one interval (204 ms) apart span four intervals. A loaded
+    # host may start the first late (up to an interval, or it is skipped), never a later one
+    # early, so the bound is three. Stale starts taken at once span two at most: with the
+    # stale ones dropped only when a wake-up is late (one skipped, the next taken), every
+    # second one still went out at once.
+    assert starts[-1] - starts[0] >= 3 * 0.204, starts
