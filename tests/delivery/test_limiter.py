@@ -643,6 +643,49 @@ def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
     assert third - first >= 2 * interval_us - 1
 
 
+def test_a_late_start_is_still_moved_after_the_round_trip_that_carried_it_failed(
+    limiter_redis_url, redis_account
+):
+    """The round trip that would move a late start to when it began fails in Redis (the
+    starts key holds the wrong type, so the script stops before writing anything). The
+    correction waits for the next reservation, which applies it; nothing raises but the
+    failed call."""
+    import redis
+
+    clock = _LateClock(0.08)
+    client = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=limiter_redis_url, account=redis_account, per_second=5, clock=clock
+        )
+        try:
+            await limiter.acquire()  # at once
+            await limiter.acquire()  # one interval later, slept 80 ms too long
+            key = limiter.starts_key
+            entries = client.zrange(key, 0, -1, withscores=True)
+            client.set(key, "not a sorted set")
+            with pytest.raises(redis.ResponseError, match="WRONGTYPE"):
+                await limiter.acquire()
+            client.delete(key)
+            client.zadd(key, dict(entries))
+            await limiter.acquire()  # carries the correction the failed call did not apply
+            return key, limiter.skipped
+        finally:
+            await limiter.aclose()
+
+    try:
+        key, skipped = run(scenario())
+        assert skipped == 0, "the host woke more than 124 ms late on top of the 80 ms"
+        entries = client.zrange(key, 0, -1, withscores=True)
+    finally:
+        client.close()
+    entries.sort(key=lambda entry: int(entry[0].split(b":")[1]))  # in reservation order
+    first, second = entries[0][1], entries[1][1]
+    interval_us = 1.02 / 5 * 1_000_000
+    assert second - first >= interval_us + 75_000, (first, second)
+
+
 class _LateOnceClock(SystemClock):
     """The system clock, but its first sleep of ``late_for`` or more ends ``late`` s late."""
 
