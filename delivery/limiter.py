@@ -391,13 +391,11 @@ class RedisRateLimiter:
         if seconds <= 0:
             return
         _, pause_script = self._scripts()
-        # Starts this process reserved ahead are dropped: the provider said slow down.
-        # Again after the pause is set: a reservation may have reached Redis first.
+        # Starts this process reserved ahead, or is being answered, are dropped: the provider
+        # said slow down.
         self._pauses += 1
         self._ready.clear()
         await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])
-        self._pauses += 1
-        self._ready.clear()
         logger.info("Rate limiter %s paused for %.3fs", self.account, seconds)
 
     async def aclose(self) -> None:

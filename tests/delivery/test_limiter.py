@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import re
 import socket
@@ -583,6 +584,69 @@ def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, r
     during = [moment for moment in starts[1:] if moment < 0.49]
     assert len(during) <= 1, starts
     assert sum(1 for moment in starts if moment >= 0.49) >= 2, starts
+
+
+@pytest.fixture
+def slow_redis_url(limiter_redis_url: str) -> Iterator[str]:
+    """A URL of the limiter's Redis behind a loopback proxy that holds every request 150 ms
+    (answers pass at once); requests sent on two connections reach Redis in the order sent."""
+    from urllib.parse import urlsplit
+
+    target = urlsplit(limiter_redis_url)
+    server = socket.create_server(("127.0.0.1", 0))
+    sockets: list[socket.socket] = [server]
+
+    def pump(source: socket.socket, sink: socket.socket, delay: float) -> None:
+        with contextlib.suppress(OSError):
+            while data := source.recv(65536):
+                SystemClock().sleep_blocking(delay)
+                sink.sendall(data)
+        with contextlib.suppress(OSError):
+            sink.shutdown(socket.SHUT_WR)
+
+    def serve() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                client, _ = server.accept()
+                upstream = socket.create_connection((target.hostname, target.port or 6379))
+                sockets.extend((client, upstream))
+                for source, sink, delay in ((client, upstream, 0.15), (upstream, client, 0.0)):
+                    threading.Thread(target=pump, args=(source, sink, delay), daemon=True).start()
+
+    threading.Thread(target=serve, daemon=True).start()
+    yield f"redis://127.0.0.1:{server.getsockname()[1]}{target.path}"
+    for each in sockets:
+        each.close()
+
+
+def test_a_reservation_answered_after_a_429_starts_nothing_before_the_pause_ends(
+    slow_redis_url, redis_account
+):
+    """The provider's 429 comes while this process's reservation is on its way: Redis grants
+    it before the pause arrives, so only the process can know to drop it. Its caller starts
+    when the pause ends, not when the answer comes (about 100 ms after the 429)."""
+    clock = SystemClock()
+
+    async def scenario():
+        limiter = RedisRateLimiter(
+            url=slow_redis_url, account=redis_account, per_second=10, clock=clock
+        )
+        try:
+            # Loads both scripts and opens two connections, one for each of the calls below
+            # (a new connection's handshake would pass through the proxy's delay too).
+            await asyncio.gather(limiter.acquire(), limiter.pause(0.001))
+            await asyncio.sleep(0.2)
+            waiter = asyncio.ensure_future(limiter.acquire())
+            await asyncio.sleep(0.05)  # the request is in the proxy, reaching Redis at +150 ms
+            paused_at = clock.monotonic()
+            await limiter.pause(1.0)  # reaches Redis at about +200 ms, after the reservation
+            await waiter
+            return clock.monotonic() - paused_at
+        finally:
+            await limiter.aclose()
+
+    waited = run(scenario())
+    assert waited >= 0.95, f"started {waited:.3f} s after the 429, inside its 1 s pause"
 
 
 class _LateClock(SystemClock):
