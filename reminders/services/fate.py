@@ -194,10 +194,13 @@ def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str 
     """
     table = connection.ops.quote_name(Reminder._meta.db_table)
     # Row by row by primary key, in the array's order: a plain WHERE lets the planner scan an
-    # index of ``where`` instead, every open row, while the statistics lag a large plan.
+    # index of ``where`` instead, every open row, while the statistics lag a large plan. Inside
+    # ``IS TRUE``, no index matches ``where``: stats of a table vacuumed nearly empty made the
+    # planner prefer ``text_id IS NULL``'s index to the primary key (3,003 rows for 4).
     sql = (
         f"SELECT r.id FROM unnest(%s::bigint[]) WITH ORDINALITY AS v(id, n) CROSS JOIN LATERAL "
-        f"(SELECT id FROM {table} WHERE id = v.id AND {where} FOR {mode}) r ORDER BY v.n"
+        f"(SELECT id FROM {table} WHERE id = v.id AND ({where}) IS TRUE FOR {mode}) r "
+        "ORDER BY v.n"
     )
     return sql, [array_literal(sorted(set(ids)), "bigint"), *params]
 

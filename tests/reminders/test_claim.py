@@ -138,7 +138,34 @@ def test_a_claim_right_after_a_large_plan_reads_its_chunk_not_every_open_row(
     (284,950 rows thrown away for a chunk of 100, 60 ms), and the texts' lock and UPDATE each
     read every row without a text (3,000 for a chunk of 4): per chunk, so smtp's chunks of 4
     paid it 750 times for 3,000 reminders."""
-    ids = due_reminders(3000, per_workshop=100)
+    _assert_the_claim_reads_its_chunk(due_reminders(3000, per_workshop=100), clock, chunk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_claim_after_a_large_plan_into_a_table_vacuumed_empty_reads_its_chunk(
+    clock, due_reminders
+):
+    """100,000 rows gone (rolled back here; a purge would do the same), then VACUUM: the
+    table counts as empty, its indexes keep their size, the primary key's much larger than
+    ``text_id``'s, where the NULLs of rows without a text share entries. Filled by a plan
+    before the next ANALYZE, the texts' lock took ``text_id``'s index for the primary key:
+    3,003 rows thrown away for a chunk of 4."""
+    table = connection.ops.quote_name(Reminder._meta.db_table)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(
+            f"INSERT INTO {table} (key, status, status_reason, attempts, last_error, channel, "
+            "provider_message_id, created_at, updated_at, attendee_id, enrollment_id, "
+            "workshop_id, maybe_sent, told_cancelled, told_join_url, told_location, "
+            "told_revision) SELECT 'gone-' || g, 'sent', '', 0, '', 'http', '', now(), now(), "
+            "g, g, g, false, false, '', '', 0 FROM generate_series(1, 100000) g"
+        )  # foreign keys are checked at commit, which never comes
+        transaction.set_rollback(True)
+    with connection.cursor() as cursor:
+        cursor.execute(f"VACUUM {table}")
+    _assert_the_claim_reads_its_chunk(due_reminders(3000, per_workshop=100), clock, 4)
+
+
+def _assert_the_claim_reads_its_chunk(ids: list[int], clock, chunk: int) -> None:
     reminder_claim_batch(ids=ids[:chunk], channel="http", clock=clock)  # stores the text
     statements = []
     taken, probed = ids[chunk : 2 * chunk], ids[2 * chunk : 3 * chunk]
