@@ -80,7 +80,7 @@ bench: venv
 	$(PY) -m bench.delivery
 
 # Mutation testing of the claim, record, reap, expire/dispatch, fate, deadline policy,
-# engine deadline/drain, limiters and gate (not in CI; see docs/benchmarks.md).
+# engine deadline/drain, limiters, gate and claim watch (not in CI; see docs/benchmarks.md).
 # MUTATE_ARGS="gate policy" runs a subset.
 mutate: venv
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=$(TEST_SECRET_KEY) \

@@ -140,6 +140,12 @@ MODULES = [
         "delivery/gate.py",
         _d("test_gate.py", "test_mutants.py"),
     ),
+    Module(
+        "watch",
+        "reminders/services/watch.py",
+        _r("test_bridge.py", "test_claim.py", "test_claim_sql.py", "test_record_sqlite.py")
+        + _r("test_pipeline.py", "test_mutants.py"),
+    ),
 ]
 BY_KEY = {module.key: module for module in MODULES}
 

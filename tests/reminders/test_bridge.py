@@ -325,3 +325,35 @@ def test_the_claim_watch_withdraws_a_message_whose_place_link_or_organiser_chang
     watch.refresh()
     changed = "workshop changed after the message was rendered"
     assert [watch.gate.withdrawn(pk) for pk in ids] == [changed, changed]
+
+
+def test_the_claim_watch_withdraws_each_changed_row_with_its_own_reason(clock, due_reminders):
+    """The reason is what a withdrawn call's attempt says to staff. A workshop changed and
+    changed back before the read shows what was rendered: its call still goes."""
+    from reminders.models import Reminder
+    from reminders.services import reminder_claim_batch
+    from reminders.services.watch import ClaimWatch
+    from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
+
+    ids = due_reminders(6, per_workshop=1)
+    claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+    cancelled, unenrolled, lost, deleted, restored, untouched = claim.reminders
+    watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+    workshop_cancel(workshop=cancelled.workshop, clock=clock)
+    enrollment_cancel(enrollment=unenrolled.enrollment, clock=clock)
+    Reminder.objects.filter(pk=lost.pk).update(
+        status=Reminder.Status.PENDING, claim_token=None, lease_expires_at=None
+    )
+    Reminder.objects.filter(pk=deleted.pk).delete()
+    title = restored.workshop.title
+    workshop_update(workshop=restored.workshop, title="Moved elsewhere")
+    workshop_update(workshop=restored.workshop, title=title)
+    watch.refresh()
+    assert {pk: watch.gate.withdrawn(pk) for pk in ids} == {
+        cancelled.pk: "workshop cancelled",
+        unenrolled.pk: "enrollment cancelled",
+        lost.pk: "the claim was lost (lease expired)",
+        deleted.pk: "the reminder no longer exists",
+        restored.pk: None,
+        untouched.pk: None,
+    }
