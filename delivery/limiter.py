@@ -391,8 +391,8 @@ class RedisRateLimiter:
         if seconds <= 0:
             return
         _, pause_script = self._scripts()
-        # Starts this process reserved ahead, or is being answered, are dropped: the provider
-        # said slow down.
+        # The provider said slow down: drop the starts reserved ahead; a reservation still on
+        # its way sees ``_pauses`` move and drops its own.
         self._pauses += 1
         self._ready.clear()
         await pause_script(keys=[self.pause_key], args=[round(seconds * 1_000_000)])

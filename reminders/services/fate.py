@@ -195,8 +195,8 @@ def lock_in_id_order(ids: Iterable[int], *, where: str, params: list, mode: str 
     table = connection.ops.quote_name(Reminder._meta.db_table)
     # Row by row by primary key, in the array's order: a plain WHERE lets the planner scan an
     # index of ``where`` instead, every open row, while the statistics lag a large plan. Inside
-    # ``IS TRUE``, no index matches ``where``: stats of a table vacuumed nearly empty made the
-    # planner prefer ``text_id IS NULL``'s index to the primary key (3,003 rows for 4).
+    # ``IS TRUE`` no index can serve ``where``, so none is taken for the primary key, however
+    # small (a table vacuumed empty keeps its indexes' sizes).
     sql = (
         f"SELECT r.id FROM unnest(%s::bigint[]) WITH ORDINALITY AS v(id, n) CROSS JOIN LATERAL "
         f"(SELECT id FROM {table} WHERE id = v.id AND ({where}) IS TRUE FOR {mode}) r "
