@@ -200,10 +200,10 @@ class StaffActionsMixin:
 
     def _decision(
         self, request, *, action, preview, run, skip_labels, effect_labels, title,
-        eligible_label, verb, explanation, done, done_skips=True,
+        eligible_label, verb, explanation, done,
     ):  # fmt: skip
         """Confirm a decision with a reason; ``done`` is its message, formatted with counts
-        and followed by the skips unless not ``done_skips``."""
+        and followed by the skips."""
         form = confirmed_form(request, ReasonForm)
         noun = self.model._meta.verbose_name
         not_found = f"{noun}s_not_found"
@@ -215,10 +215,10 @@ class StaffActionsMixin:
                 reminders=plural(result.reminders, "reminder"),
                 attendees=plural(result.reminders, "reminded attendee"),
             )
-            skipped = {**result.skipped, **missing} if done_skips else {}
             self.message_user(
                 request,
-                f"{text} The decision is recorded." + skipped_text(skipped, skip_labels),
+                f"{text} The decision is recorded."
+                + skipped_text({**result.skipped, **missing}, skip_labels),
                 messages.SUCCESS if result.changed else messages.WARNING,
             )
             return None

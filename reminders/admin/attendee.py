@@ -63,6 +63,4 @@ class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             "errors and staff notes that quote them are cleaned. Reminder rows stay, so "
             "nothing already sent is sent again; history keeps counts and ids only.",
             done="Erased the personal data of {changed}; {reminders} cancelled.",
-            # The message names what was erased, not the attendees skipped.
-            done_skips=False,
         )

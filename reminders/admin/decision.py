@@ -36,6 +36,7 @@ DECISION_SKIPS = {
     **WORKSHOP_SKIP_LABELS,
     "already_erased": "already erased",
     "already_lifted": "already lifted",
+    "attendees_not_found": "selected attendees no longer exist",
 }
 
 

@@ -141,11 +141,9 @@ def test_the_admin_erases_only_with_the_permission_after_a_confirmation_with_a_r
     assert NAME not in client.get(url).content.decode()
 
 
-def test_the_erase_page_counts_the_already_erased_and_the_message_names_only_the_erased(
-    ada, eraser, login
-):
-    """Ticked attendees already erased are a skipped row on the page (ids gone meanwhile are
-    not); the message says what was erased, a warning when nothing was."""
+def test_the_erase_page_and_message_count_the_already_erased_and_the_ids_gone(ada, eraser, login):
+    """Ticked attendees already erased, and ids gone meanwhile, are skipped rows on the page
+    and in the message, as in every decision; a warning when nothing was erased."""
     attendee, *_ = ada
     old = Attendee.objects.create(name="Old Timer", email="old@example.org")
     attendees_erase(attendees=Attendee.objects.filter(pk=old.pk), reason="r", actor=eraser)
@@ -154,15 +152,22 @@ def test_the_erase_page_counts_the_already_erased_and_the_message_names_only_the
     data = {"action": "erase_selected", "_selected_action": ticked, "select_across": "0"}
     client = login(eraser)
     page = client.post(url, {**data, "index": "0"})
-    assert page.context["skipped_rows"] == [("already erased", 1)]
+    assert page.context["skipped_rows"] == [
+        ("already erased", 1),
+        ("selected attendees no longer exist", 1),
+    ]
     assert page.context["submit_label"] == "Yes, erase 1 attendee"
-    for expected, level in (
-        ("Erased the personal data of 1 attendee; 1 reminder cancelled.", "success"),
-        ("Erased the personal data of 0 attendees; 0 reminders cancelled.", "warning"),
-    ):
+    for expected, skipped, level in (
+        ("Erased the personal data of 1 attendee; 1 reminder cancelled.", "1 already erased", "success"),
+        ("Erased the personal data of 0 attendees; 0 reminders cancelled.", "2 already erased", "warning"),
+    ):  # fmt: skip
         done = client.post(url, {**data, "post": "yes", "reason": "GDPR request"}, follow=True)
         assert [(str(m), m.level_tag) for m in done.context["messages"]] == [
-            (f"{expected} The decision is recorded.", level)
+            (
+                f"{expected} The decision is recorded. Skipped: {skipped}, "
+                "1 selected attendees no longer exist.",
+                level,
+            )
         ]
 
 
