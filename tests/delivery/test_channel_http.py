@@ -163,10 +163,12 @@ def test_a_slow_provider_call_times_out_while_the_rest_of_the_batch_is_sent(
 def test_a_lost_answer_is_retried_with_the_same_key_and_the_provider_sends_once(
     http_sink, system_clock, make_real_envelope
 ):
-    """The provider accepted the first request but answered too late; the retry is a duplicate."""
+    """The provider accepted the first request but answered too late; the retry is a duplicate.
+
+    The retry's 1 s leaves a loaded host room for a new connection's round trip."""
     envelope = make_real_envelope()
-    http_sink.slow(envelope.key, 1.0)
-    policy = DeliveryLimits(call_timeout=0.2, max_attempts=3, backoff_base=0.01)
+    http_sink.slow(envelope.key, 4.0)
+    policy = DeliveryLimits(call_timeout=1.0, max_attempts=3, backoff_base=0.01)
 
     [result] = run(
         deliver([envelope], channel_for(http_sink, system_clock), policy=policy, clock=system_clock)

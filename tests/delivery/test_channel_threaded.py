@@ -21,13 +21,17 @@ def test_blocking_sends_run_in_threads_within_the_concurrency_limit(
     lock = threading.Lock()
     running = 0
     peak = 0
+    # Four at a time meet here, however late a loaded host starts their threads: fewer
+    # break it (a failed send), more show in the peak.
+    together = threading.Barrier(4)
 
     def send(envelope):
         nonlocal running, peak
         with lock:
             running += 1
             peak = max(peak, running)
-        system_clock.sleep_blocking(0.05)
+        together.wait(10)
+        system_clock.sleep_blocking(0.05)  # still running when a fifth would start
         with lock:
             running -= 1
         return f"django-{envelope.reminder_id}"
@@ -146,9 +150,8 @@ def test_a_send_that_ends_after_its_timeout_is_only_logged(
     system_clock, make_real_envelope, caplog
 ):
     """The result came too late for the batch, which counts it maybe delivered; the log says."""
-    channel = ThreadedChannel(
-        "django-mail", lambda envelope: system_clock.sleep_blocking(0.3) or "id-7"
-    )
+    answer = threading.Event()  # the send answers only once the batch has timed it out
+    channel = ThreadedChannel("django-mail", lambda envelope: answer.wait(10) and "id-7")
 
     async def scenario():
         results = await deliver(
@@ -157,6 +160,7 @@ def test_a_send_that_ends_after_its_timeout_is_only_logged(
             policy=DeliveryLimits(call_timeout=0.1),
             clock=system_clock,
         )
+        answer.set()
         # The loop stays open until the late result is reported (or 5 s pass).
         deadline = system_clock.monotonic() + 5.0
         while "finished late" not in caplog.text and system_clock.monotonic() < deadline:

@@ -160,9 +160,11 @@ def test_redis_limiter_shares_one_window_between_event_loops_in_two_threads(
                 per_second=10,
                 window=0.25,
                 # What the margin is for: starts are counted here when acquire
-                # returns, and on two cores shared with two other test runs a
-                # wake-up can come 10 ms late (it did once in CI, 11 in a window).
-                margin=0.05,
+                # returns, and on two cores shared with two other test runs one
+                # thread's loop can get its reservation's answer 100 ms late while
+                # the other's starts run on time (11 in a window at 0.05; two
+                # unshared windows still show 14 at 0.15).
+                margin=0.15,
                 clock=clock,
             )
             try:
@@ -209,8 +211,9 @@ def test_a_redis_pause_set_by_one_worker_holds_back_another(limiter_redis_url, r
             url=limiter_redis_url, account=redis_account, per_second=100, clock=clock
         )
         try:
-            await first.pause(0.3)
+            # Before the pause is sent: a reply that comes back late cannot shorten the wait.
             began = clock.monotonic()
+            await first.pause(0.3)
             await second.acquire()
             return clock.monotonic() - began
         finally:
@@ -504,15 +507,16 @@ def test_a_chunks_callers_started_together_share_one_round_trip(limiter_redis_ur
 def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
     limiter_redis_url, redis_account
 ):
-    """Four callers queue at 10/s; the first reserves, in one round trip, starts at 0,
-    102, 204 and 306 ms for itself and the three queued behind it. The third caller's
-    deadline is 150 ms away, before the 204 ms start: it is refused when its turn comes,
-    and the fourth caller takes that start."""
+    """Four callers queue at 2/s; the first reserves, in one round trip, starts at 0,
+    510, 1020 and 1530 ms for itself and the three queued behind it. The third caller's
+    deadline is 750 ms away, before the 1020 ms start: it is refused when its turn comes,
+    and the fourth caller takes that start. (At 10/s, a host waking the second caller
+    50 ms late let the third's deadline pass while it still waited in the queue.)"""
     clock = SystemClock()
 
     async def scenario():
         limiter = RedisRateLimiter(
-            url=limiter_redis_url, account=redis_account, per_second=10, clock=clock
+            url=limiter_redis_url, account=redis_account, per_second=2, clock=clock
         )
         ended: dict[str, float] = {}
 
@@ -525,13 +529,13 @@ def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
 
         try:
             await limiter.acquire()  # take the window's first start
-            await asyncio.sleep(0.11)  # let the spread schedule come back to now
+            await asyncio.sleep(0.52)  # let the spread schedule come back to now
             count = _count_round_trips(limiter)
             began = clock.monotonic()
             async with asyncio.TaskGroup() as group:
                 group.create_task(caller("first"))
                 group.create_task(caller("second"))
-                group.create_task(caller("hurried", clock.now() + timedelta(seconds=0.15)))
+                group.create_task(caller("hurried", clock.now() + timedelta(seconds=0.75)))
                 group.create_task(caller("fourth"))
             return ended, count[0]
         finally:
@@ -542,11 +546,11 @@ def test_a_reserved_start_after_a_callers_deadline_goes_to_the_next_caller(
     # The slots are counted from the first start, which a loaded host may make tens of
     # ms late (the reservation's round trip); the others are judged from it.
     first = ended["first"]
-    assert 0 <= first < 0.15, ended
-    assert 0.09 < ended["second"] - first < 0.15, ended
-    assert -0.15 < ended["hurried"] < 0, ended
-    # The hurried caller's 204 ms slot, not the 306 ms one that was the fourth's.
-    assert 0.19 < ended["fourth"] - first < 0.29, ended
+    assert 0 <= first < 0.4, ended
+    assert 0.45 < ended["second"] - first < 0.75, ended
+    assert -0.75 < ended["hurried"] < 0, ended
+    # The hurried caller's 1020 ms slot, not the 1530 ms one that was the fourth's.
+    assert 0.97 < ended["fourth"] - first < 1.5, ended
 
 
 def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, redis_account):
@@ -588,7 +592,7 @@ def test_a_429_drops_the_starts_this_process_reserved_ahead(limiter_redis_url, r
 
 @pytest.fixture
 def slow_redis_url(limiter_redis_url: str) -> Iterator[str]:
-    """A URL of the limiter's Redis behind a loopback proxy that holds every request 150 ms
+    """A URL of the limiter's Redis behind a loopback proxy that holds every request 400 ms
     (answers pass at once); requests sent on two connections reach Redis in the order sent."""
     from urllib.parse import urlsplit
 
@@ -610,7 +614,7 @@ def slow_redis_url(limiter_redis_url: str) -> Iterator[str]:
                 client, _ = server.accept()
                 upstream = socket.create_connection((target.hostname, target.port or 6379))
                 sockets.extend((client, upstream))
-                for source, sink, delay in ((client, upstream, 0.15), (upstream, client, 0.0)):
+                for source, sink, delay in ((client, upstream, 0.4), (upstream, client, 0.0)):
                     threading.Thread(target=pump, args=(source, sink, delay), daemon=True).start()
 
     threading.Thread(target=serve, daemon=True).start()
@@ -624,7 +628,8 @@ def test_a_reservation_answered_after_a_429_starts_nothing_before_the_pause_ends
 ):
     """The provider's 429 comes while this process's reservation is on its way: Redis grants
     it before the pause arrives, so only the process can know to drop it. Its caller starts
-    when the pause ends, not when the answer comes (about 100 ms after the 429)."""
+    when the pause ends, not when the answer comes (about 350 ms after the 429; only a
+    loop woken that late for the 429 could let the answer come first)."""
     clock = SystemClock()
 
     async def scenario():
@@ -637,9 +642,9 @@ def test_a_reservation_answered_after_a_429_starts_nothing_before_the_pause_ends
             await asyncio.gather(limiter.acquire(), limiter.pause(0.001))
             await asyncio.sleep(0.2)
             waiter = asyncio.ensure_future(limiter.acquire())
-            await asyncio.sleep(0.05)  # the request is in the proxy, reaching Redis at +150 ms
+            await asyncio.sleep(0.05)  # the request is in the proxy, reaching Redis at +400 ms
             paused_at = clock.monotonic()
-            await limiter.pause(1.0)  # reaches Redis at about +200 ms, after the reservation
+            await limiter.pause(1.0)  # reaches Redis at about +450 ms, after the reservation
             await waiter
             return clock.monotonic() - paused_at
         finally:
@@ -663,23 +668,25 @@ class _LateClock(SystemClock):
 def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
     limiter_redis_url, redis_account
 ):
-    """A reserved start whose process woke 80 ms late is moved in Redis's log to when it
+    """A reserved start whose process woke 300 ms late is moved in Redis's log to when it
     really began, with the next call; so the window other workers see holds it there.
 
-    At 2/s (510 ms apart) the 80 ms leave a loaded host 430 ms before the start would be
-    skipped as stale (beside the chaos run, CI once woke one over 124 ms late at 5/s); and
-    where it began is what the test measured, not a fixed figure."""
+    At 2 per 2 s (1,010 ms apart; the log keeps the first start through the third's
+    reservation) the 300 ms leave a loaded host 710 ms before the start would be skipped
+    as stale (beside the chaos run, CI once woke one over 124 ms late at 5/s); and where it
+    began is what the test measured, not a fixed figure, within 200 ms: the two
+    reservations' answers may come back that far apart in lateness."""
     import redis
 
-    clock = _LateClock(0.08)
+    clock = _LateClock(0.3)
 
     async def scenario():
         limiter = RedisRateLimiter(
-            url=limiter_redis_url, account=redis_account, per_second=2, clock=clock
+            url=limiter_redis_url, account=redis_account, per_second=2, window=2, clock=clock
         )
         began: list[float] = []
         try:
-            for _ in range(3):  # at once; one interval later, slept 80 ms too long; reports it
+            for _ in range(3):  # at once; one interval later, slept 300 ms too long; reports it
                 await limiter.acquire()
                 began.append(clock.monotonic())
             return limiter.starts_key, began, limiter.skipped  # aclose() resets skipped
@@ -687,7 +694,7 @@ def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
             await limiter.aclose()
 
     key, began, skipped = run(scenario())
-    assert skipped == 0, "the host woke more than 430 ms late on top of the 80 ms"
+    assert skipped == 0, "the host woke more than 710 ms late on top of the 300 ms"
     client = redis.Redis.from_url(limiter_redis_url, socket_timeout=2)
     try:
         entries = client.zrange(key, 0, -1, withscores=True)
@@ -697,12 +704,13 @@ def test_a_start_the_host_made_late_counts_in_the_window_when_it_happened(
         first, second, third = [score for _, score in entries]
     finally:
         client.close()
-    interval_us = 1.02 / 2 * 1_000_000
-    # The second was reserved one interval after the first and began >= 80 ms later ...
-    assert second - first >= interval_us + 75_000, (first, second)
-    # ... where it really began, as this process saw it (50 ms for the round trips).
+    interval_us = 2.02 / 2 * 1_000_000
+    # The second was reserved one interval after the first and began >= 300 ms later ...
+    assert second - first >= interval_us + 295_000, (first, second)
+    # ... where it really began, as this process saw it (200 ms for the round trips, less
+    # than the lateness it would miss or count twice).
     measured = (began[1] - began[0]) * 1_000_000
-    assert abs((second - first) - measured) < 50_000, (first, second, measured)
+    assert abs((second - first) - measured) < 200_000, (first, second, measured)
     # The third was reserved one interval after the second's reserved slot.
     assert third - first >= 2 * interval_us - 1
 
@@ -820,11 +828,13 @@ def test_a_start_woken_more_than_an_interval_late_is_not_made_and_reserved_again
     # second slot (2) is given up and taken again after the other's (3). A loaded host
     # can only make a start later than its slot, never earlier, so the slots, not the
     # gaps between the starts as made, are what the limiter promises (seen in CI: the
-    # other's second start 63 ms late, 454 ms before the late caller's).
+    # other's second start 63 ms late, 454 ms before the late caller's). Within 0.3 of an
+    # interval: the first start, the origin, may itself be 150 ms late; a late start made
+    # instead of skipped sits at 3.47, below its slot's 3.7.
     slots = [(name, round((moment - first) / 0.51, 2)) for name, moment in made]
     assert [name for name, _ in made] == ["late", "other", "other", "late"], starts
     assert all(
-        position >= slot - 0.1 for (_, position), slot in zip(slots, (0, 1, 3, 4), strict=True)
+        position >= slot - 0.3 for (_, position), slot in zip(slots, (0, 1, 3, 4), strict=True)
     ), slots
     assert skipped == (1, 0)
 
@@ -958,14 +968,14 @@ def test_a_caller_with_a_deadline_gets_a_start_that_comes_before_it(
             async with asyncio.TaskGroup() as group:
                 for _ in range(5):
                     group.create_task(
-                        limiter.acquire(deadline_at=clock.now() + timedelta(seconds=0.5))
+                        limiter.acquire(deadline_at=clock.now() + timedelta(seconds=0.9))
                     )
             return clock.monotonic() - began
         finally:
             await limiter.aclose()
 
-    # Five starts 10.2 ms apart, none refused.
-    assert run(scenario()) < 0.3
+    # Five starts 10.2 ms apart, none refused; a loaded host may wake for them late.
+    assert run(scenario()) < 0.5
 
 
 @pytest.mark.parametrize("block", [0, -1, 1.5, "8"])
@@ -1002,7 +1012,8 @@ def test_reserved_starts_left_unused_never_fire_later_in_a_burst(limiter_redis_u
                 if limiter._ready:
                     break
                 await asyncio.sleep(0.005)
-            assert len(limiter._ready) == 5, "the scenario did not leave five reserved"
+            # (Six if the sleeper woke an interval late and skipped its start.)
+            assert len(limiter._ready) == 5 + limiter.skipped, "not the reserved starts meant"
             for waiter in queued:
                 waiter.cancel()
             await asyncio.gather(*queued, return_exceptions=True)

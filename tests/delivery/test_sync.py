@@ -63,7 +63,16 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
         return channel
 
     stop = threading.Event()
-    timer = threading.Timer(0.2, stop.set)
+
+    def stop_once_the_calls_began() -> None:
+        """A loaded host may start the calls late: stop only when all three began."""
+        until = system_clock.monotonic() + 10
+        while not (channels and len(channels[0].calls) == 3) and system_clock.monotonic() < until:
+            system_clock.sleep_blocking(0.01)
+        system_clock.sleep_blocking(0.1)
+        stop.set()
+
+    timer = threading.Thread(target=stop_once_the_calls_began)
     timer.start()
     began = system_clock.monotonic()
     try:
@@ -76,15 +85,15 @@ def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(
                 stop=stop,
             )
     finally:
-        timer.cancel()
+        timer.join()
     elapsed = system_clock.monotonic() - began
 
     assert [r.outcome for r in results] == [Outcome.SENT, Outcome.CANCELLED, Outcome.SENT]
     assert results[1].error == "stopped (stop signal) while call 1 was in flight"
     assert channels[0].calls_for(envelopes[1].key)[0].outcome == "cancelled"
-    # Ended by the stop at 0.2 s, not by the 30 s call timeout (half of it is a bound no
-    # loaded runner comes near).
-    assert 0.2 <= elapsed < 30 / 2
+    # Ended by the stop 0.1 s after the calls began, not by the 30 s call timeout (half of
+    # it is a bound no loaded runner comes near).
+    assert 0.1 <= elapsed < 30 / 2
     assert "left" not in caplog.text  # the leftover-task guard found nothing
 
 
