@@ -146,6 +146,18 @@ MODULES = [
         _r("test_bridge.py", "test_claim.py", "test_claim_sql.py", "test_record_sqlite.py")
         + _r("test_pipeline.py", "test_mutants.py"),
     ),
+    Module(
+        "settle",
+        "reminders/services/settle.py",
+        _r("test_fate.py", "test_dispatch.py", "test_pipeline.py", "test_plan.py")
+        + _r("test_mutants.py")
+        + ("tests/admin/test_workshop_decisions.py", "tests/integration/test_one_truth.py"),
+    ),
+    Module(
+        "hedge",
+        "delivery/hedge.py",
+        _d("test_hedge.py", "test_channel_http.py", "test_gate.py", "test_mutants.py"),
+    ),
 ]
 BY_KEY = {module.key: module for module in MODULES}
 

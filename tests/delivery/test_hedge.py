@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from delivery import (
@@ -78,6 +80,78 @@ def test_when_every_endpoint_refuses_permanently_the_failure_is_permanent(
         run(hedged_send(envelope, [a, b], clock=fake_clock))
 
 
+@pytest.mark.parametrize(
+    ("second", "reached", "maybe_delivered"),
+    [
+        (TransientError("connection refused", reached=False), False, False),
+        (TransientError("HTTP 503"), True, False),
+        (TransientError("timed out after the request was sent", maybe_delivered=True), True, True),
+        (RuntimeError("a bug in the channel"), True, True),  # unknown: assume the worst
+    ],
+)
+def test_a_hedge_that_failed_everywhere_was_reached_and_maybe_delivered_if_one_endpoint_was(
+    second, reached, maybe_delivered, fake_clock, make_envelope
+):
+    """What the record makes of the failure (retry, ``failed`` or ``unknown``) rests on these."""
+    a, b = channels(fake_clock, 0.1, 0.2)
+    envelope = make_envelope()
+    a.fail(envelope.key, TransientError("connection refused", reached=False))
+    b.fail(envelope.key, second)
+
+    with pytest.raises(HedgeTransientError) as caught:
+        run(hedged_send(envelope, [a, b], clock=fake_clock))
+
+    assert (caught.value.reached, caught.value.maybe_delivered) == (reached, maybe_delivered)
+
+
+@pytest.mark.parametrize("reached", [False, True])
+def test_a_hedge_refused_everywhere_was_reached_if_one_endpoint_was(
+    reached, fake_clock, make_envelope
+):
+    a, b = channels(fake_clock, 0.1, 0.2)
+    envelope = make_envelope()
+    a.fail(envelope.key, PermanentError("no route", reached=False))
+    b.fail(envelope.key, PermanentError("422 bad address", reached=reached))
+
+    with pytest.raises(HedgePermanentError) as caught:
+        run(hedged_send(envelope, [a, b], clock=fake_clock))
+
+    assert (caught.value.reached, caught.value.maybe_delivered) == (reached, False)
+
+
+class _Waiting:
+    """A keyed channel whose send yields ``spins`` times, then waits for ``go``."""
+
+    honours_idempotency_keys = True
+
+    def __init__(self, name: str, go: asyncio.Event, spins: int) -> None:
+        self.name, self.go, self.spins = name, go, spins
+
+    async def send(self, envelope) -> str:
+        for _ in range(self.spins):
+            await asyncio.sleep(0)
+        await self.go.wait()
+        return f"{self.name}-1"
+
+
+def test_two_endpoints_accepting_in_the_same_loop_turn_return_the_first_listed(make_envelope):
+    """b waits for the answer before a does, so b's task finishes first in the turn both
+    wake in; the id returned is still a's, whatever order the wins are gathered in."""
+    from clock import SystemClock
+
+    async def scenario():
+        go = asyncio.Event()
+        a, b = _Waiting("a", go, spins=3), _Waiting("b", go, spins=0)
+        sending = asyncio.ensure_future(hedged_send(make_envelope(), [a, b], clock=SystemClock()))
+        for _ in range(10):
+            await asyncio.sleep(0)
+        assert len(go._waiters) == 2, "the two sends are not both waiting"
+        go.set()
+        return await sending
+
+    assert run(scenario()) == "a-1"
+
+
 def test_hedging_is_refused_unless_every_channel_honours_idempotency_keys(
     fake_clock, make_envelope
 ):
@@ -93,12 +167,12 @@ def test_hedging_is_refused_unless_every_channel_honours_idempotency_keys(
 
 
 def test_a_stagger_sends_the_hedge_only_when_the_first_is_slow(fake_clock, make_envelope):
-    """With a 2 s stagger, b starts at 2 s (a is slow) and wins at 3 s."""
+    """With the default 0.5 s stagger, b starts at 0.5 s (a is slow) and wins at 1.5 s."""
     a, b = channels(fake_clock, 5.0, 1.0)
 
-    assert run(hedged_send(make_envelope(), [a, b], clock=fake_clock, stagger=2.0)) == "b-1"
-    assert [call.started_at for call in a.calls + b.calls] == [0.0, 2.0]
-    assert fake_clock.monotonic() == 3.0
+    assert run(hedged_send(make_envelope(), [a, b], clock=fake_clock, stagger=0.5)) == "b-1"
+    assert [call.started_at for call in a.calls + b.calls] == [0.0, 0.5]
+    assert fake_clock.monotonic() == 1.5
 
 
 def test_a_stagger_is_cut_short_when_the_first_endpoint_fails(fake_clock, make_envelope):

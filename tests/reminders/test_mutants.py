@@ -520,6 +520,101 @@ def test_the_settle_says_why_each_late_reminder_was_missed(clock, due_reminders)
     assert rows[on_time].status == "pending"
 
 
+def _one_row_per_workshop(due_reminders, count: int) -> list[Reminder]:
+    """``count`` pending reminders, each of a workshop of its own starting in 2 h."""
+    ids = [due_reminders(1)[0] for _ in range(count)]
+    return [Reminder.objects.select_related("workshop", "enrollment").get(pk=pk) for pk in ids]
+
+
+@pytest.mark.django_db
+def test_the_settle_applies_each_rule_counts_it_and_closes_the_rows_bookkeeping(
+    clock, due_reminders
+):
+    """One row per rule, each changed by a bulk update (no service, no signal); a sent row
+    whose reason says "workshop cancelled" is never reopened, whatever the reason says."""
+    from workshops.models import Enrollment, Workshop
+
+    rows = _one_row_per_workshop(due_reminders, 8)
+    off_workshop, off_enrollment, moved_in, back, re_enrolled, back_late, later, sent = rows
+    bookkeeping = {
+        "queued_until": clock.now() + timedelta(hours=1),
+        "next_attempt_at": clock.now() + timedelta(minutes=5),
+        "attempts": 2,
+    }
+    Reminder.objects.filter(pk__in=[r.pk for r in rows]).update(**bookkeeping)
+    cancelled = Workshop.Status.CANCELLED
+    Workshop.objects.filter(pk=off_workshop.workshop_id).update(status=cancelled)
+    Enrollment.objects.filter(pk=off_enrollment.enrollment_id).update(
+        status=Enrollment.Status.CANCELLED
+    )
+    inside_the_cutoff = clock.now() + timedelta(minutes=20)
+    Workshop.objects.filter(pk__in=[moved_in.workshop_id, back_late.workshop_id]).update(
+        starts_at=inside_the_cutoff
+    )
+    for row, reason in (
+        (back, reasons.WORKSHOP_CANCELLED),
+        (re_enrolled, reasons.ENROLLMENT_CANCELLED),
+        (back_late, reasons.WORKSHOP_CANCELLED),
+    ):
+        Reminder.objects.filter(pk=row.pk).update(status="cancelled", status_reason=reason)
+    Reminder.objects.filter(pk=later.pk).update(status="missed", status_reason="was late")
+    Reminder.objects.filter(pk=sent.pk).update(
+        status="sent", status_reason=reasons.WORKSHOP_CANCELLED
+    )
+    own = FakeClock(clock.now() + timedelta(seconds=7))
+
+    assert reminders_settle(clock=own) == {"cancelled": 2, "missed": 2, "reopened": 3}
+
+    found = {r.pk: r for r in Reminder.objects.all()}
+    expected = {
+        off_workshop.pk: ("cancelled", reasons.WORKSHOP_CANCELLED, 2),
+        off_enrollment.pk: ("cancelled", reasons.ENROLLMENT_CANCELLED, 2),
+        moved_in.pk: ("missed", reasons.LATE_AT_CLAIM, 2),
+        back.pk: ("pending", reasons.REINSTATED, 0),
+        re_enrolled.pk: ("pending", "", 0),
+        back_late.pk: ("missed", reasons.REINSTATED_LATE, 0),
+        later.pk: ("pending", reasons.MOVED_LATER, 2),
+        sent.pk: ("sent", reasons.WORKSHOP_CANCELLED, 2),
+    }
+    assert {pk: (r.status, r.status_reason, r.attempts) for pk, r in found.items()} == expected
+    for row in rows[:-1]:
+        changed = found[row.pk]
+        assert (changed.queued_until, changed.next_attempt_at) == (None, None), changed.pk
+        assert changed.updated_at == own.now(), changed.pk
+    assert found[sent.pk].queued_until == bookkeeping["queued_until"]
+
+
+@pytest.mark.django_db
+def test_a_scoped_settle_changes_only_its_scope_and_reads_it_whatever_its_age(clock, due_reminders):
+    """A staff change settles its workshop's rows, however old; the scan's settle, unscoped,
+    looks a lead either side of now, so a row of a workshop long over stays as it ended."""
+    from django.db.models import Q
+
+    from workshops.models import Workshop
+
+    old, other, old_unscoped = _one_row_per_workshop(due_reminders, 3)
+    Reminder.objects.filter(pk__in=[old.pk, old_unscoped.pk]).update(
+        status="cancelled", status_reason=reasons.WORKSHOP_CANCELLED
+    )
+    Workshop.objects.filter(pk=other.workshop_id).update(status=Workshop.Status.CANCELLED)
+    clock.advance(timedelta(days=3).total_seconds())  # both old workshops ended two days ago
+
+    assert reminders_settle(clock=clock, scope=Q(workshop=old.workshop_id)) == {
+        "cancelled": 0,
+        "missed": 1,
+        "reopened": 0,
+    }
+    assert reminders_settle(clock=clock, scope=Q(workshop=old.workshop_id))["missed"] == 0
+    found = {r.pk: (r.status, r.status_reason) for r in Reminder.objects.all()}
+    assert found[old.pk] == ("missed", reasons.REINSTATED_LATE)
+    assert found[other.pk] == ("pending", "")  # not in the scope: left to its own settle
+    assert found[old_unscoped.pk] == ("cancelled", reasons.WORKSHOP_CANCELLED)
+
+    reminders_settle(clock=clock)
+    found = {r.pk: (r.status, r.status_reason) for r in Reminder.objects.all()}
+    assert found[old_unscoped.pk] == ("cancelled", reasons.WORKSHOP_CANCELLED)
+
+
 def _recorder():
     sent: list[list[int]] = []
 
