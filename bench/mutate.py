@@ -154,6 +154,12 @@ MODULES = [
         + ("tests/admin/test_workshop_decisions.py", "tests/integration/test_one_truth.py"),
     ),
     Module(
+        "plan",
+        "reminders/services/plan.py",
+        _r("test_plan.py", "test_dispatch.py", "test_fate.py", "test_mutants.py")
+        + ("tests/integration/test_one_truth.py",),
+    ),
+    Module(
         "hedge",
         "delivery/hedge.py",
         _d("test_hedge.py", "test_channel_http.py", "test_gate.py", "test_mutants.py"),

@@ -117,3 +117,77 @@ def test_moving_a_workshop_inside_the_cutoff_marks_reminders_missed(clock, make_
     assert set(Reminder.objects.values_list("status", "status_reason")) == {
         ("missed", "workshop moved inside the cutoff")
     }
+
+
+def _unplanned_enrollment(make_workshop, make_attendee, *, starts_in=timedelta(hours=3)):
+    """An enrollment inserted without the service (no signal): no reminder until a scan."""
+    workshop = make_workshop(starts_in=starts_in)
+    return Enrollment.objects.create(attendee=make_attendee(), workshop=workshop)
+
+
+def test_a_staff_change_settles_and_plans_only_its_own_rows(
+    clock, make_workshop, make_attendee, enrol
+):
+    """Settled and planned in the staff member's transaction, which holds the row locks it
+    takes until it commits: a change to one workshop or enrollment must not lock, settle or
+    plan any other's rows (those wait for the scan), and an edit that moves nothing plans
+    nothing."""
+    from workshops.services import enrollment_create
+
+    edited = make_workshop(starts_in=timedelta(hours=3))
+    [mine] = enrol(edited)
+    elsewhere = make_workshop(starts_in=timedelta(hours=3))
+    enrol(elsewhere)
+    Workshop.objects.filter(pk=elsewhere.pk).update(status=Workshop.Status.CANCELLED)
+    unplanned = _unplanned_enrollment(make_workshop, make_attendee)
+
+    with CaptureQueriesContext(connection) as queries:
+        workshop_update(workshop=edited, title="A new title")
+    assert not [q for q in queries if q["sql"].startswith("INSERT INTO")], "a title edit planned"
+    later = timedelta(hours=1)
+    workshop_update(
+        workshop=edited, starts_at=edited.starts_at + later, ends_at=edited.ends_at + later
+    )
+    enrollment_cancel(enrollment=mine)
+    enrollment_create(attendee=make_attendee(), workshop=edited)
+
+    assert Reminder.objects.get(workshop=elsewhere).status == "pending"  # left to the scan
+    assert not Reminder.objects.filter(enrollment=unplanned).exists()
+    planned = Reminder.objects.get(workshop=edited, status="pending")
+    assert (planned.attempts, planned.channel, planned.provider_message_id) == (0, "", "")
+
+
+def test_a_workshop_moved_into_the_lead_plans_its_active_enrollments_at_once(
+    clock, make_workshop, make_attendee, enrol
+):
+    workshop = make_workshop(starts_in=timedelta(hours=30))  # beyond the 24 h lead
+    active, cancelled = enrol(workshop, count=2)
+    enrollment_cancel(enrollment=cancelled)
+    assert not Reminder.objects.exists()
+
+    workshop_update(workshop=workshop, starts_at=clock.now() + timedelta(hours=3))
+
+    assert list(Reminder.objects.values_list("enrollment", "status")) == [(active.pk, "pending")]
+
+
+def test_a_cancelled_workshop_gets_no_new_reminder(clock, make_workshop, make_attendee):
+    """Its enrollment has none yet (inserted without the service); the cancel's plan skips it."""
+    enrollment = _unplanned_enrollment(make_workshop, make_attendee)
+
+    workshop_cancel(workshop=enrollment.workshop)
+
+    assert not Reminder.objects.exists()
+
+
+def test_an_edit_that_does_not_move_the_start_says_why_a_late_row_was_missed(
+    clock, make_workshop, enrol
+):
+    """The start was moved inside the cutoff by a bulk update, not by this edit: the row is
+    missed for its own reason, not "moved inside the cutoff"."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop)
+    Workshop.objects.filter(pk=workshop.pk).update(starts_at=clock.now() + timedelta(minutes=20))
+
+    workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), title="A new title")
+
+    assert Reminder.objects.get().status_reason == reasons.LATE_AT_CLAIM
