@@ -138,27 +138,23 @@ def reminders_plan(
     return created
 
 
-def reminders_follow_workshop(
-    *, workshop: Workshop, changed: frozenset[str], clock: Clock | None = None
-) -> None:
+def reminders_follow_workshop(*, workshop: Workshop, changed: frozenset[str]) -> None:
     """Bring a workshop's unsent reminders in line with its new state, in its transaction."""
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
-    reminders_settle(clock=clock, scope=Q(workshop=workshop), late_reason=late_reason)
+    reminders_settle(scope=Q(workshop=workshop), late_reason=late_reason)
     if changed & {"starts_at", "created", "status"}:
-        reminders_plan(clock=clock, enrollments=Enrollment.objects.filter(workshop=workshop))
+        reminders_plan(enrollments=Enrollment.objects.filter(workshop=workshop))
 
 
-def reminders_follow_enrollment(*, enrollment: Enrollment, clock: Clock | None = None) -> None:
+def reminders_follow_enrollment(*, enrollment: Enrollment) -> None:
     """Cancel, revive or plan the reminder of one enrollment, inside its transaction."""
-    reminders_settle(clock=clock, scope=Q(enrollment=enrollment))
+    reminders_settle(scope=Q(enrollment=enrollment))
     if enrollment.status == Enrollment.Status.ACTIVE:
-        reminders_plan_enrollments(ids=[enrollment.pk], clock=clock)
+        reminders_plan_enrollments(ids=[enrollment.pk])
 
 
-def reminders_plan_enrollments(*, ids: list[int], clock: Clock | None = None) -> int:
+def reminders_plan_enrollments(*, ids: list[int]) -> int:
     """Plan the reminders of enrollments just created together, inside their transaction."""
     return reminders_plan(
-        clock=clock,
-        enrollments=Enrollment.objects.filter(pk__in=ids),
-        late_reason=reasons.ENROLLED_LATE,
+        enrollments=Enrollment.objects.filter(pk__in=ids), late_reason=reasons.ENROLLED_LATE
     )
