@@ -208,6 +208,10 @@ def _run_one(module: Module, max_children: int) -> dict:
     # call it, within this module's selection only.
     for stale in ("mutmut-stats.json",):
         (MUTANTS / stale).unlink(missing_ok=True)
+    # A module new to only_mutate was copied unmutated, and mutmut keeps a copy no older than
+    # its source: without the copy, mutmut mutates it afresh.
+    if not (MUTANTS / f"{module.path}.meta").exists():
+        (MUTANTS / module.path).unlink(missing_ok=True)
     started = time.monotonic()  # noqa: TID251 - a benchmark's own wall time
     done = subprocess.run(
         [sys.executable, "-m", "bench.mutate", "--child", module.key, "-j", str(max_children)],
