@@ -79,9 +79,9 @@ test-chaos: venv
 bench: venv
 	$(PY) -m bench.delivery
 
-# Mutation testing of the claim, record, reap, expire/dispatch, fate, deadline policy,
-# engine deadline/drain, limiters, gate and claim watch (not in CI; see docs/benchmarks.md).
-# MUTATE_ARGS="gate policy" runs a subset.
+# Mutation testing of the code that holds the promise, module by module (not in CI; the map:
+# .venv/bin/python -m bench.mutate --list; see docs/benchmarks.md). MUTATE_ARGS="gate policy"
+# runs a subset.
 mutate: venv
 	DATABASE_URL=$(TEST_DATABASE_URL) CELERY_BROKER_URL=$(TEST_REDIS_URL) SECRET_KEY=$(TEST_SECRET_KEY) \
 	REMINDERS_VAR_DIR=$(MUTATE_VAR_DIR) \
