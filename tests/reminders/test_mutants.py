@@ -26,6 +26,7 @@ from reminders.services import (
 )
 from reminders.services.fate import Fate, Source, reminder_fate
 from reminders.services.record import Verdict, reminder_verdict, retry_delay
+from tests.support.races import held_rows
 
 NOW = datetime(2026, 3, 2, 9, 0, tzinfo=UTC)
 
@@ -613,6 +614,25 @@ def test_a_scoped_settle_changes_only_its_scope_and_reads_it_whatever_its_age(cl
     reminders_settle(clock=clock)
     found = {r.pk: (r.status, r.status_reason) for r in Reminder.objects.all()}
     assert found[old_unscoped.pk] == ("cancelled", reasons.WORKSHOP_CANCELLED)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_scans_settle_locks_reminder_rows_only_so_a_held_workshop_hides_none_of_them(
+    clock, due_reminders
+):
+    """A staff edit in progress holds its workshop's row; the scan's skip-locked chunk still
+    settles that workshop's reminders (were the workshop locked too, it would skip them)."""
+    from workshops.models import Workshop
+
+    (row,) = _one_row_per_workshop(due_reminders, 1)
+    Workshop.objects.filter(pk=row.workshop_id).update(status=Workshop.Status.CANCELLED)
+
+    with held_rows(Workshop.objects.filter(pk=row.workshop_id)) as still_held:
+        counts = reminders_settle(clock=clock)
+        assert still_held()
+
+    assert counts["cancelled"] == 1
+    assert Reminder.objects.get(pk=row.pk).status_reason == reasons.WORKSHOP_CANCELLED
 
 
 def _recorder():
