@@ -142,7 +142,7 @@ def reminders_follow_workshop(*, workshop: Workshop, changed: frozenset[str]) ->
     """Bring a workshop's unsent reminders in line with its new state, in its transaction."""
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
     reminders_settle(scope=Q(workshop=workshop), late_reason=late_reason)
-    if changed & {"starts_at", "created", "status"}:
+    if changed & {"starts_at", "status"}:
         reminders_plan(enrollments=Enrollment.objects.filter(workshop=workshop))
 
 

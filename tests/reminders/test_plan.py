@@ -9,7 +9,12 @@ from django.test.utils import CaptureQueriesContext
 from reminders.models import Reminder
 from reminders.services import reasons, reminders_plan
 from workshops.models import Enrollment, Workshop
-from workshops.services import enrollment_cancel, workshop_cancel, workshop_update
+from workshops.services import (
+    enrollment_cancel,
+    workshop_cancel,
+    workshop_reinstate,
+    workshop_update,
+)
 
 pytestmark = pytest.mark.django_db
 
@@ -178,6 +183,21 @@ def test_a_cancelled_workshop_gets_no_new_reminder(clock, make_workshop, make_at
     workshop_cancel(workshop=enrollment.workshop)
 
     assert not Reminder.objects.exists()
+
+
+def test_a_reinstated_workshop_plans_at_once_what_came_while_it_was_cancelled(
+    clock, make_workshop, make_attendee
+):
+    """An enrollment loaded while the workshop was cancelled gets its reminder as the
+    reinstatement commits, not at the next scan."""
+    enrollment = _unplanned_enrollment(make_workshop, make_attendee)
+    workshop_cancel(workshop=enrollment.workshop)
+
+    workshop_reinstate(workshop=Workshop.objects.get(pk=enrollment.workshop_id))
+
+    assert list(Reminder.objects.values_list("enrollment", "status")) == [
+        (enrollment.pk, "pending")
+    ]
 
 
 def test_an_edit_that_does_not_move_the_start_says_why_a_late_row_was_missed(
