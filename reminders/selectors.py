@@ -100,11 +100,8 @@ def _selection_preview(
         **{reason: Count("pk", filter=rule) for reason, rule in skipped.items()},
     )
     selected, eligible = counts.pop("selected"), counts.pop("eligible")
-    return SelectionPreview(
-        selected=selected,
-        eligible=eligible,
-        skipped={reason: count for reason, count in counts.items() if count},
-    )
+    skipped = {reason: count for reason, count in counts.items() if count}
+    return SelectionPreview(selected, eligible, skipped)
 
 
 def reminder_replay_preview(

@@ -40,8 +40,7 @@ def trace_lines(reminder: Reminder) -> list[str]:
             f"window opens {_utc(reminder.window_opens_at)}, deadline {_utc(reminder.deadline_at)}",
         )
     ]
-    attempts = DeliveryAttempt.objects.filter(reminder=reminder).order_by("number", "pk")
-    for attempt in attempts:
+    for attempt in DeliveryAttempt.objects.filter(reminder=reminder).order_by("number", "pk"):
         events.append(
             (
                 attempt.claimed_at,

@@ -200,8 +200,7 @@ def _beat_series():
     seconds = 0.0
     if row and row["enabled"] and row["interval__every"]:
         # As django-celery-beat's IntervalSchedule.schedule reads it.
-        period = timedelta(**{row["interval__period"]: row["interval__every"]})
-        seconds = period.total_seconds()
+        seconds = timedelta(**{row["interval__period"]: row["interval__every"]}).total_seconds()
     yield GaugeMetricFamily(
         "reminders_scan_interval_seconds",
         "How often beat publishes the scan (0 when the schedule is missing or disabled)",

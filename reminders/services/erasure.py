@@ -44,11 +44,6 @@ ERASURE_EFFECT_LABELS = {
 }
 
 
-def erased_email() -> str:
-    """Return a placeholder nobody can guess and so create first (the admin refuses .invalid)."""
-    return f"erased-{secrets.token_hex(12)}@erased.invalid"
-
-
 def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> DecisionPreview:
     """Count the attendees an erasure would change, their active enrollments and reminders."""
     selection = selection_of(attendees)
@@ -151,8 +146,10 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
             Reminder: list(mine.values_list("pk", flat=True)),
         },
     )
+    # An address nobody can guess and so create first (the admin refuses .invalid).
+    email = f"erased-{secrets.token_hex(12)}@erased.invalid"
     Attendee.objects.filter(pk=attendee.pk).update(
-        name=ERASED_NAME, email=erased_email(), timezone="", erased_at=now
+        name=ERASED_NAME, email=email, timezone="", erased_at=now
     )
     return sorted(
         Reminder.objects.filter(pk__in=open_before, status=Reminder.Status.CANCELLED).values_list(
