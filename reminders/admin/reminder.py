@@ -264,8 +264,7 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Scheduler health",
-            "subtitle": None,
-            "opts": self.model._meta,
+            "opts": self.opts,
             "health": health,
             "rows": rows,
             "stale_after_seconds": int(health.stale_after.total_seconds()),

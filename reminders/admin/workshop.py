@@ -301,8 +301,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": f"Preview of the {'change notice' if notice else 'reminder'} for "
             f"{workshop.title}",
-            "subtitle": None,
-            "opts": self.model._meta,
+            "opts": self.opts,
             "original": workshop,
             "notice": notice,
             "enrolled": enrolled,
