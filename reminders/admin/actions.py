@@ -85,12 +85,7 @@ class StaffActionsMixin:
         return request.user.has_perm("reminders.replay_reminder")
 
     def changelist_view(self, request, extra_context=None):
-        if request.method == "POST":
-            self._refuse_forbidden_action(request)
-        return super().changelist_view(request, extra_context)
-
-    def _refuse_forbidden_action(self, request) -> None:
-        """Answer a forged POST naming a forbidden action with 403, not "No action selected."."""
+        # A forged POST naming a forbidden action gets 403, not "No action selected.".
         for name in request.POST.getlist("action"):
             func = getattr(self, name, None) if name in (self.actions or ()) else None
             needed = getattr(func, "allowed_permissions", ())
@@ -98,6 +93,7 @@ class StaffActionsMixin:
                 getattr(self, f"has_{permission}_permission")(request) for permission in needed
             ):
                 raise PermissionDenied
+        return super().changelist_view(request, extra_context)
 
     def response_action(self, request, queryset):
         invalid = [
@@ -136,13 +132,10 @@ class StaffActionsMixin:
 
     def _confirmation_page(self, request, template: str, *, form, **context) -> TemplateResponse:
         """Render admin/reminders/``template``; its form posts the selection back, confirmed."""
-        opts = self.model._meta
         context = {
             **self.admin_site.each_context(request),
-            "subtitle": None,
-            "opts": opts,
-            "app_label": opts.app_label,
-            "noun": opts.verbose_name,
+            "opts": self.opts,
+            "noun": self.opts.verbose_name,
             "media": self.media + form.media,
             "form": form,
             "action_checkbox_name": helpers.ACTION_CHECKBOX_NAME,
@@ -157,10 +150,7 @@ class StaffActionsMixin:
         self, request, form_class, *, reminders, preview, run, message, submit_label,
         missing=None, **page,
     ):  # fmt: skip
-        """Preview an action on ``reminders``, or run it once confirmed with the form's fields.
-
-        ``submit_label`` gets the eligible count in its ``{}``; ``missing=None``: ticked ids.
-        """
+        """Preview an action on ``reminders``, or run it once confirmed with the form's fields."""
         form = confirmed_form(request, form_class)
         if not form.is_valid():
             counted = preview(reminders=reminders)
@@ -205,7 +195,7 @@ class StaffActionsMixin:
         """Confirm a decision with a reason; ``done`` is its message, formatted with counts
         and followed by the skips."""
         form = confirmed_form(request, ReasonForm)
-        noun = self.model._meta.verbose_name
+        noun = self.opts.verbose_name
         not_found = f"{noun}s_not_found"
         if form.is_valid():
             result = run(reason=form.cleaned_data["reason"], actor=request.user)

@@ -8,7 +8,7 @@ from django.contrib import admin
 
 
 class ViewOnlyMixin:
-    """Rows staff read and never add, change or delete: the services write them."""
+    """Rows the services write and staff only read (Django shows every field read-only)."""
 
     def has_add_permission(self, request, obj=None) -> bool:
         return False

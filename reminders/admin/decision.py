@@ -66,7 +66,6 @@ class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
         "attendees_changed",
         "enrollments_changed",
     )
-    readonly_fields = fields
     created_at_utc = utc_column("created_at", "Decided")
     reminders_changed = ids_column(Reminder, "Reminders changed")
     workshops_changed = ids_column(Workshop, "Workshops changed")

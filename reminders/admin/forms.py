@@ -249,7 +249,6 @@ class ReplayForm(forms.Form):
 
 class ResolveUnknownForm(forms.Form):
     decision = forms.ChoiceField(
-        label="Decision",
         choices=[
             (StaffDecision.Action.MARK_SENT, "Mark as sent: the attendee received it"),
             (
@@ -261,7 +260,6 @@ class ResolveUnknownForm(forms.Form):
         error_messages={"required": "Choose 'mark as sent' or 'send again'."},
     )
     reason = forms.CharField(
-        label="Reason",
         max_length=REASON_MAX_LENGTH,
         widget=forms.Textarea(attrs={"rows": 3, "cols": 60}),
         help_text="Recorded with the decision, e.g. 'provider log shows it was delivered'.",

@@ -44,7 +44,7 @@ class DeliveryAttemptInline(ViewOnlyMixin, admin.TabularInline):
         "error",
         "provider_message_id",
     )
-    readonly_fields = fields
+    readonly_fields = fields  # a view-only inline still builds a form of its fields
     ordering = ("number",)
     claimed_at_utc = utc_column("claimed_at", "Claimed")
     finished_at_utc = utc_column("finished_at", "Finished")
@@ -155,7 +155,6 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
         ("Message", {"fields": ("frozen_text", "message")}),
         ("Timeline", {"fields": ("timeline",)}),
     )
-    readonly_fields = tuple(name for _, options in fieldsets for name in options["fields"])
 
     @admin.display(description="Text")
     def frozen_text(self, obj: Reminder) -> str:
@@ -264,8 +263,7 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
         context = {
             **self.admin_site.each_context(request),
             "title": "Scheduler health",
-            "subtitle": None,
-            "opts": self.model._meta,
+            "opts": self.opts,
             "health": health,
             "rows": rows,
             "stale_after_seconds": int(health.stale_after.total_seconds()),

@@ -46,10 +46,7 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False  # lifting keeps the history
 
-    def has_lift_permission(self, request) -> bool:
-        return request.user.has_perm("reminders.change_suppression")
-
-    @admin.action(description="Lift selected suppressions", permissions=["lift"])
+    @admin.action(description="Lift selected suppressions", permissions=["change"])
     def lift_selected(self, request, queryset):
         """Preview, ask for a reason, then let reminders go to these addresses again."""
         form = confirmed_form(request, ReasonForm)
@@ -71,7 +68,6 @@ class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
             "workshop_decision_confirmation.html",
             title="Lift the selected suppressions",
             action="lift_selected",
-            noun="suppression",
             explanation="Reminders to these addresses are sent again from the next one on; "
             "reminders already failed as suppressed stay failed (replay them if they still "
             "have time). If the provider bounces an address again, it is suppressed again.",

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from functools import partial
 
@@ -301,8 +302,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             **self.admin_site.each_context(request),
             "title": f"Preview of the {'change notice' if notice else 'reminder'} for "
             f"{workshop.title}",
-            "subtitle": None,
-            "opts": self.model._meta,
+            "opts": self.opts,
             "original": workshop,
             "notice": notice,
             "enrolled": enrolled,
@@ -326,6 +326,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
         if not request.user.has_perm("reminders.send_test_reminder"):
             raise PermissionDenied
         wanted = request.POST.get("attendee", "")
+        token = request.POST.get("request_token", "")
         back = reverse("admin:workshops_workshop_preview", args=[workshop.pk])
         notice = request.POST.get("message") == "notice"
         pk = id_from_text(wanted)
@@ -340,7 +341,8 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
                 workshop=workshop,
                 attendee=attendee,
                 actor=request.user,
-                request_token=_request_token(request.POST.get("request_token", "")),
+                # The preview form's one-time token; a malformed one counts as none.
+                request_token=token if re.fullmatch("[0-9a-f]{32}", token) else None,
                 notice=notice,
             )
         except ValidationError as error:
@@ -471,8 +473,3 @@ def _revision_says(revision, zone) -> str:
 def _minutes(wait) -> str:
     minutes = round(wait.total_seconds() / 60)
     return plural(minutes, "minute") if minutes else "a few seconds"
-
-
-def _request_token(value: str) -> str | None:
-    """The preview form's one-time token, or None for a post without a well-formed one."""
-    return value if len(value) == 32 and all(c in "0123456789abcdef" for c in value) else None
