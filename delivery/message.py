@@ -155,9 +155,7 @@ def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Mess
     if len(alternatives) > 1:
         body = _multipart("alternative", alternatives, f"{boundary}.a")
     if envelope.attachments:
-        parts = [body]
-        for attachment in envelope.attachments:
-            parts.append(_attachment_part(attachment))
+        parts = [body, *map(_attachment_part, envelope.attachments)]
         body = _multipart("mixed", parts, f"{boundary}.m")
     text = CRLF.join(headers) + CRLF + body
     return Message(data=text.encode("ascii"), recipient=recipient)
@@ -269,11 +267,9 @@ def _text_part(subtype: str, text: str, boundary: str) -> str:
         encoding, written = "7bit", body.decode("ascii")
     elif len(body.translate(None, _ASCII_BYTES)) * 6 > len(body):
         # Past one non-ASCII byte in six, base64 is shorter than quoted-printable.
-        encoding = "base64"
-        written = base64.encodebytes(body).decode("ascii").replace("\n", CRLF)
+        encoding, written = "base64", _base64(body)
     else:
-        encoding = "quoted-printable"
-        written = _quoted_printable(body)
+        encoding, written = "quoted-printable", _quoted_printable(body)
     return (
         f'Content-Type: text/{subtype}; charset="utf-8"{CRLF}'
         f"Content-Transfer-Encoding: {encoding}{CRLF}{CRLF}{written}"
@@ -304,22 +300,25 @@ def calendar_of(envelope: Envelope):
     return next((a for a in envelope.attachments if a.content_type == "text/calendar"), None)
 
 
+def _base64(data: bytes) -> str:
+    """Return ``data`` base64 encoded in lines of 76 characters, each ending in CRLF."""
+    return base64.encodebytes(data).decode("ascii").replace("\n", CRLF)
+
+
 def _calendar_part(content: bytes, method: str) -> str:
-    data = base64.encodebytes(content).decode("ascii").replace("\n", CRLF)
     return (
         f'Content-Type: text/calendar; charset="utf-8"; method={method}{CRLF}'
-        f"Content-Transfer-Encoding: base64{CRLF}{CRLF}{data}"
+        f"Content-Transfer-Encoding: base64{CRLF}{CRLF}{_base64(content)}"
     )
 
 
 def _attachment_part(attachment) -> str:
     filename = clean_header_text(attachment.filename)
     disposition = f'attachment; filename="{filename}"'
-    content = base64.encodebytes(attachment.content).decode("ascii").replace("\n", CRLF)
     return (
         f"Content-Type: {attachment.content_type}{CRLF}"
         f"Content-Transfer-Encoding: base64{CRLF}"
-        f"{_header('Content-Disposition', disposition)}{CRLF}{CRLF}{content}"
+        f"{_header('Content-Disposition', disposition)}{CRLF}{CRLF}{_base64(attachment.content)}"
     )
 
 
