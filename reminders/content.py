@@ -601,10 +601,8 @@ def list_id() -> str:
     return f"Workshop reminders <reminders.{sender_domain()}>"
 
 
-@functools.lru_cache(maxsize=8)
-def _mailbox(value: str) -> tuple[str, str]:
-    # Parsed once per value: parseaddr took a fifth of rendering a reminder.
-    return parseaddr(value)
+# Parsed once per value: parseaddr took a fifth of rendering a reminder.
+_mailbox = functools.lru_cache(maxsize=8)(parseaddr)
 
 
 def calendar_uid(key: str) -> str:
