@@ -651,11 +651,9 @@ def event_ics(
     if not address or not _deliverable(address):
         # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
         name, address = _mailbox(settings.DEFAULT_FROM_EMAIL)
-    cn = _ics_param(name)
-    lines.append(f"ORGANIZER{f';CN={cn}' if cn else ''}:mailto:{address}")
+    lines.append(f"ORGANIZER{_ics_cn(name)}:mailto:{address}")
     if attendee is not None:
-        cn = _ics_param(attendee[0])
-        lines.append(f"ATTENDEE{f';CN={cn}' if cn else ''}:mailto:{attendee[1]}")
+        lines.append(f"ATTENDEE{_ics_cn(attendee[0])}:mailto:{attendee[1]}")
     lines += ["END:VEVENT", "END:VCALENDAR"]
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
 
@@ -678,10 +676,10 @@ def _ics_text(value: str) -> str:
     return _ICS_CONTROLS.sub("", _ICS_BREAKS.sub("\\\\n", value))
 
 
-def _ics_param(value: str) -> str:
-    """Return text as a quoted iCalendar parameter value (RFC 5545, 3.2): no quotes, one line."""
+def _ics_cn(value: str) -> str:
+    """Return a name as a quoted CN parameter (RFC 5545, 3.2): no quotes, one line; '' if blank."""
     text = _ICS_CONTROLS.sub("", _ICS_BREAKS.sub(" ", value)).replace('"', "'").strip()
-    return f'"{text}"' if text else ""
+    return f';CN="{text}"' if text else ""
 
 
 def _fold(line: str) -> str:
