@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -218,17 +219,11 @@ def _unstructured(text: str) -> str:
     if not _needs_encoding(text):
         return text
     out: list[str] = []
-    run: list[str] = []
-    for word in text.split(" "):
-        if _needs_encoding(word):
-            run.append(word)
-            continue
-        if run:
-            out.extend(_encoded_words(" ".join(run)))
-            run = []
-        out.append(word)
-    if run:
-        out.extend(_encoded_words(" ".join(run)))
+    for encode, words in itertools.groupby(text.split(" "), key=_needs_encoding):
+        if encode:
+            out.extend(_encoded_words(" ".join(words)))
+        else:
+            out.extend(words)
     return " ".join(out)
 
 
