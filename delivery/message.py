@@ -200,8 +200,7 @@ def _encoded_words(text: str) -> list[str]:
             size = len(chunk.encode("utf-8"))
         chunk += character
         size += width
-    if chunk:
-        words.append(_encoded_word(chunk.encode("utf-8")))
+    words.append(_encoded_word(chunk.encode("utf-8")))
     return words
 
 
