@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import itertools
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -115,8 +116,7 @@ def _date(date: datetime) -> str:
 def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Message:
     """Return the email for ``envelope``.
 
-    Raise ``PermanentError(reached=False)`` for a recipient not writable in
-    ASCII (no SMTPUTF8).
+    Raise ``PermanentError(reached=False)`` for a recipient not writable in ASCII (no SMTPUTF8).
     """
     recipient = _ascii_address(envelope.recipient)
     if recipient is None:
@@ -155,9 +155,7 @@ def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Mess
     if len(alternatives) > 1:
         body = _multipart("alternative", alternatives, f"{boundary}.a")
     if envelope.attachments:
-        parts = [body]
-        for attachment in envelope.attachments:
-            parts.append(_attachment_part(attachment))
+        parts = [body, *map(_attachment_part, envelope.attachments)]
         body = _multipart("mixed", parts, f"{boundary}.m")
     text = CRLF.join(headers) + CRLF + body
     return Message(data=text.encode("ascii"), recipient=recipient)
@@ -202,8 +200,7 @@ def _encoded_words(text: str) -> list[str]:
             size = len(chunk.encode("utf-8"))
         chunk += character
         size += width
-    if chunk:
-        words.append(_encoded_word(chunk.encode("utf-8")))
+    words.append(_encoded_word(chunk.encode("utf-8")))
     return words
 
 
@@ -221,17 +218,11 @@ def _unstructured(text: str) -> str:
     if not _needs_encoding(text):
         return text
     out: list[str] = []
-    run: list[str] = []
-    for word in text.split(" "):
-        if _needs_encoding(word):
-            run.append(word)
-            continue
-        if run:
-            out.extend(_encoded_words(" ".join(run)))
-            run = []
-        out.append(word)
-    if run:
-        out.extend(_encoded_words(" ".join(run)))
+    for encode, words in itertools.groupby(text.split(" "), key=_needs_encoding):
+        if encode:
+            out.extend(_encoded_words(" ".join(words)))
+        else:
+            out.extend(words)
     return " ".join(out)
 
 
@@ -269,11 +260,9 @@ def _text_part(subtype: str, text: str, boundary: str) -> str:
         encoding, written = "7bit", body.decode("ascii")
     elif len(body.translate(None, _ASCII_BYTES)) * 6 > len(body):
         # Past one non-ASCII byte in six, base64 is shorter than quoted-printable.
-        encoding = "base64"
-        written = base64.encodebytes(body).decode("ascii").replace("\n", CRLF)
+        encoding, written = "base64", _base64(body)
     else:
-        encoding = "quoted-printable"
-        written = _quoted_printable(body)
+        encoding, written = "quoted-printable", _quoted_printable(body)
     return (
         f'Content-Type: text/{subtype}; charset="utf-8"{CRLF}'
         f"Content-Transfer-Encoding: {encoding}{CRLF}{CRLF}{written}"
@@ -304,22 +293,25 @@ def calendar_of(envelope: Envelope):
     return next((a for a in envelope.attachments if a.content_type == "text/calendar"), None)
 
 
+def _base64(data: bytes) -> str:
+    """Return ``data`` base64 encoded in lines of 76 characters, each ending in CRLF."""
+    return base64.encodebytes(data).decode("ascii").replace("\n", CRLF)
+
+
 def _calendar_part(content: bytes, method: str) -> str:
-    data = base64.encodebytes(content).decode("ascii").replace("\n", CRLF)
     return (
         f'Content-Type: text/calendar; charset="utf-8"; method={method}{CRLF}'
-        f"Content-Transfer-Encoding: base64{CRLF}{CRLF}{data}"
+        f"Content-Transfer-Encoding: base64{CRLF}{CRLF}{_base64(content)}"
     )
 
 
 def _attachment_part(attachment) -> str:
     filename = clean_header_text(attachment.filename)
     disposition = f'attachment; filename="{filename}"'
-    content = base64.encodebytes(attachment.content).decode("ascii").replace("\n", CRLF)
     return (
         f"Content-Type: {attachment.content_type}{CRLF}"
         f"Content-Transfer-Encoding: base64{CRLF}"
-        f"{_header('Content-Disposition', disposition)}{CRLF}{CRLF}{content}"
+        f"{_header('Content-Disposition', disposition)}{CRLF}{CRLF}{_base64(attachment.content)}"
     )
 
 

@@ -32,7 +32,7 @@ def redact_url(url: str) -> str:
             else:
                 # A lone user info may be a token (https://TOKEN@host).
                 netloc = f"{MASK}@{netloc}" if user else f":{MASK}@{netloc}"
-        query = _QUERY_VALUE.sub(f"={MASK}", parts.query) if parts.query else ""
+        query = _QUERY_VALUE.sub(f"={MASK}", parts.query)
         if parts.query and "=" not in parts.query:
             query = MASK
         return urlunsplit(SplitResult(parts.scheme, netloc, parts.path, query, ""))

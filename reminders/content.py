@@ -346,6 +346,7 @@ def _html(language: str, paragraphs: str) -> str:
 
 
 def _organiser_line(values: dict[str, str], *, html: bool) -> str:
+    """Return the organiser's name and address, or '' when the workshop names neither."""
     name, email = values["organiser"], values["organiser_email"]
     if html:
         name, email = (_bdi(name) if name else ""), _escape(email)
@@ -358,8 +359,7 @@ def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     """Return a reminder's plain text part: the filled intro, then the fixed lines."""
     label = words.labels
     lines = [fill(text.intro, values), "", *_fact_lines(values, label, elsewhere)]
-    if values["organiser"] or values["organiser_email"]:
-        who = _organiser_line(values, html=False)
+    if who := _organiser_line(values, html=False):
         lines.append(f"{label['organiser']} {who} ({label['reply']})")
     lines += ["", label["calendar"]]
     if values["attendance_url"]:
@@ -380,8 +380,7 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
         details.append(f"<strong>{label['where']}</strong> {_bdi(values['location'])}")
     if values["join_url"]:
         details.append(f"<strong>{label['join']}</strong> {_link(values['join_url'])}")
-    if values["organiser"] or values["organiser_email"]:
-        who = _organiser_line(values, html=True)
+    if who := _organiser_line(values, html=True):
         details.append(f"<strong>{label['organiser']}</strong> {who} ({label['reply']})")
     intro = fill(text.intro, values, literal=_escape, value=_bdi)
     paragraphs = [part for part in re.split(r"\n\s*\n", intro) if part.strip()]
@@ -547,7 +546,7 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
     attendance = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
     if attendance:
         lines += ["", f"{label['cant_attend']} {attendance}"]
-    paragraphs = "\n".join(lines).split("\n\n")
+    body = "\n".join(lines)
     method = "CANCEL" if cancelled else "PUBLISH"
     return _envelope(
         row=notice,
@@ -557,12 +556,12 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         zone=zone,
         text=text,
         values=values,
-        text_body=wrap_text("\n".join(lines) + "\n"),
+        text_body=wrap_text(body + "\n"),
         html_body=_html(
             text.language,
             "".join(
                 f"<p>{_escape(part).replace(chr(10), '<br>')}</p>\n"
-                for part in paragraphs
+                for part in body.split("\n\n")
                 if part.strip()
             ),
         ),
@@ -602,10 +601,8 @@ def list_id() -> str:
     return f"Workshop reminders <reminders.{sender_domain()}>"
 
 
-@functools.lru_cache(maxsize=8)
-def _mailbox(value: str) -> tuple[str, str]:
-    # Parsed once per value: parseaddr took a fifth of rendering a reminder.
-    return parseaddr(value)
+# Parsed once per value: parseaddr took a fifth of rendering a reminder.
+_mailbox = functools.lru_cache(maxsize=8)(parseaddr)
 
 
 def calendar_uid(key: str) -> str:
@@ -654,11 +651,9 @@ def event_ics(
     if not address or not _deliverable(address):
         # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
         name, address = _mailbox(settings.DEFAULT_FROM_EMAIL)
-    cn = _ics_param(name)
-    lines.append(f"ORGANIZER{f';CN={cn}' if cn else ''}:mailto:{address}")
+    lines.append(f"ORGANIZER{_ics_cn(name)}:mailto:{address}")
     if attendee is not None:
-        cn = _ics_param(attendee[0])
-        lines.append(f"ATTENDEE{f';CN={cn}' if cn else ''}:mailto:{attendee[1]}")
+        lines.append(f"ATTENDEE{_ics_cn(attendee[0])}:mailto:{attendee[1]}")
     lines += ["END:VEVENT", "END:VCALENDAR"]
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
 
@@ -681,10 +676,10 @@ def _ics_text(value: str) -> str:
     return _ICS_CONTROLS.sub("", _ICS_BREAKS.sub("\\\\n", value))
 
 
-def _ics_param(value: str) -> str:
-    """Return text as a quoted iCalendar parameter value (RFC 5545, 3.2): no quotes, one line."""
+def _ics_cn(value: str) -> str:
+    """Return a name as a quoted CN parameter (RFC 5545, 3.2): no quotes, one line; '' if blank."""
     text = _ICS_CONTROLS.sub("", _ICS_BREAKS.sub(" ", value)).replace('"', "'").strip()
-    return f'"{text}"' if text else ""
+    return f';CN="{text}"' if text else ""
 
 
 def _fold(line: str) -> str:

@@ -234,11 +234,9 @@ class _Pipeline(asyncio.Protocol):
         return self._replies.popleft()
 
     async def quit(self) -> None:
-        try:
+        with contextlib.suppress(_ReplyError):
             await self.write(b"QUIT\r\n", replies=1)
             await self.reply()
-        except _ReplyError:
-            pass
         self.close()
 
     def close(self) -> None:
