@@ -590,19 +590,18 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
     )
 
 
+# Parsed once per value: parseaddr took a fifth of rendering a reminder.
+_mailbox = functools.lru_cache(maxsize=8)(parseaddr)
+
+
 def sender_domain() -> str:
-    """Return the domain of DEFAULT_FROM_EMAIL (Message-IDs and the List-Id are under it)."""
-    address = settings.DEFAULT_FROM_EMAIL.rsplit("<", 1)[-1].rstrip(">").strip()
-    return address.rsplit("@", 1)[-1] or "localhost"
+    """Return the domain of DEFAULT_FROM_EMAIL (Message-IDs, DKIM and the List-Id are under it)."""
+    return _mailbox(settings.DEFAULT_FROM_EMAIL)[1].rpartition("@")[2] or "localhost"
 
 
 def list_id() -> str:
     """Return the List-Id every message carries: the sender's domain, under ``reminders.``."""
     return f"Workshop reminders <reminders.{sender_domain()}>"
-
-
-# Parsed once per value: parseaddr took a fifth of rendering a reminder.
-_mailbox = functools.lru_cache(maxsize=8)(parseaddr)
 
 
 def calendar_uid(key: str) -> str:

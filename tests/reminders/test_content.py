@@ -119,3 +119,26 @@ def test_the_http_body_carries_the_title_on_one_line_as_the_subject_does(reminde
     reminder.workshop.refresh_from_db()
     envelope = reminder_envelope(reminder=reminder)
     assert envelope.payload["workshop_title"] == "Kiln X-Injected: yes basics"
+
+
+@pytest.mark.parametrize(
+    "sender",
+    [
+        "reminders@example.org",
+        "Workshop Reminders <reminders@example.org>",
+        '"Reminders <fast>" <reminders@example.org>',
+        "reminders@example.org (Workshop Reminders)",
+    ],
+)
+def test_the_list_id_and_message_domain_come_from_the_sender_however_it_is_written(
+    reminder, settings, sender
+):
+    """Message-IDs, the default DKIM domain and the List-Id sit under the sender's domain."""
+    from reminders.content import sender_domain
+
+    settings.DEFAULT_FROM_EMAIL = sender
+
+    assert sender_domain() == "example.org"
+    assert reminder_envelope(reminder=reminder).list_id == (
+        "Workshop reminders <reminders.example.org>"
+    )
