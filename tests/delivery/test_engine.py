@@ -537,6 +537,43 @@ def test_a_deadline_reached_while_waiting_for_the_limiter_expires_without_a_call
     assert len(channel.calls) == 1
 
 
+class _CancelLosingLimiter(LocalRateLimiter):
+    """Each wait drops the cancel that lands in it, as a Redis limiter's round trip can on
+    Python 3.11 (redis-py writes under asyncio.wait_for, which then returns the result)."""
+
+    lost = 0
+
+    async def acquire(self, *, deadline_at=None) -> None:
+        try:
+            await self._clock.sleep(2)
+        except asyncio.CancelledError:
+            self.lost += 1
+        await super().acquire(deadline_at=deadline_at)
+
+
+def test_a_stop_that_a_limiter_wait_swallowed_still_starts_no_call(fake_clock, make_envelope):
+    """The budget ends the batch at 1 s while both envelopes wait in the limiter; their
+    cancels are lost there, and the stop flag read after the wait still starts no call."""
+    channel = MemoryChannel(clock=fake_clock)
+    limiter = _CancelLosingLimiter(10, clock=fake_clock)
+    policy = DeliveryLimits(concurrency=2, call_timeout=10, budget=1)
+
+    async def scenario():
+        envelopes = [make_envelope() for _ in range(2)]
+        results = await deliver(
+            envelopes, channel, policy=policy, clock=fake_clock, limiter=limiter
+        )
+        return results, await tasks_left()
+
+    results, leftover = run(scenario())
+
+    assert limiter.lost == 2
+    assert channel.calls == []
+    assert [r.outcome for r in results] == [Outcome.CANCELLED] * 2
+    assert fake_clock.monotonic() < 1.2  # the second grant is one spread interval on
+    assert leftover == []
+
+
 def test_the_log_line_of_a_failed_send_quotes_no_address_or_name(fake_clock, make_envelope, caplog):
     """Issue 34, item 4: providers echo the recipient; the log keeps ids, not people."""
     envelope = make_envelope(recipient="jane.doe@example.org", recipient_name="Jane Doe")
