@@ -27,11 +27,6 @@ __all__ = ["Interrupted", "Session"]
 
 logger = logging.getLogger("delivery")
 
-# The FakeClock's helper task may outlive a batch by a few loop turns.
-_CLOCK_TASK_NAMES = frozenset({"FakeClock.autojump"})
-# The names of the tasks a batch itself starts (delivery.hedge names its own).
-_ENGINE_TASK_PREFIXES = ("delivery.", "hedge:")
-
 
 class Interrupted(Exception):
     """The calling thread was interrupted (e.g. a soft time limit) while a batch ran.
@@ -156,7 +151,7 @@ class Session:
             channel, limiter = self._resources()
             async_stop = asyncio.Event()
             running.append((asyncio.get_running_loop(), async_stop))
-            results = await deliver(
+            return await deliver(
                 envelopes,
                 channel,
                 policy=policy,
@@ -167,8 +162,6 @@ class Session:
                 observer=observer,
                 flags=stops,
             )
-            await _reap_leftovers()
-            return results
 
         def wake() -> None:
             if running and any(flag.is_set() for flag in stops):
@@ -197,7 +190,6 @@ class Session:
                     await limiter.aclose()
                 except Exception:
                     logger.warning("Rate limiter did not close cleanly", exc_info=True)
-            await _reap_leftovers(engine_only=False)
 
     def _run(self, job, *, stop=None, tick=None, tick_interval: float = 0.25, wake=None):
         """Hand ``job`` (a coroutine function) to the loop and wait for it, ticking.
@@ -282,32 +274,3 @@ class _KeptOpen:
         if self.is_open:
             self.is_open = False
             await close_channel(self.channel, clock, seconds)
-
-
-async def _reap_leftovers(*, engine_only: bool = True) -> None:
-    """Cancel and await any task still running that should not be; the engine leaves none.
-
-    After a batch only the engine's tasks (``delivery.*``, ``hedge:*``) count: the channel stays
-    open and may own tasks, such as a DNS lookup aiohttp shields from a cancelled request. When
-    the session closes, every task counts.
-    """
-    current = asyncio.current_task()
-    leftovers = [
-        task
-        for task in asyncio.all_tasks()
-        if task is not current
-        and task.get_name() not in _CLOCK_TASK_NAMES
-        and (not engine_only or task.get_name().startswith(_ENGINE_TASK_PREFIXES))
-    ]
-    if not leftovers:
-        return
-    if engine_only:
-        logger.error("Delivery left %d tasks running; cancelling them", len(leftovers))
-    else:
-        # The channel's own, still running after it closed: its cleanup, not ours.
-        logger.warning(
-            "%d tasks still ran when the session closed; cancelling them", len(leftovers)
-        )
-    for task in leftovers:
-        task.cancel()
-    await asyncio.gather(*leftovers, return_exceptions=True)
