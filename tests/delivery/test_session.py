@@ -221,6 +221,43 @@ def test_a_stop_flag_set_while_a_call_waits_ends_the_batch_at_the_next_tick(
     assert took < 5, f"the batch ended {took:.1f} s in, not at the tick after the flag"
 
 
+def test_a_stop_flag_is_read_at_every_call_start_not_only_at_the_callers_tick(
+    system_clock, make_real_envelope
+):
+    """Calls start 51 ms apart (a limiter at 20/s) and another thread sets the caller's flag
+    after the third. The calling thread ticks every 30 s only, so nothing relays the flag:
+    the engine reads it before each start, and no later call begins."""
+    channel = MemoryChannel(clock=system_clock)
+    flag = threading.Event()
+    set_at: list[float] = []
+
+    def stop_after_three_calls() -> None:
+        until = system_clock.monotonic() + 10
+        while len(channel.calls) < 3 and system_clock.monotonic() < until:
+            system_clock.sleep_blocking(0.005)
+        set_at.append(system_clock.monotonic())
+        flag.set()
+
+    def limiter():
+        return LocalRateLimiter(20, clock=system_clock)
+
+    timer = threading.Thread(target=stop_after_three_calls)
+    with Session(lambda: channel, clock=system_clock, limiter_factory=limiter) as session:
+        timer.start()
+        results = session.deliver(
+            [make_real_envelope() for _ in range(40)],
+            policy=DeliveryLimits(concurrency=5),
+            stop=flag,
+            tick_interval=30,
+        )
+    timer.join()
+
+    # One start that read the flag just before it was set may still follow it.
+    assert len([t for t in channel.start_times if t > set_at[0]]) <= 1
+    assert 3 <= len(channel.calls) < 40
+    assert results[-1].outcome is Outcome.CANCELLED
+
+
 def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock):
     async def inside_a_loop():
         with Session(lambda: MemoryChannel(clock=system_clock), clock=system_clock):
