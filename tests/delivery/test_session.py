@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import logging
 import signal
 import threading
 
@@ -256,6 +257,51 @@ def test_a_stop_flag_is_read_at_every_call_start_not_only_at_the_callers_tick(
     assert len([t for t in channel.start_times if t > set_at[0]]) <= 1
     assert 3 <= len(channel.calls) < 40
     assert results[-1].outcome is Outcome.CANCELLED
+
+
+def test_the_calling_thread_ticks_at_the_interval_it_asked_for(system_clock, make_real_envelope):
+    """The worker refreshes its claim watch from the tick: a batch of about a second ticks
+    about ten times at 0.1 s."""
+    channel = MemoryChannel(clock=system_clock, delay=1.0)
+    ticks: list[float] = []
+
+    with Session(lambda: channel, clock=system_clock) as session:
+        session.deliver(
+            [make_real_envelope()],
+            policy=DeliveryLimits(),
+            tick=lambda: ticks.append(system_clock.monotonic()),
+            tick_interval=0.1,
+        )
+
+    assert 6 <= len(ticks) <= 11, ticks
+
+
+def test_a_channels_own_concurrency_cap_holds_through_a_session(system_clock, make_real_envelope):
+    channel = MemoryChannel(clock=system_clock, delay=0.1, max_concurrency=2)
+
+    with Session(lambda: channel, clock=system_clock) as session:
+        session.deliver([make_real_envelope() for _ in range(6)], policy=DeliveryLimits())
+
+    assert channel.peak_in_flight == 2
+
+
+def test_a_channel_that_hangs_on_close_holds_the_session_no_longer_than_close_timeout(
+    system_clock, make_real_envelope, caplog
+):
+    class HangsOnClose(MemoryChannel):
+        async def __aexit__(self, *exc_info):
+            await asyncio.sleep(60)
+
+    with caplog.at_level(logging.WARNING, logger="delivery"):
+        with Session(
+            lambda: HangsOnClose(clock=system_clock), clock=system_clock, close_timeout=0.2
+        ) as session:
+            results = session.deliver([make_real_envelope()], policy=DeliveryLimits())
+            closing = system_clock.monotonic()
+
+    assert results[0].outcome is Outcome.SENT
+    assert system_clock.monotonic() - closing < 10
+    assert "Channel memory did not close cleanly" in caplog.text
 
 
 def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock):
