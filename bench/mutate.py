@@ -164,6 +164,11 @@ MODULES = [
         "delivery/hedge.py",
         _d("test_hedge.py", "test_channel_http.py", "test_gate.py", "test_mutants.py"),
     ),
+    Module(
+        "session",
+        "delivery/session.py",
+        _d("test_session.py", "test_sync.py", "test_mutants.py") + _r("test_kept_session.py"),
+    ),
 ]
 BY_KEY = {module.key: module for module in MODULES}
 
