@@ -409,6 +409,44 @@ def test_an_interruption_while_the_session_closes_lets_the_close_finish_then_goe
     assert logged == (["Delivery session did not close cleanly"] if leaving_on else [])
 
 
+def test_an_interruption_while_the_loop_thread_ends_waits_for_it_then_goes_on(
+    system_clock, make_real_envelope
+):
+    """The channel is closed; the loop's last task takes 0.5 s to end once cancelled (as a
+    channel's own cleanup may) and the signal lands while the session waits for its thread:
+    the wait goes on to the thread's end, then the interruption is raised."""
+    ended: list[bool] = []
+
+    async def slow_to_end() -> None:
+        try:
+            await asyncio.sleep(60)
+        finally:
+            await asyncio.shield(asyncio.sleep(0.5))
+            ended.append(True)
+
+    class Owning(MemoryChannel):
+        async def __aenter__(self):
+            asyncio.get_running_loop().create_task(slow_to_end())
+            return await super().__aenter__()
+
+    def soft_limit(signum, frame):
+        raise _SoftLimit
+
+    previous = signal.signal(signal.SIGALRM, soft_limit)
+    try:
+        with pytest.raises(_SoftLimit):
+            with Session(lambda: Owning(clock=system_clock), clock=system_clock) as session:
+                session.deliver([make_real_envelope()], policy=DeliveryLimits())
+                signal.setitimer(signal.ITIMER_REAL, 0.2)
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+    assert ended == [True]
+    assert session._thread is None
+    assert not [t for t in threading.enumerate() if t.name == "delivery-loop"]
+
+
 def test_a_limiter_that_fails_to_close_is_logged_and_the_session_still_closes(
     system_clock, make_real_envelope, caplog
 ):
