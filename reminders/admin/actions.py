@@ -127,7 +127,7 @@ class StaffActionsMixin:
         state = self._selection_state(request)
         if state["select_across"]:
             return {}
-        missing = len(set(state["selected_ids"])) - found
+        missing = len({id_from_text(value) for value in state["selected_ids"]}) - found
         return {key: missing} if missing > 0 else {}
 
     def _confirmation_page(self, request, template: str, *, form, **context) -> TemplateResponse:

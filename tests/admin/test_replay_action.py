@@ -189,6 +189,19 @@ def test_tampered_ids_are_refused_and_nothing_is_queued(
     assert published == [] and not StaffDecision.objects.exists()
 
 
+def test_one_id_ticked_in_two_spellings_is_one_reminder_not_a_missing_one(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    """A hand-made POST may spell an id with a leading zero: it names the same reminder."""
+    (failed,) = make_reminders(1, "failed")
+    client = login(replayer)
+    preview = post_action(client, "replay_selected", [failed, f"0{failed}"])
+    assert preview.context["skipped_rows"] == []
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post_action(client, "replay_selected", [failed, f"0{failed}"], confirm=True)
+    assert messages_of(done) == ["Replayed 1 reminder: 1 queued for delivery."]
+
+
 def test_ids_that_no_longer_exist_are_counted_and_skipped(
     make_reminders, login, replayer, published, django_capture_on_commit_callbacks
 ):
