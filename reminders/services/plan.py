@@ -140,6 +140,8 @@ def reminders_plan(
 
 def reminders_follow_workshop(*, workshop: Workshop, changed: frozenset[str]) -> None:
     """Bring a workshop's unsent reminders in line with its new state, in its transaction."""
+    if changed == {"created"}:
+        return  # no enrollment yet, so no reminder to settle or plan
     late_reason = reasons.MOVED_INSIDE_CUTOFF if "starts_at" in changed else None
     reminders_settle(scope=Q(workshop=workshop), late_reason=late_reason)
     if changed & {"starts_at", "status"}:

@@ -185,6 +185,22 @@ def test_a_cancelled_workshop_gets_no_new_reminder(clock, make_workshop, make_at
     assert not Reminder.objects.exists()
 
 
+def test_creating_a_workshop_reads_and_locks_no_reminder(clock):
+    """A workshop just created has no enrollment: following it costs the reminders nothing
+    (the API and imports create workshops in bulk)."""
+    from workshops.services import workshop_create
+
+    with CaptureQueriesContext(connection) as queries:
+        workshop_create(
+            title="New",
+            starts_at=clock.now() + timedelta(hours=3),
+            timezone="UTC",
+            duration=timedelta(hours=1),
+        )
+
+    assert not [q["sql"] for q in queries if "reminders_reminder" in q["sql"]]
+
+
 def test_a_reinstated_workshop_plans_at_once_what_came_while_it_was_cancelled(
     clock, make_workshop, make_attendee
 ):
