@@ -49,7 +49,7 @@ def test_a_session_refuses_to_open_inside_a_running_event_loop(system_clock, mak
 
 
 def test_a_threading_stop_event_set_elsewhere_cancels_the_batch(system_clock, make_real_envelope):
-    """A warm shutdown in another thread stops a hanging call; no task is left behind."""
+    """A warm shutdown in another thread stops a hanging call."""
     channels: list[MemoryChannel] = []
     envelopes = [make_real_envelope() for _ in range(3)]
 
