@@ -243,3 +243,29 @@ def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
     # second send would overwrite, not add: the attempts above are what count sends.
     keys = Reminder.objects.values_list("key", flat=True)
     assert {path.name for path in outbox.glob("*.eml")} == {f"{key_digest(k)}.eml" for k in keys}
+
+
+def test_a_retry_whose_release_meets_the_database_still_gone_hands_the_claim_on_again(
+    live_clock, due_reminders, outbox
+):
+    """The retry's first step, releasing the claim cut off from the database, fails as well:
+    that retry is handed back with the same ids and the same claim, so the next one still
+    releases it, and the rows are sent now rather than after their lease."""
+    ids = due_reminders(3)
+
+    def claim_then_die(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if "taken AS (UPDATE" in sql:
+            raise OperationalError("server closed the connection unexpectedly")
+        return result
+
+    with connection.execute_wrapper(claim_then_die):
+        with pytest.raises(pipeline.DatabaseUnavailable) as first:
+            pipeline.deliver(ids, clock=live_clock)
+    connection.ensure_connection()
+    _terminate_my_connection()
+    with pytest.raises(pipeline.DatabaseUnavailable) as second:
+        pipeline.deliver(ids, clock=live_clock, held=first.value.held)
+    assert (second.value.ids, second.value.held) == (ids, first.value.held)
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sending"}
+    assert pipeline.deliver(ids, clock=live_clock, held=second.value.held)["sent"] == 3
