@@ -69,3 +69,29 @@ def test_a_scan_skips_the_phase_that_waited_and_runs_the_others(
     assert counts["reap_skipped"] == 1
     assert counts["dispatched"] == 2, "the phases after the one that waited did not run"
     assert pipeline.scan(clock=clock)["reaped_requeued"] == 1
+
+
+def test_a_scan_statement_past_its_timeout_skips_its_phase_however_long_the_lock_timeout(
+    clock, make_workshop, enrol, published, as_worker, settings
+):
+    """REMINDERS_SCAN_STATEMENT_TIMEOUT bounds a scan statement on its own: with the lock
+    timeout longer than the held row is held, the reaper's wait ends at the statement
+    timeout, the reap is skipped and the later phases run while the row is still held."""
+    from reminders.services import reminder_claim_batch
+
+    stuck = make_workshop()
+    enrol(stuck, count=1)
+    reminder_claim_batch(
+        ids=list(Reminder.objects.values_list("id", flat=True)), channel="http", clock=clock
+    )
+    clock.advance(3600)
+    other = make_workshop()
+    enrol(other, count=2)
+    settings.REMINDERS_WORKER_LOCK_TIMEOUT = 600
+    settings.REMINDERS_SCAN_STATEMENT_TIMEOUT = 0.3
+    connection.close()
+    with held_rows(Workshop.objects.filter(pk=stuck.pk)) as still_held:
+        counts = pipeline.scan(clock=clock)
+        answered_while_held = still_held()
+    assert answered_while_held, "the scan waited for the transaction to end"
+    assert (counts["reap_skipped"], counts["dispatched"]) == (1, 2)
