@@ -5,9 +5,10 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from functools import partial
 
 from django.conf import settings
-from django.db import Error, InterfaceError, OperationalError, connection
+from django.db import InterfaceError, OperationalError
 
 from clock import Clock, default_clock
 from reminders.content import notice_envelope
@@ -16,10 +17,10 @@ from reminders.services.notices import notice_claim, notice_record, notice_relea
 from reminders.worker import bridge
 from reminders.worker.pipeline import (
     build_envelopes,
-    fresh_connection,
     interruption,
     raise_interruption,
     record_with_retry,
+    release_interrupted_claim,
     send_envelopes,
 )
 
@@ -55,7 +56,10 @@ def deliver_notices(
             except BaseException as exc:
                 if not isinstance(interruption(exc), OperationalError | InterfaceError):
                     # A soft time limit, perhaps after the claim committed: hand it back.
-                    _release(exc, token=token, chunk=chunk, clock=clock)
+                    release = partial(
+                        notice_release_interrupted, token=token, ids=chunk, clock=clock
+                    )
+                    release_interrupted_claim(exc, release, "notice")
                 raise_interruption(exc)
             if not claim.notices:
                 continue
@@ -82,19 +86,3 @@ def deliver_notices(
             )
     logger.info("Notices %s: %s", worker or "batch", dict(counts))
     return dict(counts)
-
-
-def _release(exc: BaseException, *, token: uuid.UUID, chunk: list[int], clock: Clock) -> None:
-    """Hand back what ``token`` holds after its claim was interrupted (else the lease decides)."""
-    fresh_connection()
-    try:
-        released = notice_release_interrupted(token=token, ids=chunk, clock=clock)
-    except Error as error:
-        connection.close()
-        logger.warning("An interrupted notice claim could not be released (%s)", error)
-        return
-    logger.warning(
-        "A notice claim ended by %s: %s notices handed back",
-        type(interruption(exc)).__name__,
-        released,
-    )

@@ -9,6 +9,8 @@ from __future__ import annotations
 import logging
 import uuid
 from collections import Counter
+from collections.abc import Callable
+from functools import partial
 from typing import NoReturn
 
 import psycopg
@@ -190,43 +192,54 @@ def deliver(
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()
-    # One loop, connection set and limiter client for the batch; idle between chunks.
-    with bridge.delivery_session(channel=channel, clock=clock) as session:
-        for offset in range(0, len(ids), chunk_size):
-            remaining = budget - (clock.monotonic() - started)
-            if remaining < 1 or (stop is not None and stop.is_set()):
-                left = ids[offset:]
-                reminders_unpublished(ids=left, clock=clock)
-                counts["deferred"] += len(left)
-                logger.warning("Batch stopped with %s reminders left for the next scan", len(left))
-                break
-            chunk = ids[offset : offset + chunk_size]
-            token = uuid.uuid4()
-            try:
-                claim = reminder_claim_batch(
-                    ids=chunk,
-                    channel=channel,
-                    worker=worker,
-                    clock=clock,
-                    token=token,
-                    addresses=addresses,
-                )
-            except BaseException as exc:
-                if isinstance(interruption(exc), OperationalError | InterfaceError):
-                    # Nothing later is claimed, and this chunk's claim may have committed
-                    # as the connection went: the retry releases it, then delivers them all.
-                    connection.close()
-                    raise DatabaseUnavailable(ids[offset:], held=(token, chunk)) from exc
-                # Interrupted (a soft time limit), perhaps after the claim committed.
-                _claim_interrupted(
-                    exc, token=token, channel=channel, chunk=chunk, rest=ids[offset:], clock=clock
-                )
-                raise_interruption(exc)
-            counts["skipped"] += len(chunk) - len(claim.reminders)
-            if not claim.reminders:
-                continue
-            with claim_context(token=claim.token, worker=worker, attempts=claim.attempt_numbers):
+    claimed = 0  # ids[:claimed] were claimed, or skipped, by this batch
+    try:
+        # One loop, connection set and limiter client for the batch; idle between chunks.
+        with bridge.delivery_session(channel=channel, clock=clock) as session:
+            for offset in range(0, len(ids), chunk_size):
+                remaining = budget - (clock.monotonic() - started)
+                if remaining < 1 or (stop is not None and stop.is_set()):
+                    left = ids[offset:]
+                    reminders_unpublished(ids=left, clock=clock)
+                    counts["deferred"] += len(left)
+                    logger.warning(
+                        "Batch stopped with %s reminders left for the next scan", len(left)
+                    )
+                    break
+                chunk = ids[offset : offset + chunk_size]
+                token = uuid.uuid4()
                 try:
+                    claim = reminder_claim_batch(
+                        ids=chunk,
+                        channel=channel,
+                        worker=worker,
+                        clock=clock,
+                        token=token,
+                        addresses=addresses,
+                    )
+                except BaseException as exc:
+                    if isinstance(interruption(exc), OperationalError | InterfaceError):
+                        # Nothing later is claimed, and this chunk's claim may have committed
+                        # as the connection went: the retry releases it, then delivers them all.
+                        connection.close()
+                        raise DatabaseUnavailable(ids[offset:], held=(token, chunk)) from exc
+                    # Interrupted (a soft time limit), perhaps after the claim committed.
+                    release = partial(
+                        reminder_release_interrupted,
+                        token=token,
+                        channel=channel,
+                        ids=chunk,
+                        clock=clock,
+                    )
+                    release_interrupted_claim(exc, release, "reminder")
+                    raise_interruption(exc)
+                claimed = offset + len(chunk)
+                counts["skipped"] += len(chunk) - len(claim.reminders)
+                if not claim.reminders:
+                    continue
+                with claim_context(
+                    token=claim.token, worker=worker, attempts=claim.attempt_numbers
+                ):
                     results = _send(
                         claim,
                         channel=channel,
@@ -235,13 +248,14 @@ def deliver(
                         stop=stop,
                         session=session,
                     )
-                except BaseException:
-                    # Interrupted (a soft time limit): what was not claimed goes back.
-                    left = ids[offset + len(chunk) :]
-                    if left:
-                        reminders_unpublished(ids=left, clock=clock)
-                    raise
-                counts.update(record_with_retry(claim=claim, results=results, clock=clock))
+                    counts.update(record_with_retry(claim=claim, results=results, clock=clock))
+    except DatabaseUnavailable:
+        raise
+    except BaseException:
+        # Interrupted (a soft time limit) in a claim, a send or a record: whatever the batch
+        # did not claim is due at the next scan, not when its message expires.
+        _hand_back(ids[claimed:], clock=clock)
+        raise
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
     return dict(counts)
@@ -366,36 +380,30 @@ def raise_interruption(exc: BaseException) -> NoReturn:
     raise cause from None
 
 
-def _claim_interrupted(
-    exc: BaseException,
-    *,
-    token: uuid.UUID,
-    channel: str,
-    chunk: list[int],
-    rest: list[int],
-    clock: Clock,
-) -> None:
-    """Release what ``token`` holds after its claim was interrupted; ``rest`` is due at the next
-    scan. Without the database, the lease decides."""
+def release_interrupted_claim(exc: BaseException, release: Callable[[], int], kind: str) -> None:
+    """Run ``release`` (of a claim ``exc`` interrupted) on a fresh connection; without the
+    database, the lease decides."""
     fresh_connection()
     cause = type(interruption(exc)).__name__
     try:
-        released = reminder_release_interrupted(
-            token=token, channel=channel, ids=chunk, clock=clock
-        )
-        reminders_unpublished(ids=rest, clock=clock)
+        released = release()
     except Error as error:
         connection.close()
-        logger.warning(
-            "A claim ended by %s could not be released (%s): the lease decides", cause, error
-        )
+        logger.warning("A %s claim ended by %s was not released (%s)", kind, cause, error)
         return
-    logger.warning(
-        "A claim ended by %s: %s reminders it had taken handed back, %s due at the next scan",
-        cause,
-        released,
-        len(rest),
-    )
+    logger.warning("A %s claim ended by %s: %s handed back", kind, cause, released)
+
+
+def _hand_back(ids: list[int], *, clock: Clock) -> None:
+    """Make ``ids``, queued for an interrupted batch, due at the next scan (best effort)."""
+    if not ids:
+        return
+    fresh_connection()
+    try:
+        reminders_unpublished(ids=ids, clock=clock)
+    except Error as error:
+        connection.close()
+        logger.warning("%s reminders wait for their message to expire (%s)", len(ids), error)
 
 
 def _not_sent(reminder_id: int, key: str, error: str) -> DeliveryResult:

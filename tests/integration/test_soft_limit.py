@@ -21,6 +21,7 @@ from django.db import connection
 
 from clock import SystemClock
 from reminders.models import DeliveryAttempt, Reminder
+from reminders.services import reminders_dispatch
 from reminders.worker import pipeline
 from tests.support.races import interrupted_while_it_waits
 
@@ -96,7 +97,15 @@ def _eight_smtp_reminders(settings, smtp_sink, make_workshop, enrol) -> list[int
     settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
     settings.REMINDERS_SMTP_CONNECTIONS = 4  # chunks of 4
     enrol(make_workshop(starts_in=timedelta(hours=3)), count=8)
+    # Queued as the scan's dispatch leaves them, until their message expires.
+    assert reminders_dispatch(publish=lambda ids: None, clock=_real) == 8
     return list(Reminder.objects.order_by("id").values_list("id", flat=True))
+
+
+def _waiting_on_an_expiry() -> int:
+    """Return how many rows are still queued under a message that has not expired: a batch
+    ended by the interruption should have made what it did not claim due at the next scan."""
+    return Reminder.objects.filter(status="queued", queued_until__gt=_real.now()).count()
 
 
 # The statements that commit a chunk's claim and its record: on PostgreSQL
@@ -140,7 +149,10 @@ def test_a_soft_time_limit_inside_the_claims_commit_leaves_nothing_claimed(
 
     assert seen
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
-    assert rows == [("pending", 0, None)] * 8
+    # A chunk whose claim committed is handed back (pending); the rest stays queued.
+    first = "pending" if committed else "queued"
+    assert rows == [(first, 0, None)] * 4 + [("queued", 0, None)] * 4
+    assert _waiting_on_an_expiry() == 0
     attempts = Counter(DeliveryAttempt.objects.values_list("outcome", flat=True))
     assert attempts == (Counter({"not_started": 4}) if committed else Counter())
     assert smtp_sink.received() == []
@@ -160,7 +172,8 @@ def test_a_soft_time_limit_inside_the_records_commit_records_the_chunk_once(
     assert seen
 
     statuses = list(Reminder.objects.order_by("id").values_list("status", flat=True))
-    assert statuses == ["sent"] * 4 + ["pending"] * 4
+    assert statuses == ["sent"] * 4 + ["queued"] * 4
+    assert _waiting_on_an_expiry() == 0
     assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"sent": 4}
     assert len(smtp_sink.received()) == 4
 
@@ -179,6 +192,7 @@ def test_a_claim_committed_after_the_interruption_is_still_released(
             pipeline.deliver(ids, clock=_real, channel="smtp")
 
     rows = list(Reminder.objects.order_by("id").values_list("status", "attempts", "claim_token"))
-    assert rows == [("pending", 0, None)] * 8
+    assert rows == [("pending", 0, None)] * 4 + [("queued", 0, None)] * 4
+    assert _waiting_on_an_expiry() == 0
     assert Counter(DeliveryAttempt.objects.values_list("outcome", flat=True)) == {"not_started": 4}
     assert smtp_sink.received() == []
