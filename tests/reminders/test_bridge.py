@@ -12,6 +12,7 @@ from loopback.smtp_sink import SmtpSink
 from reminders.models import Reminder
 from reminders.worker import pipeline
 from reminders.worker.bridge import check_channel, smtp_settings
+from workshops.models import Workshop
 from workshops.services import attendee_get_or_create, enrollment_create
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -357,3 +358,35 @@ def test_the_claim_watch_withdraws_each_changed_row_with_its_own_reason(clock, d
         restored.pk: None,
         untouched.pk: None,
     }
+
+
+def test_the_django_channel_carries_every_header_and_part_the_smtp_channel_does(
+    live_clock, sink, settings, due_reminders
+):
+    """Staff pick the channel by setting; the attendee's message must not lose its calendar,
+    its reply address or its one-click unsubscribe with the choice."""
+    settings.REMINDERS_PUBLIC_URL = "https://reminders.example.com"
+    ids = due_reminders(2)
+    # A comma in the organiser's name: unquoted, it would split the Reply-To in two.
+    Workshop.objects.update(contact_email="host@example.org", contact_name="Host, Org")
+    shapes = {}
+    for channel, reminder_id in zip(("smtp", "django"), ids, strict=True):
+        settings.REMINDERS_CHANNEL = channel
+        Reminder.objects.filter(pk=reminder_id).update(next_attempt_at=None)
+        assert pipeline.deliver([reminder_id], clock=SystemClock())["sent"] == 1
+        message = sink.received()[-1]
+        parsed = message.parsed()
+        shapes[channel] = (
+            {name.lower() for name in parsed.keys()} & {
+                "list-id", "list-unsubscribe", "list-unsubscribe-post", "reply-to", "message-id",
+            },
+            sorted(part.get_content_type() for part in parsed.walk() if not part.is_multipart()),
+            sorted(filter(None, (part.get_filename() for part in parsed.walk()))),
+            message.header("List-Unsubscribe-Post"),
+            [(a.display_name, a.addr_spec) for a in parsed["Reply-To"].addresses],
+        )  # fmt: skip
+    assert shapes["django"] == shapes["smtp"]
+    headers, parts, files, post, reply_to = shapes["smtp"]
+    assert {"list-unsubscribe", "reply-to"} <= headers and post == "List-Unsubscribe=One-Click"
+    assert reply_to == [("Host, Org", "host@example.org")]
+    assert {"text/plain", "text/html", "text/calendar"} <= set(parts) and files == ["workshop.ics"]
