@@ -35,6 +35,38 @@ def test_batches_back_to_back_share_the_smtp_sessions_unless_keeping_is_off(
     assert (bridge._kept is not None) == bool(keep)
 
 
+def test_batches_in_two_threads_at_once_each_get_a_session_of_their_own(
+    three_batches, clock, smtp_sink, settings
+):
+    """A session serves one thread at a time; a prefork pool process runs its tasks in its
+    main thread, but a batch run from any other thread (a thread pool) must not share it."""
+    import threading
+
+    from django.db import connection
+
+    settings.REMINDERS_KEEP_CONNECTIONS = 10
+    entered, results = threading.Barrier(2, timeout=10), []
+
+    def batch(ids) -> None:
+        try:
+            with bridge.delivery_session(channel="smtp", clock=clock) as session:
+                entered.wait()  # both inside at once
+                results.append(session)
+            results.append(pipeline.deliver(ids, clock=clock)["sent"])
+        finally:
+            connection.close()
+
+    threads = [threading.Thread(target=batch, args=(ids,)) for ids in three_batches[:2]]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    sessions = [item for item in results if not isinstance(item, int)]
+    assert len(sessions) == 2 and sessions[0] is not sessions[1]
+    assert sorted(item for item in results if isinstance(item, int)) == [10, 10]
+    assert bridge._kept is None  # nothing kept from another thread
+
+
 def test_a_batch_after_a_longer_pause_opens_new_connections(
     three_batches, clock, smtp_sink, settings
 ):
