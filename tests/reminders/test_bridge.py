@@ -390,3 +390,16 @@ def test_the_django_channel_carries_every_header_and_part_the_smtp_channel_does(
     assert {"list-unsubscribe", "reply-to"} <= headers and post == "List-Unsubscribe=One-Click"
     assert reply_to == [("Host, Org", "host@example.org")]
     assert {"text/plain", "text/html", "text/calendar"} <= set(parts) and files == ["workshop.ics"]
+
+
+def test_without_redis_the_rate_limit_still_holds_within_the_process(
+    live_clock, outbox, settings, due_reminders
+):
+    """The local run (no Redis) keeps REMINDERS_RATE_LIMIT with a limiter of its own: eight
+    messages at 4 a second cannot all start within one second."""
+    settings.REMINDERS_REDIS_URL = ""
+    settings.REMINDERS_RATE_LIMIT = 4
+    ids = due_reminders(8)
+    assert pipeline.deliver(ids, clock=SystemClock(), channel="file")["sent"] == 8
+    written = sorted(path.stat().st_mtime_ns for path in outbox.glob("*.eml"))
+    assert len(written) == 8 and (written[-1] - written[0]) / 1e9 >= 1.0
