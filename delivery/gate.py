@@ -50,9 +50,6 @@ class Gate:
             return current[1]
         return None
 
-    def is_fresh(self) -> bool:
-        return self._fresh() is not None
-
     async def clearance(self, reminder_id: int) -> str | None:
         """Wait (unbounded) for a fresh snapshot; return the withdrawal reason, or None to go."""
         while (withdrawn := self._fresh()) is None:

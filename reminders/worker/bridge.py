@@ -321,8 +321,6 @@ def deliver_envelopes(
     """
     if not envelopes:
         return []
-    if watch is not None and not watch.gate.is_fresh():
-        watch.refresh()
     context = (
         delivery_session(channel=channel, clock=clock) if session is None else nullcontext(session)
     )

@@ -308,8 +308,8 @@ def _send(claim, *, clock: Clock, **options) -> list[DeliveryResult]:
             claim.refusals,
         )
         watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
-        # The claim's read is the first snapshot; deliver_envelopes reads again
-        # before any call if rendering outlasted REVOCATION_WINDOW.
+        # The claim's read is the first snapshot; if rendering outlasted REVOCATION_WINDOW,
+        # calls wait for the session's next tick to read again.
         watch.seed(claim.read_at)
     except BaseException as exc:
         # No provider was called: hand the chunk back. An interruption may have

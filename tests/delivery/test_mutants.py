@@ -45,17 +45,16 @@ def test_a_snapshot_exactly_max_age_old_still_clears_a_call():
     gate.publish({7: "cancelled"}, taken_at=95.0)
     assert asyncio.run(gate.clearance(7)) == "cancelled"
     assert asyncio.run(gate.clearance(8)) is None
-    assert gate.is_fresh()
 
 
 def test_freshness_ends_just_past_max_age_and_needs_a_snapshot():
     clock = _StillClock(100.0)
     gate = Gate(max_age=5.0, clock=clock)
-    assert not gate.is_fresh()
+    assert gate._fresh() is None
     gate.publish({}, taken_at=94.5)
-    assert not gate.is_fresh()
+    assert gate._fresh() is None
     gate.publish({}, taken_at=95.5)
-    assert gate.is_fresh()
+    assert gate._fresh() == {}
 
 
 def test_an_older_snapshot_never_replaces_a_newer_one():
