@@ -1,0 +1,37 @@
+"""The scan lane runs only the newest of the scans waiting in its queue (scanlane.py)."""
+
+from __future__ import annotations
+
+import pytest
+import redis
+
+from clock import SystemClock
+from reminders.models import ScanRun
+from reminders.schedule import SCAN_QUEUE, SCAN_TASK
+from reminders.worker.scanlane import ScanLane
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+_real = SystemClock()
+
+
+def test_a_scan_with_newer_ones_waiting_behind_it_is_dropped(broker):
+    """Three scans published while no lane ran (a worker restarting): the lane runs one,
+    not three back to back, and takes every message off the queue."""
+    from config.celery import app
+
+    for _ in range(3):
+        app.send_task(SCAN_TASK, queue=SCAN_QUEUE)
+    waiting = redis.Redis.from_url(broker)
+    assert waiting.llen(SCAN_QUEUE) == 3
+    lane = ScanLane(app, hostname="lane-test")
+    lane.start()
+    give_up = _real.monotonic() + 20
+    while _real.monotonic() < give_up and not (
+        waiting.llen(SCAN_QUEUE) == 0 and ScanRun.objects.filter(name="scan").exists()
+    ):
+        _real.sleep_blocking(0.05)
+    lane.stop()
+    lane.join(30)
+    assert waiting.llen(SCAN_QUEUE) == 0
+    assert ScanRun.objects.get(name="scan").completed == 1
