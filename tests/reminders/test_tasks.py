@@ -63,6 +63,37 @@ def test_a_database_outage_inside_a_claim_retries_with_that_claims_token(monkeyp
         assert calls[-1] is None
 
 
+def test_a_batch_retries_with_a_growing_wait_then_leaves_its_ids_to_the_scan(monkeypatch):
+    """Five retries 1, 2, 4, 8 and 16 s apart ride out a database restart; after the last,
+    the task returns (nothing was sent, the ids are queued) and the next scan dispatches
+    them again once their message expires."""
+    from reminders import tasks
+    from reminders.worker import pipeline
+
+    def unavailable(ids, **kwargs):
+        raise pipeline.DatabaseUnavailable(ids)
+
+    waits = []
+
+    def retry(**kwargs):
+        waits.append(kwargs["countdown"])
+        return RuntimeError("retry")
+
+    monkeypatch.setattr(tasks.pipeline, "deliver", unavailable)
+    monkeypatch.setattr(deliver_batch, "retry", retry)
+    for retries in range(tasks.DATABASE_RETRIES + 1):
+        deliver_batch.push_request(retries=retries)
+        try:
+            if retries < tasks.DATABASE_RETRIES:
+                with pytest.raises(RuntimeError, match="retry"):
+                    deliver_batch.run([5, 6, 7])
+            else:
+                assert deliver_batch.run([5, 6, 7]) == {"database_unavailable": 3}
+        finally:
+            deliver_batch.pop_request()
+    assert waits == [1, 2, 4, 8, 16]
+
+
 def test_ids_are_deduplicated_in_order():
     assert parse_ids([3, 1, 3, 2, 1]) == [3, 1, 2]
 
