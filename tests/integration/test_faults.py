@@ -269,3 +269,20 @@ def test_a_retry_whose_release_meets_the_database_still_gone_hands_the_claim_on_
     assert (second.value.ids, second.value.held) == (ids, first.value.held)
     assert set(Reminder.objects.values_list("status", flat=True)) == {"sending"}
     assert pipeline.deliver(ids, clock=live_clock, held=second.value.held)["sent"] == 3
+
+
+@pytest.mark.parametrize("attempts", [1, 3])
+def test_a_busy_provider_gets_engine_attempts_calls_per_batch_then_the_row_waits(
+    live_clock, due_reminders, http_channel, settings, attempts
+):
+    """REMINDERS_ENGINE_ATTEMPTS calls inside one batch, with backoff between; then the row
+    is pending again, to be retried by a later batch after its retry time."""
+    settings.REMINDERS_ENGINE_ATTEMPTS = attempts
+    [pk] = due_reminders(1)
+    key = Reminder.objects.get(pk=pk).key
+    http_channel.script(key, *[503] * 5)
+    counts = pipeline.deliver([pk], clock=SystemClock())
+    assert len(http_channel.requests_for(key)) == attempts
+    assert counts == {"skipped": 0, "pending": 1}
+    row = Reminder.objects.get(pk=pk)
+    assert row.status == "pending" and row.next_attempt_at is not None
