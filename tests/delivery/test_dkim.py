@@ -83,6 +83,24 @@ def test_a_configured_key_signs_each_message_over_both_unsubscribe_headers(
     assert dkim.verify(tampered, dnsfunc=dns) is False
 
 
+def test_a_dkim_domain_setting_signs_under_that_domain_not_the_senders(
+    settings, smtp_sink, clock, envelope, rsa_key
+):
+    """REMINDERS_DKIM_DOMAIN: a relay's domain, where the key is published, signs instead."""
+    path, record = rsa_key
+    settings.REMINDERS_DKIM_SELECTOR, settings.REMINDERS_DKIM_KEY_FILE = "r2026", path
+    settings.REMINDERS_DKIM_DOMAIN = "mail.example.net"
+    raw = _send(settings, smtp_sink, clock, envelope)
+    asked = []
+
+    def dns(name, timeout=5):
+        asked.append(name)
+        return record
+
+    assert dkim.verify(raw, dnsfunc=dns) is True
+    assert asked == [b"r2026._domainkey.mail.example.net."]
+
+
 def test_without_a_key_nothing_is_signed(settings, smtp_sink, clock, envelope):
     assert settings.REMINDERS_DKIM_KEY_FILE == ""
     assert not _send(settings, smtp_sink, clock, envelope).startswith(b"DKIM-Signature:")
