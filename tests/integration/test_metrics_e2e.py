@@ -52,6 +52,17 @@ def _scrape_worker(port: int) -> dict[tuple[str, tuple], float]:
     return _samples(answer.text)
 
 
+def _listening_on(port: int) -> set[str]:
+    """Return the IPv4 addresses a socket of this machine listens on at ``port``."""
+    found = set()
+    for line in open("/proc/net/tcp").read().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, _, hex_port = local.partition(":")
+        if state == "0A" and int(hex_port, 16) == port:  # 0A: LISTEN
+            found.add(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
 def _wait(predicate, *, timeout: float, what: str):
     deadline = _clock.monotonic() + timeout
     while _clock.monotonic() < deadline:
@@ -91,6 +102,8 @@ def test_each_series_moves_by_what_a_real_delivery_did(redis_url, tmp_path, sett
         # A worker that finds its port taken exits (the test below): another port is tried.
         with serving_on_a_new_port(start, listening=lambda proc, _: proc.ready) as (worker, port):
             before = _scrape_worker(port)
+            # REMINDERS_METRICS_BIND's default: this machine only, not every interface.
+            assert _listening_on(port) == {"127.0.0.1"}
             app.send_task("reminders.scan")
             _wait(
                 lambda: (
