@@ -272,3 +272,22 @@ def test_what_interrupted_a_database_call_is_found_behind_the_errors_it_caused(d
     alone = _chain(getattr(django.db, django_error)("lost"), getattr(psycopg, django_error)("x"))
     assert pipeline.interruption(alone) is alone
     assert pipeline.interruption(interruption) is interruption
+
+
+def test_a_reminder_that_cannot_be_rendered_fails_alone_saying_why(clock, due_reminders, outbox):
+    """Data no form lets in (a bulk update wrote a time zone that does not exist): that row
+    fails for good with the reason, its chunk's other reminders are sent."""
+    from workshops.models import Workshop
+
+    ids = due_reminders(3, per_workshop=1)
+    broken = Reminder.objects.get(pk=ids[1])
+    Workshop.objects.filter(pk=broken.workshop_id).update(timezone="Mars/Olympus_Mons")
+    counts = pipeline.deliver(ids, clock=clock)
+    rows = {pk: (status, reason) for pk, status, reason in
+            Reminder.objects.values_list("pk", "status", "status_reason")}  # fmt: skip
+    assert counts == {"skipped": 0, "sent": 2, "failed": 1}
+    status, reason = rows[ids[1]]
+    assert status == "failed" and "could not build the message" in reason
+    assert "Mars/Olympus_Mons" in reason
+    assert [rows[pk][0] for pk in (ids[0], ids[2])] == ["sent", "sent"]
+    assert len(list(outbox.glob("*.eml"))) == 2
