@@ -291,3 +291,22 @@ def test_a_reminder_that_cannot_be_rendered_fails_alone_saying_why(clock, due_re
     assert "Mars/Olympus_Mons" in reason
     assert [rows[pk][0] for pk in (ids[0], ids[2])] == ["sent", "sent"]
     assert len(list(outbox.glob("*.eml"))) == 2
+
+
+def test_a_record_the_database_keeps_refusing_gives_up_within_its_window(clock, settings):
+    """T12: the record retries 0.5, 1, 2, 4 s apart, then every 5 s, and gives up inside
+    REMINDERS_TIME_BOUNDS.record_retry, far inside the lease, leaving the rows to the reaper."""
+    from django.db import OperationalError
+
+    tries = []
+
+    def record(**kwargs):
+        tries.append(clock.monotonic())
+        raise OperationalError("the database is restarting")
+
+    with pytest.raises(OperationalError):
+        pipeline.record_with_retry(claim=None, results=[], clock=clock, record=record)
+    gaps = [round(b - a, 3) for a, b in zip(tries, tries[1:], strict=False)]
+    assert gaps[:5] == [0.5, 1.0, 2.0, 4.0, 5.0] and set(gaps[4:]) == {5.0}
+    window = settings.REMINDERS_TIME_BOUNDS.record_retry
+    assert window - 5 < tries[-1] - tries[0] <= window
