@@ -403,3 +403,29 @@ def test_without_redis_the_rate_limit_still_holds_within_the_process(
     assert pipeline.deliver(ids, clock=SystemClock(), channel="file")["sent"] == 8
     written = sorted(path.stat().st_mtime_ns for path in outbox.glob("*.eml"))
     assert len(written) == 8 and (written[-1] - written[0]) / 1e9 >= 1.0
+
+
+def test_a_watch_read_that_meets_a_dead_connection_leaves_the_gate_stale(clock, due_reminders):
+    """S5 without the database: a refresh that cannot read publishes nothing, so once the
+    last snapshot is older than the window every call waits; the next read that works
+    withdraws what staff changed meanwhile."""
+    from django.db import connection
+
+    from reminders.services import reminder_claim_batch
+    from reminders.services.watch import REVOCATION_WINDOW, ClaimWatch
+    from tests.integration.test_faults import _terminate_my_connection
+    from workshops.services import workshop_cancel
+
+    ids = due_reminders(2, per_workshop=1)
+    claim = reminder_claim_batch(ids=ids, channel="http", clock=clock)
+    watch = ClaimWatch(token=claim.token, reminders=claim.reminders, clock=clock)
+    watch.refresh()
+    assert watch.gate._fresh() == {}
+    clock.advance(REVOCATION_WINDOW + 1)
+    workshop_cancel(workshop=claim.reminders[0].workshop, clock=clock)
+    connection.ensure_connection()
+    _terminate_my_connection()
+    watch.refresh()
+    assert watch.gate._fresh() is None  # calls wait: no snapshot inside the window
+    watch.refresh()
+    assert watch.gate._fresh() == {claim.reminders[0].pk: "workshop cancelled"}
