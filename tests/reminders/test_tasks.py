@@ -98,13 +98,21 @@ def test_ids_are_deduplicated_in_order():
     assert parse_ids([3, 1, 3, 2, 1]) == [3, 1, 2]
 
 
-def test_malformed_arguments_are_rejected_once_without_retry(caplog):
+@pytest.mark.parametrize(
+    ("name", "argument", "logged"),
+    [
+        ("deliver_batch", ["not", "ids"], "Rejected deliver_batch with malformed ids ['not', 'ids']"),
+        ("deliver_notices", [0], "Rejected deliver_notices with malformed ids [0]"),
+        ("replay_selection", "7", "Rejected replay_selection with a malformed id '7'"),
+        ("send_test", True, "Rejected send_test with a malformed id True"),
+    ],
+)  # fmt: skip
+def test_malformed_arguments_are_rejected_once_without_retry(caplog, name, argument, logged):
     """Bad input on the worker side: logged once, a small result, no exception to retry."""
-    result = deliver_batch.run(["not", "ids"])
-    assert result == {"rejected": 1}
-    assert [r.getMessage() for r in caplog.records] == [
-        "Rejected deliver_batch with malformed ids ['not', 'ids']"
-    ]
+    from reminders import tasks
+
+    assert getattr(tasks, name).run(argument) == {"rejected": 1}
+    assert [r.getMessage() for r in caplog.records] == [logged]
 
 
 @pytest.mark.django_db(transaction=True)
