@@ -35,3 +35,21 @@ def test_a_scan_with_newer_ones_waiting_behind_it_is_dropped(broker):
     lane.join(30)
     assert waiting.llen(SCAN_QUEUE) == 0
     assert ScanRun.objects.get(name="scan").completed == 1
+
+
+def test_a_message_for_another_task_on_the_scan_queue_is_dropped_not_run(broker, caplog):
+    """Only scans run on the lane; anything else routed to its queue is logged and removed."""
+    from config.celery import app
+
+    app.send_task("reminders.deliver_batch", args=[[1]], queue=SCAN_QUEUE)
+    waiting = redis.Redis.from_url(broker)
+    lane = ScanLane(app)
+    lane.start()
+    give_up = _real.monotonic() + 20
+    while _real.monotonic() < give_up and waiting.llen(SCAN_QUEUE):
+        _real.sleep_blocking(0.05)
+    lane.stop()
+    lane.join(30)
+    assert waiting.llen(SCAN_QUEUE) == 0
+    assert not ScanRun.objects.exists()
+    assert "Scan lane dropped a 'reminders.deliver_batch' message" in caplog.text
