@@ -120,6 +120,18 @@ def test_a_reminders_trace_shows_its_notices(reminded, notices_scan, capsys):
     out = capsys.readouterr().out
     assert f"notice 1 (changed (time, place or link), {reminder.key}-r1) planned" in out
     assert f"notice 1 (changed (time, place or link), {reminder.key}-r1) sent on smtp" in out
+    # One that ended without a send says how, with its tries and the last error.
+    workshop_update(workshop=Workshop.objects.get(pk=reminded.pk), location="Room 14")
+    notices_scan(sent=False)
+    Notice.objects.filter(reminder=reminder, number=2).update(
+        status="failed", status_reason="refused", attempts=2, last_error="550 5.1.1 no such user"
+    )
+    call_command("reminder_trace", str(reminder.pk))
+    out = capsys.readouterr().out
+    assert (
+        f"notice 2 (changed (time, place or link), {reminder.key}-r2) failed (refused), "
+        "2 attempt(s), last error: 550 5.1.1 no such user"
+    ) in out
 
 
 def test_the_notice_intro_refuses_an_unknown_placeholder_and_names_the_valid_ones(make_workshop):
