@@ -226,14 +226,19 @@ def test_reaper_gives_up_on_a_reminder_that_keeps_killing_its_worker(
     )
 
 
-def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, published):
+def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, published, settings):
     """What /metrics reports as reminders_scan_phase_seconds and reminders_scan_rows."""
-    from reminders.models import ScanRun
+    from reminders.models import Dispatch, ScanRun
 
     due_reminders(4)
+    # A dispatch record past REMINDERS_DISPATCH_HISTORY_DAYS: the prune phase removes it.
+    old = clock.now() - timedelta(days=settings.REMINDERS_DISPATCH_HISTORY_DAYS, seconds=1)
+    Dispatch.objects.create(queued_at=old, expires_at=old, reminder_ids=[1])
+    clock.advance(120)  # the monotonic clock far from zero, as on any host
     counts = pipeline.scan(clock=clock)
     run = ScanRun.objects.get(name="scan")
     assert run.counts == counts
+    assert not Dispatch.objects.filter(queued_at=old).exists()
     assert counts["dispatched"] == 4
     assert set(run.phase_seconds) == {
         "settle",
@@ -246,6 +251,7 @@ def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, publi
     }
     assert all(seconds >= 0 for seconds in run.phase_seconds.values())
     assert sum(run.phase_seconds.values()) <= run.duration_seconds + 0.005
+    assert run.duration_seconds < 60  # the scan's own time, not a clock reading
 
 
 def _chain(*errors: BaseException) -> BaseException:
