@@ -58,6 +58,17 @@ def envelope(clock, make_workshop, enrol, settings):
     return make
 
 
+def _dns(record: bytes):
+    """Return the names looked up, and a resolver answering each with the key's record."""
+    asked = []
+
+    def dns(name, timeout=5):
+        asked.append(name)
+        return record
+
+    return asked, dns
+
+
 def test_a_configured_key_signs_each_message_over_both_unsubscribe_headers(
     settings, smtp_sink, clock, envelope, rsa_key
 ):
@@ -65,12 +76,7 @@ def test_a_configured_key_signs_each_message_over_both_unsubscribe_headers(
     settings.REMINDERS_DKIM_SELECTOR, settings.REMINDERS_DKIM_KEY_FILE = "r2026", path
     raw = _send(settings, smtp_sink, clock, envelope)
     assert raw.startswith(b"DKIM-Signature:")
-    asked = []
-
-    def dns(name, timeout=5):
-        asked.append(name)
-        return record
-
+    asked, dns = _dns(record)
     assert dkim.verify(raw, dnsfunc=dns) is True
     assert asked == [b"r2026._domainkey.example.com."]
     signed = re.search(rb"h=([^;]+);", raw.replace(b"\r\n ", b"").replace(b"\r\n\t", b""))
@@ -91,12 +97,7 @@ def test_a_dkim_domain_setting_signs_under_that_domain_not_the_senders(
     settings.REMINDERS_DKIM_SELECTOR, settings.REMINDERS_DKIM_KEY_FILE = "r2026", path
     settings.REMINDERS_DKIM_DOMAIN = "mail.example.net"
     raw = _send(settings, smtp_sink, clock, envelope)
-    asked = []
-
-    def dns(name, timeout=5):
-        asked.append(name)
-        return record
-
+    asked, dns = _dns(record)
     assert dkim.verify(raw, dnsfunc=dns) is True
     assert asked == [b"r2026._domainkey.mail.example.net."]
 

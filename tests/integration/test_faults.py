@@ -209,6 +209,15 @@ def test_claim_without_a_database_hands_the_whole_batch_back_for_a_retry(
     assert pipeline.deliver(ids, clock=live_clock, held=caught.value.held)["sent"] == 3
 
 
+def _claim_then_die(execute, sql, params, many, context):
+    """Run the claim's statement (in autocommit: it commits), then lose its answer."""
+    result = execute(sql, params, many, context)
+    if "taken AS (UPDATE" in sql:
+        # What Django raises for psycopg's error as the connection goes.
+        raise OperationalError("server closed the connection unexpectedly")
+    return result
+
+
 def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
     live_clock, due_reminders, outbox
 ):
@@ -217,15 +226,7 @@ def test_a_claim_committed_as_the_connection_died_is_released_by_the_retry(
     releases that claim by its token, so its rows are sent now instead of waiting
     ``sending`` for their lease."""
     ids = due_reminders(3)
-
-    def claim_then_die(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if "taken AS (UPDATE" in sql:
-            # What Django raises for psycopg's error as the connection goes.
-            raise OperationalError("server closed the connection unexpectedly")
-        return result
-
-    with connection.execute_wrapper(claim_then_die):
+    with connection.execute_wrapper(_claim_then_die):
         with pytest.raises(pipeline.DatabaseUnavailable) as caught:
             pipeline.deliver(ids, clock=live_clock)
     token, chunk = caught.value.held
@@ -252,14 +253,7 @@ def test_a_retry_whose_release_meets_the_database_still_gone_hands_the_claim_on_
     that retry is handed back with the same ids and the same claim, so the next one still
     releases it, and the rows are sent now rather than after their lease."""
     ids = due_reminders(3)
-
-    def claim_then_die(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if "taken AS (UPDATE" in sql:
-            raise OperationalError("server closed the connection unexpectedly")
-        return result
-
-    with connection.execute_wrapper(claim_then_die):
+    with connection.execute_wrapper(_claim_then_die):
         with pytest.raises(pipeline.DatabaseUnavailable) as first:
             pipeline.deliver(ids, clock=live_clock)
     connection.ensure_connection()
