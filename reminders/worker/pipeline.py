@@ -192,7 +192,6 @@ def deliver(
     started = clock.monotonic()
     budget = float(settings.REMINDERS_BATCH_BUDGET)
     counts: Counter[str] = Counter()
-    claimed = 0  # ids[:claimed] were claimed, or skipped, by this batch
     try:
         # One loop, connection set and limiter client for the batch; idle between chunks.
         with bridge.delivery_session(channel=channel, clock=clock) as session:
@@ -233,7 +232,6 @@ def deliver(
                     )
                     release_interrupted_claim(exc, release, "reminder")
                     raise_interruption(exc)
-                claimed = offset + len(chunk)
                 counts["skipped"] += len(chunk) - len(claim.reminders)
                 if not claim.reminders:
                     continue
@@ -252,9 +250,10 @@ def deliver(
     except DatabaseUnavailable:
         raise
     except BaseException:
-        # Interrupted (a soft time limit) in a claim, a send or a record: whatever the batch
-        # did not claim is due at the next scan, not when its message expires.
-        _hand_back(ids[claimed:], clock=clock)
+        # Interrupted (a soft time limit) in a claim, a send or a record: what is still queued
+        # (not claimed, or claimed and handed back) is due at the next scan, not when its
+        # message expires.
+        _hand_back(ids, clock=clock)
         raise
     if counts["skipped"]:
         logger.info("Skipped %s ids that were not claimable now", counts["skipped"])
@@ -395,9 +394,7 @@ def release_interrupted_claim(exc: BaseException, release: Callable[[], int], ki
 
 
 def _hand_back(ids: list[int], *, clock: Clock) -> None:
-    """Make ``ids``, queued for an interrupted batch, due at the next scan (best effort)."""
-    if not ids:
-        return
+    """Make those of ``ids`` still queued due at the next scan (best effort)."""
     fresh_connection()
     try:
         reminders_unpublished(ids=ids, clock=clock)

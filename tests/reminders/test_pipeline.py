@@ -316,3 +316,27 @@ def test_a_record_the_database_keeps_refusing_gives_up_within_its_window(clock, 
     assert gaps[:5] == [0.5, 1.0, 2.0, 4.0, 5.0] and set(gaps[4:]) == {5.0}
     window = settings.REMINDERS_TIME_BOUNDS.record_retry
     assert window - 5 < tries[-1] - tries[0] <= window
+
+
+def test_a_batch_reads_its_addresses_once_and_each_claim_its_suppressions(
+    clock, due_reminders, outbox, settings
+):
+    """On PostgreSQL a chunk's claim statement reads the suppressions of the addresses the
+    batch read once: no chunk spends a statement of its own on them."""
+    from django.db import connection
+
+    if connection.vendor != "postgresql":
+        pytest.skip("SQLite's claim reads the suppressions apart")
+    settings.REMINDERS_CONCURRENCY = 2
+    ids = due_reminders(6, per_workshop=2)
+    sent = []
+
+    def capture(execute, sql, params, many, context):
+        sent.append(sql)
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(capture):
+        assert pipeline.deliver(ids, clock=clock)["sent"] == 6
+    suppressions = [sql for sql in sent if "reminders_suppression" in sql]
+    assert len(suppressions) == 3, suppressions  # in the three claims, none apart
+    assert all("taken AS (UPDATE" in sql for sql in suppressions)
