@@ -295,6 +295,12 @@ def test_a_reminder_that_cannot_be_rendered_fails_alone_saying_why(clock, due_re
     status, reason = rows[ids[1]]
     assert status == "failed" and "could not build the message" in reason
     assert "Mars/Olympus_Mons" in reason
+    # No provider was called: the attempt says so, and nothing may have arrived.
+    from reminders.models import DeliveryAttempt
+
+    attempt = DeliveryAttempt.objects.get(reminder_id=ids[1])
+    assert (attempt.outcome, attempt.provider_calls) == ("permanent", 0)
+    assert Reminder.objects.get(pk=ids[1]).maybe_sent is False
     assert [rows[pk][0] for pk in (ids[0], ids[2])] == ["sent", "sent"]
     assert len(list(outbox.glob("*.eml"))) == 2
 
