@@ -169,6 +169,16 @@ MODULES = [
         "delivery/session.py",
         _d("test_session.py", "test_sync.py", "test_mutants.py") + _r("test_kept_session.py"),
     ),
+    Module(
+        "pipeline",
+        "reminders/worker/pipeline.py",
+        _r("test_pipeline.py", "test_bridge.py", "test_dispatch.py", "test_mutants.py")
+        + tuple(
+            f"tests/integration/test_{name}.py"
+            for name in ("soft_limit", "faults", "lock_timeouts", "skewed_clock", "suppression")
+        )
+        + ("tests/notices/test_notice_flow.py",),
+    ),
 ]
 BY_KEY = {module.key: module for module in MODULES}
 
