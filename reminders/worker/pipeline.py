@@ -288,7 +288,13 @@ def record_with_retry(
                 logger.error("Could not record %s outcomes; the lease decides", len(results))
                 raise
             logger.warning("Recording outcomes failed (%s); retrying in %.1f s", exc, delay)
-            clock.sleep_blocking(delay)
+            try:
+                clock.sleep_blocking(delay)
+            except BaseException as stopped:
+                # Interrupted while waiting: try again at once, as after one in the record.
+                if interrupted is not None:
+                    raise
+                interrupted = stopped
             delay = min(delay * 2, 5.0)
         else:
             if interrupted is not None:

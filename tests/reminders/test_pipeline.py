@@ -346,3 +346,28 @@ def test_a_batch_reads_its_addresses_once_and_each_claim_its_suppressions(
     suppressions = [sql for sql in sent if "reminders_suppression" in sql]
     assert len(suppressions) == 3, suppressions  # in the three claims, none apart
     assert all("taken AS (UPDATE" in sql for sql in suppressions)
+
+
+def test_a_soft_limit_landing_in_the_records_wait_still_records_then_raises(clock):
+    """T12 near the time limit: the database was away, and the soft limit lands while the
+    record waits to try again. The outcomes are known: it tries again at once (the hard
+    limit is a stop grace away), records, then raises the interruption."""
+    from billiard.exceptions import SoftTimeLimitExceeded
+    from django.db import OperationalError
+
+    tries, waits = [], []
+
+    def record(**kwargs):
+        tries.append(clock.monotonic())
+        if len(tries) == 1:
+            raise OperationalError("the database is restarting")
+        return {"sent": 4}
+
+    def interrupted_wait(seconds):
+        waits.append(seconds)
+        raise SoftTimeLimitExceeded()
+
+    clock.sleep_blocking = interrupted_wait
+    with pytest.raises(SoftTimeLimitExceeded):
+        pipeline.record_with_retry(claim=None, results=[], clock=clock, record=record)
+    assert (len(tries), waits) == (2, [0.5])
