@@ -38,12 +38,13 @@ def test_a_pool_process_keeps_its_database_session_from_batch_to_batch(redis_url
     no longer closes it after each task (the worker's hook applies CONN_MAX_AGE instead)."""
     env = _two_planned_reminders("Kept session", redis_url, smtp_sink)
     sessions = []
+    since = _database_now()
     with celery_worker(env) as worker:
         for pk in Reminder.objects.order_by("pk").values_list("pk", flat=True):
             task = app.send_task("reminders.deliver_batch", args=[[pk]])
             # Logged by the main process once the pool process has run task_postrun.
             worker.wait_for_line(f"{task.id}] succeeded")
-            sessions.append(_other_sessions())
+            sessions.append(_other_sessions(since))
     assert Reminder.objects.filter(status="sent").count() == 2
     assert len(sessions[0]) == 1 and sessions[0] == sessions[1], sessions
 
@@ -60,12 +61,21 @@ def _two_planned_reminders(title: str, redis_url: str, smtp_sink) -> dict:
     )
 
 
-def _other_sessions() -> set[tuple]:
+def _database_now():
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT clock_timestamp()")
+        return cursor.fetchone()[0]
+
+
+def _other_sessions(since) -> set[tuple]:
+    """Sessions opened since ``since`` but this one: an earlier test's late-closing connection
+    (a thread's, on a loaded host) is not the worker's."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT pid, backend_start FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid() "
-            "AND backend_type = 'client backend'"
+            "AND backend_type = 'client backend' AND backend_start >= %s",
+            [since],
         )
         return set(cursor.fetchall())
 
@@ -76,10 +86,11 @@ def test_a_session_killed_between_batches_is_replaced_before_the_next_one(redis_
     than failing its first statement and waiting for a retry."""
     env = _two_planned_reminders("Killed session", redis_url, smtp_sink)
     first, second = Reminder.objects.order_by("pk").values_list("pk", flat=True)
+    since = _database_now()
     with celery_worker(env) as worker:
         task = app.send_task("reminders.deliver_batch", args=[[first]])
         worker.wait_for_line(f"{task.id}] succeeded")
-        [(pid, _)] = _other_sessions()
+        [(pid, _)] = _other_sessions(since)
         with connection.cursor() as cursor:
             cursor.execute("SELECT pg_terminate_backend(%s)", [pid])
         task = app.send_task("reminders.deliver_batch", args=[[second]])
