@@ -191,10 +191,7 @@ def choose_text(*, workshop, attendee, texts=None) -> MessageText:
 
 
 def choose_notice_text(*, workshop, attendee, kind: str) -> MessageText:
-    """Return the unsaved MessageText of a change notice of ``kind``.
-
-    The workshop's notice intro if the attendee reads its language, else the built-in one.
-    """
+    """Return the unsaved MessageText of a change notice of ``kind``."""
     language = reminder_language(workshop=workshop, attendee=attendee)
     words = _words(language).notice
     intro, intro_source = words[f"intro_{kind}"], Source.BUILT_IN
@@ -286,8 +283,7 @@ def wrap_text(text: str) -> str:
             else:
                 wrapped.append(current)
                 current = word
-        if current:
-            wrapped.append(current)
+        wrapped.append(current)  # '' for a line of spaces only: it stays a line
     return "\n".join(wrapped) + ("\n" if text.endswith("\n") else "")
 
 
@@ -440,16 +436,12 @@ def _zone(attendee, workshop) -> ZoneInfo:
 def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
     """Return the envelope of a reminder whose attendee and workshop are loaded.
 
-    The text is ``text``, else the frozen one, else what a claim would freeze now. ``send_by``
-    is not content: the same rows always give byte-identical content.
+    ``send_by`` is not content: the same rows always give byte-identical content.
     """
     attendee, workshop = reminder.attendee, reminder.workshop
     # From the workshop's start, as the claim judges it: no row stores a copy.
     deadline = ReminderPolicy.from_settings().deadline_at(workshop.starts_at)
-    if text is None and reminder.text_id:
-        text = reminder.text
-    if text is None:
-        text = choose_text(workshop=workshop, attendee=attendee)
+    text = text or reminder.text or choose_text(workshop=workshop, attendee=attendee)
     words = _words(text.language)
     zone = _zone(attendee, workshop)
     values = _values(attendee=attendee, workshop=workshop, facts=workshop, zone=zone, words=words)
@@ -647,7 +639,7 @@ def event_ics(
     if _join_url(facts.join_url):
         lines.append(f"URL:{facts.join_url}")  # a URI value: printable, one line, no escaping
     name, address = workshop.contact_name, workshop.contact_email
-    if not address or not _deliverable(address):
+    if _address_problem(address) is not None:
         # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
         name, address = _mailbox(settings.DEFAULT_FROM_EMAIL)
     lines.append(f"ORGANIZER{_ics_cn(name)}:mailto:{address}")
@@ -663,10 +655,8 @@ _ICS_BREAKS = re.compile("\r\n|[\n\r\x0b\x0c\x1c\x1d\x1e\x85\u2028\u2029]")
 _ICS_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
 
 
-@functools.lru_cache(maxsize=256)
-def _deliverable(organiser: str) -> bool:
-    """Whether an organiser's address can be written as one (a workshop's, so few and repeated)."""
-    return address_problem(organiser) is None
+# An organiser's address is a workshop's, so few and repeated: each is checked once.
+_address_problem = functools.lru_cache(maxsize=256)(address_problem)
 
 
 def _ics_text(value: str) -> str:

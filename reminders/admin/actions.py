@@ -12,15 +12,13 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from reminders.admin.columns import plural
+from reminders.admin.decision import DECISION_SKIPS
 from reminders.admin.forms import ReasonForm, ReplayForm
 from reminders.models import StaffDecision, id_from_text
-from reminders.selectors import SKIP_REASONS, reminder_replay_preview
+from reminders.selectors import reminder_replay_preview
 from reminders.services.replay import StaffActionResult, reminder_replay_selection
 
 CONFIRM = "post"
-
-# Why selected items were left alone, in the order staff read them.
-SKIP_LABELS = {**SKIP_REASONS, "workshops_not_found": "selected workshops no longer exist"}
 
 
 def confirmed_form(request, form_class):
@@ -28,14 +26,14 @@ def confirmed_form(request, form_class):
     return form_class(request.POST if request.POST.get(CONFIRM) == "yes" else None)
 
 
-def skipped_rows(skipped: dict[str, int], labels: dict[str, str]) -> list[tuple[str, int]]:
-    """Return (label, count) for each non-zero skip, in the order of ``labels``."""
-    return [(label, skipped[key]) for key, label in labels.items() if skipped.get(key)]
+def skipped_rows(skipped: dict[str, int]) -> list[tuple[str, int]]:
+    """Return (label, count) for each non-zero skip, in the order of DECISION_SKIPS."""
+    return [(label, skipped[key]) for key, label in DECISION_SKIPS.items() if skipped.get(key)]
 
 
-def skipped_text(skipped: dict[str, int], labels: dict[str, str] = SKIP_LABELS) -> str:
+def skipped_text(skipped: dict[str, int]) -> str:
     """Return " Skipped: 2 already sent, 1 past the cutoff." or ""."""
-    parts = [f"{count} {label}" for label, count in skipped_rows(skipped, labels)]
+    parts = [f"{count} {label}" for label, count in skipped_rows(skipped)]
     return f" Skipped: {', '.join(parts)}." if parts else ""
 
 
@@ -86,12 +84,9 @@ class StaffActionsMixin:
 
     def changelist_view(self, request, extra_context=None):
         # A forged POST naming a forbidden action gets 403, not "No action selected.".
+        allowed = self.get_actions(request)
         for name in request.POST.getlist("action"):
-            func = getattr(self, name, None) if name in (self.actions or ()) else None
-            needed = getattr(func, "allowed_permissions", ())
-            if needed and not any(
-                getattr(self, f"has_{permission}_permission")(request) for permission in needed
-            ):
+            if name in (self.actions or ()) and name not in allowed:
                 raise PermissionDenied
         return super().changelist_view(request, extra_context)
 
@@ -160,7 +155,7 @@ class StaffActionsMixin:
                 request,
                 "staff_action_confirmation.html",
                 preview=counted,
-                skipped_rows=skipped_rows({**counted.skipped, **missing}, SKIP_LABELS),
+                skipped_rows=skipped_rows({**counted.skipped, **missing}),
                 submit_label=submit_label.format(plural(counted.eligible, "reminder")),
                 form=form,
                 **page,
@@ -189,11 +184,10 @@ class StaffActionsMixin:
         )
 
     def _decision(
-        self, request, *, action, preview, run, skip_labels, effect_labels, title,
-        eligible_label, verb, explanation, done,
+        self, request, *, action, preview, run, effect_labels, title, eligible_label, verb,
+        explanation, done,
     ):  # fmt: skip
-        """Confirm a decision with a reason; ``done`` is its message, formatted with counts
-        and followed by the skips."""
+        """Preview a decision, or run it once confirmed with a reason (``done`` takes its counts)."""
         form = confirmed_form(request, ReasonForm)
         noun = self.opts.verbose_name
         not_found = f"{noun}s_not_found"
@@ -207,8 +201,7 @@ class StaffActionsMixin:
             )
             self.message_user(
                 request,
-                f"{text} The decision is recorded."
-                + skipped_text({**result.skipped, **missing}, skip_labels),
+                f"{text} The decision is recorded." + skipped_text({**result.skipped, **missing}),
                 messages.SUCCESS if result.changed else messages.WARNING,
             )
             return None
@@ -227,7 +220,7 @@ class StaffActionsMixin:
                 for key, label in effect_labels.items()
                 if key in counted.effects
             ],
-            skipped_rows=skipped_rows({**counted.skipped, **missing}, skip_labels),
+            skipped_rows=skipped_rows({**counted.skipped, **missing}),
             submit_label=f"Yes, {verb} {plural(counted.eligible, noun)}",
             form=form,
         )

@@ -9,7 +9,6 @@ from django.db.models import Count, Q
 
 from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import KeepEnrolledMixin, utc_column
-from reminders.admin.decision import DECISION_SKIPS
 from reminders.admin.forms import AttendeeForm
 from reminders.services.erasure import (
     ERASURE_EFFECT_LABELS,
@@ -54,7 +53,6 @@ class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             action="erase_selected",
             preview=partial(attendee_erase_preview, attendees=queryset),
             run=partial(attendees_erase, attendees=queryset),
-            skip_labels=DECISION_SKIPS,
             effect_labels=ERASURE_EFFECT_LABELS,
             title="Erase personal data of the selected attendees",
             eligible_label="Attendees whose name and email will be erased",

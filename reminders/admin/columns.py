@@ -51,10 +51,10 @@ def format_utc(moment) -> str:
     return format_local(moment, UTC)
 
 
-def utc_column(field: str, label: str):
+def utc_column(field: str, label: str, ordering: str = ""):
     """Return a display of ``field`` labelled UTC (Django's is unlabelled; staff mix zones)."""
 
-    @admin.display(description=f"{label} (UTC)", ordering=field)
+    @admin.display(description=f"{label} (UTC)", ordering=ordering or field)
     def show(self, obj) -> str:
         return format_utc(getattr(obj, field))
 

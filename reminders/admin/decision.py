@@ -10,7 +10,6 @@ from django.utils.http import urlencode
 from reminders.admin.columns import ViewOnlyMixin, plural, utc_column
 from reminders.models import Reminder, StaffDecision
 from reminders.selectors import SKIP_REASONS
-from reminders.services.workshop_decisions import WORKSHOP_SKIP_LABELS
 from workshops.models import Attendee, Enrollment, Workshop
 
 
@@ -30,12 +29,17 @@ def ids_column(model, label: str):
     return show
 
 
-# What each skip a staff decision records means (keys from the services' skipped_as).
+# What each skip a staff decision records means (keys from the services' skipped_as, and the
+# ticked ids gone meanwhile), in the order staff read them.
 DECISION_SKIPS = {
+    "already_cancelled": "already cancelled",
+    "not_cancelled": "not cancelled",
+    "nothing_to_tell": "with no reminded attendee to tell of a change",
     **SKIP_REASONS,
-    **WORKSHOP_SKIP_LABELS,
     "already_erased": "already erased",
     "already_lifted": "already lifted",
+    "workshops_not_found": "selected workshops no longer exist",
+    "enrollments_not_found": "selected enrollments no longer exist",
     "attendees_not_found": "selected attendees no longer exist",
 }
 

@@ -11,12 +11,8 @@ from django.utils.html import format_html
 from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import copy_saved, format_local, utc_column
 from reminders.admin.forms import EnrollmentForm
-from reminders.services.enrollment_decisions import (
-    ENROLLMENT_SKIP_LABELS,
-    enrollment_cancel_preview,
-    enrollments_cancel,
-)
-from reminders.services.workshop_decisions import CANCEL_EFFECT_LABELS
+from reminders.services.enrollment_decisions import enrollment_cancel_preview, enrollments_cancel
+from reminders.services.workshop_decisions import EFFECT_LABELS
 from workshops.models import Enrollment
 from workshops.services import enrollment_create
 
@@ -56,8 +52,7 @@ class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
             action="cancel_selected",
             preview=partial(enrollment_cancel_preview, enrollments=queryset),
             run=partial(enrollments_cancel, enrollments=queryset),
-            skip_labels=ENROLLMENT_SKIP_LABELS,
-            effect_labels=CANCEL_EFFECT_LABELS,
+            effect_labels=EFFECT_LABELS,
             title="Cancel the selected enrollments",
             eligible_label="Active enrollments that will be cancelled",
             verb="cancel",

@@ -221,6 +221,7 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
         )
         return f"{DELIVERY_STATES[state]}, {format_utc(obj.delivery_at)}"
 
+    deadline_utc = utc_column("deadline_at", "Deadline", ordering="workshop__starts_at")
     sent_at_utc = utc_column("sent_at", "Sent at")
     unsubscribed_at_utc = utc_column("unsubscribed_at", "Unsubscribed at")
     next_attempt_at_utc = utc_column("next_attempt_at", "Next attempt")
@@ -324,10 +325,6 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
     @admin.display(description="Deadline (workshop's zone)", ordering="workshop__starts_at")
     def deadline_local(self, obj: Reminder) -> str:
         return format_local(obj.deadline_at, obj.workshop.zone)
-
-    @admin.display(description="Deadline (UTC)", ordering="workshop__starts_at")
-    def deadline_utc(self, obj: Reminder) -> str:
-        return format_utc(obj.deadline_at)
 
     @admin.display(description="Last provider error")
     def short_error(self, obj: Reminder) -> str:

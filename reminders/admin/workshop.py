@@ -20,7 +20,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from clock import default_clock
-from reminders.admin.actions import SKIP_LABELS, StaffActionsMixin
+from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import (
     KeepEnrolledMixin,
     copy_saved,
@@ -36,8 +36,7 @@ from reminders.selectors import workshop_notice_revisions, workshop_text_reach
 from reminders.services.notices import FACT_FIELDS, notices_reach, settle_delay
 from reminders.services.testsend import NOT_ENROLLED, reminder_send_test_request
 from reminders.services.workshop_decisions import (
-    WORKSHOP_EFFECT_LABELS,
-    WORKSHOP_SKIP_LABELS,
+    EFFECT_LABELS,
     workshop_cancel_preview,
     workshop_reinstate_preview,
     workshop_silence_preview,
@@ -55,8 +54,6 @@ from workshops.services import (
 )
 
 Status = Reminder.Status
-# Why selected workshops were left alone, in the order staff read them.
-WORKSHOP_SKIPS = {**WORKSHOP_SKIP_LABELS, **SKIP_LABELS}
 NOTICE_ONLY_PLACEHOLDERS = {
     name: what for name, what in NOTICE_PLACEHOLDERS.items() if name not in PLACEHOLDERS
 }
@@ -415,8 +412,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             action="cancel_selected",
             preview=partial(workshop_cancel_preview, workshops=queryset),
             run=partial(workshops_cancel, workshops=queryset),
-            skip_labels=WORKSHOP_SKIPS,
-            effect_labels=WORKSHOP_EFFECT_LABELS,
+            effect_labels=EFFECT_LABELS,
             title="Cancel the selected workshops",
             eligible_label="Scheduled workshops that will be cancelled",
             verb="cancel",
@@ -433,8 +429,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             action="reinstate_selected",
             preview=partial(workshop_reinstate_preview, workshops=queryset),
             run=partial(workshops_reinstate, workshops=queryset),
-            skip_labels=WORKSHOP_SKIPS,
-            effect_labels=WORKSHOP_EFFECT_LABELS,
+            effect_labels=EFFECT_LABELS,
             title="Reinstate the selected workshops",
             eligible_label="Cancelled workshops that will be scheduled again",
             verb="reinstate",
@@ -451,8 +446,7 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             action="silence_selected",
             preview=partial(workshop_silence_preview, workshops=queryset),
             run=partial(workshops_silence, workshops=queryset),
-            skip_labels=WORKSHOP_SKIPS,
-            effect_labels=WORKSHOP_EFFECT_LABELS,
+            effect_labels=EFFECT_LABELS,
             title="Don't notify attendees of the latest change",
             eligible_label="Workshops with reminded attendees not yet told of a change",
             verb="silence",

@@ -19,12 +19,6 @@ from reminders.services.workshop_decisions import (
 from workshops.models import Enrollment
 from workshops.services import enrollment_cancel
 
-ENROLLMENT_SKIP_LABELS = {
-    "already_cancelled": "already cancelled",
-    "raced": "changed meanwhile",
-    "enrollments_not_found": "selected enrollments no longer exist",
-}
-
 
 def enrollment_cancel_preview(*, enrollments: QuerySet[Enrollment]) -> DecisionPreview:
     """Count the enrollments a cancel would change and what happens to their reminders."""

@@ -53,14 +53,11 @@ class DecisionResult:
     audit_id: int
 
 
-# What a cancel does to the reminders, whether of workshops or of enrollments.
-CANCEL_EFFECT_LABELS = {
+# What a decision on workshops or enrollments does to their reminders, in the order shown.
+EFFECT_LABELS = {
     "to_cancel": "Reminders that will be cancelled",
     "in_flight": "Reminders being sent right now (no new call starts; their outcome is recorded)",
     "sent": "Reminders already sent (they stay sent)",
-}
-WORKSHOP_EFFECT_LABELS = {
-    **CANCEL_EFFECT_LABELS,
     "to_plan": "Cancelled reminders that will be planned again",
     "to_miss": "Cancelled reminders past the cutoff (they become missed)",
     "to_unknown": (
@@ -72,11 +69,6 @@ WORKSHOP_EFFECT_LABELS = {
     "to_tell_back": "Attendees told it was cancelled who will be told it is back on",
     "to_silence": "Reminded attendees who will not be told of the latest change",
 }
-WORKSHOP_SKIP_LABELS = {
-    "already_cancelled": "already cancelled",
-    "not_cancelled": "not cancelled",
-    "nothing_to_tell": "with no reminded attendee to tell of a change",
-}
 
 
 def sizes(selection: QuerySet, status: str) -> tuple[int, int]:
@@ -86,7 +78,7 @@ def sizes(selection: QuerySet, status: str) -> tuple[int, int]:
 
 
 def cancel_effects(reminders: QuerySet[Reminder]) -> dict[str, int]:
-    """Count ``reminders`` by what a cancel does to them (CANCEL_EFFECT_LABELS)."""
+    """Count ``reminders`` by what a cancel does to them (labelled in EFFECT_LABELS)."""
     return reminders.aggregate(
         to_cancel=Count("pk", filter=Q(status__in=Reminder.OPEN_STATUSES)),
         in_flight=Count("pk", filter=Q(status=Status.SENDING)),

@@ -105,6 +105,13 @@ def test_the_text_is_wrapped_for_mail_readers_and_a_link_stays_whole(reminder):
     assert text.count("\n\n") >= 4
 
 
+def test_a_line_of_spaces_past_the_width_still_parts_two_paragraphs():
+    """The HTML part shows two paragraphs there; the text part must not run them together."""
+    from reminders.content import wrap_text
+
+    assert wrap_text("Hello\n" + " " * 80 + "\nBye\n") == "Hello\n\nBye\n"
+
+
 def test_a_workshop_without_details_shows_none_of_their_lines(reminder):
     text = reminder_envelope(reminder=reminder).text_body
     assert "Where:" not in text and "Join:" not in text and "Organiser:" not in text
