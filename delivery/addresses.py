@@ -1,7 +1,4 @@
-"""Check recipient addresses and hosts, and make display text safe for one header line.
-
-Display text is folded onto one line; an address with a line break fails permanently.
-"""
+"""Check recipient addresses and hosts, and make display text safe for one header line."""
 
 from __future__ import annotations
 

@@ -50,9 +50,6 @@ class FrozenMap(Mapping[str, str]):
     def __hash__(self) -> int:
         return hash(frozenset(self._data.items()))
 
-    def __reduce__(self):
-        return (FrozenMap, (self._data,))
-
     def __repr__(self) -> str:
         return f"FrozenMap({self._data!r})"
 

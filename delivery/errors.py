@@ -1,21 +1,11 @@
 """Delivery failures, and which of them the engine retries.
 
-    DeliveryError                  base
-    ├── TransientError             retried with backoff within the deadline
-    │   ├── RateLimitedError       provider rate limit (HTTP 429); also pauses the limiter
-    │   ├── OutcomeUnknownError    answer lost; retried only where keys are honoured
-    │   └── HedgeTransientError    every hedged endpoint failed, at least one transiently
-    └── PermanentError             never retried
-        └── HedgePermanentError    every hedged endpoint failed permanently
-
-``HedgeRefusedError`` (a ``ValueError``) is a programming error. Anything else a
-channel raises ends only its envelope: ``OSError`` counts as ``OutcomeUnknownError``,
-any other exception as ``PERMANENT`` and possibly delivered (a bug another try repeats).
+Anything else a channel raises ends only its envelope: ``OSError`` counts as
+``OutcomeUnknownError``, any other exception as ``PERMANENT`` and possibly delivered (a bug
+another try repeats).
 """
 
 from __future__ import annotations
-
-import math
 
 __all__ = [
     "DeliveryError",
@@ -43,7 +33,7 @@ class DeliveryError(Exception):
 
 
 class TransientError(DeliveryError):
-    """A failure worth retrying; ``retry_after`` is the provider's hint."""
+    """A failure retried with backoff within the deadline; ``retry_after``: the provider's hint."""
 
     def __init__(
         self,
@@ -53,10 +43,6 @@ class TransientError(DeliveryError):
         reached: bool = True,
         maybe_delivered: bool = False,
     ):
-        if retry_after is not None and (not math.isfinite(retry_after) or retry_after < 0):
-            raise ValueError(
-                f"retry_after must be a finite number of seconds >= 0 or None (got {retry_after!r})."
-            )
         super().__init__(message, reached=reached, maybe_delivered=maybe_delivered)
         self.retry_after = retry_after
 
@@ -73,7 +59,7 @@ class OutcomeUnknownError(TransientError):
 
 
 class PermanentError(DeliveryError):
-    """A failure that another attempt would repeat."""
+    """A failure that another attempt would repeat: never retried."""
 
     def __init__(self, message: str, *, reached: bool = True):
         super().__init__(message, reached=reached, maybe_delivered=False)
@@ -85,10 +71,7 @@ def _describe(failures: tuple[tuple[str, BaseException], ...]) -> str:
 
 
 class HedgeTransientError(TransientError):
-    """Every hedged endpoint failed, at least one transiently.
-
-    ``failures`` holds ``(name, exception)`` pairs in order, as in ``HedgePermanentError``.
-    """
+    """Every hedged endpoint failed, at least one transiently; ``failures``: (name, error) each."""
 
     def __init__(
         self,

@@ -114,10 +114,7 @@ def _date(date: datetime) -> str:
 
 
 def write_message(envelope: Envelope, *, sender: Sender, date: datetime) -> Message:
-    """Return the email for ``envelope``.
-
-    Raise ``PermanentError(reached=False)`` for a recipient not writable in ASCII (no SMTPUTF8).
-    """
+    """Return the email for ``envelope``."""
     recipient = _ascii_address(envelope.recipient)
     if recipient is None:
         raise PermanentError(

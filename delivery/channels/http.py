@@ -12,7 +12,6 @@ import hmac
 import json
 import logging
 import math
-import ssl
 from dataclasses import dataclass, field
 from datetime import datetime
 from email.utils import parsedate_to_datetime
@@ -177,7 +176,6 @@ class _Endpoint:
     """One URL of an ``HttpChannel``, shaped like a channel for hedging."""
 
     honours_idempotency_keys = True
-    max_concurrency = None
 
     def __init__(self, channel: HttpChannel, url: str) -> None:
         self.name = redact_url(url)  # errors and task names quote it
@@ -203,9 +201,8 @@ class HttpChannel:
 
     async def __aenter__(self) -> Self:
         settings = self.settings
-        urls = (settings.url, *settings.hedge_urls)
-        tls = ssl.create_default_context() if any(u.startswith("https:") for u in urls) else False
-        connector = aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, limit_per_host=0, ssl=tls)
+        # aiohttp verifies certificates with its default context, made once at import.
+        connector = aiohttp.TCPConnector(limit=_MAX_CONNECTIONS, limit_per_host=0)
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=settings.timeout, connect=settings.timeout),

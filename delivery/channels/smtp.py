@@ -61,11 +61,7 @@ class SmtpSettings:
     def __post_init__(self) -> None:
         if not self.host:
             raise ValueError("SmtpSettings.host is empty; pass the SMTP server (EMAIL_HOST).")
-        if (
-            not isinstance(self.port, int)
-            or isinstance(self.port, bool)
-            or not 0 < self.port < 65536
-        ):
+        if not 0 < self.port < 65536:
             raise ValueError(f"SmtpSettings.port must be 1-65535 (got {self.port!r}).")
         if self.use_tls and self.starttls:
             raise ValueError(
@@ -174,10 +170,6 @@ class _Pipeline(asyncio.Protocol):
         if len(self._buffer) > _MAX_REPLY_BYTES:
             self._end("the server sent a reply longer than any SMTP reply")
 
-    def eof_received(self) -> bool:
-        self._end("the server closed the connection")
-        return False
-
     def connection_lost(self, exc: Exception | None) -> None:
         self._end(f"connection lost: {exc}" if exc else "the server closed the connection")
         self._writable.set()
@@ -251,14 +243,13 @@ class SmtpChannel:
 
     def __init__(self, settings: SmtpSettings, *, clock: Clock) -> None:
         self.settings = settings
+        # The engine runs at most this many sends at once, each on a connection of its own.
         self.max_concurrency = settings.max_connections
         self._clock = clock
         self._sender: Sender = parse_sender(settings.from_email, setting="SmtpSettings.from_email")
         self._idle: list[aiosmtplib.SMTP | _Pipeline] = []
-        self._slots: asyncio.Semaphore | None = None
 
     async def __aenter__(self) -> Self:
-        self._slots = asyncio.Semaphore(self.settings.max_connections)
         return self
 
     async def __aexit__(self, *exc_info) -> None:
@@ -375,18 +366,17 @@ class SmtpChannel:
         data = message.data
         if self.settings.dkim is not None:
             data = dkim_sign(data, self.settings.dkim)
-        async with self._slots:
-            reused = bool(self._idle)
-            connection = self._idle.pop() if reused else await self._open()
-            try:
-                last_look()  # opening it may have taken long: a pause, a slow server
-            except TransientError:
-                self._release(connection)  # nothing of this message was written on it
-                raise
-            if isinstance(connection, _Pipeline):
-                await self._send_pipelined(connection, reused, message.recipient, data)
-            else:
-                await self._send_unpipelined(connection, reused, message.recipient, data)
+        reused = bool(self._idle)
+        connection = self._idle.pop() if reused else await self._open()
+        try:
+            last_look()  # opening it may have taken long: a pause, a slow server
+        except TransientError:
+            self._idle.append(connection)  # nothing of this message was written on it
+            raise
+        if isinstance(connection, _Pipeline):
+            await self._send_pipelined(connection, reused, message.recipient, data)
+        else:
+            await self._send_unpipelined(connection, reused, message.recipient, data)
         return message_id_for(envelope.key, self._sender.domain)
 
     async def _send_unpipelined(
@@ -478,24 +468,17 @@ class SmtpChannel:
             connection.close()
             raise
         if 200 <= code < 300:
-            self._release(connection)
+            self._idle.append(connection)
             return
         if 400 <= code < 600:
             # A definite refusal: the transaction is over, the connection reusable.
-            self._release(connection)
+            self._idle.append(connection)
             raise _from_reply(code, text, "DATA")
         connection.close()
         raise OutcomeUnknownError(
             f"SMTP {code} on DATA, not a reply to the end of a message: {text.strip()}; the "
             "server may have accepted it"
         )
-
-    def _release(self, connection: aiosmtplib.SMTP | _Pipeline) -> None:
-        """Pool ``connection`` if it can start a transaction, else close it."""
-        if isinstance(connection, _Pipeline) and not connection.idle:
-            connection.close()
-        else:
-            self._idle.append(connection)
 
     def _failed_before_data(self, exc: Exception) -> TransientError:
         return TransientError(
@@ -534,7 +517,7 @@ class SmtpChannel:
             connection.close()
             return
         if code == 250:
-            self._release(connection)
+            self._idle.append(connection)
         else:
             connection.close()
 
