@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
+from datetime import timedelta
 
 import pytest
 from django.db import connection
@@ -215,6 +216,28 @@ def test_ids_that_no_longer_exist_are_counted_and_skipped(
         "Replayed 2 reminders: 2 queued for delivery. Skipped: 1 no longer exist."
     ]
     assert published_ids(published) == Counter(failed)
+
+
+def test_a_replay_before_the_send_window_opens_says_the_reminders_wait_for_it(
+    make_reminders, login, replayer, published, django_capture_on_commit_callbacks
+):
+    """The workshop moved three days later after its reminders failed: replayed now, they are
+    pending, not queued, and the message says why nothing went to the broker."""
+    from workshops.services import workshop_update
+
+    failed = make_reminders(2, "failed")
+    workshop = Reminder.objects.get(pk=failed[0]).workshop
+    workshop_update(
+        workshop=workshop,
+        starts_at=workshop.starts_at + timedelta(days=3),
+        ends_at=workshop.ends_at + timedelta(days=3),
+    )
+    with django_capture_on_commit_callbacks(execute=True):
+        done = post_action(login(replayer), "replay_selected", failed, confirm=True)
+    assert messages_of(done) == [
+        "Replayed 2 reminders: 0 queued for delivery, 2 waiting for their send window."
+    ]
+    assert published == [] and statuses(failed) == {"pending": 2}
 
 
 def test_selection_of_nothing_replayable_offers_no_confirm_button(make_reminders, login, replayer):
@@ -459,6 +482,25 @@ def test_sending_unknown_reminders_again_from_the_admin(
         )
     assert messages_of(done) == ["Sending 2 reminders again: 2 queued."]
     assert published_ids(published) == Counter(unknown)
+
+
+def test_a_decision_confirmed_twice_says_the_second_time_that_no_reminder_was_changed(
+    make_reminders, login, resolver, published
+):
+    """A double click on "Record the decision" (or a colleague deciding first): the second
+    post finds nothing of unknown outcome and says so, as a warning."""
+    unknown = make_reminders(2, "unknown")
+    client = login(resolver)
+    decide = {"decision": "mark_sent", "reason": "provider log shows delivery"}
+    first = post_action(client, "resolve_unknown", unknown, confirm=True, **decide)
+    second = post_action(client, "resolve_unknown", unknown, confirm=True, **decide)
+    assert messages_of(first) == ["Marked 2 reminders as sent."]
+    [message] = second.context["messages"]
+    assert (str(message), message.level_tag) == (
+        "No reminder was changed. Skipped: 2 not of unknown outcome.",
+        "warning",
+    )
+    assert statuses(unknown) == {"sent": 2} and published == []
 
 
 def test_audit_records_are_listed_read_only(make_reminders, login, replayer, make_staff):

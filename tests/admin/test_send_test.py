@@ -157,6 +157,44 @@ def test_the_admin_button_queues_the_test_and_says_where_its_outcome_is(
     )
 
 
+@pytest.mark.parametrize(
+    ("problem", "error"),
+    [
+        (
+            "no staff address",
+            "Your user's email address cannot receive a test (it is empty); set it on your "
+            "user in the admin (Users) and try again.",
+        ),
+        (
+            "enrollment cancelled",
+            "That attendee is not enrolled in this workshop; choose one from the list.",
+        ),
+    ],
+)
+def test_a_test_that_cannot_be_asked_for_says_why_on_the_preview_and_queues_nothing(
+    client, enrolled, make_staff, monkeypatch, problem, error
+):
+    from workshops.models import Enrollment
+    from workshops.services import enrollment_cancel
+
+    workshop, attendee = enrolled
+    published: list[int] = []
+    monkeypatch.setattr("reminders.queue.publish_test", published.append)
+    if problem == "enrollment cancelled":
+        enrollment_cancel(enrollment=Enrollment.objects.get(workshop=workshop, attendee=attendee))
+    client.force_login(
+        _tester(make_staff, **({"email": ""} if problem == "no staff address" else {}))
+    )
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+
+    answer = client.post(url, {"attendee": attendee.pk}, follow=True)
+
+    assert answer.redirect_chain == [(f"{url}?attendee={attendee.pk}", 302)]
+    [message] = answer.context["messages"]
+    assert (str(message), message.level_tag) == (error, "error")
+    assert (published, StaffDecision.objects.exists()) == ([], False)
+
+
 @pytest.mark.parametrize("malformed", ["7", True, 0, -1, None, [1]])
 def test_the_task_refuses_a_malformed_decision_id_and_sends_nothing(malformed, smtp_sink):
     from reminders.tasks import send_test

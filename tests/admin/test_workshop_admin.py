@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from reminders.models import Reminder
 from workshops.models import Enrollment, Workshop
-from workshops.services import workshop_cancel
+from workshops.services import enrollment_cancel, workshop_cancel
 
 pytestmark = pytest.mark.django_db
 
@@ -107,6 +107,22 @@ def test_local_time_skipped_by_daylight_saving_is_refused(admin_client):
         "starts_at": [
             "2026-03-29 02:30 does not exist in Europe/Berlin: the clocks jump forward over it. "
             "Choose a time outside the daylight-saving gap."
+        ]
+    }
+    assert not Workshop.objects.exists()
+
+
+def test_local_time_repeated_by_daylight_saving_is_refused(admin_client):
+    """02:30 on 25 October 2026 in Berlin is both 00:30 and 01:30 UTC: staff choose."""
+    response = admin_client.post(
+        f"{CHANGELIST}add/",
+        form_data(zone="Europe/Berlin", starts="2026-10-25 02:30", ends="2026-10-25 04:00"),
+    )
+    assert response.status_code == 200
+    assert field_errors(response) == {
+        "starts_at": [
+            "2026-10-25 02:30 happens twice in Europe/Berlin: the clocks go back over it. "
+            "Choose a time outside the daylight-saving overlap."
         ]
     }
     assert not Workshop.objects.exists()
@@ -252,6 +268,81 @@ def test_enrollment_inline_enrols_through_the_service_and_leaves_cancelling_to_t
     assert enrolled.status_code == 302, enrolled.context and enrolled.context["errors"]
     statuses = dict(Reminder.objects.filter(workshop=workshop).values_list("attendee_id", "status"))
     assert statuses == {existing.attendee_id: "pending", newcomer.pk: "pending"}
+
+
+def test_enrollment_inline_refuses_to_move_an_enrollment_to_another_attendee(
+    admin_client, make_workshop, enrol, make_attendee
+):
+    """Changing a row's attendee would hand one person's reminder (and what it told them) to
+    another: it is a field error naming the way to do it, and nothing changes."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (existing,) = enrol(workshop, 1)
+    owner, other = existing.attendee_id, make_attendee()
+    refused = _post_inline(admin_client, workshop, [(existing.pk, other.pk, "active")])
+    assert refused.status_code == 200
+    [inline] = [
+        f for f in refused.context["inline_admin_formsets"] if f.formset.prefix == "enrollments"
+    ]
+    assert inline.formset.errors == [
+        {
+            "attendee": [
+                "An enrollment cannot move to another attendee: cancel it and enrol the other "
+                "attendee in a new row."
+            ]
+        }
+    ]
+    assert list(Enrollment.objects.values_list("pk", "attendee_id", "status")) == [
+        (existing.pk, owner, "active")
+    ]
+    reminder = Reminder.objects.get(workshop=workshop)
+    assert (reminder.attendee_id, reminder.status) == (owner, "pending")
+
+
+def test_enrollment_inline_refuses_to_enrol_anyone_in_a_cancelled_workshop(
+    admin_client, make_workshop, enrol, make_attendee
+):
+    """Neither a new row nor a cancelled row set back to active: the whole save is refused
+    with the reason, rather than failing in the enrollment service halfway."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    staying, leaving = enrol(workshop, 2)
+    enrollment_cancel(enrollment=leaving)
+    workshop = workshop_cancel(workshop=workshop)
+    newcomer = make_attendee()
+    for rows in (
+        [(staying.pk, staying.attendee_id, "active"), ("", newcomer.pk, "active")],
+        [(staying.pk, staying.attendee_id, "active"), (leaving.pk, leaving.attendee_id, "active")],
+    ):
+        refused = _post_inline(admin_client, workshop, rows)
+        assert refused.status_code == 200
+        assert "This workshop is cancelled; enrol attendees in a scheduled workshop." in str(
+            refused.context["errors"]
+        )
+        assert dict(Enrollment.objects.values_list("attendee_id", "status")) == {
+            staying.attendee_id: "active",
+            leaving.attendee_id: "cancelled",
+        }
+        assert set(Reminder.objects.values_list("status", flat=True)) == {"cancelled"}
+
+
+def test_enrollment_inline_reactivates_a_cancelled_enrollment_and_plans_its_reminder_again(
+    admin_client, make_workshop, enrol
+):
+    """Setting a cancelled row back to active goes through enrollment_create: the same
+    enrollment is active again and its cancelled reminder is pending again."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (enrollment,) = enrol(workshop, 1)
+    enrollment_cancel(enrollment=enrollment)
+    reminder = Reminder.objects.get(enrollment=enrollment)
+    assert reminder.status == "cancelled"
+    saved = _post_inline(
+        admin_client, workshop, [(enrollment.pk, enrollment.attendee_id, "active")]
+    )
+    assert saved.status_code == 302, saved.context and saved.context["errors"]
+    enrollment.refresh_from_db()
+    assert enrollment.status == "active"
+    assert list(Reminder.objects.values_list("pk", "status", "status_reason")) == [
+        (reminder.pk, "pending", "")
+    ]
 
 
 def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminders):

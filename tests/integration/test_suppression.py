@@ -221,6 +221,33 @@ def test_staff_lift_a_suppression_with_a_reason_and_reminders_go_again(
     assert send() == [second[eve.pk]]
 
 
+def test_the_suppression_list_filters_those_in_force_from_those_lifted(
+    send, report, workshops_for, admin_client
+):
+    ida, jon = _people("ida", "jon")
+    first = workshops_for(ida, jon)
+    send()
+    report(first[ida.pk], "bounced", bounce="hard")
+    report(first[jon.pk], "complained")
+    changelist = "/admin/reminders/suppression/"
+    lifted = Suppression.objects.get(address="ida@example.org")
+    post_action(
+        admin_client, changelist, "lift_selected", [lifted.pk], confirm=True, reason="asked Ida"
+    )
+    in_force = Suppression.objects.get(address="jon@example.org")
+
+    def listed(query: str) -> list[int]:
+        page = admin_client.get(f"{changelist}{query}")
+        assert page.status_code == 200
+        return sorted(row.pk for row in page.context["cl"].result_list)
+
+    assert listed("") == sorted([lifted.pk, in_force.pk])
+    assert listed("?live=yes") == [in_force.pk]
+    assert listed("?live=no") == [lifted.pk]
+    page = admin_client.get(changelist).content.decode()
+    assert 'href="?live=yes"' in page and 'href="?live=no"' in page
+
+
 def test_an_erased_address_stays_suppressed_without_being_kept(
     send, report, workshops_for, admin_user
 ):

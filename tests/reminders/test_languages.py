@@ -10,9 +10,10 @@ import polib
 import pytest
 from django.conf import settings
 
-from reminders.content import choose_text, reminder_envelope
+from reminders.content import choose_notice_text, choose_text, reminder_envelope
 from reminders.models import Reminder
 from workshops.models import Attendee, Workshop, WorkshopText
+from workshops.services import workshop_update
 
 pytestmark = pytest.mark.django_db
 
@@ -92,6 +93,19 @@ def test_a_blank_attendee_language_takes_the_workshops():
     assert _envelope(language="de", workshop_language="fr").subject.startswith("Erinnerung: ")
 
 
+def test_a_language_no_longer_offered_falls_back_to_the_sites_language(settings):
+    """A workshop and an attendee saved in French before French was dropped from LANGUAGES
+    (the column keeps any code): the reminder is in LANGUAGE_CODE, not in French."""
+    settings.LANGUAGES = [("en", "English"), ("de", "Deutsch")]
+    envelope = _envelope(language="fr", workshop_language="fr")
+    assert envelope.payload["language"] == "en"
+    assert envelope.subject.startswith("Reminder: Glaze lab starts Sunday")
+    settings.LANGUAGE_CODE = "de"
+    envelope = _envelope(language="fr", workshop_language="fr")
+    assert envelope.payload["language"] == "de"
+    assert envelope.subject.startswith("Erinnerung: Glaze lab am Sonntag")
+
+
 def test_a_language_without_a_text_of_its_own_gets_the_workshops_text_with_its_own_fixed_lines():
     envelope = _envelope(
         language="de",
@@ -119,6 +133,45 @@ def test_a_text_in_the_attendees_language_wins_and_its_blank_parts_are_built_in(
     assert chosen["fr"].intro == "Salut {attendee_name} !"
     assert (chosen["de"].subject, chosen["de"].intro_source) == ("Bring clay", "workshop")
     assert (chosen["en"].subject, chosen["en"].language) == ("Bring clay", "en")
+
+
+def test_the_workshops_notice_intro_is_for_readers_of_its_language_and_others_get_the_built_in(
+    make_workshop, make_attendee
+):
+    """docs/staff.md: the notice intro is for attendees reading the workshop's language;
+    anyone else, and everyone while it is blank, gets the built-in one of their language."""
+    own = "Salut {attendee_name} ! {workshop_title} bouge : {old_start_local} -> {start_local}."
+    workshop = make_workshop(language="fr", notice_intro=own)
+    # A reminder text in German is no notice text: German readers still get the built-in one.
+    WorkshopText.objects.create(workshop=workshop, language="de", reminder_intro="Hallo!")
+    french, blank, german, english = (
+        make_attendee(language=code) for code in ("fr", "", "de", "en")
+    )
+
+    def chosen(attendee):
+        text = choose_notice_text(workshop=workshop, attendee=attendee, kind="changed")
+        return text.language, text.intro_source, text.intro
+
+    assert chosen(french) == chosen(blank) == ("fr", "workshop", own)
+    assert chosen(german) == (
+        "de",
+        "built_in",
+        "Hallo {attendee_name},\n\n„{workshop_title}“ hat sich seit unserer Erinnerung "
+        "geändert. Das ist neu.",
+    )
+    assert chosen(english) == (
+        "en",
+        "built_in",
+        'Hello {attendee_name},\n\n"{workshop_title}" has changed since we reminded you. '
+        "Here is what is different.",
+    )
+    workshop = workshop_update(workshop=workshop, notice_intro=" \n ")
+    assert chosen(french) == (
+        "fr",
+        "built_in",
+        "Bonjour {attendee_name},\n\n« {workshop_title} » a changé depuis notre rappel. "
+        "Voici ce qui est différent.",
+    )
 
 
 def test_the_html_part_escapes_staff_text_and_keeps_its_paragraphs():
