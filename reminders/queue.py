@@ -61,6 +61,6 @@ def publish_replay(decision_id: int) -> bool:
     )
 
 
-def publish_test(decision_id: int) -> None:
-    """Send one ``reminders.send_test`` message; a failure reaches the staff member's request."""
-    current_app.send_task(TEST_TASK, args=[decision_id])
+def publish_test(decision_id: int) -> bool:
+    """Send one ``reminders.send_test`` message; return whether it went out."""
+    return _send(TEST_TASK, [decision_id], failed=f"Could not publish test send {decision_id} (%s)")

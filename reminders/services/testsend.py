@@ -18,6 +18,12 @@ from workshops.models import Enrollment
 
 # Also the reminder preview's answer to an attendee not enrolled.
 NOT_ENROLLED = "That attendee is not enrolled in this workshop; choose one from the list."
+NOT_QUEUED = (
+    "The test could not be queued (the task queue is unreachable), so nothing was sent; "
+    "send it again once the queue is back."
+)
+# The outcome of a test whose message the broker refused.
+UNQUEUED = "not sent: the task queue was unreachable"
 
 
 def reminder_send_test_request(
@@ -33,6 +39,7 @@ def reminder_send_test_request(
     """Record a test send of ``attendee``'s reminder to ``actor`` and queue it after commit.
 
     A ``request_token`` seen before (a form posted twice) returns that decision, queueing nothing.
+    A message the broker refuses ends the decision ``UNQUEUED`` and raises ValidationError.
     """
     clock = clock or default_clock()
     address = (actor.email or "").strip()
@@ -66,10 +73,24 @@ def reminder_send_test_request(
                 selection_ids=[attendee.pk],
             )
             publish = publish_task or queue.publish_test
-            transaction.on_commit(lambda: publish(decision.pk))
-        return decision
+            unsent = []
+            transaction.on_commit(lambda: unsent.extend(_unless_published(publish, decision.pk)))
     except IntegrityError:
         if request_token is None:
             raise
         # The same form, posted again: its first request recorded the decision.
-        return StaffDecision.objects.get(request_token=request_token)
+        decision = StaffDecision.objects.get(request_token=request_token)
+        unsent = [decision.pk] if decision.outcome == UNQUEUED else []
+    if unsent:
+        raise ValidationError(NOT_QUEUED, code="not_queued")
+    return decision
+
+
+def _unless_published(publish: Callable[[int], object], pk: int) -> list[int]:
+    """Publish the test; if the broker refused it, end its decision as not sent and return it."""
+    if publish(pk) is not False:
+        return []
+    StaffDecision.objects.filter(pk=pk, state=StaffDecision.State.RUNNING, outcome="").update(
+        state=StaffDecision.State.DONE, queued=0, outcome=UNQUEUED
+    )
+    return [pk]

@@ -9,7 +9,7 @@ import pytest
 
 from loopback.http_sink import HttpSink
 from reminders.models import DeliveryAttempt, Reminder, StaffDecision
-from reminders.services.testsend import reminder_send_test_request
+from reminders.services.testsend import NOT_QUEUED, UNQUEUED, reminder_send_test_request
 from reminders.worker.testsend import reminder_send_test_run
 from workshops.services import attendee_get_or_create, enrollment_create
 
@@ -300,3 +300,44 @@ def test_two_requests_with_one_token_at_once_record_one_test(enrolled, make_staf
         assert errors == []
         assert len(decisions) == 2 and decisions[0].pk == decisions[1].pk
     assert StaffDecision.objects.count() == 5 and len(published) == 5
+
+
+def test_a_test_the_broker_refuses_says_so_and_a_fresh_form_sends_it_once_it_is_back(
+    client, enrolled, make_staff, refusing_port, broker, monkeypatch
+):
+    """The task queue is down when staff press the button: they are told nothing was sent, the
+    decision ends so (not "running" for good), and the same form posted again says the same."""
+    from celery import Celery, current_app
+
+    workshop, attendee = enrolled
+    client.force_login(_tester(make_staff))
+    url = f"/admin/workshops/workshop/{workshop.pk}/preview/"
+
+    def form() -> dict:
+        page = client.get(url, {"attendee": attendee.pk}).content.decode()
+        [token] = re.findall(r'name="request_token" value="([0-9a-f]{32})"', page)
+        return {"attendee": attendee.pk, "request_token": token}
+
+    def press(data: dict) -> tuple[str, str]:
+        [message] = client.post(url, data, follow=True).context["messages"]
+        return str(message), message.level_tag
+
+    first = form()
+    working = current_app._get_current_object()
+    with monkeypatch.context() as patched:
+        # Configured as the project's app, but for the broker's address (read from here).
+        patched.setenv("CELERY_BROKER_URL", f"redis://127.0.0.1:{refusing_port()}/0")
+        down = Celery("down", set_as_current=False)
+        down.config_from_object("django.conf:settings", namespace="CELERY")
+        down.set_current()
+        try:
+            assert press(first) == (NOT_QUEUED, "error")
+        finally:
+            working.set_current()
+    decision = StaffDecision.objects.get()
+    assert (decision.state, decision.queued, decision.outcome) == ("done", 0, UNQUEUED)
+
+    assert press(first) == (NOT_QUEUED, "error")  # the same form again: nothing queued
+    assert StaffDecision.objects.count() == 1
+    assert press(form())[1] == "success"
+    assert StaffDecision.objects.filter(state="running", outcome="").count() == 1
