@@ -27,6 +27,12 @@ RESCHEDULABLE_FIELDS = (
 )
 
 
+ERASED_NOT_ENROLLED = (
+    "This attendee's personal data was erased; to enrol the person again, add them as a new "
+    "attendee with their name and email."
+)
+
+
 def workshop_create(
     *,
     title: str,
@@ -162,13 +168,7 @@ def enrollment_create(*, attendee: Attendee, workshop: Workshop) -> Enrollment:
                 code="workshop_cancelled",
             )
         if attendee.erased_at is not None:
-            raise ValidationError(
-                {
-                    "attendee": "This attendee's personal data was erased; to enrol the person "
-                    "again, add them as a new attendee with their name and email."
-                },
-                code="attendee_erased",
-            )
+            raise ValidationError({"attendee": ERASED_NOT_ENROLLED}, code="attendee_erased")
         enrollment, created = Enrollment.objects.select_for_update(no_key=True).get_or_create(
             attendee=attendee, workshop=workshop
         )

@@ -14,6 +14,7 @@ from delivery.addresses import attendee_address_refusal
 from reminders.models import StaffDecision, id_from_text
 from reminders.services.replay import REASON_MAX_LENGTH
 from workshops.models import Attendee, Enrollment, Workshop
+from workshops.services import ERASED_NOT_ENROLLED
 from workshops.validators import zone_choices
 
 ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin."
@@ -147,6 +148,13 @@ def _becomes(form: forms.ModelForm, status: str) -> bool:
     return wanted and (form.instance.pk is None or "status" in form.changed_data)
 
 
+def _refuse_erased(form: forms.ModelForm) -> None:
+    """Refuse to make an erased attendee's enrollment active (the service would refuse it)."""
+    attendee = form.cleaned_data.get("attendee") or getattr(form.instance, "attendee", None)
+    if attendee is not None and attendee.erased_at and _becomes(form, Enrollment.Status.ACTIVE):
+        form.add_error("attendee" if form.instance.pk is None else "status", ERASED_NOT_ENROLLED)
+
+
 class ChosenByIdMixin:
     """Autocomplete foreign keys take an id or nothing: the widget's redraw raised on " " or "²"."""
 
@@ -189,6 +197,8 @@ class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
                 "An enrollment cannot move to another attendee: cancel it and enrol the other "
                 "attendee in a new row.",
             )
+        else:
+            _refuse_erased(self)
         return cleaned
 
 
@@ -228,6 +238,7 @@ class EnrollmentForm(ChosenByIdMixin, forms.ModelForm):
                 "workshop" if self.instance.pk is None else "status",
                 "This workshop is cancelled; enrol the attendee in a scheduled workshop.",
             )
+        _refuse_erased(self)
         return cleaned
 
 

@@ -445,3 +445,45 @@ def test_a_time_at_the_edge_of_the_calendar_is_a_field_error_not_a_500(admin_cli
 def test_a_date_hierarchy_link_to_no_real_year_is_not_a_500(admin_client, year):
     response = admin_client.get(CHANGELIST, {"starts_at__year": year})
     assert response.status_code in (200, 302)
+
+
+def test_an_erased_attendee_is_not_enrolled_again_from_any_admin_form(
+    admin_client, make_workshop, enrol, admin_user
+):
+    """Erasure cancelled the enrollment: setting it active again, on the workshop's page or on
+    its own, or enrolling the attendee anew, is a field error saying what to do (was a 500)."""
+    from reminders.services.erasure import attendees_erase
+    from workshops.models import Attendee
+    from workshops.services import ERASED_NOT_ENROLLED
+
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (enrollment,) = enrol(workshop, 1)
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=enrollment.attendee_id), reason="asked",
+        actor=admin_user,
+    )  # fmt: skip
+    inline = _post_inline(
+        admin_client, workshop, [(enrollment.pk, enrollment.attendee_id, "active")]
+    )
+    own_page = admin_client.post(
+        f"/admin/workshops/enrollment/{enrollment.pk}/change/", {"status": "active"}
+    )
+    anew = admin_client.post(
+        "/admin/workshops/enrollment/add/",
+        {
+            "attendee": enrollment.attendee_id,
+            "workshop": make_workshop(starts_in=timedelta(hours=5)).pk,
+            "status": "active",
+        },
+    )
+    assert [response.status_code for response in (inline, own_page, anew)] == [200, 200, 200]
+    [rows] = [
+        i.formset
+        for i in inline.context["inline_admin_formsets"]
+        if i.formset.prefix == "enrollments"
+    ]
+    [inline_form] = rows.forms
+    assert inline_form.errors == {"status": [ERASED_NOT_ENROLLED]}
+    assert field_errors(own_page) == {"status": [ERASED_NOT_ENROLLED]}
+    assert field_errors(anew) == {"attendee": [ERASED_NOT_ENROLLED]}
+    assert list(Enrollment.objects.values_list("status", flat=True)) == ["cancelled"]
