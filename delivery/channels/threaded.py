@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Self
 
 from delivery.envelope import Envelope
+from delivery.errors import TransientError
 
 __all__ = ["ThreadedChannel"]
 
@@ -92,8 +93,10 @@ class ThreadedChannel:
         )
         try:
             thread.start()
-        except BaseException:
+        except BaseException as exc:
             with self._lock:
                 self._running -= 1
+            if isinstance(exc, RuntimeError):  # no thread to be had: nothing was sent
+                raise TransientError(f"no thread to send in ({exc})", reached=False) from exc
             raise
         return await future

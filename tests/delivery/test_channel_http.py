@@ -343,7 +343,9 @@ def test_an_error_page_that_is_not_json_is_quoted_on_one_line(system_clock, make
 
 
 @pytest.mark.parametrize(
-    "body", [b"OK", b'{"status": "queued"}'], ids=["not-json", "no-message-id"]
+    "body",
+    [b"OK", b'{"status": "queued"}', b'["sink-1"]'],
+    ids=["not-json", "no-message-id", "a-json-list"],
 )
 def test_an_acceptance_without_a_message_id_is_still_sent_and_logged(
     system_clock, make_real_envelope, caplog, body

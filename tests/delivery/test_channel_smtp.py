@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import re
 import smtplib
+import socket
 
 import pytest
 
@@ -505,9 +507,10 @@ def test_require_tls_with_starttls_off_and_no_implicit_tls_fails_at_construction
 
 class _ScriptedServer:
     """A raw SMTP server on loopback, offering PIPELINING unless told not to: each command
-    line gets the next reply its script holds for that verb ("CLOSE": hang up instead),
-    sent in ``pieces`` (bytes written apart, a moment between them); it records every
-    line the client sent and each message body."""
+    line (EHLO too) gets the next reply its script holds for that verb ("CLOSE": hang up
+    instead, in one segment with the replies before it), sent in ``pieces`` (bytes written
+    apart, a moment between them); it records every line the client sent and each message
+    body."""
 
     def __init__(
         self,
@@ -519,6 +522,7 @@ class _ScriptedServer:
         pipelining: tuple[bool, ...] = (True,),
         stall: float = 0.0,
         slow: dict[str, float] | None = None,
+        hang_up_in_data: bool = False,
     ) -> None:
         self.replies = {verb: list(answers) for verb, answers in replies.items()}
         self.pieces = pieces
@@ -527,6 +531,7 @@ class _ScriptedServer:
         self.pipelining = list(pipelining)  # per connection; the last one for any later
         self.stall = stall  # seconds between the 354 and reading the message
         self.slow = slow or {}  # seconds before answering a verb
+        self.hang_up_in_data = hang_up_in_data  # after the stall, instead of reading the message
         self.open = 0
         self.lines: list[bytes] = []
         self.bodies: list[bytes] = []
@@ -564,8 +569,8 @@ class _ScriptedServer:
             verb = line[:4].upper().decode("ascii", "replace").strip()
             await asyncio.sleep(self.slow.get(verb, 0))
             if verb == "EHLO":
-                offer = b"250-PIPELINING\r\n" if pipelining else b""
-                pending += b"250-scripted\r\n" + offer + b"250 HELP\r\n"
+                offer = "250-PIPELINING\r\n" if pipelining else ""
+                pending += self._reply("EHLO", f"250-scripted\r\n{offer}250 HELP")
             elif verb == "DATA":
                 reply = self._reply("DATA", "354 go ahead")
                 if not reply.startswith(b"354"):
@@ -574,6 +579,8 @@ class _ScriptedServer:
                     await send(pending + reply)
                     pending = b""
                     await asyncio.sleep(self.stall)
+                    if self.hang_up_in_data:
+                        break  # the message unread: the client's next write finds it gone
                     # In blocks, not line by line: a loaded host read a 6 MB message's
                     # lines slower than the client's 1 s wait for the reply.
                     body, end = bytearray(b"\r\n"), -1  # as if after a line: "." ends it
@@ -597,7 +604,12 @@ class _ScriptedServer:
             else:
                 pending += self._reply(verb, "250 OK")
             if pending.endswith(b"CLOSE\r\n"):
-                await send(pending.removesuffix(b"CLOSE\r\n"))
+                # The last replies and the hang-up in one segment (corked): the client reads
+                # its reply and finds the connection closed in the same turn of its loop.
+                sock = writer.get_extra_info("socket")
+                sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_CORK, 1)
+                writer.write(pending.removesuffix(b"CLOSE\r\n"))
+                sock.shutdown(socket.SHUT_WR)
                 break
             # Answer when the client has nothing more buffered: a pipelined group at once.
             if not reader._buffer:
@@ -1053,3 +1065,116 @@ def test_a_call_cancelled_by_its_timeout_closes_its_connection(
     finally:
         gc.enable()
     assert result.outcome is Outcome.TIMED_OUT
+
+
+@pytest.mark.parametrize(
+    "ehlo",
+    ["CLOSE", "250-scripted\r\n250-PIPELINING\r\n250 HELP\r\nCLOSE"],
+    ids=["before-answering-ehlo", "right-after-offering-pipelining"],
+)
+def test_a_server_hanging_up_during_set_up_was_never_reached_and_is_retried(
+    system_clock, make_real_envelope, ehlo
+):
+    """The server hangs up instead of answering EHLO, or answers it (offering PIPELINING)
+    and hangs up in the same segment: no command of the message went out, so the server
+    cannot have it; the failure is transient and the provider not reached (safe to retry)."""
+    with _ScriptedServer({"EHLO": [ehlo] * QUICK.max_attempts}) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.provider_reached, result.maybe_delivered) == (
+        Outcome.TRANSIENT,
+        False,
+        False,
+    ), result.error
+    assert result.attempts == QUICK.max_attempts
+    assert [line for line in server.lines if line.startswith(b"MAIL")] == []
+
+
+def test_a_batch_cancelled_while_saying_goodbye_closes_every_pooled_connection(
+    system_clock, make_real_envelope
+):
+    """The batch ends with two connections pooled; the server is slow to answer the first
+    QUIT and the batch is cancelled meanwhile: the second, never sent QUIT, is closed too,
+    not left open until the collector (disabled here) or the process ends."""
+    envelopes = [make_real_envelope(), make_real_envelope()]
+
+    async def batch(channel):
+        async with channel:
+            await asyncio.gather(*(channel.send(envelope) for envelope in envelopes))
+            assert len(channel._idle) == 2
+
+    async def scenario(channel):
+        task = asyncio.create_task(batch(channel))
+        await _until(lambda: b"QUIT" in server.lines, system_clock)
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+    gc.disable()
+    try:
+        with _ScriptedServer({}, slow={"QUIT": 1.0}) as server:
+            channel = SmtpChannel(
+                SmtpSettings(
+                    host="127.0.0.1", port=server.port, from_email=FROM, timeout=5,
+                    starttls=False, max_connections=2,
+                ),
+                clock=system_clock,
+            )  # fmt: skip
+            run(scenario(channel))
+            assert (len(server.bodies), server.connections, server.lines.count(b"QUIT")) == (
+                2,
+                2,
+                1,
+            )
+            deadline = system_clock.monotonic() + 3.0
+            while server.open and system_clock.monotonic() < deadline:
+                system_clock.sleep_blocking(0.02)
+            assert server.open == 0
+    finally:
+        gc.enable()
+
+
+def test_a_connection_whose_reset_is_refused_is_closed_and_the_next_message_takes_a_new_one(
+    system_clock, make_real_envelope
+):
+    """The refused transaction may still be open on the server (its next MAIL FROM would
+    get 503): only a connection whose RSET got 250 goes back to the pool."""
+    with _ScriptedServer(
+        {
+            "RCPT": ["550 5.1.1 no such user"],
+            "DATA": ["554 no valid recipients"],
+            "RSET": ["421 4.3.0 cannot reset now"],
+        }
+    ) as server:
+        results = run(
+            deliver(
+                [make_real_envelope(), make_real_envelope()],
+                _scripted_channel(server, system_clock),
+                policy=DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1),
+                clock=system_clock,
+            )
+        )
+    assert [r.outcome for r in results] == [Outcome.PERMANENT, Outcome.SENT], results
+    assert (len(server.bodies), server.connections) == (1, 2)
+
+
+def test_a_server_that_stops_reading_the_message_and_hangs_up_ends_the_send_at_once(
+    system_clock, make_real_envelope
+):
+    """The channel waits for the server to read the message (it outgrows the socket
+    buffers); the server drops the connection instead: the wait ends then, with the
+    outcome unknown, not at the channel's 10 s timeout or the call's."""
+    envelope = make_real_envelope(text_body="See you there.\n" * 400_000)  # 6 MB
+    policy = DeliveryLimits(call_timeout=20, max_attempts=3)
+    with _ScriptedServer({}, stall=0.3, hang_up_in_data=True) as server:
+        channel = SmtpChannel(
+            SmtpSettings(
+                host="127.0.0.1", port=server.port, from_email=FROM, timeout=10, starttls=False
+            ),
+            clock=system_clock,
+        )
+        began = system_clock.monotonic()
+        [result] = run(deliver([envelope], channel, policy=policy, clock=system_clock))
+        elapsed = system_clock.monotonic() - began
+    assert (result.maybe_delivered, result.attempts) == (True, 1), result
+    assert "failed during DATA; the server may have accepted the message" in result.error
+    assert elapsed < 5.0, f"the send waited {elapsed:.1f}s for a connection already gone"

@@ -171,3 +171,55 @@ def test_a_send_that_ends_after_its_timeout_is_only_logged(
 
     assert result.outcome is Outcome.TIMED_OUT
     assert "finished late: sent as id-7" in caplog.text
+
+
+def test_a_thread_that_cannot_start_is_not_counted_as_running(
+    system_clock, make_real_envelope, monkeypatch, caplog
+):
+    """The host is out of threads: the send fails as never having reached the provider (a
+    channel without keys would otherwise call it maybe sent), and the channel does not go on
+    counting a thread that never ran (nor warn at the end of the batch that it still runs)."""
+    real_start = threading.Thread.start
+
+    def start(thread):
+        if thread.name.startswith("delivery-"):
+            raise RuntimeError("can't start new thread")
+        real_start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", start)
+    channel = ThreadedChannel("django-mail", lambda envelope: "never")
+
+    [result] = run(
+        deliver([make_real_envelope()], channel, policy=DeliveryLimits(), clock=system_clock)
+    )
+
+    assert (result.outcome, result.provider_reached, result.maybe_delivered) == (
+        Outcome.TRANSIENT, False, False,
+    )  # fmt: skip
+    assert "can't start new thread" in result.error
+    assert channel.running_threads == 0
+    assert "still running in the background" not in caplog.text
+
+
+def test_a_send_that_ends_after_its_batchs_event_loop_closed_is_still_logged(
+    system_clock, make_real_envelope, caplog
+):
+    """The batch timed the send out and its event loop is gone when the thread finishes:
+    the late result has no loop to go back to, and is logged from the thread instead."""
+    answer = threading.Event()
+    envelope = make_real_envelope()
+    channel = ThreadedChannel("django-mail", lambda envelope: answer.wait(10) and "id-7")
+
+    [result] = run(
+        deliver([envelope], channel, policy=DeliveryLimits(call_timeout=0.1), clock=system_clock)
+    )
+    [thread] = [
+        t for t in threading.enumerate() if t.name == f"delivery-django-mail-{envelope.reminder_id}"
+    ]
+    answer.set()
+    thread.join(5)
+
+    assert result.outcome is Outcome.TIMED_OUT
+    assert not thread.is_alive()
+    assert channel.running_threads == 0
+    assert "finished late: sent as id-7" in caplog.text

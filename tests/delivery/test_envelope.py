@@ -103,3 +103,21 @@ def test_an_unsubscribe_url_that_cannot_be_one_header_link_is_refused(make_envel
     """Settings accept a public URL whose path holds a space: List-Unsubscribe would break."""
     with pytest.raises(ValueError, match="must be one http\\(s\\) URL"):
         make_envelope(unsubscribe_url=url)
+
+
+@pytest.mark.parametrize(
+    "url",
+    [
+        "https://reminders.example.com/u/t/\r\nBcc:victim@example.com",
+        "https://reminders.example.com/u/t/\nX-Injected:1",
+        "https://reminders.example.com/u/\tt/",
+    ],
+    ids=["crlf", "lf", "tab"],
+)
+def test_a_control_character_in_the_unsubscribe_url_is_refused_so_it_cannot_add_a_header(
+    make_envelope, url
+):
+    """List-Unsubscribe carries the URL as it is: a line break in it would start a header
+    of its own (a Bcc), and no space or angle bracket gives it away."""
+    with pytest.raises(ValueError, match=r"Envelope\.unsubscribe_url .* must be one http\(s\) URL"):
+        make_envelope(unsubscribe_url=url)
