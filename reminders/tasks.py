@@ -88,13 +88,16 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
     return counts
 
 
-@shared_task(
-    name="reminders.deliver_notices",
-    ignore_result=True,
-    autoretry_for=(OperationalError,),
-    retry_backoff=True,
-    max_retries=DATABASE_RETRIES,
-)
+# Safe to rerun (guarded claims, StaffDecision rows): a brief database outage is waited out.
+RETRIED_ON_DATABASE_ERRORS = {
+    "ignore_result": True,
+    "autoretry_for": (OperationalError,),
+    "retry_backoff": True,
+    "max_retries": DATABASE_RETRIES,
+}
+
+
+@shared_task(name="reminders.deliver_notices", **RETRIED_ON_DATABASE_ERRORS)
 def deliver_notices(notice_ids) -> dict[str, int]:
     """Deliver the change notices named by id; guarded claims make a retry take only what is
     pending."""
@@ -107,15 +110,6 @@ def deliver_notices(notice_ids) -> dict[str, int]:
     )
 
 
-# Both tasks take a StaffDecision id and are safe to rerun: a brief database outage is waited out.
-STAFF_TASK = {
-    "ignore_result": True,
-    "autoretry_for": (OperationalError,),
-    "retry_backoff": True,
-    "max_retries": 5,
-}
-
-
 def _well_formed(decision_id, task: str) -> bool:
     """Return whether ``decision_id`` can name a StaffDecision; log the task's refusal if not."""
     if isinstance(decision_id, int) and not isinstance(decision_id, bool) and decision_id >= 1:
@@ -124,7 +118,7 @@ def _well_formed(decision_id, task: str) -> bool:
     return False
 
 
-@shared_task(name="reminders.replay_selection", **STAFF_TASK)
+@shared_task(name="reminders.replay_selection", **RETRIED_ON_DATABASE_ERRORS)
 def replay_selection(decision_id) -> dict[str, int]:
     """Replay the next chunk of a background replay and queue the next (the scan resumes one
     left without a task)."""
@@ -144,7 +138,7 @@ def replay_selection(decision_id) -> dict[str, int]:
     return {"changed": decision.changed, "queued": decision.queued}
 
 
-@shared_task(name="reminders.send_test", **STAFF_TASK)
+@shared_task(name="reminders.send_test", **RETRIED_ON_DATABASE_ERRORS)
 def send_test(decision_id) -> dict[str, int]:
     """Send the test StaffDecision ``decision_id`` asks for (reminders.services.testsend)."""
     if not _well_formed(decision_id, "send_test"):

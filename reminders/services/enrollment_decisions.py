@@ -6,10 +6,11 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
 from clock import Clock
-from reminders.models import Reminder, StaffDecision
+from reminders.models import Reminder
 from reminders.selectors import selection_of
 from reminders.services.replay import skipped_as
 from reminders.services.workshop_decisions import (
+    Action,
     DecisionPreview,
     DecisionResult,
     cancel_effects,
@@ -26,13 +27,8 @@ def enrollment_cancel_preview(*, enrollments: QuerySet[Enrollment]) -> DecisionP
     total, eligible = sizes(selection, Enrollment.Status.ACTIVE)
     active = selection.filter(status=Enrollment.Status.ACTIVE)
     effects = cancel_effects(Reminder.objects.filter(enrollment__in=active.values("pk")))
-    return DecisionPreview(
-        StaffDecision.Action.CANCEL_ENROLLMENTS,
-        total,
-        eligible,
-        skipped_as("already_cancelled", total, eligible),
-        effects,
-    )
+    skipped = skipped_as("already_cancelled", total, eligible)
+    return DecisionPreview(Action.CANCEL_ENROLLMENTS, total, eligible, skipped, effects)
 
 
 def enrollments_cancel(

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.conf import settings
@@ -61,9 +61,13 @@ class StaffActionResult:
     @property
     def waiting(self) -> int:
         """Return how many re-armed reminders wait for their send window to open."""
-        if self.action == StaffDecision.Action.MARK_SENT:
-            return 0
         return self.changed - self.queued - self.later
+
+    @classmethod
+    def of(cls, audit: StaffDecision, **extra) -> StaffActionResult:
+        """Return the counts ``audit`` recorded."""
+        fields = (audit.action, audit.selected, audit.changed, audit.queued, audit.skipped)
+        return cls(*fields, audit_id=audit.pk, **extra)
 
 
 def reminder_replay(
@@ -98,10 +102,10 @@ def reminder_replay(
             preview=preview,
             changed=rearmed,
             queued=queued,
+            later=_left_for_scan(rearmed, now=now),
             reason=(reason or "").strip()[:REASON_MAX_LENGTH],
             use_edited_text=use_edited_text,
         )
-        result = replace(result, later=_left_for_scan(rearmed, now=now))
     logger.info(
         "Replay by %s: %s selected, %s re-armed, %s queued, skipped %s%s",
         actor.get_username(),
@@ -148,6 +152,7 @@ def reminder_resolve_unknown(
                 now=now,
             )
             queued = reminders_dispatch(ids=changed, clock=clock)
+            later = _left_for_scan(changed, now=now)
         else:
             changed = sorted(
                 pk
@@ -158,7 +163,7 @@ def reminder_resolve_unknown(
                     updated_at=now,
                 )
             )
-            queued = 0
+            queued = later = 0
         result = _audit(
             action=decision,
             actor=actor,
@@ -166,10 +171,9 @@ def reminder_resolve_unknown(
             preview=preview,
             changed=changed,
             queued=queued,
+            later=later,
             reason=reason,
         )
-        if send_again:
-            result = replace(result, later=_left_for_scan(changed, now=now))
     logger.info(
         "Unknown outcomes resolved by %s (%s): %s changed, %s queued, skipped %s",
         actor_name,
@@ -275,7 +279,6 @@ def reminder_replay_later(
             reason=(reason or "").strip()[:REASON_MAX_LENGTH],
             selected=preview.selected,
             changed=0,
-            queued=0,
             skipped=dict(preview.skipped),
             selection_ids=ids,
             use_edited_text=use_edited_text,
@@ -289,15 +292,7 @@ def reminder_replay_later(
         preview.selected,
         audit.pk,
     )
-    return StaffActionResult(
-        action=audit.action,
-        selected=preview.selected,
-        changed=0,
-        queued=0,
-        skipped=dict(preview.skipped),
-        audit_id=audit.pk,
-        running=True,
-    )
+    return StaffActionResult.of(audit, running=True)
 
 
 def replay_step(
@@ -353,6 +348,7 @@ def _audit(
     preview: SelectionPreview,
     changed: list[int],
     queued: int,
+    later: int,
     reason: str,
     use_edited_text: bool = False,
 ) -> StaffActionResult:
@@ -370,11 +366,4 @@ def _audit(
         reminder_ids=sorted(changed),
         use_edited_text=use_edited_text,
     )
-    return StaffActionResult(
-        action=action,
-        selected=preview.selected,
-        changed=len(changed),
-        queued=queued,
-        skipped=skipped,
-        audit_id=audit.pk,
-    )
+    return StaffActionResult.of(audit, later=later)
