@@ -590,12 +590,13 @@ def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -
             or Facts.of_revision(latest) != Facts.of_workshop(workshop)
         ):
             return 0
-        WorkshopRevision.objects.filter(pk=latest.pk).update(silenced_by=decision)
         silenced = Notice.objects.filter(revision=latest, status=Status.PENDING).update(
             status=Status.SILENCED, status_reason=SILENCED, updated_at=now
         )
         if latest.planned_at is None:
             silenced += _told(now).filter(_needing_notice(), workshop=workshop).count()
+        if silenced:  # a workshop with no one to leave untold is not the decision's
+            WorkshopRevision.objects.filter(pk=latest.pk).update(silenced_by=decision)
     return silenced
 
 

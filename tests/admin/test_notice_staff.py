@@ -10,7 +10,8 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
-from reminders.models import Notice, Reminder, StaffDecision
+from reminders.models import Notice, Reminder, StaffDecision, WorkshopRevision
+from reminders.services.workshop_decisions import workshops_silence
 from tests.admin.conftest import messages_of, post_action
 from tests.admin.test_workshop_admin import form_data
 from workshops.models import Workshop
@@ -95,6 +96,32 @@ def test_dont_notify_is_reasoned_recorded_and_sends_nothing(
     workshop_update(workshop=Workshop.objects.get(pk=reminded.pk), location="Room 14")
     notices_scan(sent=True)
     assert Notice.objects.filter(status="sent").count() == 3
+
+
+def test_silencing_a_selection_records_only_the_workshops_with_a_change_to_silence(
+    admin_user, reminded, make_reminders, notices_scan
+):
+    told = Reminder.objects.get(pk=make_reminders(2, "sent")[0]).workshop
+    workshop_update(workshop=told, location="Room 5")
+    notices_scan(sent=True)  # its attendees heard of it: nothing left to silence
+    workshop_update(workshop=reminded, location="Room 12")
+    result = workshops_silence(
+        workshops=Workshop.objects.filter(pk__in=[reminded.pk, told.pk]),
+        reason="Same building",
+        actor=admin_user,
+    )
+    assert (result.selected, result.changed, result.reminders) == (2, 1, 3)
+    assert result.skipped == {"nothing_to_tell": 1}
+    decision = StaffDecision.objects.get(pk=result.audit_id)
+    assert (decision.changed, decision.workshop_ids) == (1, [reminded.pk])
+    # The revisions say the same: only the workshop it silenced names the decision.
+    assert list(
+        WorkshopRevision.objects.filter(silenced_by=decision).values_list("workshop", flat=True)
+    ) == [reminded.pk]
+    assert decision.skipped == {"nothing_to_tell": 1}
+    notices_scan(sent=True)
+    statuses = Notice.objects.values_list("reminder__workshop_id", "status")
+    assert sorted(statuses) == sorted([(reminded.pk, "silenced")] * 3 + [(told.pk, "sent")] * 2)
 
 
 def test_the_workshop_page_lists_revisions_with_notices_by_status(
