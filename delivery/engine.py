@@ -57,9 +57,7 @@ class Flag(Protocol):
 
 
 class _Stopped(Exception):
-    def __init__(self, reason: str) -> None:
-        super().__init__(reason)
-        self.reason = reason
+    """Raised by ``_watch`` to end the batch's task group."""
 
 
 @dataclass(slots=True, frozen=True)
@@ -71,15 +69,11 @@ class _Failure:
     rate_limited: bool = False
 
     @property
-    def final(self) -> bool:
-        return self.outcome is Outcome.PERMANENT
-
-    @property
     def call_outcome(self) -> str:
         """Name how the failed call ended, for an observer."""
         if self.rate_limited:
             return CALL_THROTTLED
-        if self.final:
+        if self.outcome is Outcome.PERMANENT:
             return CALL_PERMANENT
         return CALL_MAYBE_DELIVERED if self.ambiguous else CALL_TRANSIENT
 
@@ -134,7 +128,6 @@ class _Batch:
         self._limiter = limiter
         self._gate = gate
         self._random = random
-        self._keys = channel.honours_idempotency_keys
         self._name = channel.name
         self._concurrency = min(policy.concurrency, channel.max_concurrency or policy.concurrency)
         self._stop_reason = "the batch was cancelled"
@@ -213,19 +206,19 @@ class _Batch:
         slots = asyncio.Semaphore(self._concurrency)
         try:
             async with asyncio.TaskGroup() as group:
-                watcher = group.create_task(self._watch(self._stop), name="delivery.watch")
+                watcher = group.create_task(self._watch(), name="delivery.watch")
                 group.create_task(self._feed(todo, slots, watcher), name="delivery.feed")
         except* _Stopped:
             logger.warning("Delivery batch on %s stopped: %s", self._name, self._stop_reason)
 
-    async def _watch(self, stop: asyncio.Event) -> None:
+    async def _watch(self) -> None:
         left = self._policy.budget - (self._clock.monotonic() - self._started_at)
         try:
             async with self._clock.timeout(max(left, 0.0)):
-                await stop.wait()
+                await self._stop.wait()
         except TimeoutError:
             self._stop_reason = f"budget of {self._policy.budget:g}s used up"
-            await self._drain(abort=stop)
+            await self._drain(abort=self._stop)
         else:
             # A stop (warm shutdown) acts as the budget: no new call, calls in flight get the drain.
             self._stop_reason = "stop signal"
@@ -302,10 +295,10 @@ class _Batch:
                 if failure is None:
                     return
                 progress.last_failure = failure
-                if failure.final:
+                if failure.outcome is Outcome.PERMANENT:
                     progress.finish(failure.outcome, failure.error)
                     return
-                if failure.ambiguous and not self._keys:
+                if failure.ambiguous and not self._channel.honours_idempotency_keys:
                     progress.finish(
                         failure.outcome,
                         f"{failure.error}; not retried: the provider may have accepted it and "
@@ -370,11 +363,7 @@ class _Batch:
                 return _Failure(Outcome.TRANSIENT, f"rate limiter unavailable: {exc!r}")
             finally:
                 if self._observer is not None:
-                    waited = self._clock.monotonic() - waiting_since
-                    self._observe("limiter_waited", waited)
-            if self._clock.now() >= envelope.stop_at:
-                self._finish_at_deadline(progress)
-                return None
+                    self._observe("limiter_waited", self._clock.monotonic() - waiting_since)
         if self._stopping():  # the budget ran out, or a stop came, while this one waited
             self._finish_cancelled(progress)
             return None

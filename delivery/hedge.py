@@ -56,10 +56,9 @@ async def hedged_send(
     async def attempt(index: int, channel: Channel) -> None:
         if index > 0:
             await started[index - 1].wait()
-            if stagger > 0 and not failed[index - 1].is_set():
-                with contextlib.suppress(TimeoutError):
-                    async with clock.timeout(stagger):
-                        await failed[index - 1].wait()
+            with contextlib.suppress(TimeoutError):
+                async with clock.timeout(stagger):
+                    await failed[index - 1].wait()
         started[index].set()
         try:
             if index > 0:

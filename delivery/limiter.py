@@ -315,22 +315,22 @@ class RedisRateLimiter:
                                 return
                             may_skip = False  # once: a host late at every wake still sends
                             continue
-                        granted, *waits = await self._reserve(acquire_script, deadline_at)
-                        if granted:
+                        wait = await self._reserve(acquire_script, deadline_at)
+                        if wait is None:
                             continue
-                        _refuse_a_wait_past(deadline_at, waits[0], self._clock)
-                        await self._clock.sleep(waits[0])  # paused: ask again when it ends
+                        _refuse_a_wait_past(deadline_at, wait, self._clock)
+                        await self._clock.sleep(wait)  # paused: ask again when it ends
         except TimeoutError:
             raise DeadlineReached("the deadline passed while waiting for a start") from None
         finally:
             if queued:
                 self._queued -= 1
 
-    async def _reserve(self, acquire_script, deadline_at: datetime | None) -> list:
+    async def _reserve(self, acquire_script, deadline_at: datetime | None) -> float | None:
         """Reserve a start for this caller and for each caller queued behind it (one round trip).
 
-        Return ``[True]``, the starts added to ``_ready``, or ``[False, seconds to wait]`` when
-        paused or the first start would come at or after ``deadline_at``.
+        Return None once the starts are in ``_ready``, else the seconds to wait: paused, or the
+        first start would come at or after ``deadline_at``.
         """
         member = f"{self._member_prefix}:{next(self._members)}"
         left = _seconds_left(self._clock, deadline_at)
@@ -351,13 +351,13 @@ class RedisRateLimiter:
             raise
         answered = self._clock.monotonic()
         if not int(granted):
-            return [False, int(waits_us[0]) / 1_000_000]
+            return int(waits_us[0]) / 1_000_000
         if self._pauses != pauses:
             # A 429 came while this reservation was on its way: start none of it.
-            return [False, 0.0]
+            return 0.0
         for index, wait_us in enumerate(waits_us, start=1):
             self._ready.append((f"{member}:{index}", answered + int(wait_us) / 1_000_000))
-        return [True]
+        return None
 
     async def _take_reserved(self, deadline_at: datetime | None, *, may_skip: bool) -> bool:
         """Take the oldest start reserved for this process, sleep until it; False if not made.

@@ -87,9 +87,9 @@ class DeliveryLimits:
 
         ``draw`` is in [0, 1); jitter only shortens the wait, so it never exceeds ``backoff_max``.
         """
-        exponent = min(max(retry - 1, 0), 62)
+        exponent = min(retry - 1, 62)
         delay = min(self.backoff_max, self.backoff_base * 2.0**exponent)
-        delay *= 1.0 - self.jitter * min(max(draw, 0.0), 1.0)
+        delay *= 1.0 - self.jitter * draw
         if retry_after is not None:
             delay = max(delay, retry_after)
         return delay

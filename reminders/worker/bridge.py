@@ -195,10 +195,8 @@ def _channel_values(name: str):
 
 def check_channel(name: str, *, clock: Clock) -> int:
     """Build the named channel, so a bad setting fails before a claim; return the concurrency."""
-    channel = channel_factory(name, clock=clock)()
-    own_limit = getattr(channel, "max_concurrency", None)
     concurrency = settings.REMINDERS_CONCURRENCY
-    return min(concurrency, own_limit) if own_limit else concurrency
+    return min(concurrency, channel_factory(name, clock=clock)().max_concurrency or concurrency)
 
 
 def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
@@ -282,7 +280,7 @@ _kept: _Kept | None = None
 
 def _kept_session(*, channel: str, clock: Clock, keep: float) -> Session:
     global _kept
-    limiter = (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL, LIMITER_MARGIN)
+    limiter = (settings.REMINDERS_RATE_LIMIT, settings.REMINDERS_REDIS_URL)
     key = repr((channel, _channel_values(channel), limiter, id(clock)))
     if _kept is not None and (
         _kept.pid != os.getpid() or _kept.key != key or clock.monotonic() - _kept.last_used > keep
