@@ -70,6 +70,12 @@ def test_a_sessions_batches_share_one_loop_channel_and_limiter_each_opened_and_c
     assert len(built) == 1 and (built[0].opened, built[0].closed) == (1, 1)
     assert len(set(map(id, built[0].loops))) == 1 and len(built[0].loops) == 12
     assert len(limiters) == 1 and closed == limiters
+    # Closed again (a worker's shutdown hook after the with): nothing more to do, at once.
+    again = threading.Thread(target=session.close, daemon=True)
+    again.start()
+    again.join(5)
+    assert not again.is_alive(), "a second close waits for a loop that is gone"
+    assert (built[0].closed, len(closed)) == (1, 1)
 
 
 def test_the_loop_does_not_run_between_a_sessions_batches(system_clock, make_real_envelope):
