@@ -30,7 +30,7 @@ def update_returning(queryset: QuerySet, **values) -> list[tuple[int, str]]:
     status = connection.ops.quote_name("status")
     with connection.cursor() as cursor:
         cursor.execute(f"{sql} RETURNING {table}.{pk}, {table}.{status}", params)
-        return [(row[0], row[1]) for row in cursor.fetchall()]
+        return cursor.fetchall()
 
 
 def reads_database_clock(clock) -> bool:

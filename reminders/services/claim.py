@@ -93,7 +93,6 @@ def reminder_claim_batch(
             cursor,
             ids=ids,
             token=token,
-            lease=timedelta(seconds=settings.REMINDERS_LEASE_SECONDS),
             channel=channel,
             now=statement_now,
             worker=worker,
@@ -133,7 +132,7 @@ _OPEN_PARAMS = [status.value for status in Reminder.OPEN_STATUSES]
 
 
 def _claim_update(
-    cursor, *, among: tuple[str, list], token, lease: timedelta, channel: str, now: StatementNow
+    cursor, *, among: tuple[str, list], token, channel: str, now: StatementNow
 ) -> tuple[str, list]:
     """Return the guarded UPDATE that takes the rows ``among`` picks that may be sent now.
 
@@ -142,7 +141,7 @@ def _claim_update(
     ops = cursor.db.ops
     quote = ops.quote_name
     among, among_params = among
-    lease_sql, lease_params = now.plus(lease)
+    lease_sql, lease_params = now.plus(timedelta(seconds=settings.REMINDERS_LEASE_SECONDS))
     now_sql, now_params = now.plus()
     window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
     workshops = quote(Workshop._meta.db_table)
@@ -179,7 +178,7 @@ def _claim_update(
 
 
 def _claim_read_postgres(
-    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str, addresses
+    cursor, *, ids, token, channel: str, now: StatementNow, worker: str, addresses
 ) -> tuple[list[Reminder], dict[int, int], datetime, dict[int, str | None]]:
     """Take, read and open an attempt for those of ``ids`` that may be sent now: one statement.
 
@@ -194,7 +193,6 @@ def _claim_read_postgres(
     update, params = _claim_update(
         cursor,
         token=token,
-        lease=lease,
         channel=channel,
         now=now,
         # The ids again: the planner then starts from them even while the statistics lag a
@@ -246,7 +244,7 @@ def _claim_read_postgres(
 
 
 def _claim_read_sqlite(
-    cursor, *, ids, token, lease, channel: str, now: StatementNow, worker: str, addresses
+    cursor, *, ids, token, channel: str, now: StatementNow, worker: str, addresses
 ) -> tuple[list[Reminder], dict[int, int], datetime, dict[int, str | None]]:
     """``_claim_read_postgres`` in three statements, in the caller's transaction.
 
@@ -256,7 +254,6 @@ def _claim_read_sqlite(
         cursor,
         among=one_of(cursor.db, "id", ids),
         token=token,
-        lease=lease,
         channel=channel,
         now=now,
     )
@@ -273,11 +270,7 @@ def _claim_read_sqlite(
 
 
 def _refuse(cursor, *, ids, now: StatementNow) -> None:
-    """Settle those of the refused ``ids`` that can never be sent (``fate.refusal_sql``).
-
-    Open rows of a cancelled workshop or enrollment become ``cancelled``, late ones ``missed``
-    (``unknown`` if ``maybe_sent``); others are left.
-    """
+    """Settle those of the refused ``ids`` that can never be sent (``fate.refusal_sql``)."""
     settle, settle_params = refusal_sql(reasons.LATE_AT_CLAIM, now=now)
     among, among_params = one_of(cursor.db, "r.id", ids)
     prefix, prefix_params = "", []
@@ -342,7 +335,7 @@ def _freeze_texts(reminders: list[Reminder]) -> set[int]:
     return {reminder.pk for reminder in reminders if reminder.pk not in pointed}
 
 
-def _point_at_texts(chosen: dict[int, MessageText]) -> dict[str, int]:
+def _point_at_texts(chosen: dict[int, MessageText]) -> dict[int, int]:
     """Point each reminder of ``chosen`` at its stored text; return text ids by reminder id.
 
     A text not stored yet, or one fixed already, is left out. RETURNING names the reminder's

@@ -212,13 +212,7 @@ def claimed_locked(ids: Collection[int], token) -> None:
             # Outside a transaction the lock would end at once.
             raise TransactionManagementError("claimed_locked() must run inside atomic()")
         with connection.cursor() as cursor:
-            cursor.execute(
-                *lock_in_id_order(
-                    ids,
-                    where="claim_token = %s",
-                    params=[token],
-                )
-            )
+            cursor.execute(*lock_in_id_order(ids, where="claim_token = %s", params=[token]))
 
 
 def reminders_return(

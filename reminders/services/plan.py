@@ -118,7 +118,7 @@ def reminders_plan(
     policy = ReminderPolicy.from_settings()
     now = database_now(clock)
     scanning = enrollments is None
-    if enrollments is None:
+    if scanning:
         enrollments = _in_window_workshops(now=now, policy=policy)
         if enrollments is None:
             return 0

@@ -342,9 +342,8 @@ def _finish_attempts(*, claim: Claim, verdicts: dict, ids: list[int], now: datet
     for pk in ids:
         verdict, result = verdicts[pk]
         rows.append(
-            (pk, verdict.attempt_outcome, verdict.error, (verdict.message_id or "")[:255],
-             result.attempts)
-        )  # fmt: skip
+            (pk, verdict.attempt_outcome, verdict.error, verdict.message_id[:255], result.attempts)
+        )
     values, params = rows_cte(connection, "v", _ATTEMPT_COLUMNS, rows)
     params += [
         connection.ops.adapt_datetimefield_value(now),

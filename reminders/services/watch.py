@@ -80,10 +80,8 @@ class ClaimWatch:
             f"WHERE {among} AND r.claim_token = %s AND w.status = %s AND e.status = %s AND "
             + " AND ".join(f"w.{name} = shown.{name}" for name in _SHOWN)
         )
-        token = claim_token_param(self._token)
-        params += among_params
-        params += [token, Workshop.Status.SCHEDULED.value]
-        params += [Enrollment.Status.ACTIVE.value]
+        params += [*among_params, claim_token_param(self._token)]
+        params += [Workshop.Status.SCHEDULED.value, Enrollment.Status.ACTIVE.value]
         with connection.cursor() as cursor:
             cursor.execute(sql, params)
             return {row[0] for row in cursor.fetchall()}

@@ -106,9 +106,7 @@ def scan(
     counts.update({f"reaped_{key}": value for key, value in reaped.items()})
     counts["planned"] = timed("plan", lambda: reminders_plan(clock=clock), 0)
     counts["dispatched"] = timed(
-        "dispatch",
-        lambda: reminders_dispatch(clock=clock, publish=publish),
-        0,
+        "dispatch", lambda: reminders_dispatch(clock=clock, publish=publish), 0
     )
     # Change notices: after the reminders' own phases, so a reminder claimed in this
     # scan's dispatch is not yet told anything the notices would compare.
@@ -118,16 +116,8 @@ def scan(
         {},
     )
     counts.update(noticed)
-    timed(
-        "prune",
-        lambda: dispatches_prune(clock=clock) + delivery_events_prune(clock=clock),
-        0,
-    )
-    resumed = timed(
-        "resume",
-        lambda: replays_resume(clock=clock, publish=queue.publish_replay),
-        0,
-    )
+    timed("prune", lambda: dispatches_prune(clock=clock) + delivery_events_prune(clock=clock), 0)
+    resumed = timed("resume", lambda: replays_resume(clock=clock, publish=queue.publish_replay), 0)
     if resumed:
         counts["replays_resumed"] = resumed
     counts.update(skipped)
