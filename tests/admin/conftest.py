@@ -13,7 +13,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.models import Reminder
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
 from workshops.models import Attendee, Enrollment
-from workshops.services import enrollment_cancel
+from workshops.services import enrollment_cancel, workshop_update
 
 PERMANENT_ERROR = "550 5.1.1 mailbox unavailable"
 
@@ -114,6 +114,14 @@ def result_for(reminder: Reminder, outcome: Outcome, **fields) -> DeliveryResult
     }
     values.update(fields)
     return DeliveryResult(**values)
+
+
+def move_later(reminder_id: int, by: timedelta) -> None:
+    """Move the workshop of ``reminder_id`` later by ``by``, through the service staff use."""
+    workshop = Reminder.objects.get(pk=reminder_id).workshop
+    workshop_update(
+        workshop=workshop, starts_at=workshop.starts_at + by, ends_at=workshop.ends_at + by
+    )
 
 
 def settle(ids: list[int], outcome: Outcome, *, clock, channel: str = "smtp") -> None:

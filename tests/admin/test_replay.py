@@ -18,7 +18,7 @@ from reminders.models import DeliveryAttempt, Reminder, StaffDecision
 from reminders.selectors import reminder_replay_preview
 from reminders.services import reminder_claim_batch, reminder_record_batch, reminders_dispatch
 from reminders.services.replay import reminder_replay, reminder_resolve_unknown
-from tests.admin.conftest import PERMANENT_ERROR, result_for, settle
+from tests.admin.conftest import PERMANENT_ERROR, move_later, result_for, settle
 from tests.support.races import after, race
 from workshops.services import workshop_cancel
 
@@ -103,15 +103,8 @@ def test_replay_before_the_window_opens_rearms_without_queueing(
     clock, make_reminders, published, replayer, django_capture_on_commit_callbacks
 ):
     """A workshop moved later: the reminder waits, pending, for the scan to queue it."""
-    from workshops.services import workshop_update
-
     ids = make_reminders(1, "failed")
-    workshop = Reminder.objects.get(pk=ids[0]).workshop
-    workshop_update(
-        workshop=workshop,
-        starts_at=workshop.starts_at + timedelta(days=3),
-        ends_at=workshop.ends_at + timedelta(days=3),
-    )
+    move_later(ids[0], timedelta(days=3))
     with django_capture_on_commit_callbacks(execute=True):
         result = reminder_replay(reminders=_all(ids), actor=replayer, clock=clock)
     assert (result.changed, result.queued, result.waiting) == (1, 0, 1)

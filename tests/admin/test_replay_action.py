@@ -12,6 +12,7 @@ from django.urls import reverse
 
 from clock import SystemClock
 from reminders.models import Reminder, StaffDecision
+from tests.admin.conftest import move_later
 from tests.support.plans import explained_discards, keeping
 
 pytestmark = pytest.mark.django_db
@@ -223,15 +224,8 @@ def test_a_replay_before_the_send_window_opens_says_the_reminders_wait_for_it(
 ):
     """The workshop moved three days later after its reminders failed: replayed now, they are
     pending, not queued, and the message says why nothing went to the broker."""
-    from workshops.services import workshop_update
-
     failed = make_reminders(2, "failed")
-    workshop = Reminder.objects.get(pk=failed[0]).workshop
-    workshop_update(
-        workshop=workshop,
-        starts_at=workshop.starts_at + timedelta(days=3),
-        ends_at=workshop.ends_at + timedelta(days=3),
-    )
+    move_later(failed[0], timedelta(days=3))
     with django_capture_on_commit_callbacks(execute=True):
         done = post_action(login(replayer), "replay_selected", failed, confirm=True)
     assert messages_of(done) == [

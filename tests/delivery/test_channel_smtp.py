@@ -635,6 +635,14 @@ class _ScriptedServer:
         self._thread.stop()
 
 
+def _assert_all_closed(server: _ScriptedServer, clock) -> None:
+    """Wait up to 3 s for the server to see every connection closed."""
+    deadline = clock.monotonic() + 3.0
+    while server.open and clock.monotonic() < deadline:
+        clock.sleep_blocking(0.02)
+    assert server.open == 0
+
+
 def _scripted_channel(server: _ScriptedServer, clock) -> SmtpChannel:
     return SmtpChannel(
         SmtpSettings(
@@ -1058,10 +1066,7 @@ def test_a_call_cancelled_by_its_timeout_closes_its_connection(
             [result] = run(
                 deliver([make_real_envelope()], channel, policy=policy, clock=system_clock)
             )
-            deadline = system_clock.monotonic() + 3.0
-            while server.open and system_clock.monotonic() < deadline:
-                system_clock.sleep_blocking(0.02)
-            assert server.open == 0
+            _assert_all_closed(server, system_clock)
     finally:
         gc.enable()
     assert result.outcome is Outcome.TIMED_OUT
@@ -1125,10 +1130,7 @@ def test_a_batch_cancelled_while_saying_goodbye_closes_every_pooled_connection(
                 2,
                 1,
             )
-            deadline = system_clock.monotonic() + 3.0
-            while server.open and system_clock.monotonic() < deadline:
-                system_clock.sleep_blocking(0.02)
-            assert server.open == 0
+            _assert_all_closed(server, system_clock)
     finally:
         gc.enable()
 
