@@ -99,9 +99,9 @@ class ClaimWatch:
         for pk, token, w_status, e_status, *shown in rows:
             if token != self._token:  # held only while sending
                 withdrawn[pk] = "the claim was lost (lease expired)"
-            elif w_status != "scheduled":
+            elif w_status != Workshop.Status.SCHEDULED:
                 withdrawn[pk] = "workshop cancelled"
-            elif e_status != "active":
+            elif e_status != Enrollment.Status.ACTIVE:
                 withdrawn[pk] = "enrollment cancelled"
             elif tuple(shown) != self._shown[self._workshop_of[pk]]:
                 withdrawn[pk] = "workshop changed after the message was rendered"
