@@ -556,6 +556,23 @@ def notices_reach(*, workshops) -> dict[int, int]:
     )
 
 
+def notices_pending(*, workshops) -> dict[int, int]:
+    """Return per workshop how many notices of its facts as they are now wait to be sent."""
+    pending = dict(
+        Notice.objects.filter(
+            status=Status.PENDING, workshop__in=workshops, revision__superseded_at__isnull=True
+        )
+        .order_by()
+        .values_list("workshop_id")
+        .annotate(n=Count("pk"))
+    )
+    for workshop in Workshop.objects.filter(pk__in=list(pending)):
+        latest = workshop.revisions.order_by("-number").first()
+        if latest is None or Facts.of_revision(latest) != Facts.of_workshop(workshop):
+            del pending[workshop.pk]  # changed again since: notices_reach counts those attendees
+    return pending
+
+
 def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None) -> int:
     """Return how many reminded attendees of ``workshops`` would hear of a cancel (or reinstate)."""
     now = database_now(clock or default_clock())

@@ -20,7 +20,12 @@ from clock import Clock, default_clock
 from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.selectors import selection_of
-from reminders.services.notices import notices_reach, notices_silence, notices_told_count
+from reminders.services.notices import (
+    notices_pending,
+    notices_reach,
+    notices_silence,
+    notices_told_count,
+)
 from reminders.services.replay import clean_reason, skipped_as
 from workshops.models import Enrollment, Workshop
 from workshops.services import workshop_cancel, workshop_reinstate
@@ -127,6 +132,9 @@ def workshop_silence_preview(*, workshops: QuerySet[Workshop]) -> DecisionPrevie
     """Count the workshops whose reminded attendees have a change to hear of, and how many."""
     selection = selection_of(workshops)
     reach = notices_reach(workshops=selection.values("pk"))
+    # Planned and not yet sent: a silence silences them too (disjoint: a notice covers its row).
+    for pk, pending in notices_pending(workshops=selection.values("pk")).items():
+        reach[pk] = reach.get(pk, 0) + pending
     total, eligible = selection.count(), len(reach)
     skipped = skipped_as("nothing_to_tell", total, eligible)
     return DecisionPreview(

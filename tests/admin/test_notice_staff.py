@@ -11,7 +11,7 @@ from django.core.exceptions import ValidationError
 from django.core.management import call_command
 
 from reminders.models import Notice, Reminder, StaffDecision, WorkshopRevision
-from reminders.services.workshop_decisions import workshops_silence
+from reminders.services.workshop_decisions import workshop_silence_preview, workshops_silence
 from tests.admin.conftest import messages_of, post_action
 from tests.admin.test_workshop_admin import form_data
 from workshops.models import Workshop
@@ -122,6 +122,33 @@ def test_silencing_a_selection_records_only_the_workshops_with_a_change_to_silen
     notices_scan(sent=True)
     statuses = Notice.objects.values_list("reminder__workshop_id", "status")
     assert sorted(statuses) == sorted([(reminded.pk, "silenced")] * 3 + [(told.pk, "sent")] * 2)
+
+
+def test_notices_planned_but_not_yet_sent_count_as_ones_to_silence(
+    admin_user, reminded, notices_scan
+):
+    """Between the scan that plans the notices and their send, staff are told there are three
+    attendees to leave untold, and the decision records the workshop it silenced."""
+    workshop_update(workshop=reminded, location="Room 12")
+    notices_scan(sent=False)
+    assert Notice.objects.filter(status="pending").count() == 3
+    selection = Workshop.objects.filter(pk=reminded.pk)
+    preview = workshop_silence_preview(workshops=selection)
+    assert (preview.eligible, preview.effects, preview.skipped) == (1, {"to_silence": 3}, {})
+    result = workshops_silence(workshops=selection, reason="Same building", actor=admin_user)
+    assert (result.changed, result.reminders, result.skipped) == (1, 3, {})
+    assert StaffDecision.objects.get(pk=result.audit_id).workshop_ids == [reminded.pk]
+    assert set(Notice.objects.values_list("status", flat=True)) == {"silenced"}
+
+
+def test_planned_notices_of_a_change_since_changed_again_are_not_counted_twice(
+    reminded, notices_scan
+):
+    workshop_update(workshop=reminded, location="Room 12")
+    notices_scan(sent=False)
+    workshop_update(workshop=reminded, location="Room 14")
+    preview = workshop_silence_preview(workshops=Workshop.objects.filter(pk=reminded.pk))
+    assert (preview.eligible, preview.effects) == (1, {"to_silence": 3})
 
 
 def test_the_workshop_page_lists_revisions_with_notices_by_status(
