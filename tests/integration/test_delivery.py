@@ -254,7 +254,12 @@ def test_two_beat_processes_send_nothing_twice(
             # Each beat must publish within a few of the 5 s intervals. (Until reminders.beat,
             # one beat of two started together could read the migration's 60 s interval
             # and keep it: 2 of 5 full runs, and 1 of 8 runs under load, on 2026-12-01.)
-            _wait_until(both_published, timeout=30, what="both beats to publish a scan")
+            try:
+                _wait_until(both_published, timeout=30, what="both beats to publish a scan")
+            except AssertionError as exc:
+                # Once in CI under load (2026-12-05): say what each beat last logged.
+                tails = {beat.name: beat.lines[-8:] for beat in beats}
+                raise AssertionError(f"{exc}; the beats' last lines: {tails}") from None
             # Two more scans after that (either beat's): each finds nothing left to send.
             ran = sum("Scan finished" in line for line in worker.lines)
             _wait_until(
