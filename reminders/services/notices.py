@@ -19,7 +19,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
@@ -566,8 +566,9 @@ def notices_pending(*, workshops) -> dict[int, int]:
         .values_list("workshop_id")
         .annotate(n=Count("pk"))
     )
-    for workshop in Workshop.objects.filter(pk__in=list(pending)):
-        latest = workshop.revisions.order_by("-number").first()
+    newest_first = Prefetch("revisions", WorkshopRevision.objects.order_by("-number"))
+    for workshop in Workshop.objects.filter(pk__in=list(pending)).prefetch_related(newest_first):
+        latest = next(iter(workshop.revisions.all()), None)
         if latest is None or Facts.of_revision(latest) != Facts.of_workshop(workshop):
             del pending[workshop.pk]  # changed again since: notices_reach counts those attendees
     return pending

@@ -151,6 +151,26 @@ def test_planned_notices_of_a_change_since_changed_again_are_not_counted_twice(
     assert (preview.eligible, preview.effects) == (1, {"to_silence": 3})
 
 
+def test_counting_planned_notices_reads_the_same_for_one_workshop_or_two(
+    reminded, make_reminders, notices_scan
+):
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from reminders.services.notices import notices_pending
+
+    other = Reminder.objects.get(pk=make_reminders(2, "sent")[0]).workshop
+    for workshop in (reminded, other):
+        workshop_update(workshop=workshop, location="Room 12")
+    notices_scan(sent=False)
+    counted = []
+    for workshops in ([reminded.pk], [reminded.pk, other.pk]):
+        with CaptureQueriesContext(connection) as queries:
+            pending = notices_pending(workshops=workshops)
+        counted.append((len(pending), len(queries)))
+    assert counted[1] == (2, counted[0][1]), counted
+
+
 def test_the_workshop_page_lists_revisions_with_notices_by_status(
     admin_client, reminded, notices_scan
 ):
