@@ -477,7 +477,7 @@ class _Batch:
         """Slow every caller of the limiter down after the provider's 429."""
         assert self._limiter is not None
         if retry_after is None:
-            retry_after = getattr(self._limiter, "window", 1.0)  # one window
+            retry_after = self._limiter.window
         try:
             await self._limiter.pause(retry_after)
         except Exception:

@@ -48,6 +48,8 @@ class DeadlineReached(Exception):
 class RateLimiter(Protocol):
     """What the engine needs from a rate limiter."""
 
+    window: float  # seconds; a 429 without Retry-After pauses every caller this long
+
     async def acquire(self, *, deadline_at: datetime | None = None) -> None:
         """Wait until one more call may start now; record that it starts."""
 
