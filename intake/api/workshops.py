@@ -210,8 +210,14 @@ def update_workshop(request, workshop_id: Path[Id], body: WorkshopPatch):
             errors=[{"field": n, "detail": "May not be null.", "code": "invalid"} for n in nulls],
         )
     with transaction.atomic():
-        saved = workshop_update(workshop=workshop, **changes)
-        audit(request, 200, workshop=saved.pk, changed=sorted(changes))
+        # What differs from the workshop as it is now, held (as the service holds it) to the end.
+        current = get_or_404(
+            Workshop.objects.select_for_update(no_key=True), workshop.pk, "workshop"
+        )
+        changed = sorted(name for name, value in changes.items() if getattr(current, name) != value)
+        saved = workshop_update(workshop=current, **changes)
+        if changed:  # a repeat leaves no row
+            audit(request, 200, workshop=saved.pk, changed=changed)
     return one_workshop(token, saved)
 
 

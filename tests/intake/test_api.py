@@ -547,3 +547,15 @@ def test_with_the_cache_unreachable_requests_are_served_and_the_outage_logged(
     }
     assert api.get("/api/workshops").status_code == 200
     assert "API rate limit not counted (the cache is unreachable" in caplog.text
+
+
+def test_a_patch_that_changes_nothing_leaves_no_audit_and_names_only_what_changed(
+    api, make_workshop
+):
+    workshop = make_workshop(starts_in=timedelta(hours=5), location="Room 1")
+    path = f"/api/workshops/{workshop.pk}"
+    for body in ({}, {"title": workshop.title, "location": "Room 1"}):
+        assert api.patch(path, body).status_code == 200
+    assert ApiWrite.objects.count() == 0
+    assert api.patch(path, {"title": workshop.title, "location": "Room 2"}).status_code == 200
+    assert ApiWrite.objects.get().summary["changed"] == ["location"]
