@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Literal
 
+from django.core.exceptions import ValidationError
 from django.db import transaction
 from ninja import Field, Path, Query, Router, Schema, Status
 
@@ -23,12 +24,14 @@ from intake.api.common import (
     page_of,
     require,
 )
-from intake.problems import problem
+from intake.problems import field_errors, problem
 from reminders.services.enrollment_decisions import enrollments_cancel
 from workshops.models import Enrollment
 from workshops.services import enrollment_create
 
 enrolments = Router(tags=["enrolments"])
+# Why enrollment_create refuses a cancelled enrolment back, by the field it names.
+REACTIVATION_REFUSED = {"workshop": "workshop_cancelled", "attendee": "attendee_erased"}
 
 
 class EnrolmentIn(Schema):
@@ -197,12 +200,29 @@ def cancel_enrolment(request, enrolment_id: Path[Id], body: Reason):
 def reactivate_enrolment(request, enrolment_id: Path[Id]):
     """Enrol a cancelled enrolment's attendee again, explicitly (a re-post never does)."""
     require(request, Scope.ENROLMENTS)
-    enrolment = get_or_404(
-        Enrollment.objects.select_related("attendee", "workshop"), enrolment_id, "enrolment"
-    )
-    if enrolment.status == Enrollment.Status.ACTIVE:
-        return problem(409, f"Enrolment {enrolment.pk} is active.", code="already_active")
     with transaction.atomic():
-        saved = enrollment_create(attendee=enrolment.attendee, workshop=enrolment.workshop)
+        # The enrolment as it is now, held: a reactivation under way is waited for, then seen.
+        enrolment = get_or_404(
+            Enrollment.objects.select_related("attendee", "workshop").select_for_update(
+                of=("self",), no_key=True
+            ),
+            enrolment_id,
+            "enrolment",
+        )
+        if enrolment.status == Enrollment.Status.ACTIVE:
+            return problem(409, f"Enrolment {enrolment.pk} is active.", code="already_active")
+        try:
+            saved = enrollment_create(attendee=enrolment.attendee, workshop=enrolment.workshop)
+        except ValidationError as refused:
+            # The workshop or attendee as they are now refuse it, as in a bulk: a conflict.
+            return problem(
+                409,
+                f"Enrolment {enrolment.pk} stays cancelled; see errors for why.",
+                code="conflict",
+                errors=[
+                    {**e, "code": REACTIVATION_REFUSED.get(e["field"], "conflict")}
+                    for e in field_errors(refused.message_dict)
+                ],
+            )
         audit(request, 200, enrolment=saved.pk, outcome="reactivated")
     return _enrolment_out(saved)

@@ -559,3 +559,31 @@ def test_a_patch_that_changes_nothing_leaves_no_audit_and_names_only_what_change
     assert ApiWrite.objects.count() == 0
     assert api.patch(path, {"title": workshop.title, "location": "Room 2"}).status_code == 200
     assert ApiWrite.objects.get().summary["changed"] == ["location"]
+
+
+@pytest.mark.parametrize("since", ["workshop cancelled", "attendee erased"])
+def test_a_reactivation_the_data_refuses_is_a_409_naming_why(
+    api, make_workshop, enrol, django_user_model, since
+):
+    """Nothing in the request is invalid (it has no body): the workshop or attendee as they are
+    now refuse it, as the bulk's workshop_cancelled and attendee_erased are 409s."""
+    from reminders.services.erasure import attendees_erase
+    from workshops.services import enrollment_cancel
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    (enrolment,) = enrol(workshop)
+    enrollment_cancel(enrollment=enrolment)
+    if since == "workshop cancelled":
+        api.post(f"/api/workshops/{workshop.pk}/cancel", {"reason": "Teacher ill"})
+    else:
+        staff = django_user_model.objects.create_user("staff")
+        attendees_erase(attendees=Attendee.objects.all(), reason="asked", actor=staff)
+    before = counts()
+    body = assert_problem(api.post(f"/api/enrolments/{enrolment.pk}/reactivate"), 409, "conflict")
+    field, code = {
+        "workshop cancelled": ("workshop", "workshop_cancelled"),
+        "attendee erased": ("attendee", "attendee_erased"),
+    }[since]
+    assert [(e["field"], e["code"]) for e in body["errors"]] == [(field, code)]
+    assert counts() == before
+    assert Enrollment.objects.get().status == "cancelled"

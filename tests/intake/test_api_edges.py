@@ -208,3 +208,26 @@ def test_racing_bulks_of_the_same_people_in_opposite_orders_neither_deadlock_nor
     run_threads(post(people), post(people[::-1]), post(people[100:]), post(people[:200][::-1]))
     assert statuses == [200] * 4
     assert Attendee.objects.count() == Enrollment.objects.count() == 300
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_reactivation_waiting_for_another_is_409_already_active(make_token, make_workshop, enrol):
+    """Another request reactivates the enrolment while this one is under way: this one waits
+    for it and answers as for an active enrolment, not that the request was invalid."""
+    from workshops.services import enrollment_cancel
+
+    secret = make_token().secret
+    (enrolment,) = enrol(make_workshop(starts_in=timedelta(hours=5)))
+    enrollment_cancel(enrollment=enrolment)
+    answers = []
+
+    def reactivate():
+        answers.append(Api(Client(), secret).post(f"/api/enrolments/{enrolment.pk}/reactivate"))
+
+    thread = threading.Thread(target=closing(reactivate))
+    with transaction.atomic():  # the other request, holding the enrolment it reactivates
+        Enrollment.objects.select_for_update().filter(pk=enrolment.pk).update(status="active")
+        thread.start()
+        wait_for_a_lock_wait()
+    thread.join()
+    assert_problem(answers[0], 409, "already_active")
