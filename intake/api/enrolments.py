@@ -99,7 +99,10 @@ def _result_out(r: services.EnrolmentOutcome) -> dict:
     }
 
 
-def _upsert(request, items: list[EnrolmentIn]) -> list[services.EnrolmentOutcome]:
+def _upsert(
+    request, items: list[EnrolmentIn], *, status_if_new: int
+) -> list[services.EnrolmentOutcome]:
+    """Upsert ``items``; the audit records ``status_if_new`` as the answer's status if one is new."""
     token = require(request, Scope.ENROLMENTS)
     wanted = [
         services.EnrolmentIn(
@@ -116,7 +119,7 @@ def _upsert(request, items: list[EnrolmentIn]) -> list[services.EnrolmentOutcome
         if made or touched:
             audit(
                 request,
-                201 if made else 200,
+                status_if_new if made else 200,
                 enrolments_created=made,
                 attendees_changed=sorted(set(touched)),
                 items=len(results),
@@ -128,7 +131,7 @@ def _upsert(request, items: list[EnrolmentIn]) -> list[services.EnrolmentOutcome
 def create_enrolment(request, body: EnrolmentIn):
     """Enrol an attendee (upserted as POST /api/attendees does). The same enrolment again
     comes back unchanged (200), with no second reminder."""
-    (result,) = _upsert(request, [body])
+    (result,) = _upsert(request, [body], status_if_new=201)
     return Status(201 if result.outcome == "created" else 200, _result_out(result))
 
 
@@ -136,7 +139,7 @@ def create_enrolment(request, body: EnrolmentIn):
 def bulk_enrolments(request, body: BulkIn):
     """Up to 1,000 enrolments, all or nothing: one refused item refuses the request, with
     each item's reason, and nothing is written."""
-    results = _upsert(request, body.items)
+    results = _upsert(request, body.items, status_if_new=200)
     created = sum(r.outcome == "created" for r in results)
     return {
         "created": created,

@@ -587,3 +587,11 @@ def test_a_reactivation_the_data_refuses_is_a_409_naming_why(
     assert [(e["field"], e["code"]) for e in body["errors"]] == [(field, code)]
     assert counts() == before
     assert Enrollment.objects.get().status == "cancelled"
+
+
+def test_an_api_write_records_the_status_its_request_was_answered_with(api, make_workshop):
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    one = api.post("/api/enrolments", item(workshop.pk, 1))
+    bulk = api.post("/api/enrolments/bulk", {"items": [item(workshop.pk, 2)]})
+    assert (one.status_code, bulk.status_code) == (201, 200)
+    assert list(ApiWrite.objects.order_by("pk").values_list("status", flat=True)) == [201, 200]
