@@ -401,6 +401,21 @@ def enrolments_upsert(
                     "required",
                 )
                 wanted.append(None)
+            elif (
+                item.workshop_id is not None
+                and item.workshop_external_id is not None
+                and ((named := refs.get(item.workshop_external_id)) != item.workshop_id)
+            ):
+                # Two names for two workshops (or for none): which was meant is not known.
+                plan.refuse(
+                    index,
+                    "workshop_external_id",
+                    f"The id {item.workshop_external_id!r} names "
+                    + (f"workshop {named}" if named else "no workshop")
+                    + f", not workshop {item.workshop_id}: send one of the two.",
+                    "workshop_mismatch",
+                )
+                wanted.append(None)
             elif item.workshop_id is not None:
                 wanted.append(item.workshop_id)
             else:

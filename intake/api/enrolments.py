@@ -37,7 +37,9 @@ REACTIVATION_REFUSED = {"workshop": "workshop_cancelled", "attendee": "attendee_
 class EnrolmentIn(Schema):
     workshop: Id | None = Field(None, description="Our id of the workshop.")
     workshop_external_id: ExternalId | None = Field(
-        None, description="This integration's id of the workshop, instead."
+        None,
+        description="This integration's id of the workshop, instead (with both, they must name "
+        "the same one).",
     )
     attendee: AttendeeIn
 

@@ -595,3 +595,20 @@ def test_an_api_write_records_the_status_its_request_was_answered_with(api, make
     bulk = api.post("/api/enrolments/bulk", {"items": [item(workshop.pk, 2)]})
     assert (one.status_code, bulk.status_code) == (201, 200)
     assert list(ApiWrite.objects.order_by("pk").values_list("status", flat=True)) == [201, 200]
+
+
+def test_an_item_naming_two_different_workshops_is_refused_not_enrolled_in_one(
+    api, make_workshop, workshop_body
+):
+    """workshop and workshop_external_id are two names for one workshop: when they name two,
+    which was meant is not known, and neither is chosen silently."""
+    course = api.post("/api/workshops", workshop_body(external_id="course-7")).json()
+    other = make_workshop(starts_in=timedelta(hours=5))
+    both = {**item(other.pk, 1), "workshop_external_id": "course-7"}
+    before = counts()
+    body = assert_problem(api.post("/api/enrolments/bulk", {"items": [both]}), 422, "invalid")
+    assert [(e["index"], e["field"]) for e in body["errors"]] == [(0, "workshop_external_id")]
+    assert f"names workshop {course['id']}, not workshop {other.pk}" in body["errors"][0]["detail"]
+    assert counts() == before
+    same = {**item(course["id"], 1), "workshop_external_id": "course-7"}
+    assert api.post("/api/enrolments", same).status_code == 201
