@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Literal
 
 from django.db import transaction
+from django.db.models import Value
+from django.db.models.functions import Lower
 from ninja import Path, Query, Router, Schema, Status
 
 from intake import services
@@ -99,7 +101,8 @@ def list_attendees(
     token = require(request, Scope.READ)
     rows = Attendee.objects.order_by("email", "pk")
     if email:
-        rows = rows.filter(email__iexact=email)
+        # As the unique constraint (and so the upsert) judges an email: the database's LOWER.
+        rows = rows.annotate(email_key=Lower("email")).filter(email_key=Lower(Value(email)))
     if external_id:
         rows = rows.filter(
             pk__in=AttendeeRef.objects.filter(

@@ -231,3 +231,13 @@ def test_a_reactivation_waiting_for_another_is_409_already_active(make_token, ma
         wait_for_a_lock_wait()
     thread.join()
     assert_problem(answers[0], 409, "already_active")
+
+
+def test_the_email_filter_finds_the_attendee_an_upsert_of_that_email_finds(api):
+    """An email's attendee is judged by the database's LOWER (the unique constraint's): the
+    list's email filter judges it so too, not by UPPER ('İ' upper is 'İ', lower 'i')."""
+    made = api.post("/api/attendees", {"email": "a@İx.com", "name": "A"}).json()
+    same = api.post("/api/attendees", {"email": "A@ix.com"})
+    assert same.status_code == 200 and same.json()["id"] == made["id"]
+    found = api.get("/api/attendees", email="A@ix.com").json()["items"]
+    assert [a["id"] for a in found] == [made["id"]]
