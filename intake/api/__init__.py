@@ -81,6 +81,8 @@ def _invalid(request, exc: NinjaValidationError):
         if where and where[0] in ("query", "path"):
             where = where[1:]
         message = error.get("msg", "Invalid value.").removeprefix("Value error, ")
+        if error.get("type") == "extra_forbidden":
+            message = "No such field here: check its spelling; /api/schema names each field."
         item = {"field": ".".join(where) or "body", "detail": message, "code": "invalid"}
         if len(where) > 2 and where[0] == "items" and where[1].isdigit():
             item.update(index=int(where[1]), field=".".join(where[2:]))

@@ -15,6 +15,7 @@ from intake.api.common import (
     Email,
     ExternalId,
     Id,
+    Input,
     Paging,
     Scope,
     Text,
@@ -30,7 +31,7 @@ from workshops.models import Attendee
 attendees = Router(tags=["attendees"])
 
 
-class AttendeeIn(Schema):
+class AttendeeIn(Input):
     email: Email
     name: Text | None = None
     language: AttendeeLanguage | None = None

@@ -11,7 +11,7 @@ from django.http import Http404
 from ninja import Field, Schema
 from ninja.errors import AuthorizationError
 from ninja.security import HttpBearer
-from pydantic import AfterValidator, BeforeValidator
+from pydantic import AfterValidator, BeforeValidator, ConfigDict
 
 from clock import default_clock
 from intake.models import ApiToken, ApiWrite
@@ -63,6 +63,13 @@ Email = Annotated[
 LANGUAGES = tuple(code for code, _ in settings.LANGUAGES)
 Language = Literal[LANGUAGES]  # type: ignore[valid-type]
 AttendeeLanguage = Literal[("", *LANGUAGES)]  # type: ignore[valid-type]
+
+
+class Input(Schema):
+    """A request body: a field it does not name is refused, not dropped (a misspelt field
+    would otherwise answer 200 with nothing of it done)."""
+
+    model_config = ConfigDict(extra="forbid")
 
 
 class TokenAuth(HttpBearer):
@@ -135,7 +142,7 @@ def page_of(queryset: QuerySet, paging: Paging, convert) -> dict:
     }
 
 
-class Reason(Schema):
+class Reason(Input):
     reason: Text = Field(
         description="Why; recorded with the decision, and told to attendees of a cancelled workshop."
     )

@@ -14,6 +14,7 @@ from intake.api.attendees import AttendeeIn, attendee_in
 from intake.api.common import (
     ExternalId,
     Id,
+    Input,
     Paging,
     Reason,
     Scope,
@@ -34,7 +35,7 @@ enrolments = Router(tags=["enrolments"])
 REACTIVATION_REFUSED = {"workshop": "workshop_cancelled", "attendee": "attendee_erased"}
 
 
-class EnrolmentIn(Schema):
+class EnrolmentIn(Input):
     workshop: Id | None = Field(None, description="Our id of the workshop.")
     workshop_external_id: ExternalId | None = Field(
         None,
@@ -44,7 +45,7 @@ class EnrolmentIn(Schema):
     attendee: AttendeeIn
 
 
-class BulkIn(Schema):
+class BulkIn(Input):
     items: list[EnrolmentIn] = Field(min_length=1, max_length=services.MAX_ITEMS)
 
 

@@ -13,6 +13,7 @@ from intake import services
 from intake.api.common import (
     ExternalId,
     Id,
+    Input,
     Language,
     Paging,
     Reason,
@@ -39,7 +40,7 @@ WORKSHOP_DETAILS = (
 )  # fmt: skip
 
 
-class WorkshopIn(Schema):
+class WorkshopIn(Input):
     title: Text
     starts_at: When
     ends_at: When
@@ -55,7 +56,7 @@ class WorkshopIn(Schema):
     external_id: ExternalId | None = None
 
 
-class WorkshopPatch(Schema):
+class WorkshopPatch(Input):
     title: Text | None = None
     starts_at: When | None = None
     ends_at: When | None = None

@@ -612,3 +612,32 @@ def test_an_item_naming_two_different_workshops_is_refused_not_enrolled_in_one(
     assert counts() == before
     same = {**item(course["id"], 1), "workshop_external_id": "course-7"}
     assert api.post("/api/enrolments", same).status_code == 201
+
+
+def test_a_field_the_api_does_not_know_is_refused_not_dropped(api, make_workshop, workshop_body):
+    """A misspelt or unsupported field would otherwise answer 200 with nothing of it done."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    before = counts()
+    for send, body, field in (
+        (api.patch, {"status": "cancelled"}, "status"),
+        (api.patch, {"titel": "Glazing"}, "titel"),
+        (api.post, {"title": "Glazing", "locaton": "Room 2"}, "locaton"),
+    ):
+        path = f"/api/workshops/{workshop.pk}" if send == api.patch else "/api/workshops"
+        if send == api.post:
+            body = workshop_body(**body)
+        refused = assert_problem(send(path, body), 422, "invalid")
+        assert [(e["field"], e["code"]) for e in refused["errors"]] == [(field, "invalid")]
+        assert "schema" in refused["errors"][0]["detail"]
+    nested = {
+        "items": [
+            {
+                **item(workshop.pk, 1),
+                "attendee": {"email": "a@example.com", "name": "A", "lang": "de"},
+            }
+        ]
+    }
+    refused = assert_problem(api.post("/api/enrolments/bulk", nested), 422, "invalid")
+    assert [(e["index"], e["field"]) for e in refused["errors"]] == [(0, "attendee.lang")]
+    workshop.refresh_from_db()
+    assert workshop.status == "scheduled" and counts() == before
