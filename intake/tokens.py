@@ -35,6 +35,12 @@ def token_create(
     unknown = sorted(set(scopes) - set(SCOPES))
     if not integration:
         raise ValueError("Name the integration the token is for, e.g. 'shop'.")
+    for what, value, field in (
+        ("the integration's name", integration, Integration._meta.get_field("name")),
+        ("the label", name, ApiToken._meta.get_field("name")),
+    ):
+        if len(value) > field.max_length:
+            raise ValueError(f"Shorten {what} to {field.max_length} characters or fewer.")
     if unknown:
         raise ValueError(f"Unknown scope {', '.join(unknown)}; choose from {', '.join(SCOPES)}.")
     if not scopes:

@@ -57,3 +57,11 @@ def test_revoke_by_prefix_then_the_token_gets_401(client):
     assert Api(client, secret).get("/api/workshops").status_code == 401
     with pytest.raises(CommandError, match="No API token starts with 'wr_nope'"):
         call_command("revoke_api_token", "wr_nope")
+
+
+def test_a_name_or_label_too_long_to_store_is_refused_saying_so_and_nothing_is_made():
+    with pytest.raises(CommandError, match="Shorten the integration's name to 100 characters"):
+        create("s" * 101)
+    with pytest.raises(CommandError, match="Shorten the label to 100 characters"):
+        create("shop", "--label", "l" * 101)
+    assert not ApiToken.objects.exists()
