@@ -23,6 +23,7 @@ MAX_ROWS = 5000
 MAX_BYTES = 2 * 1024 * 1024
 # A cell a spreadsheet would run as a formula (OWASP's list: the four signs, tab, CR).
 FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+EMPTY = "The file is empty: export the attendee list with a header row first."
 
 
 class CsvRefused(ValueError):
@@ -32,7 +33,7 @@ class CsvRefused(ValueError):
 def read_attendees(data: bytes) -> list[AttendeeIn]:
     """The attendees a CSV file lists, one per row, in order; CsvRefused if it cannot be read."""
     if not data.strip():
-        raise CsvRefused("The file is empty: export the attendee list with a header row first.")
+        raise CsvRefused(EMPTY)
     if len(data) > MAX_BYTES:
         raise CsvRefused(
             f"The file is {len(data) / 1048576:.1f} MB; an import takes at most "
@@ -55,11 +56,17 @@ def read_attendees(data: bytes) -> list[AttendeeIn]:
             f"The file is not UTF-8 (line {line} has bytes UTF-8 does not allow, as "
             "Latin-1 or Windows-1252 files do): save it as 'CSV UTF-8' and upload again."
         ) from None
-    first = text.split("\n", 1)[0]
+    # Blank lines before the header are skipped, as blank lines between rows are.
+    first = next((line for line in text.splitlines() if line.strip(' \t,;"')), None)
+    if first is None:  # a byte-order mark, blank lines or separators alone
+        raise CsvRefused(EMPTY)
     delimiter = max(",;\t", key=first.count)  # the header's separator; Excel's own quoting
     reader = csv.reader(io.StringIO(text, newline=""), delimiter=delimiter, strict=True)
     try:
-        header = [cell.strip().lower() for cell in next(reader)]
+        header = next((cells for cells in reader if any(cell.strip() for cell in cells)), None)
+        if header is None:
+            raise CsvRefused(EMPTY)
+        header = [cell.strip().lower() for cell in header]
         rows = _rows(reader, header)
     except csv.Error as error:
         raise CsvRefused(

@@ -275,3 +275,26 @@ def test_a_confirmation_the_data_no_longer_allows_writes_nothing_and_says_why(
     assert all("is cancelled; enrol in a scheduled workshop" in r[0] for r in reasons), reasons
     assert b'id="import-confirm"' not in refused.content
     assert state() == (0, 0, 0, 0) and not CsvTransfer.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("data", "says"),
+    [
+        (b"\xef\xbb\xbf", "The file is empty"),  # Excel's 'CSV UTF-8' of an empty sheet
+        (b"\xef\xbb\xbf\r\n;;\r\n", "The file is empty"),
+    ],
+    ids=["bom-only", "bom-and-blank-rows"],
+)
+def test_a_file_with_only_a_byte_order_mark_is_refused_as_empty(
+    importer, make_workshop, data, says
+):
+    response = upload(importer, make_workshop(), data)
+    assert response.status_code == 400
+    assert says in response.context["refusal"], response.context["refusal"]
+
+
+def test_blank_lines_before_the_header_are_skipped(importer, make_workshop):
+    data = "\r\n\r\nname;email\r\nJosé;jose@example.com\r\n".encode()
+    preview = upload(importer, make_workshop(), data)
+    assert preview.status_code == 200, preview.context.get("refusal")
+    assert [r.email for r in preview.context["preview"].rows] == ["jose@example.com"]
