@@ -90,7 +90,8 @@ def _rows(reader, header: list[str]) -> list[AttendeeIn]:
             f"The header row has {'; '.join(said)}. The first row names the columns: "
             f"{', '.join(COLUMNS)} (name and email required)."
         )
-    if len(set(header)) != len(header):
+    named = [name for name in header if name]  # blank ones: columns padded, no data
+    if len(set(named)) != len(named):
         raise CsvRefused("The header row names a column twice; name each once.")
     rows = []
     for cells in reader:
@@ -101,7 +102,7 @@ def _rows(reader, header: list[str]) -> list[AttendeeIn]:
                 f"The file has more than {MAX_ROWS:,} attendees; an import takes at most "
                 f"{MAX_ROWS:,}: split it into smaller files."
             )
-        if len(cells) > len(header):
+        if any(cell.strip() for cell in cells[len(header) :]):  # blank ones are padding
             raise CsvRefused(
                 f"Line {reader.line_num} has {len(cells)} cells but the header names "
                 f"{len(header)} columns: quote cells that contain the separator."

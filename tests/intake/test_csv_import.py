@@ -298,3 +298,28 @@ def test_blank_lines_before_the_header_are_skipped(importer, make_workshop):
     preview = upload(importer, make_workshop(), data)
     assert preview.status_code == 200, preview.context.get("refusal")
     assert [r.email for r in preview.context["preview"].rows] == ["jose@example.com"]
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        # Excel pads every row to the widest one: columns once used, then cleared, stay.
+        "name,email,,\r\nAda,ada@example.com,,\r\nGrace,grace@example.com,,\r\n",
+        # A trailing separator on rows, not on the header.
+        "name;email\nAda;ada@example.com;\nGrace;grace@example.com;;\n",
+    ],
+    ids=["blank-header-cells", "blank-trailing-cells"],
+)
+def test_trailing_empty_columns_are_no_data_and_not_refused(importer, make_workshop, data):
+    preview = upload(importer, make_workshop(), data)
+    assert preview.status_code == 200, preview.context.get("refusal")
+    assert [r.email for r in preview.context["preview"].rows] == [
+        "ada@example.com",
+        "grace@example.com",
+    ]
+
+
+def test_cells_beyond_the_header_that_hold_data_are_still_refused(importer, make_workshop):
+    response = upload(importer, make_workshop(), "name,email\nAda,ada@example.com,,x\n")
+    assert response.status_code == 400
+    assert "Line 2 has 4 cells" in response.context["refusal"]
