@@ -220,7 +220,7 @@ class CsvTransferAdmin(admin.ModelAdmin):
             context["refusal"] = str(error)
             return TemplateResponse(request, "admin/intake/import.html", context, status=400)
         integration_name = form.cleaned_data["integration"]
-        items = [EnrolmentIn(attendee=row, workshop_id=workshop.pk) for row in rows]
+        items = [EnrolmentIn(attendee=row, workshop_id=workshop.pk) for _, row in rows]
         context.update(
             rows=len(rows),
             filename=form.filename(),
@@ -258,7 +258,7 @@ class CsvTransferAdmin(admin.ModelAdmin):
                 return HttpResponseRedirect(
                     reverse("admin:workshops_workshop_change", args=[workshop.pk])
                 )
-        preview = import_preview(integration_name, items)
+        preview = import_preview(integration_name, items, [line for line, _ in rows])
         # A confirmation refused although every row is valid: something changed meanwhile.
         refused = "confirm" in request.POST
         context.update(preview=preview, changed=refused and not preview.invalid)

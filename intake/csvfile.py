@@ -30,8 +30,9 @@ class CsvRefused(ValueError):
     """The file as a whole cannot be read; the message says what to do."""
 
 
-def read_attendees(data: bytes) -> list[AttendeeIn]:
-    """The attendees a CSV file lists, one per row, in order; CsvRefused if it cannot be read."""
+def read_attendees(data: bytes) -> list[tuple[int, AttendeeIn]]:
+    """The attendees a CSV file lists, one per row, in order, each with the line of the file its
+    row starts on (the header's being 1 if it is first); CsvRefused if it cannot be read."""
     if not data.strip():
         raise CsvRefused(EMPTY)
     if len(data) > MAX_BYTES:
@@ -77,7 +78,7 @@ def read_attendees(data: bytes) -> list[AttendeeIn]:
     return rows
 
 
-def _rows(reader, header: list[str]) -> list[AttendeeIn]:
+def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
     unknown = [name for name in header if name and name not in COLUMNS]
     missing = [name for name in REQUIRED if name not in header]
     if unknown or missing:
@@ -94,7 +95,9 @@ def _rows(reader, header: list[str]) -> list[AttendeeIn]:
     if len(set(named)) != len(named):
         raise CsvRefused("The header row names a column twice; name each once.")
     rows = []
+    end = reader.line_num  # of the row before: blank lines and line breaks in cells count
     for cells in reader:
+        line, end = end + 1, reader.line_num
         if not any(cell.strip() for cell in cells):
             continue  # blank lines (a trailing one, or spacing) are no attendee
         if len(rows) >= MAX_ROWS:
@@ -108,15 +111,14 @@ def _rows(reader, header: list[str]) -> list[AttendeeIn]:
                 f"{len(header)} columns: quote cells that contain the separator."
             )
         values = dict(zip(header, cells, strict=False))
-        rows.append(
-            AttendeeIn(
-                email=values.get("email", "").strip(),
-                name=values.get("name", "").strip(),
-                language=values.get("language", "").strip() or None,
-                timezone=values.get("timezone", "").strip() or None,
-                external_id=values.get("external_id", "").strip() or None,
-            )
+        attendee = AttendeeIn(
+            email=values.get("email", "").strip(),
+            name=values.get("name", "").strip(),
+            language=values.get("language", "").strip() or None,
+            timezone=values.get("timezone", "").strip() or None,
+            external_id=values.get("external_id", "").strip() or None,
         )
+        rows.append((line, attendee))
     return rows
 
 

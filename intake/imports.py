@@ -68,7 +68,7 @@ class ImportForm(forms.Form):
 
 @dataclass(slots=True)
 class PreviewRow:
-    line: int  # the file's row number, the header being 1
+    line: int  # the line of the file the row starts on
     name: str
     email: str
     outcome: str
@@ -101,8 +101,9 @@ def _dry_run(integration_name: str, items: list[EnrolmentIn]):
             transaction.set_rollback(True)
 
 
-def import_preview(integration_name: str, items: list[EnrolmentIn]) -> Preview:
-    """Each row's outcome if the import ran now: invalid rows with every reason."""
+def import_preview(integration_name: str, items: list[EnrolmentIn], lines: list[int]) -> Preview:
+    """Each row's outcome if the import ran now: invalid rows with every reason. ``lines``:
+    each item's line in the file."""
     reasons: dict[int, list[str]] = {}
     try:
         results = {r.index: r for r in _dry_run(integration_name, items)}
@@ -128,7 +129,7 @@ def import_preview(integration_name: str, items: list[EnrolmentIn]) -> Preview:
         counts[outcome] = counts.get(outcome, 0) + 1
         rows.append(
             PreviewRow(
-                index + 2,
+                lines[index],
                 item.attendee.name or "",
                 item.attendee.email,
                 outcome,

@@ -297,7 +297,8 @@ def test_blank_lines_before_the_header_are_skipped(importer, make_workshop):
     data = "\r\n\r\nname;email\r\nJosé;jose@example.com\r\n".encode()
     preview = upload(importer, make_workshop(), data)
     assert preview.status_code == 200, preview.context.get("refusal")
-    assert [r.email for r in preview.context["preview"].rows] == ["jose@example.com"]
+    rows = preview.context["preview"].rows
+    assert [(r.line, r.email) for r in rows] == [(4, "jose@example.com")]
 
 
 @pytest.mark.parametrize(
@@ -323,3 +324,23 @@ def test_cells_beyond_the_header_that_hold_data_are_still_refused(importer, make
     response = upload(importer, make_workshop(), "name,email\nAda,ada@example.com,,x\n")
     assert response.status_code == 400
     assert "Line 2 has 4 cells" in response.context["refusal"]
+
+
+def test_the_preview_names_each_rows_line_in_the_file(importer, make_workshop):
+    """Blank lines and a cell with a line break inside it: each row is named by the line
+    it starts on, so 'line 7' is the line the organiser finds in the file."""
+    data = (
+        "name,email,timezone\n"
+        "Ada,ada@example.com,\n"
+        "\n"
+        '"Grace\nHopper",grace@example.com,\n'
+        ",,\n"
+        " , ,\n"
+        "Bad Zone,zone@example.com,Mars/Olympus\n"
+    )
+    preview = upload(importer, make_workshop(), data)
+    assert [(r.line, r.email) for r in preview.context["preview"].rows] == [
+        (2, "ada@example.com"),
+        (4, "grace@example.com"),
+        (8, "zone@example.com"),
+    ]
