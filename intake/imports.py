@@ -33,7 +33,8 @@ class ImportForm(forms.Form):
         help_text=f"Columns: {', '.join(csvfile.COLUMNS)} (name and email required), with a "
         f"header row; UTF-8; at most {csvfile.MAX_ROWS:,} rows.",
     )
-    csv_text = forms.CharField(widget=forms.HiddenInput, required=False)
+    # The previewed file's text, as it was: a leading tab is its first (empty) cell.
+    csv_text = forms.CharField(widget=forms.HiddenInput, required=False, strip=False)
     filename_seen = forms.CharField(widget=forms.HiddenInput, required=False)
     integration = forms.CharField(
         max_length=100,

@@ -344,3 +344,15 @@ def test_the_preview_names_each_rows_line_in_the_file(importer, make_workshop):
         (4, "grace@example.com"),
         (8, "zone@example.com"),
     ]
+
+
+def test_the_confirmation_reads_the_file_as_previewed(importer, make_workshop):
+    """The previewed text comes back whole: a tab-separated file whose first column is empty
+    starts with a tab, which the form must not strip (the rows would gain a cell)."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    data = "\tname\temail\n\tAda\tada@example.com\n\tGrace\tgrace@example.com\n"
+    preview = upload(importer, workshop, data)
+    assert preview.status_code == 200, preview.context.get("refusal")
+    done = confirm(importer, workshop, preview)
+    assert done.status_code == 302, done.context.get("refusal")
+    assert Enrollment.objects.filter(workshop=workshop).count() == 2
