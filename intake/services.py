@@ -263,7 +263,7 @@ def _resolve_attendees(
                 continue
             row = candidate
             plan.outcomes[key] = "created"
-        elif plan.outcomes.get(key) != "created":
+        else:  # found, or created by an earlier item: this item's details land too
             changes = {
                 name: getattr(candidate, name)
                 for name in ATTENDEE_FIELDS
@@ -274,7 +274,7 @@ def _resolve_attendees(
                 changes["email"] = candidate.email  # another address (case alone is none)
             for name, value in changes.items():
                 setattr(row, name, value)
-            if plan.outcomes.get(key) != "updated":
+            if plan.outcomes.get(key) not in ("created", "updated"):
                 plan.outcomes[key] = "updated" if changes else "unchanged"
         plan.attendees[key] = row
         planned_as[id(row)] = key

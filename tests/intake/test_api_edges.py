@@ -241,3 +241,17 @@ def test_the_email_filter_finds_the_attendee_an_upsert_of_that_email_finds(api):
     assert same.status_code == 200 and same.json()["id"] == made["id"]
     found = api.get("/api/attendees", email="A@ix.com").json()["items"]
     assert [a["id"] for a in found] == [made["id"]]
+
+
+def test_two_items_for_one_new_attendee_both_land(db):
+    """As for an attendee who exists: the second item's details are not dropped because the
+    first one creates her."""
+    attendees_upsert(
+        integration=Integration.objects.create(name="shop"),
+        items=[
+            AttendeeIn(email="ann@example.com", name="Ann"),
+            AttendeeIn(email="ann@example.com", name="Ann B", language="de"),
+        ],
+    )
+    ann = Attendee.objects.get()
+    assert (ann.name, ann.language) == ("Ann B", "de")

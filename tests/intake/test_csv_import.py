@@ -356,3 +356,15 @@ def test_the_confirmation_reads_the_file_as_previewed(importer, make_workshop):
     done = confirm(importer, workshop, preview)
     assert done.status_code == 302, done.context.get("refusal")
     assert Enrollment.objects.filter(workshop=workshop).count() == 2
+
+
+def test_a_new_attendee_on_two_rows_gets_both_rows_details(importer, make_workshop):
+    """Later rows win, as they do for an attendee who already exists; none is dropped."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    data = (
+        "name,email,language,timezone\nAda,ada@example.com,en,\nAda,ada@example.com,,Europe/Paris\n"
+    )
+    confirm(importer, workshop, upload(importer, workshop, data))
+    ada = Attendee.objects.get()
+    assert (ada.language, ada.timezone) == ("en", "Europe/Paris")
+    assert Enrollment.objects.count() == 1
