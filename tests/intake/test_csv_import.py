@@ -368,3 +368,18 @@ def test_a_new_attendee_on_two_rows_gets_both_rows_details(importer, make_worksh
     ada = Attendee.objects.get()
     assert (ada.language, ada.timezone) == ("en", "Europe/Paris")
     assert Enrollment.objects.count() == 1
+
+
+def test_a_cancelled_enrolment_is_explained_for_staff_not_api_clients(
+    importer, make_workshop, make_attendee
+):
+    from workshops.services import enrollment_cancel, enrollment_create
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    ada = make_attendee(email="ada@example.com", name="Ada")
+    enrollment_cancel(enrollment=enrollment_create(attendee=ada, workshop=workshop))
+    preview = upload(importer, workshop, "name,email\nAda,ada@example.com\n")
+    assert preview.status_code == 400
+    (reason,) = preview.context["preview"].rows[0].reasons
+    assert "/api/" not in reason and "POST" not in reason, reason
+    assert "back to active on the workshop's page" in reason, reason
