@@ -129,7 +129,10 @@ def safe_cell(value) -> str:
 
 
 def write_rows(header: Iterable[str], rows: Iterable[Iterable]) -> str:
+    """The rows as CSV text for a spreadsheet: after a byte-order mark, which tells Excel that
+    it is UTF-8 (without one it reads the system's code page, and 'Émile' shows as 'Ã‰mile')."""
     out = io.StringIO()
+    out.write("\ufeff")
     writer = csv.writer(out)
     writer.writerow(list(header))
     for row in rows:

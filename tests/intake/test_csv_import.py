@@ -3,6 +3,7 @@ permission, audited, formulas escaped), through the admin's views on PostgreSQL.
 
 from __future__ import annotations
 
+import codecs
 import csv
 import io
 from datetime import timedelta
@@ -246,7 +247,7 @@ def test_the_export_needs_its_own_permission_is_audited_and_escapes_formulas(
     response = exporter.get(url)
     assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
     assert "attachment" in response["Content-Disposition"]
-    rows = list(csv.DictReader(io.StringIO(response.content.decode())))
+    rows = list(csv.DictReader(io.StringIO(response.content.decode("utf-8-sig"))))
     by_email = {row["email"]: row for row in rows}
     assert by_email["eq@example.com"]["name"] == '\'=HYPERLINK("http://x")'
     assert by_email["eq@example.com"]["external_id"] == "'+1"
@@ -383,3 +384,13 @@ def test_a_cancelled_enrolment_is_explained_for_staff_not_api_clients(
     (reason,) = preview.context["preview"].rows[0].reasons
     assert "/api/" not in reason and "POST" not in reason, reason
     assert "back to active on the workshop's page" in reason, reason
+
+
+def test_the_export_opens_in_excel_with_its_accents(staff, importer, make_workshop):
+    """Excel reads a CSV without a byte-order mark as the system's code page: 'Ã‰mile'."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    confirm(importer, workshop, upload(importer, workshop, GOOD))
+    response = staff("export_attendees").get(f"/admin/intake/csvtransfer/export/{workshop.pk}/")
+    assert response.content.startswith(codecs.BOM_UTF8)
+    rows = list(csv.DictReader(io.StringIO(response.content.decode("utf-8-sig"))))
+    assert "Émile Zola" in {row["name"] for row in rows}
