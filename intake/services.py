@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from django.conf import settings
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
@@ -136,6 +137,12 @@ def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attend
         candidate.full_clean(exclude=exclude, validate_constraints=False)
     except ValidationError as error:
         errors = error.message_dict
+    if "language" in errors:  # the choices' own message does not say which they are
+        codes = ", ".join(code for code, _ in settings.LANGUAGES)
+        errors["language"] = [
+            f"{candidate.language!r} is not a language reminders are written in: give one of "
+            f"{codes}, or leave it blank."
+        ]
     if "email" not in errors and (refusal := attendee_address_refusal(candidate.email)):
         errors["email"] = [refusal[0]]
     if item.external_id is not None:

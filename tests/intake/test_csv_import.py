@@ -394,3 +394,12 @@ def test_the_export_opens_in_excel_with_its_accents(staff, importer, make_worksh
     assert response.content.startswith(codecs.BOM_UTF8)
     rows = list(csv.DictReader(io.StringIO(response.content.decode("utf-8-sig"))))
     assert "Émile Zola" in {row["name"] for row in rows}
+
+
+def test_a_language_the_reminders_have_not_is_refused_with_the_ones_they_have(
+    importer, make_workshop
+):
+    preview = upload(importer, make_workshop(), "name,email,language\nAda,ada@example.com,EN\n")
+    assert preview.status_code == 400
+    (reason,) = preview.context["preview"].rows[0].reasons
+    assert reason.startswith("language: ") and "en, de, fr" in reason, reason
