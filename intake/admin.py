@@ -249,10 +249,14 @@ class CsvTransferAdmin(admin.ModelAdmin):
             except Refused:
                 pass  # shown below with each row's reason; nothing was written
             else:
+                # Rows naming an attendee an earlier row enrols (the preview's repeats).
+                repeats = len(done) - len({r.enrolment_id for r in done})
                 self.message_user(
                     request,
                     f"Imported {len(done)} rows into {workshop.title}: {created} enrolled, "
-                    f"{len(done) - created} already were (import {audit.pk}).",
+                    f"{len(done) - created - repeats} already were"
+                    + (f", {repeats} repeated an earlier row" if repeats else "")
+                    + f" (import {audit.pk}).",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(

@@ -127,10 +127,14 @@ def import_preview(integration_name: str, items: list[EnrolmentIn], lines: list[
         except Refused:
             pass  # the valid rows' outcomes depend on the invalid ones; shown as unknown
     rows, counts = [], {}
+    named: set[int] = set()  # attendees an earlier row enrols
     for index, item in enumerate(items):
         if index in reasons:
             outcome = "Invalid"
+        elif index in results and results[index].attendee_id in named:
+            outcome = "Same attendee as an earlier row"  # enrolled once, not 'already'
         elif index in results:
+            named.add(results[index].attendee_id)
             outcome = _label(results[index].outcome, results[index].attendee_outcome)
         else:
             outcome = "Valid (outcome shown once the invalid rows are fixed)"

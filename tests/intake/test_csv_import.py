@@ -10,6 +10,7 @@ from datetime import timedelta
 
 import pytest
 from django.contrib.auth.models import Permission
+from django.contrib.messages import get_messages
 from django.core.files.uploadedfile import SimpleUploadedFile
 from django.test import Client
 
@@ -403,3 +404,18 @@ def test_a_language_the_reminders_have_not_is_refused_with_the_ones_they_have(
     assert preview.status_code == 400
     (reason,) = preview.context["preview"].rows[0].reasons
     assert reason.startswith("language: ") and "en, de, fr" in reason, reason
+
+
+def test_a_row_repeating_an_earlier_ones_attendee_is_shown_as_a_repeat(importer, make_workshop):
+    """Not 'Already enrolled': the person is new, and the file names them twice."""
+    data = "name,email\nAda,ada@example.com\nGrace,grace@example.com\nAda,ADA@example.com\n"
+    preview = upload(importer, make_workshop(), data)
+    outcomes = [row.outcome for row in preview.context["preview"].rows]
+    assert outcomes == [
+        "New attendee, enrolled",
+        "New attendee, enrolled",
+        "Same attendee as an earlier row",
+    ]
+    done = confirm(importer, preview.context["workshop"], preview)
+    (message,) = [str(m) for m in get_messages(done.wsgi_request)]
+    assert "3 rows into" in message and ": 2 enrolled, 0 already were, 1 repeated" in message
