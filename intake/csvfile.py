@@ -110,6 +110,11 @@ def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
                 f"Line {reader.line_num} has {len(cells)} cells but the header names "
                 f"{len(header)} columns: quote cells that contain the separator."
             )
+        if any(cell.strip() for name, cell in zip(header, cells, strict=False) if not name):
+            raise CsvRefused(
+                f"Line {line} has a value in a column whose header cell is blank: name the "
+                f"column ({', '.join(COLUMNS)}) or clear its cells."
+            )
         values = dict(zip(header, cells, strict=False))
         attendee = AttendeeIn(
             email=values.get("email", "").strip(),

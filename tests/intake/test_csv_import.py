@@ -328,6 +328,21 @@ def test_cells_beyond_the_header_that_hold_data_are_still_refused(importer, make
     assert "Line 2 has 4 cells" in response.context["refusal"]
 
 
+@pytest.mark.parametrize(
+    "data",
+    [
+        pytest.param("name,,email\nAda,x,ada@example.com\n", id="between"),
+        pytest.param("name,email,,\nAda,ada@example.com,,x\n", id="trailing"),
+    ],
+)
+def test_a_value_under_a_column_with_no_name_is_refused_not_dropped(importer, make_workshop, data):
+    response = upload(importer, make_workshop(), data)
+    assert response.status_code == 400
+    assert "Line 2 has a value in a column whose header cell is blank" in (
+        response.context["refusal"]
+    )
+
+
 def test_the_preview_names_each_rows_line_in_the_file(importer, make_workshop):
     """Blank lines and a cell with a line break inside it: each row is named by the line
     it starts on, so 'line 7' is the line the organiser finds in the file."""
