@@ -338,9 +338,8 @@ def test_cells_beyond_the_header_that_hold_data_are_still_refused(importer, make
 def test_a_value_under_a_column_with_no_name_is_refused_not_dropped(importer, make_workshop, data):
     response = upload(importer, make_workshop(), data)
     assert response.status_code == 400
-    assert "Line 2 has a value in a column whose header cell is blank" in (
-        response.context["refusal"]
-    )
+    refusal = response.context["refusal"]
+    assert "Line 2 has a value in a column whose header cell is blank" in refusal
 
 
 def test_the_preview_names_each_rows_line_in_the_file(importer, make_workshop):
