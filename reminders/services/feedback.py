@@ -15,7 +15,7 @@ from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
-from reminders.models import DeliveryEvent, DroppedReports, Reminder, Suppression
+from reminders.models import DeliveryEvent, DroppedReports, Notice, Reminder, Suppression
 
 logger = logging.getLogger(__name__)
 
@@ -101,15 +101,24 @@ def _event(item: object) -> ProviderEvent:
 def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict[str, int]:
     """Store each event once; return how many were recorded, seen before, or dropped.
 
-    An event whose key names no reminder sent here, or one of an erased attendee, is dropped.
-    The unique (channel, event id) keeps a retried webhook's events once, whoever races.
+    An event whose key names no reminder or change notice sent here, or one of an erased
+    attendee, is dropped; a notice's is kept on its reminder. The unique (channel, event id)
+    keeps a retried webhook's events once, whoever races.
     """
+    keys = {event.key for event in events}
     sent = Reminder.objects.filter(
-        key__in={event.key for event in events},
+        key__in=keys,
         status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN],
         attendee__erased_at__isnull=True,
     )
     rows = list(sent.values_list("key", "pk", "attendee_id", "attendee__email"))
+    # A change notice goes out under a key of its own (notice_key).
+    notices = Notice.objects.filter(
+        key__in=keys,
+        status__in=[Notice.Status.SENT, Notice.Status.UNKNOWN],
+        attendee__erased_at__isnull=True,
+    )
+    rows += notices.values_list("key", "reminder_id", "attendee_id", "attendee__email")
     reminder_of = {key: pk for key, pk, _, _ in rows}
     attendee_of = {pk: (attendee, email) for _, pk, attendee, email in rows}
     known = set(

@@ -17,13 +17,14 @@ import pytest
 
 from clock import SystemClock
 from loopback.http_sink import HttpSink
-from reminders.models import Reminder, StaffDecision, Suppression
+from reminders.models import Notice, Reminder, StaffDecision, Suppression
 from reminders.services.erasure import attendees_erase
 from reminders.services.feedback import address_key
 from reminders.worker import pipeline
+from reminders.worker.notices import deliver_notices
 from tests.admin.conftest import post_action
 from workshops.models import Attendee
-from workshops.services import attendee_get_or_create, enrollment_create
+from workshops.services import attendee_get_or_create, enrollment_create, workshop_update
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -192,6 +193,31 @@ def test_a_complaint_suppresses_and_soft_bounces_only_in_a_run(
     assert not Suppression.objects.filter(address="dan@example.org").exists()
     report(sent[3][dan.pk], "bounced", bounce="soft", minutes=10)
     assert Suppression.objects.get(address="dan@example.org").cause == "bounced"
+
+
+def test_a_complaint_about_a_change_notice_suppresses_the_address(
+    send, report, workshops_for, provider, live_clock, notices_published, settings
+):
+    """A notice goes out under its own key; the provider's report names that key."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    gil, hap = _people("gil", "hap")
+    first = workshops_for(gil, hap)
+    send()
+    workshop = Reminder.objects.get(key=first[gil.pk]).workshop
+    workshop_update(workshop=workshop, location="Room 9")
+    notices_published.clear()
+    pipeline.scan(clock=live_clock)
+    pipeline.scan(clock=live_clock)
+    before = len(provider.requests)
+    for batch in list(notices_published):
+        deliver_notices(batch, clock=live_clock)
+    notice = Notice.objects.get(reminder__key=first[gil.pk])
+    assert notice.status == "sent" and notice.key in {r.key for r in provider.requests[before:]}
+
+    report(notice.key, "complained")  # recorded, not dropped as naming no message sent here
+    assert Suppression.objects.get().address == "gil@example.org"
+    second = workshops_for(gil, hap)
+    assert send() == [second[hap.pk]]
 
 
 def test_staff_lift_a_suppression_with_a_reason_and_reminders_go_again(
