@@ -384,7 +384,8 @@ def notice_claim(
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
     One guarded UPDATE judges by the database's clock; of two claimers one wins. Notices of a
-    started workshop become missed. ``token`` lets a caller release an interrupted claim.
+    started workshop become missed, those of an attendee who unsubscribed silenced. ``token``
+    lets a caller release an interrupted claim.
     """
     clock = clock or default_clock()
     host_now = clock.now()
@@ -401,6 +402,7 @@ def notice_claim(
                 status=Status.PENDING,
                 workshop__starts_at__gt=now,
                 attendee__erased_at__isnull=True,
+                reminder__unsubscribed_at__isnull=True,
             ),
             status=Status.SENDING,
             claim_token=token,
@@ -411,6 +413,18 @@ def notice_claim(
             updated_at=now,
         )
     ]
+    # Back pending after its attendee unsubscribed (a retry, a reaped claim), or planned as
+    # they did: silenced as reminder_unsubscribe silences the others.
+    Notice.objects.filter(
+        pk__in=[pk for pk in ids if pk not in taken],
+        status=Status.PENDING,
+        reminder__unsubscribed_at__isnull=False,
+    ).update(
+        status=Status.SILENCED,
+        status_reason="the attendee unsubscribed",
+        queued_until=None,
+        updated_at=now,
+    )
     Notice.objects.filter(
         pk__in=[pk for pk in ids if pk not in taken],
         status=Status.PENDING,

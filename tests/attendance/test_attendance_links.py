@@ -188,3 +188,40 @@ def test_a_change_notice_carries_the_same_links(delivered, clock, notices_publis
     url = f"{PUBLIC}/attend/{attendance_token(reminder.pk)}/"
     assert envelope.payload["attendance_url"] == url and url in envelope.text_body
     assert envelope.unsubscribe_url == f"{PUBLIC}/unsubscribe/{unsubscribe_token(reminder.pk)}/"
+
+
+def test_a_notice_in_flight_when_its_attendee_unsubscribes_is_not_sent_on_its_retry(
+    delivered, clock, mail, notices_published
+):
+    """The unsubscribe silences pending notices; one a worker holds then comes back pending
+    after a transient failure, and its next claim judges the reminder as it is now."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.notices import notice_claim, notice_record
+    from reminders.services.record import retry_delay
+
+    message, reminder = delivered
+    workshop_update(workshop=reminder.workshop, location="Room 9")
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    notice = Notice.objects.get(reminder=reminder)
+    claim = notice_claim(ids=[notice.pk], channel="smtp", clock=clock)
+    assert [held.pk for held in claim.notices] == [notice.pk]
+    url = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    page = Client().post(
+        url, "List-Unsubscribe=One-Click", content_type="application/x-www-form-urlencoded"
+    )
+    assert page.status_code == 200
+    refused = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.TRANSIENT, message_id=None,
+        error="421 try later", attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[refused], clock=clock)
+    clock.advance(retry_delay(1).total_seconds() + 1)
+    before = len(mail.received())
+    notices_published.clear()
+    pipeline.scan(clock=clock)
+    for batch in list(notices_published):
+        deliver_notices(batch, clock=clock)
+    assert all(reminder.attendee.email not in m.rcpt_tos for m in mail.received()[before:])
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason) == ("silenced", "the attendee unsubscribed")
