@@ -21,12 +21,15 @@ CANCEL_REASON = "cancelled by the attendee through the link in their reminder or
 
 
 def reminder_for_link(token: str, *, purpose: str) -> Reminder | None:
-    """Return the reminder a link's token names, or None for a bad token or no such reminder."""
+    """Return the reminder a link's token names, or None for a bad token, no such reminder or
+    an erased attendee's (whose page would still name the workshop)."""
     pk = reminder_id_from(token, purpose=purpose)
     if pk is None:
         return None
     return (
-        Reminder.objects.select_related("workshop", "attendee", "enrollment").filter(pk=pk).first()
+        Reminder.objects.select_related("workshop", "attendee", "enrollment")
+        .filter(pk=pk, attendee__erased_at__isnull=True)
+        .first()
     )
 
 

@@ -225,3 +225,22 @@ def test_a_notice_in_flight_when_its_attendee_unsubscribes_is_not_sent_on_its_re
     assert all(reminder.attendee.email not in m.rcpt_tos for m in mail.received()[before:])
     notice.refresh_from_db()
     assert (notice.status, notice.status_reason) == ("silenced", "the attendee unsubscribed")
+
+
+def test_an_erased_attendees_links_reveal_nothing_and_change_nothing(delivered, admin_user):
+    """After erasure nothing ties the link to the workshop the person was enrolled in."""
+    from reminders.services.erasure import attendees_erase
+    from workshops.models import Attendee
+
+    message, reminder = delivered
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=reminder.attendee_id), reason="asked", actor=admin_user
+    )
+    title = reminder.workshop.title.encode()
+    unsubscribe = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    for path in (_link(message, "attend").removeprefix(PUBLIC), unsubscribe):
+        for method in (Client().get, Client().post):
+            page = method(path)
+            assert page.status_code == 404 and b"This link does not work" in page.content
+            assert title not in page.content
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
