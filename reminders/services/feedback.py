@@ -71,9 +71,14 @@ def _event(item: object) -> ProviderEvent:
     if not isinstance(item, dict):
         raise ValueError("each event must be an object")
     event_id, key = item.get("id"), item.get("key")
-    if not isinstance(event_id, str) or not 1 <= len(event_id) <= MAX_EVENT_ID:
-        raise ValueError(f"id must be a string of 1 to {MAX_EVENT_ID} characters")
-    if not isinstance(key, str) or not 1 <= len(key) <= 64:
+    # PostgreSQL stores no NUL in text: a 500 would have the provider retry the body forever.
+    if (
+        not isinstance(event_id, str)
+        or not 1 <= len(event_id) <= MAX_EVENT_ID
+        or "\x00" in event_id
+    ):
+        raise ValueError(f"id must be a string of 1 to {MAX_EVENT_ID} characters, none NUL")
+    if not isinstance(key, str) or not 1 <= len(key) <= 64 or "\x00" in key:
         raise ValueError("key must be the Idempotency-Key of the reminder's request")
     kind = item.get("type")
     if kind not in Kind.values:
@@ -143,7 +148,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 bounce=event.bounce,
                 occurred_at=event.occurred_at,
                 received_at=now,
-                reason=redact_text(event.reason),
+                reason=redact_text(event.reason.replace("\x00", "")),  # PostgreSQL stores none
             )
     with transaction.atomic():
         # A retry racing its first delivery: the constraint keeps one row.

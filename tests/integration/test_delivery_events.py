@@ -170,6 +170,25 @@ def test_every_bad_request_is_refused_and_records_nothing(sent, post, live_clock
     assert len(_bad_requests(0, "k", "t")) == 12
 
 
+def test_a_nul_character_is_refused_or_dropped_not_answered_with_a_500(sent, post, live_clock):
+    """PostgreSQL stores no NUL in text: a 500 would have the provider retry the same body
+    forever. A reason quoting one (a raw SMTP reply) is kept without it; an id or key with
+    one names nothing and is refused, as any malformed event."""
+    when = live_clock.now().isoformat()
+    bounce = _event(sent[0], "bounced", event_id="n-1", at=when, bounce="hard",
+                    reason="550 5.1.1 unknown\x00user")  # fmt: skip
+    answer = post({"events": [bounce]})
+    assert answer.json() == {"recorded": 1, "duplicates": 0, "dropped": 0}, answer.text
+    assert DeliveryEvent.objects.get().reason == "550 5.1.1 unknownuser"
+    for field in ("id", "key"):
+        event = _event(sent[1], "delivered", event_id="n-2", at=when)
+        event[field] += "\x00"
+        answer = post({"events": [event]})
+        assert answer.status_code == 400, answer.text
+        assert answer.json()["errors"][0].startswith(f"events[0]: {field} ")
+    assert DeliveryEvent.objects.count() == 1
+
+
 def test_the_refusal_names_each_bad_event(sent, post, live_clock):
     when = live_clock.now().isoformat()
     document = {
