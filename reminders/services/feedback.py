@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F
+from django.db.models import F, Max
 from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
@@ -182,7 +182,7 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
         cause = Suppression.Cause.COMPLAINED
     elif event.kind == Kind.BOUNCED and (
         event.bounce == Bounce.HARD
-        or _soft_bounces_in_a_row(attendee_id) >= settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS
+        or _soft_bounces_in_a_row(attendee_id, email) >= settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS
     ):
         cause = Suppression.Cause.BOUNCED
     else:
@@ -206,11 +206,17 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
         logger.warning("Suppressed an address after a %s report (event %s)", cause, event.event_id)
 
 
-def _soft_bounces_in_a_row(attendee_id: int) -> int:
-    """Count the attendee's latest soft bounces since their last delivered message."""
+def _soft_bounces_in_a_row(attendee_id: int, email: str) -> int:
+    """Count the attendee's latest soft bounces since their last delivered message, and since
+    staff last lifted the address's suppression."""
     reports = DeliveryEvent.objects.filter(reminder__attendee_id=attendee_id).order_by(
         "-occurred_at", "-id"
     )
+    lifted = Suppression.objects.filter(address_key=address_key(email)).aggregate(Max("lifted_at"))[
+        "lifted_at__max"
+    ]
+    if lifted is not None:
+        reports = reports.filter(received_at__gt=lifted)
     count = 0
     for kind, bounce in reports.values_list("kind", "bounce")[:100]:
         if kind == Kind.DELIVERED or (kind == Kind.BOUNCED and bounce == Bounce.HARD):

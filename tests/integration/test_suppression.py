@@ -20,6 +20,7 @@ from loopback.http_sink import HttpSink
 from reminders.models import Notice, Reminder, StaffDecision, Suppression
 from reminders.services.erasure import attendees_erase
 from reminders.services.feedback import address_key
+from reminders.services.suppression_decisions import suppressions_lift
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
 from tests.admin.conftest import post_action
@@ -218,6 +219,30 @@ def test_a_complaint_about_a_change_notice_suppresses_the_address(
     assert Suppression.objects.get().address == "gil@example.org"
     second = workshops_for(gil, hap)
     assert send() == [second[hap.pk]]
+
+
+def test_a_lift_starts_the_run_of_soft_bounces_again(
+    send, report, workshops_for, settings, admin_user, live_clock
+):
+    """Three soft bounces suppress; once staff lift it, one more soft bounce does not."""
+    settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = 3
+    (kit,) = _people("kit")
+    sent = [workshops_for(kit) for _ in range(6)]
+    send()
+    for minutes, keys in enumerate(sent[:3]):
+        report(keys[kit.pk], "bounced", bounce="soft", minutes=minutes)
+    assert Suppression.objects.get().cause == "bounced"
+    live_clock.advance(60)
+    suppressions_lift(
+        suppressions=Suppression.objects.all(), reason="mailbox emptied", actor=admin_user
+    )
+    live_clock.advance(60)
+    report(sent[3][kit.pk], "bounced", bounce="soft", minutes=5)
+    assert not Suppression.objects.filter(lifted_at__isnull=True).exists()
+    # A new run of three suppresses again.
+    report(sent[4][kit.pk], "bounced", bounce="soft", minutes=6)
+    report(sent[5][kit.pk], "bounced", bounce="soft", minutes=7)
+    assert Suppression.objects.filter(lifted_at__isnull=True).count() == 1
 
 
 def test_staff_lift_a_suppression_with_a_reason_and_reminders_go_again(
