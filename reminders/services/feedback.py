@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max
+from django.db.models import F, Max, Q
 from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
@@ -111,16 +111,20 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
     keeps a retried webhook's events once, whoever races.
     """
     keys = {event.key for event in events}
+    # Sent, or perhaps: a report may come before the worker recorded its call (still sending,
+    # or pending a retry under the same key after a call that timed out).
     sent = Reminder.objects.filter(
+        Q(status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN, Reminder.Status.SENDING])
+        | Q(maybe_sent=True),
         key__in=keys,
-        status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN],
         attendee__erased_at__isnull=True,
     )
     rows = list(sent.values_list("key", "pk", "attendee_id", "attendee__email"))
     # A change notice goes out under a key of its own (notice_key).
     notices = Notice.objects.filter(
+        Q(status__in=[Notice.Status.SENT, Notice.Status.UNKNOWN, Notice.Status.SENDING])
+        | Q(maybe_sent=True),
         key__in=keys,
-        status__in=[Notice.Status.SENT, Notice.Status.UNKNOWN],
         attendee__erased_at__isnull=True,
     )
     rows += notices.values_list("key", "reminder_id", "attendee_id", "attendee__email")

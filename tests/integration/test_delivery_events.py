@@ -15,8 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from reminders.models import DeliveryEvent, Reminder
+from delivery.results import DeliveryResult, Outcome
+from reminders.models import DeliveryEvent, Reminder, Suppression
+from reminders.services.claim import reminder_claim_batch
 from reminders.services.erasure import attendees_erase
+from reminders.services.record import reminder_record_batch
 from reminders.trace import trace_lines
 from reminders.worker import pipeline
 from workshops.models import Attendee
@@ -227,6 +230,34 @@ def test_reports_for_no_reminder_sent_here_or_an_erased_attendee_are_dropped(
     answer = post({"events": unknown})
     assert answer.json() == {"recorded": 0, "duplicates": 0, "dropped": len(unknown)}
     assert not DeliveryEvent.objects.exists()
+
+
+def test_a_report_arriving_before_the_worker_records_its_call_is_kept(
+    live_clock, due_reminders, settings, post
+):
+    """A provider may report before the worker wrote what its call returned: while the
+    reminder is still sending, or back pending for a retry after a call timed out (the
+    provider had it; the retry under the same key sends nothing twice). Dropped, the report
+    was lost for good: the provider had its 200."""
+    settings.REMINDERS_HTTP_CALLBACK_SECRET = SECRET
+    first, second = due_reminders(2)
+    claim = reminder_claim_batch(ids=[first, second], channel="http", clock=live_clock)
+    timed_out = DeliveryResult(
+        reminder_id=second, key=Reminder.objects.get(pk=second).key, outcome=Outcome.TIMED_OUT,
+        message_id=None, error="timed out", attempts=1, provider_reached=True,
+        maybe_delivered=True,
+    )  # fmt: skip
+    reminder_record_batch(claim=claim, results=[timed_out], clock=live_clock)
+    states = dict(Reminder.objects.values_list("pk", "status"))
+    assert (states[first], states[second]) == ("sending", "pending")
+    when = live_clock.now().isoformat()
+    events = [
+        _event(Reminder.objects.get(pk=pk).key, "bounced", event_id=f"early-{pk}", at=when,
+               bounce="hard")
+        for pk in (first, second)
+    ]  # fmt: skip
+    assert post({"events": events}).json() == {"recorded": 2, "duplicates": 0, "dropped": 0}
+    assert Suppression.objects.count() == 2
 
 
 def test_the_admin_filters_by_what_happened_after_sent(
