@@ -38,6 +38,7 @@ SKIP_REASONS = {
     "unknown": "outcome unknown (resolve it instead)",
     "in_progress": "already pending, queued or sending",
     "not_unknown": "not of unknown outcome",
+    "unsubscribed": "unsubscribed through it, so it reached them (mark it sent)",
     "not_found": "no longer exist",
     "raced": "changed meanwhile by another staff member or a worker",
 }
@@ -69,6 +70,9 @@ def on_time_now_q(now: datetime) -> Q:
     """Return "before the deadline", judged on the workshop's start as it is now."""
     return ~ReminderPolicy.from_settings().late_start_q(now, through="workshop__")
 
+
+# The attendee used the unsubscribe link of a message about the workshop: it reached them.
+UNSUBSCRIBED = Q(unsubscribed_at__isnull=False)
 
 # The workshop is on and the attendee still enrolled; its negation is "called off".
 _GOING_AHEAD = Q(
@@ -131,10 +135,11 @@ def reminder_resolve_preview(
     now = (clock or default_clock()).now()
     return _selection_preview(
         reminders,
-        unknown & sendable_q(now),
+        unknown & sendable_q(now) & ~UNSUBSCRIBED,
         not_unknown=~unknown,
         past_cutoff=unknown & ~on_time_now_q(now),
         cancelled=unknown & on_time_now_q(now) & ~_GOING_AHEAD,
+        unsubscribed=unknown & sendable_q(now) & UNSUBSCRIBED,
     )
 
 

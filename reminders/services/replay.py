@@ -24,6 +24,7 @@ from reminders.models import Reminder, StaffDecision
 from reminders.policy import ReminderPolicy
 from reminders.selectors import (
     REPLAYABLE_STATUSES,
+    UNSUBSCRIBED,
     SelectionPreview,
     reminder_replay_preview,
     reminder_resolve_preview,
@@ -147,7 +148,7 @@ def reminder_resolve_unknown(
         if send_again:
             changed = _rearm(
                 candidates=selection,
-                guard=unknown,
+                guard=unknown & ~UNSUBSCRIBED,
                 reason=REASON_SENT_AGAIN.format(actor=actor_name, reason=reason),
                 now=now,
             )

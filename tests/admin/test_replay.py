@@ -249,6 +249,28 @@ def test_unknown_reminder_past_its_deadline_cannot_be_sent_again_but_can_be_mark
     assert marked.changed == 1
 
 
+def test_an_unknown_reminder_whose_attendee_unsubscribed_through_it_is_not_sent_again(
+    clock, make_reminders, published, resolver, django_capture_on_commit_callbacks
+):
+    """The unsubscribe link is in the message: its attendee used it, so it reached them, and
+    they asked for no more messages about the workshop. It can be marked sent."""
+    from reminders.services.attendance import reminder_unsubscribe
+
+    unknown = make_reminders(2, "unknown")
+    reminder_unsubscribe(reminder=Reminder.objects.get(pk=unknown[0]), clock=clock)
+    with django_capture_on_commit_callbacks(execute=True):
+        again = reminder_resolve_unknown(
+            reminders=_all(unknown), decision="send_again", reason="r", actor=resolver, clock=clock
+        )
+    assert (again.changed, again.skipped) == (1, {"unsubscribed": 1})
+    assert sorted(i for batch in published for i in batch) == [unknown[1]]
+    assert Reminder.objects.get(pk=unknown[0]).status == "unknown"
+    marked = reminder_resolve_unknown(
+        reminders=_all(unknown[:1]), decision="mark_sent", reason="r", actor=resolver, clock=clock
+    )
+    assert marked.changed == 1
+
+
 @pytest.mark.parametrize(
     ("decision", "reason", "field"),
     [
