@@ -6,7 +6,7 @@ import hashlib
 import json
 import logging
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
@@ -91,10 +91,14 @@ def _event(item: object) -> ProviderEvent:
     at = item.get("at")
     try:
         occurred_at = datetime.fromisoformat(at) if isinstance(at, str) else None
-    except ValueError:
+        if occurred_at is not None and occurred_at.utcoffset() is not None:
+            occurred_at = occurred_at.astimezone(UTC)
+    except (ValueError, OverflowError):
         occurred_at = None
     if occurred_at is None or occurred_at.utcoffset() is None:
         raise ValueError('at must be an RFC 3339 time with its offset, e.g. "2026-03-02T09:00:00Z"')
+    if not 1971 <= occurred_at.year <= 9998:  # as the API's times: shown in any zone
+        raise ValueError("at must be a time between the years 1971 and 9998")
     reason = item.get("reason", "")
     if reason is None:
         reason = ""
