@@ -8,6 +8,7 @@ import json
 import re
 
 from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404, HttpRequest, JsonResponse
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
@@ -47,7 +48,15 @@ def http_events(request: HttpRequest) -> JsonResponse:
     secret = settings.REMINDERS_HTTP_CALLBACK_SECRET
     if not secret:
         raise Http404("REMINDERS_HTTP_CALLBACK_SECRET is not set")
-    body = request.body
+    try:
+        body = request.body
+    except RequestDataTooBig:
+        return _problem(
+            413,
+            "Body too large",
+            f"A request carries at most {settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes: split "
+            "the events over several requests. Nothing was recorded.",
+        )
     signed = callback_signature_valid(
         secret,
         request.headers.get("X-Reminders-Timestamp", ""),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from django.conf import settings as django_settings
 
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import DeliveryEvent, Reminder, Suppression
@@ -192,6 +193,23 @@ def test_a_nul_character_is_refused_or_dropped_not_answered_with_a_500(sent, pos
         assert answer.status_code == 400, answer.text
         assert answer.json()["errors"][0].startswith(f"events[0]: {field} ")
     assert DeliveryEvent.objects.count() == 1
+
+
+def test_a_body_past_the_size_limit_is_refused_with_what_to_do(sent, post, live_clock):
+    """Within the contract's counts (1,000 events, reasons of 2,000 characters) a body can pass
+    Django's 2.5 MB; it gets the contract's problem document, not Django's bare 400 page."""
+    when = live_clock.now().isoformat()
+    events = [
+        _event(sent[0], "deferred", event_id=f"big-{i}", at=when, reason="é" * 2000)
+        for i in range(300)
+    ]
+    answer = post({"events": events})
+    assert answer.status_code == 413, answer.text[:200]
+    assert answer.headers["Content-Type"] == "application/problem+json"
+    assert "split the events over several requests" in answer.json()["detail"]
+    assert not DeliveryEvent.objects.exists()
+    limit = f"{django_settings.DATA_UPLOAD_MAX_MEMORY_SIZE:,} bytes per request"
+    assert limit in CONTRACT.read_text()  # the contract quotes the limit that holds
 
 
 def test_the_refusal_names_each_bad_event(sent, post, live_clock):
