@@ -50,12 +50,14 @@ def _aware(value: datetime) -> datetime:
 Text = Annotated[str, AfterValidator(_plain_text)]
 When = Annotated[datetime, AfterValidator(_aware)]
 Id = Annotated[int, Field(ge=1, le=MAX_ID)]
-ExternalId = Annotated[Text, Field(min_length=1, max_length=200)]
 
 
 def _stripped(value):
     return value.strip() if isinstance(value, str) else value
 
+
+# Stripped, as the intake strips an attendee's: ' c-7 ' and 'c-7' are one id.
+ExternalId = Annotated[Text, BeforeValidator(_stripped), Field(min_length=1, max_length=200)]
 
 Email = Annotated[
     Text, BeforeValidator(_stripped), Field(max_length=254, json_schema_extra={"format": "email"})

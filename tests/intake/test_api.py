@@ -117,6 +117,24 @@ def test_a_workshop_posted_twice_under_its_external_id_is_one_workshop(api, work
     assert [w["id"] for w in found] == [first.json()["id"]]
 
 
+def test_a_workshops_external_id_is_one_id_with_or_without_surrounding_spaces(
+    api, workshop_body, make_workshop
+):
+    """As an attendee's: ' course-7 ' and 'course-7' name one workshop wherever they are given."""
+    first = api.post("/api/workshops", workshop_body(external_id=" course-7 "))
+    assert first.status_code == 201, first.content
+    again = api.post("/api/workshops", workshop_body(external_id="course-7"))
+    assert again.status_code == 200 and again.json()["id"] == first.json()["id"]
+    found = api.get("/api/workshops", external_id="course-7 ").json()["items"]
+    assert [w["id"] for w in found] == [first.json()["id"]]
+    enrolled = api.post(
+        "/api/enrolments",
+        {"workshop_external_id": "course-7\t", "attendee": {"email": "p@ex.com", "name": "P"}},
+    )
+    assert enrolled.status_code == 201, enrolled.content
+    assert api.post("/api/workshops", workshop_body(external_id="   ")).status_code == 422
+
+
 def _admin_errors(values: dict) -> dict[str, list[str]]:
     """What the admin's workshop form says of ``values`` (times given in the workshop's zone)."""
     from zoneinfo import ZoneInfo
