@@ -101,9 +101,15 @@ _DIFFERS = _differs(_CANCELLED_NOW)
 
 
 def _covered(*, cancelled: bool) -> Exists:
-    """A notice of the matching kind, not superseded, already tells the facts now."""
+    """A notice of the matching kind, not superseded, already tells the facts now.
+
+    Only one of a revision after the attendee's last: an older one told them facts they have
+    heard changed since (cancelled, back on, cancelled again).
+    """
     notices = Notice.objects.filter(
-        _same_facts("revision__", OuterRef), reminder=OuterRef("pk")
+        _same_facts("revision__", OuterRef),
+        reminder=OuterRef("pk"),
+        number__gt=OuterRef("told_revision"),
     ).exclude(status=Status.SUPERSEDED)
     if cancelled:
         return Exists(notices.filter(kind=Kind.CANCELLED))

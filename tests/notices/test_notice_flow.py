@@ -8,7 +8,7 @@ from datetime import timedelta
 
 import icalendar
 import pytest
-from django.db.models import Count
+from django.db.models import Count, F
 
 from reminders.models import Notice, Reminder, WorkshopRevision
 from reminders.worker import pipeline
@@ -539,3 +539,37 @@ def test_a_notice_claim_committed_after_the_interruption_is_still_released(
     assert len(mail.received()) == reminded
     assert deliver_notices(batch, clock=clock) == {"notices_sent": 4}
     assert len(mail.received()) == reminded + 4
+
+
+def test_cancelled_reinstated_then_cancelled_again_tells_each_change(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """The first cancel's notice, sent, tells the facts as they are again after the second
+    cancel, but the attendee last heard "back on": they hear of the second cancel too."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    for decide in (workshop_cancel, workshop_reinstate, workshop_cancel):
+        kwargs = {"reason": "The trainer is ill"} if decide is workshop_cancel else {}
+        decide(workshop=Workshop.objects.get(pk=workshop.pk), **kwargs)
+        run()
+        run()
+    for sequence in _kinds_by_recipient(mail).values():
+        assert sequence == [("PUBLISH", 0), ("CANCEL", 1), ("PUBLISH", 2), ("CANCEL", 3)]
+
+
+def test_moved_moved_back_then_moved_again_tells_each_change(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    enrol(workshop, count=2)
+    run()
+    for by in (1, -1, 1):  # each notice sent before the next move
+        _move(workshop, timedelta(hours=by))
+        run()
+        run()
+    for sequence in _kinds_by_recipient(mail).values():
+        assert [seq for _, seq in sequence] == [0, 1, 2, 3]
+    assert not Reminder.objects.exclude(told_starts_at=F("workshop__starts_at")).exists()
