@@ -42,6 +42,7 @@ FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 STARTED = "the workshop started before the notice could be sent"
 SILENCED = "staff chose not to notify"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
+HEARD = "the attendee holds the workshop's facts as they are now"
 
 
 @dataclass(frozen=True, slots=True)
@@ -380,6 +381,11 @@ def _live_now() -> Q:
     )
 
 
+def _lacking() -> Exists:
+    """The notice's attendee was last told something other than the workshop as it is now."""
+    return Exists(Reminder.objects.filter(_DIFFERS, pk=OuterRef("reminder_id")))
+
+
 def notice_claim(
     *,
     ids: list[int],
@@ -390,8 +396,9 @@ def notice_claim(
     """Make the calling worker the single owner of those of ``ids`` that may be sent now.
 
     One guarded UPDATE judges by the database's clock; of two claimers one wins. Notices of a
-    started workshop become missed, those of an attendee who unsubscribed silenced. ``token``
-    lets a caller release an interrupted claim.
+    started workshop become missed, those of an attendee who unsubscribed silenced, those of one
+    who holds the facts as they are now (the change undone) superseded. ``token`` lets a caller
+    release an interrupted claim.
     """
     clock = clock or default_clock()
     host_now = clock.now()
@@ -404,6 +411,7 @@ def notice_claim(
             Notice.objects.filter(
                 _live_now(),
                 Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
+                _lacking(),
                 pk__in=ids,
                 status=Status.PENDING,
                 workshop__starts_at__gt=now,
@@ -431,6 +439,14 @@ def notice_claim(
         queued_until=None,
         updated_at=now,
     )
+    # Nothing left to tell (the workshop changed back to what they were told): no later
+    # revision supersedes it, so it would wait until the start. One perhaps sent stays.
+    Notice.objects.filter(
+        ~_lacking(),
+        pk__in=[pk for pk in ids if pk not in taken],
+        status=Status.PENDING,
+        maybe_sent=False,
+    ).update(status=Status.SUPERSEDED, status_reason=HEARD, queued_until=None, updated_at=now)
     Notice.objects.filter(
         pk__in=[pk for pk in ids if pk not in taken],
         status=Status.PENDING,

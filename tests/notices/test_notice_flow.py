@@ -573,3 +573,51 @@ def test_moved_moved_back_then_moved_again_tells_each_change(
     for sequence in _kinds_by_recipient(mail).values():
         assert [seq for _, seq in sequence] == [0, 1, 2, 3]
     assert not Reminder.objects.exclude(told_starts_at=F("workshop__starts_at")).exists()
+
+
+def test_a_change_undone_after_its_notices_were_planned_closes_them(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Moved back before a worker takes them: each attendee holds the facts as they are, so
+    their notice is superseded when it is claimed, not left pending until the start."""
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    _move(Workshop.objects.get(), timedelta(hours=-1))
+    assert deliver_notices(batch, clock=clock) == {}
+    assert set(Notice.objects.values_list("status", flat=True)) == {"superseded"}
+    clock.advance(3 * 3600)
+    run()
+    assert set(Notice.objects.values_list("status", flat=True)) == {"superseded"}
+    assert len(mail.messages) == reminded
+
+
+def test_an_unknown_reminder_sent_again_after_the_change_is_not_followed_by_its_notice(
+    clock, make_workshop, enrol, mail, run, published, notices_published, settings,
+    django_user_model,
+):  # fmt: skip
+    """Sent again with the new start once the notices were planned: that attendee's reminder
+    tells them the start as it is, so their notice ("was ...") is not sent after it."""
+    from reminders.services.replay import reminder_resolve_unknown
+
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    again, other = Reminder.objects.order_by("pk")
+    Reminder.objects.filter(pk=again.pk).update(status="unknown")
+    published.clear()
+    reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk=again.pk),
+        decision="send_again",
+        reason="the provider lost it",
+        actor=django_user_model.objects.create_user("staff"),
+        clock=clock,
+    )
+    for reminders in list(published):
+        pipeline.deliver(reminders, clock=clock)
+    assert len(mail.messages) == reminded + 1
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 1}
+    assert dict(Notice.objects.values_list("reminder_id", "status")) == {
+        again.pk: "superseded",
+        other.pk: "sent",
+    }
