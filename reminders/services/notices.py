@@ -237,6 +237,8 @@ def _plan(revision_id: int, workshop_id: int, *, now: datetime) -> int:
         if workshop is None or revision is None:
             return 0
         if Facts.of_revision(revision) != Facts.of_workshop(workshop):
+            if workshop.starts_at <= now:  # no revise follows a started workshop
+                WorkshopRevision.objects.filter(pk=revision.pk).update(superseded_at=now)
             return 0  # changed since: the next revise supersedes it
         notices = []
         if workshop.starts_at > now:

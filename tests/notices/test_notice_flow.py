@@ -621,3 +621,22 @@ def test_an_unknown_reminder_sent_again_after_the_change_is_not_followed_by_its_
         again.pk: "superseded",
         other.pk: "sent",
     }
+
+
+def test_a_revision_changed_again_when_the_workshop_starts_is_closed_not_left_settling(
+    clock, make_workshop, enrol, mail, run
+):
+    """Edited again after the scan numbered its revision, and the start came before the next
+    scan: no revise follows a started workshop, so the plan closes the revision itself."""
+    workshop = make_workshop(starts_in=timedelta(hours=2), location="Room 1")
+    enrol(workshop, count=1)
+    run()
+    workshop_update(workshop=workshop, location="Room 2")
+    assert run()["revisions"] == 1
+    workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 3")
+    clock.advance(3 * 3600)
+    run()
+    [revision] = WorkshopRevision.objects.all()
+    assert revision.superseded_at is not None
+    assert run().get("notices_planned", 0) == 0
+    assert not Notice.objects.exists()
