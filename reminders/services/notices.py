@@ -460,6 +460,7 @@ def notice_claim(
         .select_related("attendee", "workshop", "revision", "text", "reminder")
         .order_by("workshop__starts_at", "pk")
     )
+    _refresh_old_facts([notice for notice in notices if not notice.maybe_sent])
     _freeze_texts([notice for notice in notices if notice.text_id is None])
     send_by = {n.pk: host_now + (n.workshop.starts_at - now) for n in notices}
     return NoticeClaim(token=token, channel=channel, notices=notices, send_by=send_by)
@@ -481,6 +482,18 @@ def notice_release_interrupted(*, token: uuid.UUID, ids: list[int], clock: Clock
             attempts=F("attempts") - 1,
             updated_at=now,
         )
+
+
+def _refresh_old_facts(notices: list[Notice]) -> None:
+    """Take "what they were told" from each attendee's row now: a notice of an earlier revision,
+    in flight when this one was planned, may have told them more since. Only notices no call
+    of which may have arrived: one key carries one content."""
+    for notice in notices:
+        told = {f"old_{name}": getattr(notice.reminder, f"told_{name}") for name in FACT_FIELDS}
+        if any(getattr(notice, name) != value for name, value in told.items()):
+            Notice.objects.filter(pk=notice.pk, maybe_sent=False).update(**told)
+            for name, value in told.items():
+                setattr(notice, name, value)
 
 
 def _freeze_texts(notices: list[Notice]) -> None:

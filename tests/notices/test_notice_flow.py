@@ -5,11 +5,13 @@ tests/integration/test_notices_e2e.py."""
 from __future__ import annotations
 
 from datetime import timedelta
+from zoneinfo import ZoneInfo
 
 import icalendar
 import pytest
 from django.db.models import Count, F
 
+from reminders.content import local_start
 from reminders.models import Notice, Reminder, WorkshopRevision
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
@@ -640,3 +642,34 @@ def test_a_revision_changed_again_when_the_workshop_starts_is_closed_not_left_se
     assert revision.superseded_at is not None
     assert run().get("notices_planned", 0) == 0
     assert not Notice.objects.exists()
+
+
+def test_a_notice_planned_while_the_previous_one_is_in_flight_says_what_that_one_told(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, monkeypatch
+):
+    """The second move is planned while the first notice is being sent: its "was" is the
+    start the first notice told, as the attendee's row holds it when the second is claimed."""
+    from reminders.worker import notices as notice_worker
+
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    told = Workshop.objects.get().starts_at
+    claim = notice_worker.notice_claim
+
+    def claim_then_move_and_plan(**kwargs):
+        claimed = claim(**kwargs)
+        _move(Workshop.objects.get(), timedelta(hours=1))
+        pipeline.scan(clock=clock)  # revision 2
+        pipeline.scan(clock=clock)  # its notice planned while the first is in flight
+        return claimed
+
+    monkeypatch.setattr(notice_worker, "notice_claim", claim_then_move_and_plan)
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 1}
+    monkeypatch.setattr(notice_worker, "notice_claim", claim)
+    [second] = notices_published[1:]
+    assert deliver_notices(second, clock=clock) == {"notices_sent": 1}
+    assert list(Notice.objects.values_list("number", "status")) == [(1, "sent"), (2, "sent")]
+    body = mail.messages[-1].parsed().get_body(("plain",)).get_content()
+    was = local_start(told, ZoneInfo(Workshop.objects.get().timezone))
+    assert f"(was {was})" in " ".join(body.split())  # 13:00 (the reminder's) on the old code
