@@ -561,7 +561,9 @@ if bool(REMINDERS_DKIM_SELECTOR) != bool(REMINDERS_DKIM_KEY_FILE):
         "Set both REMINDERS_DKIM_SELECTOR and REMINDERS_DKIM_KEY_FILE to sign with DKIM, "
         "or neither."
     )
-if REMINDERS_DKIM_KEY_FILE and not os.access(REMINDERS_DKIM_KEY_FILE, os.R_OK):
+if REMINDERS_DKIM_KEY_FILE and not (
+    os.path.isfile(REMINDERS_DKIM_KEY_FILE) and os.access(REMINDERS_DKIM_KEY_FILE, os.R_OK)
+):
     raise ImproperlyConfigured(
         f"REMINDERS_DKIM_KEY_FILE={REMINDERS_DKIM_KEY_FILE!r} cannot be read: give the path "
         "of the PEM file holding the DKIM private key."

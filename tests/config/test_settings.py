@@ -224,8 +224,10 @@ def test_other_commands_still_need_a_secret_key():
             {"REMINDERS_DKIM_SELECTOR": "r1", "REMINDERS_DKIM_KEY_FILE": "/nonexistent/k.pem"},
             "cannot be read",
         ),
+        # A directory passes a read-permission check; opening it as the key file would not.
+        ({"REMINDERS_DKIM_SELECTOR": "r1", "REMINDERS_DKIM_KEY_FILE": str(ROOT)}, "cannot be read"),
     ],
-    ids=["not-a-url", "plain-http", "selector-alone", "unreadable-key"],
+    ids=["not-a-url", "plain-http", "selector-alone", "unreadable-key", "key-is-a-directory"],
 )
 def test_the_attendee_links_and_dkim_settings_refuse_what_cannot_work(env, said):
     refused = _start(DEBUG="0", SECRET_KEY=SHORT + "v", **env)
