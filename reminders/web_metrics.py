@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import hmac
+import logging
 from datetime import timedelta
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from django.views.decorators.http import require_GET
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+from redis.exceptions import RedisError
 
 from clock import default_clock
 from reminders.models import (
@@ -31,6 +33,8 @@ from reminders.models import (
 )
 from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME, SCAN_TASK_NAME
+
+logger = logging.getLogger(__name__)
 
 # The queues reported, and the priority suffixes kombu's Redis transport gives their lists.
 QUEUES = ("reminders", "scan")
@@ -147,10 +151,15 @@ class ReminderCollector(Collector):
             value=float(scan.get("completed") or 0),
         )
         yield from _beat_series()
+        try:
+            depths = _queue_depths()
+        except (RedisError, OSError) as exc:  # the database's series above still count
+            logger.warning("Metrics without the queue depths: the broker failed (%s)", exc)
+            depths = {}
         yield _family(
             "reminders_queue_depth",
             "Messages waiting in each broker queue",
-            (([queue], waiting) for queue, waiting in _queue_depths().items()),
+            (([queue], waiting) for queue, waiting in depths.items()),
             ["queue"],
         )
         recorded = _counts(StaffDecision.objects, "action")

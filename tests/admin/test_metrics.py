@@ -226,3 +226,21 @@ def test_scrapes_reuse_one_redis_connection(client, settings, redis_url, monkeyp
     for _ in range(5):
         assert _scrape(client).status_code == 200
     assert opened == []
+
+
+def test_a_dead_broker_leaves_the_database_series_to_the_scrape(
+    client, settings, make_reminders, refusing_port, caplog
+):
+    """Redis down (workers idle, nothing published): the scrape must still carry what the
+    database says, so the scan and deadline alerts can fire; only the queue depths, which
+    Redis alone knows, are missing (and the log says why)."""
+    settings.METRICS_TOKEN = TOKEN
+    settings.CELERY_BROKER_URL = f"redis://:secret-pw@127.0.0.1:{refusing_port()}/0"
+    make_reminders(2, "failed")
+    answer = _scrape(client)
+    assert answer.status_code == 200
+    series = _series(answer.content.decode())
+    assert series['reminders_by_status{status="failed"}'] == 2
+    assert "reminders_scan_last_completed_timestamp_seconds" in series
+    assert not [name for name in series if name.startswith("reminders_queue_depth")]
+    assert "queue depths" in caplog.text and "secret-pw" not in caplog.text
