@@ -21,10 +21,30 @@ def prepare_main_process(sender, **kwargs) -> None:
     from reminders import locks
     from reminders.worker import shutdown, telemetry
 
+    check_send_path()
     shutdown.prepare()
     telemetry.start(getattr(sender, "hostname", "") or "")
     locks.serve_as_worker()
     warm_send_path()
+
+
+def check_send_path() -> None:
+    """Stop the worker, saying why, when its channel cannot be built.
+
+    The system check that says so (reminders.checks) is skipped in a worker (config/celery.py);
+    without this, every batch would fail at its first send until its reminders were missed.
+    """
+    from django.conf import settings
+
+    from clock import default_clock
+    from reminders.worker import bridge
+
+    try:
+        bridge.check_channel(settings.REMINDERS_CHANNEL, clock=default_clock())
+    except (ValueError, TypeError) as exc:
+        raise SystemExit(
+            f"REMINDERS_CHANNEL={settings.REMINDERS_CHANNEL} cannot be built: {exc}"
+        ) from exc
 
 
 def warm_send_path() -> None:
