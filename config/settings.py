@@ -513,7 +513,12 @@ if REMINDERS_PUBLIC_URL:
     from urllib.parse import urlsplit as _urlsplit
 
     _public = _urlsplit(REMINDERS_PUBLIC_URL)
-    if _public.scheme not in ("http", "https") or not _public.netloc or _public.query:
+    if (
+        _public.scheme not in ("http", "https")
+        or not _public.netloc
+        # The links are appended to it: after a '?' or a '#' they would lead nowhere.
+        or any(mark in REMINDERS_PUBLIC_URL for mark in "?#")
+    ):
         raise ImproperlyConfigured(
             f"REMINDERS_PUBLIC_URL={REMINDERS_PUBLIC_URL!r} is not an http(s) address: give "
             "where attendees reach this service, e.g. https://reminders.example.com."

@@ -219,6 +219,9 @@ def test_other_commands_still_need_a_secret_key():
     [
         ({"REMINDERS_PUBLIC_URL": "reminders.example.com"}, "is not an http(s) address"),
         ({"REMINDERS_PUBLIC_URL": "http://reminders.example.com"}, "must be https://"),
+        # The links are appended to it: after a '#' or a '?' they would lead nowhere.
+        ({"REMINDERS_PUBLIC_URL": "https://example.com/#/reminders"}, "is not an http(s) address"),
+        ({"REMINDERS_PUBLIC_URL": "https://reminders.example.com?"}, "is not an http(s) address"),
         ({"REMINDERS_DKIM_SELECTOR": "r1"}, "Set both REMINDERS_DKIM_SELECTOR"),
         (
             {"REMINDERS_DKIM_SELECTOR": "r1", "REMINDERS_DKIM_KEY_FILE": "/nonexistent/k.pem"},
@@ -227,7 +230,15 @@ def test_other_commands_still_need_a_secret_key():
         # A directory passes a read-permission check; opening it as the key file would not.
         ({"REMINDERS_DKIM_SELECTOR": "r1", "REMINDERS_DKIM_KEY_FILE": str(ROOT)}, "cannot be read"),
     ],
-    ids=["not-a-url", "plain-http", "selector-alone", "unreadable-key", "key-is-a-directory"],
+    ids=[
+        "not-a-url",
+        "plain-http",
+        "fragment",
+        "empty-query",
+        "selector-alone",
+        "unreadable-key",
+        "key-is-a-directory",
+    ],
 )
 def test_the_attendee_links_and_dkim_settings_refuse_what_cannot_work(env, said):
     refused = _start(DEBUG="0", SECRET_KEY=SHORT + "v", **env)
