@@ -59,6 +59,18 @@ def test_revoke_by_prefix_then_the_token_gets_401(client):
         call_command("revoke_api_token", "wr_nope")
 
 
+def test_a_leaked_token_pasted_whole_is_revoked(client):
+    """The token itself does start with its prefix: an operator revoking a leaked one pastes
+    what leaked, and must not be told no token starts with it."""
+    out, _ = create("shop")
+    secret = out.strip().splitlines()[-1]
+    said = StringIO()
+    call_command("revoke_api_token", secret, stdout=said)
+    assert said.getvalue().startswith("Revoked shop/default")
+    assert secret not in said.getvalue()
+    assert Api(client, secret).get("/api/workshops").status_code == 401
+
+
 def test_a_name_or_label_too_long_to_store_is_refused_saying_so_and_nothing_is_made():
     with pytest.raises(CommandError, match="Shorten the integration's name to 100 characters"):
         create("s" * 101)

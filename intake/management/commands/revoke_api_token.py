@@ -1,20 +1,25 @@
-"""manage.py revoke_api_token PREFIX: revoke the API token starting with PREFIX."""
+"""manage.py revoke_api_token PREFIX: revoke the API token starting with PREFIX (or that token)."""
 
 from django.core.management.base import BaseCommand, CommandError
+from django.db.models import Q
 
 from intake.models import ApiToken
-from intake.tokens import token_revoke
+from intake.tokens import digest_of, token_revoke
 
 
 class Command(BaseCommand):
     help = "Revoke an API token, named by the prefix the admin and create_api_token show."
 
     def add_arguments(self, parser) -> None:
-        parser.add_argument("prefix", help="The token's first characters, e.g. wr_Ab12Cd.")
+        parser.add_argument(
+            "prefix", help="The token's first characters, e.g. wr_Ab12Cd, or the whole token."
+        )
 
     def handle(self, *args, prefix: str, **options) -> None:
-        prefix = prefix.rstrip("…")
-        found = list(ApiToken.objects.filter(prefix=prefix).select_related("integration"))
+        prefix = prefix.strip().rstrip("…")
+        # The prefix the admin shows, or the whole token (a leaked one, pasted as it is).
+        named = Q(prefix=prefix) | Q(digest=digest_of(prefix))
+        found = list(ApiToken.objects.filter(named).select_related("integration"))
         if not found:
             raise CommandError(f"No API token starts with {prefix!r}; the admin lists them.")
         if len(found) > 1:
