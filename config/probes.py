@@ -1,8 +1,9 @@
 """Probes for an orchestrator: ``/healthz`` (the process is up) and ``/readyz`` (it can work).
 
 ``/readyz`` checks the database and the broker, each in a thread of its own
-with a deadline of PROBE_TIMEOUT seconds, so a server that hangs cannot hang
-the probe; the answer names the check that failed and the kind of failure,
+with one deadline of PROBE_TIMEOUT seconds, so a server that hangs cannot hang
+the probe; a check still hung is waited on again, not started in another
+thread, and never delays the other. The answer names the check that failed and the kind of failure,
 never a URL, a version or a message that could carry a secret. One check
 runs at a time and its answer serves every request for READY_CACHE seconds,
 so a flood of probes costs one check a second, not one each.
@@ -15,8 +16,7 @@ orchestrator probes the container's own address over plain http.
 from __future__ import annotations
 
 import threading
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from pathlib import Path
 
 from django.conf import settings
@@ -27,7 +27,11 @@ from clock import default_clock
 
 PROBE_TIMEOUT = 2.0
 READY_CACHE = 1.0
-_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="readyz")
+_pools = {
+    name: ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"readyz-{name}")
+    for name in ("database", "broker")
+}
+_running: dict[str, Future] = {}
 _checking = threading.Lock()
 # (monotonic time it was taken, body, status) of the last check.
 _last: tuple[float, dict, int] | None = None
@@ -62,16 +66,19 @@ def readyz(request) -> JsonResponse:
 
 def _check() -> tuple[dict, int]:
     checks = {"database": _database, "broker": _broker}
-    futures = {name: _pool.submit(check) for name, check in checks.items()}
+    for name, check in checks.items():
+        if name not in _running or _running[name].done():
+            _running[name] = _pools[name].submit(check)
+    wait([_running[name] for name in checks], timeout=PROBE_TIMEOUT)
     results = {}
-    for name, future in futures.items():
-        try:
-            future.result(timeout=PROBE_TIMEOUT)
-            results[name] = "ok"
-        except FutureTimeout:
+    for name in checks:
+        future = _running[name]
+        if not future.done():
             results[name] = f"no answer within {PROBE_TIMEOUT:g} s"
-        except Exception as exc:  # the kind only: a message may quote a URL
+        elif (exc := future.exception()) is not None:  # the kind only: it may quote a URL
             results[name] = f"failed ({type(exc).__name__})"
+        else:
+            results[name] = "ok"
     ready = all(value == "ok" for value in results.values())
     return {"status": "ready" if ready else "not ready", "checks": results}, (200 if ready else 503)
 

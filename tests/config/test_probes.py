@@ -108,3 +108,33 @@ def test_a_flood_of_readiness_probes_costs_one_check_a_second(client, monkeypatc
     clock.advance(probes.READY_CACHE)
     assert client.get("/readyz").status_code == 200
     assert sorted(calls) == ["broker", "broker", "database", "database"]
+
+
+@pytest.mark.django_db
+def test_a_hung_database_is_not_blamed_on_the_broker_and_holds_one_thread(monkeypatch, clock):
+    """A database that never answers (a hung server, not a refused connection): each probe
+    names it, waits on the check already running rather than hanging another thread, and the
+    broker's own check, which answers, stays "ok"."""
+    import threading
+
+    from config import probes
+
+    hung = threading.Event()
+    started: list[str] = []
+
+    def hanging_database() -> None:
+        started.append("database")
+        hung.wait(30)
+
+    monkeypatch.setattr(probes, "PROBE_TIMEOUT", 0.2)
+    monkeypatch.setattr(probes, "_database", hanging_database)
+    monkeypatch.setattr(probes, "_broker", lambda: None)
+    try:
+        answers = []
+        for _ in range(3):
+            answers.append(probes._check()[0]["checks"])
+            clock.advance(probes.READY_CACHE)
+    finally:
+        hung.set()
+    assert answers == [{"database": "no answer within 0.2 s", "broker": "ok"}] * 3
+    assert started == ["database"]
