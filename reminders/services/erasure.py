@@ -72,10 +72,8 @@ def attendees_erase(
         selection = selection_of(attendees)
         selected = selection.count()
         targets = list(selection.filter(erased_at__isnull=True).order_by("pk").select_for_update())
-        cancelled: list[int] = []
-        for attendee in targets:
-            cancelled += _erase_one(attendee, now=now, clock=clock)
         skipped = skipped_as("already_erased", selected, len(targets))
+        # Recorded first, so each erasure scrubs its reason too ("Ada asked by email").
         audit = StaffDecision.record(
             action=StaffDecision.Action.ERASE,
             actor=actor,
@@ -84,14 +82,17 @@ def attendees_erase(
             selected=selected,
             changed=len(targets),
             skipped=skipped,
-            reminder_ids=sorted(cancelled),
             attendee_ids=[a.pk for a in targets],
         )
+        cancelled: list[int] = []
+        for attendee in targets:
+            cancelled += _erase_one(attendee, now=now, clock=clock)
+        StaffDecision.objects.filter(pk=audit.pk).update(reminder_ids=sorted(cancelled))
     logger.info(
         "Personal data of %s attendee(s) erased by %s (ids %s)",
         len(targets),
         audit.actor_name,
-        audit.attendee_ids,
+        [a.pk for a in targets],
     )
     return DecisionResult(audit.action, selected, len(targets), len(cancelled), skipped, audit.pk)
 

@@ -418,3 +418,17 @@ def test_an_erasure_leaves_no_form_of_the_name_or_address_in_the_admin_log_or_an
     assert "Bob and Bo checked the text" in texts
     attendee_type = ContentType.objects.get_for_model(Attendee)
     assert LogEntry.objects.filter(content_type=attendee_type, object_id=str(zoe.pk)).exists()
+
+
+def test_the_erasures_own_reason_does_not_keep_the_name_or_address(ada, eraser, clock):
+    """Staff naturally say whose data they erase ("Ada Lovelace asked ..."): the erasure's
+    own decision is a staff note too, and keeps no form of the name or address."""
+    attendee, *_ = ada
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=attendee.pk),
+        reason=f"{NAME} <{EMAIL}> asked by email, ticket 4711",
+        actor=eraser,
+        clock=clock,
+    )
+    audit = StaffDecision.objects.get(action="erase")
+    assert audit.reason == "[erased] <[erased]> asked by email, ticket 4711"
