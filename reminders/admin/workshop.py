@@ -362,8 +362,12 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
 
     def changelist_view(self, request, extra_context=None):
         year = request.GET.get("starts_at__year", "")
-        if year and not (year.isascii() and year.isdigit() and 1971 <= int(year[:6]) <= 9998):
-            # The date hierarchy computes the year after: 9999 overflows into a 500.
+        # The date hierarchy computes the year after: 9999 overflows into a 500. A month or
+        # day past what datetime takes is an OverflowError, which Django does not catch.
+        month_day = (request.GET.get(f"starts_at__{part}", "") for part in ("month", "day"))
+        if (
+            year and not (year.isascii() and year.isdigit() and 1971 <= int(year[:6]) <= 9998)
+        ) or any(len(value) > 2 for value in month_day):
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
         return super().changelist_view(request, extra_context)
 

@@ -447,6 +447,17 @@ def test_a_date_hierarchy_link_to_no_real_year_is_not_a_500(admin_client, year):
     assert response.status_code in (200, 302)
 
 
+@pytest.mark.parametrize(
+    "date",
+    [{"starts_at__month": "9" * 20}, {"starts_at__month": "1", "starts_at__day": "9" * 20}],
+)
+def test_a_date_hierarchy_link_to_no_real_month_or_day_is_not_a_500(admin_client, date):
+    """Django reads the month and day with int() and catches only ValueError: a number past
+    what datetime takes was an OverflowError, a 500."""
+    response = admin_client.get(CHANGELIST, {"starts_at__year": "2030", **date})
+    assert response.status_code == 302 and response.url.endswith("?e=1")
+
+
 def test_an_erased_attendee_is_not_enrolled_again_from_any_admin_form(
     admin_client, make_workshop, enrol, admin_user
 ):
