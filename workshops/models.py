@@ -273,7 +273,8 @@ class WorkshopText(models.Model):
         return f"{self.get_language_display()} text of {self.workshop.title}"
 
     def clean(self) -> None:
-        workshop = getattr(self, "workshop", None) if self.workshop_id else None
+        # The workshop may be unsaved yet (an admin add page, "Save as new"): no id, same rule.
+        workshop = getattr(self, "workshop", None)
         if workshop is not None and self.language == workshop.language:
             raise ValidationError(
                 {

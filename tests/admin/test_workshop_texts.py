@@ -142,6 +142,20 @@ def test_the_reminder_page_shows_its_frozen_text_and_what_it_says(
     assert "Edited since." not in text
 
 
+def test_a_new_workshop_refuses_a_text_in_its_own_language_as_its_page_does_later(admin_client):
+    """On the add page (and "Save as new") the inline text has no workshop id yet: a text in
+    the workshop's own language was saved, never used, and then every later save of the
+    workshop was refused until staff deleted it."""
+    data = form_data(starts="2030-03-02 10:00", ends="2030-03-02 12:00")
+    response = admin_client.post(f"{CHANGELIST}add/", {**data, **_texts(("en", "Hi", ""))})
+    assert response.status_code == 200
+    formset = next(
+        f for f in response.context["inline_admin_formsets"] if f.formset.prefix == "texts"
+    )
+    assert "the workshop's own language" in str(formset.formset.errors)
+    assert not Workshop.objects.exists() and not WorkshopText.objects.exists()
+
+
 def test_moving_the_workshop_to_a_language_it_has_a_text_in_is_refused_until_that_text_goes(
     admin_client, make_workshop
 ):
