@@ -181,7 +181,8 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             saved = workshop_create(**values)
         copy_saved(obj, saved)
         changed = set(form.changed_data)
-        if change and not changed.isdisjoint(FACT_FIELDS):
+        # The times are typed in the zone: a new zone under the same typed times moves them.
+        if change and not changed.isdisjoint({*FACT_FIELDS, "timezone"}):
             self._notice_message(request, obj)
         if change and changed & (TEXT_FIELDS - {"notice_intro"}):
             _rows, unclaimed, frozen = workshop_text_reach(obj)

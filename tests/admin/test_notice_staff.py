@@ -68,6 +68,32 @@ def test_saving_a_move_says_who_will_hear_of_it_and_when(admin_client, reminded,
     assert "in about 5 minutes" in said
 
 
+def test_saving_a_new_zone_under_the_same_wall_clock_time_says_who_will_hear_of_the_move(
+    admin_client, reminded, settings
+):
+    """The times are typed in the workshop's zone: a new zone with the same typed times moves
+    the start and end, and the reminded attendees are told; the save said nothing of it."""
+    settings.REMINDERS_NOTICE_SETTLE = 300
+    assert reminded.timezone == "Europe/Berlin"
+    start, end = (
+        moment.astimezone(reminded.zone) for moment in (reminded.starts_at, reminded.ends_at)
+    )
+    response = admin_client.post(
+        f"{CHANGELIST}{reminded.pk}/change/",
+        form_data(
+            title=reminded.title,
+            zone="Europe/Helsinki",
+            starts=f"{start:%Y-%m-%d %H:%M}",
+            ends=f"{end:%Y-%m-%d %H:%M}",
+        ),
+        follow=True,
+    )
+    moved = Workshop.objects.get(pk=reminded.pk)
+    assert moved.starts_at == reminded.starts_at - timedelta(hours=1)
+    [said] = [m for m in messages_of(response) if "change notice" in m]
+    assert said.startswith("3 reminded attendees will get a change notice")
+
+
 def test_dont_notify_is_reasoned_recorded_and_sends_nothing(
     admin_client, reminded, mail, notices_scan
 ):
