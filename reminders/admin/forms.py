@@ -101,7 +101,8 @@ class WorkshopForm(forms.ModelForm):
         if self.instance.pk:  # saved by the services: both times and the zone are set
             for name in ("starts_at", "ends_at"):
                 local = getattr(self.instance, name).astimezone(self.instance.zone)
-                self.initial[name] = local.replace(tzinfo=None)
+                # As the form shows it: to the minute.
+                self.initial[name] = local.replace(tzinfo=None, second=0, microsecond=0)
 
     def clean(self):
         cleaned = super().clean()
@@ -114,6 +115,11 @@ class WorkshopForm(forms.ModelForm):
             if zone is None:
                 # The zone has its own error; stay aware so the model adds no second one.
                 cleaned[name] = local.replace(tzinfo=UTC)
+                continue
+            if self._as_shown(name, local, zone):
+                # Kept as stored: the API's seconds, or its time in a daylight-saving overlap,
+                # which the form cannot type, do not block or move an edit of anything else.
+                cleaned[name] = getattr(self.instance, name)
                 continue
             try:
                 cleaned[name] = aware_in_zone(local, zone)
@@ -133,6 +139,14 @@ class WorkshopForm(forms.ModelForm):
                 ),
             )
         return cleaned
+
+    def _as_shown(self, name: str, local: datetime, zone: ZoneInfo) -> bool:
+        """Whether ``local`` is the saved time ``name`` as the form showed it, in the same zone."""
+        return (
+            self.instance.pk is not None
+            and zone.key == self.instance.timezone
+            and local == self.initial.get(name)
+        )
 
 
 CANCEL_BY_ACTION = (

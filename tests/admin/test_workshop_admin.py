@@ -10,7 +10,7 @@ from django.test.utils import CaptureQueriesContext
 
 from reminders.models import Reminder
 from workshops.models import Enrollment, Workshop
-from workshops.services import enrollment_cancel, workshop_cancel
+from workshops.services import enrollment_cancel, workshop_cancel, workshop_create
 
 pytestmark = pytest.mark.django_db
 
@@ -126,6 +126,43 @@ def test_local_time_repeated_by_daylight_saving_is_refused(admin_client):
         ]
     }
     assert not Workshop.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("starts_at", "ends_at"),
+    [
+        # 02:30 in Berlin's overlap, the first time (CEST), as the API may give it.
+        ("2026-10-25T00:30:00+00:00", "2026-10-25T02:00:00+00:00"),
+        # Seconds, which the form's HH:MM does not show.
+        ("2026-03-02T12:00:30+00:00", "2026-03-02T13:00:45+00:00"),
+    ],
+)
+def test_saving_other_fields_keeps_the_times_as_stored(admin_client, clock, starts_at, ends_at):
+    """A workshop the API made at a time the form cannot type: staff edit its place, and the
+    times shown unchanged stay as they are (were: refused as happening twice, or cut to the
+    minute, a move that told every reminded attendee)."""
+    workshop = workshop_create(
+        title="Night shift",
+        starts_at=datetime.fromisoformat(starts_at),
+        ends_at=datetime.fromisoformat(ends_at),
+        timezone="Europe/Berlin",
+        clock=clock,
+    )
+    local = workshop.zone
+    response = admin_client.post(
+        f"{CHANGELIST}{workshop.pk}/change/",
+        form_data(
+            title=workshop.title,
+            zone="Europe/Berlin",
+            starts=f"{workshop.starts_at.astimezone(local):%Y-%m-%d %H:%M}",
+            ends=f"{workshop.ends_at.astimezone(local):%Y-%m-%d %H:%M}",
+            location="Room 7",
+        ),
+    )
+    assert response.status_code == 302, field_errors(response)
+    saved = Workshop.objects.get(pk=workshop.pk)
+    assert saved.location == "Room 7"
+    assert (saved.starts_at, saved.ends_at) == (workshop.starts_at, workshop.ends_at)
 
 
 def test_end_before_start_is_a_field_error(admin_client):
