@@ -136,6 +136,16 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     _scrub_rows(
         DeliveryEvent.objects.filter(reminder__in=mine.values("pk")), words, about, "reason"
     )
+    # A resolution copies its reason into each of its reminders, other attendees' too.
+    noted = StaffDecision.objects.filter(_quoting(anyone, "reason")).values_list(
+        "reminder_ids", flat=True
+    )
+    _scrub_rows(
+        Reminder.objects.filter(pk__in=[pk for ids in noted for pk in ids]),
+        anyone,
+        scrub,
+        "status_reason",
+    )
     _scrub_rows(StaffDecision.objects.all(), anyone, scrub, "reason", "outcome")
     _scrub_admin_log(
         scrub,

@@ -432,3 +432,25 @@ def test_the_erasures_own_reason_does_not_keep_the_name_or_address(ada, eraser, 
     )
     audit = StaffDecision.objects.get(action="erase")
     assert audit.reason == "[erased] <[erased]> asked by email, ticket 4711"
+
+
+def test_a_decision_naming_her_is_scrubbed_from_the_other_reminders_it_was_copied_to(
+    make_reminders, resolver, eraser, clock
+):
+    """A resolution copies its reason into each reminder's status reason: one naming Ada,
+    over her reminder and Bob's, kept her name on Bob's."""
+    ids = make_reminders(2, "unknown")
+    ada, bob = (Reminder.objects.get(pk=pk).attendee for pk in ids)
+    Attendee.objects.filter(pk=ada.pk).update(name=NAME, email=EMAIL)
+    reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk__in=ids),
+        decision="mark_sent",
+        reason=f"{NAME} says both of them got it",
+        actor=resolver,
+        clock=clock,
+    )
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=ada.pk), reason="GDPR", actor=eraser, clock=clock
+    )
+    reasons = list(Reminder.objects.filter(pk__in=ids).values_list("status_reason", flat=True))
+    assert reasons == ["marked as sent by resolver: [erased] says both of them got it"] * 2
