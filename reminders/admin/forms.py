@@ -169,6 +169,25 @@ def _refuse_erased(form: forms.ModelForm) -> None:
         form.add_error("attendee" if form.instance.pk is None else "status", ERASED_NOT_ENROLLED)
 
 
+CANCELLED_TWIN = (
+    "This attendee's enrollment in this workshop was cancelled: to enrol them again, open "
+    "that enrollment and set its status back to active."
+)
+
+
+def _refuse_cancelled_twin(form: forms.ModelForm) -> None:
+    """Point a new enrollment whose attendee's one in the workshop was cancelled to that one
+    (the unique constraint would say "already enrolled", the opposite)."""
+    attendee, workshop = form.cleaned_data.get("attendee"), form.cleaned_data.get("workshop")
+    if form.instance.pk is not None or attendee is None or workshop is None or not workshop.pk:
+        return
+    if form.has_error("attendee"):  # erased: they cannot be enrolled again at all
+        return
+    twin = Enrollment.objects.filter(attendee=attendee, workshop=workshop)
+    if twin.filter(status=Enrollment.Status.CANCELLED).exists():
+        form.add_error("attendee", CANCELLED_TWIN)
+
+
 class ChosenByIdMixin:
     """Autocomplete foreign keys take an id or nothing: the widget's redraw raised on " " or "²"."""
 
@@ -213,6 +232,7 @@ class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
             )
         else:
             _refuse_erased(self)
+            _refuse_cancelled_twin(self)
         return cleaned
 
 
@@ -253,6 +273,7 @@ class EnrollmentForm(ChosenByIdMixin, forms.ModelForm):
                 "This workshop is cancelled; enrol the attendee in a scheduled workshop.",
             )
         _refuse_erased(self)
+        _refuse_cancelled_twin(self)
         return cleaned
 
 

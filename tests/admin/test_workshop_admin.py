@@ -427,6 +427,35 @@ def test_enrollment_admin_enrols_through_the_service_and_refuses_a_cancel(
     assert Enrollment.objects.count() == 1
 
 
+@pytest.mark.parametrize("page", ["enrollment", "workshop"])
+def test_enrolling_anew_someone_whose_enrollment_was_cancelled_says_to_set_it_active(
+    admin_client, make_workshop, enrol, page
+):
+    """Adding the pair again was refused with "This attendee is already enrolled in this
+    workshop.", the opposite of the truth: staff left them unenrolled, with no reminder."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    (enrollment,) = enrol(workshop, 1)
+    enrollment_cancel(enrollment=enrollment)
+    attendee = enrollment.attendee_id
+    if page == "enrollment":
+        response = admin_client.post(
+            "/admin/workshops/enrollment/add/",
+            {"attendee": attendee, "workshop": workshop.pk, "status": "active"},
+        )
+    else:
+        response = _post_inline(
+            admin_client,
+            workshop,
+            [(enrollment.pk, attendee, "cancelled"), ("", attendee, "active")],
+        )
+    assert response.status_code == 200
+    errors = str(response.context["errors"])
+    assert "already enrolled" not in errors
+    assert "enrollment in this workshop was cancelled" in errors
+    assert "set its status back to active" in errors
+    assert Enrollment.objects.get().status == "cancelled"
+
+
 def test_enrolling_in_a_cancelled_workshop_is_a_field_error(
     admin_client, make_workshop, make_attendee
 ):
