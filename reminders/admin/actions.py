@@ -15,7 +15,7 @@ from reminders.admin.columns import plural
 from reminders.admin.decision import DECISION_SKIPS
 from reminders.admin.forms import ReasonForm, ReplayForm
 from reminders.models import StaffDecision, id_from_text
-from reminders.selectors import reminder_replay_preview
+from reminders.selectors import reminder_replay_preview, reminder_resolve_preview
 from reminders.services.replay import StaffActionResult, reminder_replay_selection
 
 CONFIRM = "post"
@@ -74,6 +74,16 @@ def resolve_message(result: StaffActionResult, *, not_found: dict[str, int]) -> 
         f"Sending {plural(result.changed, 'reminder')} again: {result.queued} queued"
         f"{_queued_later(result)}.{skipped}"
     )
+
+
+def resolve_effects(*, reminders) -> list[tuple[str, int]]:
+    """Return what "Send again" would do; the page's preview counts "Mark as sent"."""
+    again = reminder_resolve_preview(reminders=reminders, send_again=True)
+    left = {key: count for key, count in again.skipped.items() if key != "not_unknown"}
+    return [
+        ("Send again: queued again (still before the deadline)", again.eligible),
+        *((f"Send again leaves alone: {label}", count) for label, count in skipped_rows(left)),
+    ]
 
 
 class StaffActionsMixin:
@@ -143,9 +153,12 @@ class StaffActionsMixin:
 
     def _reminder_action(
         self, request, form_class, *, reminders, preview, run, message, submit_label,
-        missing=None, **page,
+        missing=None, effects=None, **page,
     ):  # fmt: skip
-        """Preview an action on ``reminders``, or run it once confirmed with the form's fields."""
+        """Preview an action on ``reminders``, or run it once confirmed with the form's fields.
+
+        ``effects``, if given, returns more (label, count) rows for the preview.
+        """
         form = confirmed_form(request, form_class)
         if not form.is_valid():
             counted = preview(reminders=reminders)
@@ -155,6 +168,7 @@ class StaffActionsMixin:
                 request,
                 "staff_action_confirmation.html",
                 preview=counted,
+                effect_rows=effects(reminders=reminders) if effects else [],
                 skipped_rows=skipped_rows({**counted.skipped, **missing}),
                 submit_label=submit_label.format(plural(counted.eligible, "reminder")),
                 form=form,

@@ -13,7 +13,7 @@ from django.utils.html import format_html, format_html_join
 from django.utils.http import urlencode
 
 from clock import default_clock
-from reminders.admin.actions import StaffActionsMixin, resolve_message
+from reminders.admin.actions import StaffActionsMixin, resolve_effects, resolve_message
 from reminders.admin.columns import ViewOnlyMixin, format_local, format_utc, utc_column
 from reminders.admin.forms import ResolveUnknownForm
 from reminders.content import language_name, reminder_envelope
@@ -295,13 +295,15 @@ class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
             request,
             ResolveUnknownForm,
             reminders=queryset,
-            preview=partial(reminder_resolve_preview, send_again=True),
+            # Counted for "Mark as sent"; the effect rows count "Send again".
+            preview=partial(reminder_resolve_preview, send_again=False),
+            effects=resolve_effects,
             run=reminder_resolve_unknown,
             message=resolve_message,
             action="resolve_unknown",
             title="Decide reminders of unknown outcome",
             intro="the selected reminders",
-            eligible_label="Of unknown outcome and still before the deadline (can be sent again)",
+            eligible_label="Of unknown outcome: Mark as sent marks them all sent",
             submit_label="Record the decision",
         )
 

@@ -461,6 +461,36 @@ def test_marking_unknown_reminders_sent_from_the_admin(make_reminders, login, re
     assert StaffDecision.objects.get().reason == "provider log shows delivery"
 
 
+def test_the_resolve_confirmation_counts_what_each_decision_would_do(
+    clock, make_reminders, login, resolver
+):
+    """Mark as sent takes every reminder of unknown outcome, one past the cutoff too; Send
+    again only those still before it. The page counted for Send again alone: the late one
+    showed as skipped, and Mark as sent then marked it sent."""
+    late = make_reminders(1, "unknown", starts_in=timedelta(hours=1))
+    on_time = make_reminders(2, "unknown")
+    failed = make_reminders(1, "failed")
+    clock.advance(45 * 60)
+    client = login(resolver)
+    page = post_action(client, "resolve_unknown", late + on_time + failed)
+    preview = page.context["preview"]
+    assert (preview.selected, preview.eligible) == (4, 3)
+    assert page.context["effect_rows"] == [
+        ("Send again: queued again (still before the deadline)", 2),
+        ("Send again leaves alone: past the cutoff", 1),
+    ]
+    assert page.context["skipped_rows"] == [("not of unknown outcome", 1)]
+    done = post_action(
+        client,
+        "resolve_unknown",
+        late + on_time + failed,
+        confirm=True,
+        decision="mark_sent",
+        reason="provider log shows delivery",
+    )
+    assert messages_of(done) == ["Marked 3 reminders as sent. Skipped: 1 not of unknown outcome."]
+
+
 def test_sending_unknown_reminders_again_from_the_admin(
     make_reminders, login, resolver, published, django_capture_on_commit_callbacks
 ):
