@@ -172,12 +172,16 @@ def workshops_silence(
             if left:
                 done.append(workshop.pk)
                 untold += left
-        StaffDecision.objects.filter(pk=audit.pk).update(changed=len(done), workshop_ids=done)
+        # Counted with a change to silence, but told (or changed back) meanwhile.
+        skipped = {**counted.skipped, **skipped_as("raced", counted.eligible, len(done))}
+        StaffDecision.objects.filter(pk=audit.pk).update(
+            changed=len(done), workshop_ids=done, skipped=skipped
+        )
     logger.info(
         "Notices silenced by %s: %s workshops, %s attendees", audit.actor_name, len(done), untold
     )
     return DecisionResult(
-        Action.SILENCE_NOTICES, counted.selected, len(done), untold, dict(counted.skipped), audit.pk
+        Action.SILENCE_NOTICES, counted.selected, len(done), untold, skipped, audit.pk
     )
 
 

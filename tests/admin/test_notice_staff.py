@@ -167,6 +167,36 @@ def test_notices_planned_but_not_yet_sent_count_as_ones_to_silence(
     assert set(Notice.objects.values_list("status", flat=True)) == {"silenced"}
 
 
+def test_a_workshop_whose_notices_went_out_between_the_count_and_the_silence_is_recorded_raced(
+    admin_user, reminded, make_reminders, notices_scan, monkeypatch
+):
+    """Counted with a change to silence, then its notices sent by a worker before the decision
+    reached it: the decision's selected, changed and skipped add up, as the other decisions'
+    do. On the old code it recorded 2 selected, 1 changed and nothing skipped."""
+    from reminders.services import workshop_decisions
+
+    other = Reminder.objects.get(pk=make_reminders(2, "sent")[0]).workshop
+    for workshop in (reminded, other):
+        workshop_update(workshop=workshop, location="Room 12")
+    notices_scan(sent=False)
+    count = workshop_decisions.workshop_silence_preview
+
+    def count_then_send(**kwargs):
+        counted = count(**kwargs)
+        Notice.objects.filter(workshop=other).update(status="sent")  # a worker, meanwhile
+        return counted
+
+    monkeypatch.setattr(workshop_decisions, "workshop_silence_preview", count_then_send)
+    result = workshops_silence(
+        workshops=Workshop.objects.filter(pk__in=[reminded.pk, other.pk]),
+        reason="Same building",
+        actor=admin_user,
+    )
+    decision = StaffDecision.objects.get(pk=result.audit_id)
+    assert (decision.selected, decision.changed, decision.skipped) == (2, 1, {"raced": 1})
+    assert (result.changed, result.skipped) == (1, {"raced": 1})
+
+
 def test_planned_notices_of_a_change_since_changed_again_are_not_counted_twice(
     reminded, notices_scan
 ):
