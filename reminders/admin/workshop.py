@@ -285,17 +285,16 @@ class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
             raise PermissionDenied
         if request.method == "POST":
             return self._send_test(request, workshop)
-        enrolled = list(
-            Attendee.objects.filter(
-                enrollments__workshop=workshop, enrollments__status=Enrollment.Status.ACTIVE
-            ).order_by("name", "pk")
-        )
+        notice = request.GET.get("message") == "notice"
+        enrollments = Q(enrollments__workshop=workshop)
+        if not notice:  # a change notice also goes to one whose enrollment was cancelled
+            enrollments &= Q(enrollments__status=Enrollment.Status.ACTIVE)
+        enrolled = list(Attendee.objects.filter(enrollments).order_by("name", "pk"))
         wanted = request.GET.get("attendee", "")
         pk = id_from_text(wanted)
         chosen = next((a for a in enrolled if a.pk == pk), None)
         error = NOT_ENROLLED if wanted and chosen is None else ""
         chosen = chosen or next(iter(enrolled), None)
-        notice = request.GET.get("message") == "notice"
         context = {
             **self.admin_site.each_context(request),
             "title": f"Preview of the {'change notice' if notice else 'reminder'} for "

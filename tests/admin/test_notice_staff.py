@@ -291,6 +291,28 @@ def test_the_preview_shows_the_change_notice_from_what_was_told_to_what_is(admin
     assert Notice.objects.count() == 0  # read only
 
 
+def test_the_change_notice_of_an_attendee_whose_enrollment_was_cancelled_can_be_previewed(
+    admin_client, reminded
+):
+    """A cancellation notice goes to a reminded attendee whose enrollment was cancelled, and a
+    test of it may be sent: the preview offers them too. It listed active enrollments only
+    (the page refused her as not enrolled and showed another attendee's notice)."""
+    from workshops.models import Enrollment
+    from workshops.services import enrollment_cancel
+
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    enrollment_cancel(enrollment=Enrollment.objects.get(pk=reminder.enrollment_id))
+    url = f"{CHANGELIST}{reminded.pk}/preview/"
+    page = admin_client.get(url, {"attendee": reminder.attendee_id, "message": "notice"})
+    assert page.context["error"] == ""
+    assert page.context["chosen"].pk == reminder.attendee_id
+    assert page.context["envelope"].subject.startswith("Cancelled: ")
+    # The reminder preview still offers active enrollments only: she gets no reminder.
+    page = admin_client.get(url, {"attendee": reminder.attendee_id})
+    assert reminder.attendee_id not in [person.pk for person in page.context["enrolled"]]
+    assert "That attendee is not enrolled in this workshop" in page.content.decode()
+
+
 def test_send_me_a_test_of_the_change_notice(admin_client, admin_user, reminded, mail, live_clock):
     from reminders.worker.testsend import reminder_send_test_run
 
