@@ -486,10 +486,15 @@ def notice_release_interrupted(*, token: uuid.UUID, ids: list[int], clock: Clock
 
 def _refresh_old_facts(notices: list[Notice]) -> None:
     """Take "what they were told" from each attendee's row now: a notice of an earlier revision,
-    in flight when this one was planned, may have told them more since. Only notices no call
+    in flight when this one was planned, may have told them more since (a move, or that it was
+    cancelled: then this one says it is back on, in the text of that kind). Only notices no call
     of which may have arrived: one key carries one content."""
     for notice in notices:
         told = {f"old_{name}": getattr(notice.reminder, f"told_{name}") for name in FACT_FIELDS}
+        if notice.kind != Kind.CANCELLED:
+            kind = Kind.REINSTATED if notice.reminder.told_cancelled else Kind.CHANGED
+            if kind != notice.kind:
+                told |= {"kind": kind, "text": None}  # chosen again for the kind
         if any(getattr(notice, name) != value for name, value in told.items()):
             Notice.objects.filter(pk=notice.pk, maybe_sent=False).update(**told)
             for name, value in told.items():

@@ -673,3 +673,53 @@ def test_a_notice_planned_while_the_previous_one_is_in_flight_says_what_that_one
     body = mail.messages[-1].parsed().get_body(("plain",)).get_content()
     was = local_start(told, ZoneInfo(Workshop.objects.get().timezone))
     assert f"(was {was})" in " ".join(body.split())  # 13:00 (the reminder's) on the old code
+
+
+@pytest.mark.parametrize("claimed_before", [False, True])
+def test_a_notice_planned_while_a_cancellation_is_in_flight_says_back_on(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, monkeypatch,
+    claimed_before,
+):  # fmt: skip
+    """The workshop is reinstated and moved while its cancellation notice is being sent: the
+    next notice is planned as "Changed" (the attendee's row still says not cancelled), but the
+    last thing they heard is "cancelled", so it goes out as "Back on" (kind and text taken
+    when it is claimed, as its "was"). Also when a first claim of it, interrupted before any
+    call, froze the text of "Changed"."""
+    from reminders.services.notices import notice_claim, notice_release_interrupted
+    from reminders.worker import notices as notice_worker
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    notices_published.clear()
+    workshop_cancel(workshop=Workshop.objects.get(), reason="The trainer is ill")
+    pipeline.scan(clock=clock)  # revision 1
+    pipeline.scan(clock=clock)  # its cancellation notice published
+    [batch] = notices_published
+    claim = notice_worker.notice_claim
+
+    def claim_then_reinstate_move_and_plan(**kwargs):
+        claimed = claim(**kwargs)
+        workshop_reinstate(workshop=Workshop.objects.get())
+        _move(Workshop.objects.get(), timedelta(hours=1))
+        pipeline.scan(clock=clock)  # revision 2
+        pipeline.scan(clock=clock)  # its notice planned while the cancellation is in flight
+        if claimed_before:
+            [second] = notices_published[1:]
+            early = notice_claim(ids=second, channel="smtp", clock=clock)
+            assert [n.kind for n in early.notices] == ["changed"]
+            notice_release_interrupted(token=early.token, ids=second, clock=clock)
+        return claimed
+
+    monkeypatch.setattr(notice_worker, "notice_claim", claim_then_reinstate_move_and_plan)
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 1}
+    monkeypatch.setattr(notice_worker, "notice_claim", claim)
+    [second] = notices_published[1:]
+    assert deliver_notices(second, clock=clock) == {"notices_sent": 1}
+    assert list(Notice.objects.values_list("number", "kind", "status")) == [
+        (1, "cancelled", "sent"),
+        (2, "reinstated", "sent"),
+    ]
+    subject = mail.messages[-1].parsed()["Subject"]
+    assert subject.startswith("Back on: ")  # "Changed: " on the old code
