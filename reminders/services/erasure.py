@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import secrets
 
 from django.contrib.admin.models import LogEntry
@@ -16,6 +17,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import Q, QuerySet
+from django.db.models.functions import Lower
 
 from clock import Clock, default_clock
 from reminders.models import (
@@ -28,7 +30,12 @@ from reminders.models import (
 )
 from reminders.selectors import selection_of
 from reminders.services.feedback import address_key
-from reminders.services.personal import personal_words, scrub_json_text, scrubber
+from reminders.services.personal import (
+    json_strings,
+    personal_words,
+    scrub_json_text,
+    scrubber,
+)
 from reminders.services.replay import clean_reason, skipped_as
 from reminders.services.workshop_decisions import DecisionPreview, DecisionResult, cancel_effects
 from workshops.models import Attendee, Enrollment
@@ -99,10 +106,12 @@ def attendees_erase(
 
 def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     """Erase one locked attendee; return the ids of the reminders it cancelled."""
-    words = personal_words(email=attendee.email, name=attendee.name)
-    anyone = personal_words(email=attendee.email, name=attendee.name, short_names=False)
+    enrollments = list(Enrollment.objects.filter(attendee=attendee).values_list("pk", flat=True))
+    identities = _identities(attendee, enrollments)
+    words = _words_of(identities)
+    anyone = _words_of(identities, short_names=False)
     about, longer = scrubber(words), scrubber(anyone)
-    addresses = [address.lower() for address in personal_words(email=attendee.email, name="")]
+    addresses = [address.lower() for address in _words_of((email, "") for email, _ in identities)]
 
     def scrub(text: str) -> str:
         """Return ``text`` without the attendee's address and longer name parts; without every
@@ -115,7 +124,6 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
             "pk", flat=True
         )
     )
-    enrollments = list(Enrollment.objects.filter(attendee=attendee).values_list("pk", flat=True))
     for enrollment in Enrollment.objects.filter(attendee=attendee, status=Enrollment.Status.ACTIVE):
         enrollment_cancel(enrollment=enrollment, clock=clock)
     mine = Reminder.objects.filter(attendee=attendee)
@@ -131,7 +139,9 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
         DeliveryAttempt.objects.filter(reminder__in=mine.values("pk")), words, about, "error"
     )
     # A suppressed address stays suppressed under its key, without the address.
-    Suppression.objects.filter(address_key=address_key(attendee.email)).update(address="")
+    Suppression.objects.filter(
+        address_key__in=[address_key(email) for email, _ in identities if email]
+    ).update(address="")
     # A provider's bounce reason quotes the address it bounced.
     _scrub_rows(
         DeliveryEvent.objects.filter(reminder__in=mine.values("pk")), words, about, "reason"
@@ -167,6 +177,48 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
             "pk", flat=True
         )
     )
+
+
+def _identities(attendee: Attendee, enrollments: list[int]) -> list[tuple[str, str]]:
+    """Return each (email, name) the attendee had, now and before a correction, as far as the
+    admin's history shows: her attendee's and enrollments' reprs ("Ada <ada@…> in Pottery"),
+    and the names beside one of her addresses in any entry (a workshop's inline). An address
+    another attendee holds now is theirs, not hers. Email or name may be empty."""
+    types = ContentType.objects.get_for_models(Attendee, Enrollment)
+    tied = Q(content_type=types[Attendee], object_id=str(attendee.pk)) | Q(
+        content_type=types[Enrollment], object_id__in=[str(pk) for pk in enrollments]
+    )
+    found = [(attendee.email, attendee.name)]
+    for text in LogEntry.objects.filter(tied).values_list("object_repr", flat=True):
+        if shown := _SHOWN_AS.match(text):
+            found.append((shown["email"], shown["name"]))
+    others = set(
+        Attendee.objects.annotate(key=Lower("email"))
+        .filter(key__in={email.lower() for email, _ in found})
+        .exclude(pk=attendee.pk)
+        .values_list("key", flat=True)
+    )
+    found = [(email, name) for email, name in found if email.lower() not in others]
+    hers = {email.lower() for email, _ in found}
+    escaped = {json.dumps(email)[1:-1] for email in hers}
+    quoting = _quoting(hers, "object_repr") | _quoting(hers | escaped, "change_message")
+    for entry in LogEntry.objects.filter(quoting):
+        for text in [entry.object_repr, *json_strings(entry.change_message)]:
+            if (shown := _SHOWN_AS.match(text)) and shown["email"].lower() in hers:
+                found.append(("", shown["name"]))
+    return list(dict.fromkeys(found))
+
+
+# The start of Attendee.__str__, and so of Enrollment.__str__: "name <email>".
+_SHOWN_AS = re.compile(r"(?P<name>.*?) <(?P<email>[^<>\s]+@[^<>\s]+)>")
+
+
+def _words_of(identities, *, short_names: bool = True) -> list[str]:
+    """Return ``personal_words`` of each (email, name) in ``identities``, once each."""
+    words = []
+    for email, name in identities:
+        words += personal_words(email=email, name=name, short_names=short_names)
+    return list(dict.fromkeys(words))
 
 
 def _scrub_admin_log(scrub, about, words: list[str], objects: dict[type, list[int]]) -> None:

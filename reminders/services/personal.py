@@ -65,17 +65,28 @@ def scrub_json_text(text: str, scrub) -> str:
         document = json.loads(text)
     except ValueError:
         return scrub(text)
+    return json.dumps(_map_strings(document, scrub))
 
-    def walk(value):
-        if isinstance(value, str):
-            return scrub(value)
-        if isinstance(value, list):
-            return [walk(item) for item in value]
-        if isinstance(value, dict):
-            return {key: walk(item) for key, item in value.items()}
-        return value
 
-    return json.dumps(walk(document))
+def json_strings(text: str) -> list[str]:
+    """Return the strings inside a JSON document, or ``[text]`` if it is none."""
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return [text]
+    found: list[str] = []
+    _map_strings(document, lambda value: found.append(value) or value)
+    return found
+
+
+def _map_strings(value, function):
+    if isinstance(value, str):
+        return function(value)
+    if isinstance(value, list):
+        return [_map_strings(item, function) for item in value]
+    if isinstance(value, dict):
+        return {key: _map_strings(item, function) for key, item in value.items()}
+    return value
 
 
 def erased_among(attendee_ids: Iterable[int]) -> set[int]:

@@ -454,3 +454,66 @@ def test_a_decision_naming_her_is_scrubbed_from_the_other_reminders_it_was_copie
     )
     reasons = list(Reminder.objects.filter(pk__in=ids).values_list("status_reason", flat=True))
     assert reasons == ["marked as sent by resolver: [erased] says both of them got it"] * 2
+
+
+def test_names_and_addresses_she_had_before_a_correction_are_scrubbed_too(
+    admin_client, make_workshop, eraser, clock
+):
+    """The admin's history keeps the reprs of before a correction ("Added" with her old
+    address, an enrollment and a workshop's inline quoting it), and a provider's error from
+    then quotes it: the erasure took only her name and address as they are now."""
+    from django.contrib.admin.models import LogEntry
+
+    from reminders.services import reminders_plan
+    from tests.admin.test_workshop_admin import _post_inline
+
+    pottery, weaving = make_workshop(title="Pottery"), make_workshop(title="Weaving")
+    added = admin_client.post(
+        "/admin/workshops/attendee/add/",
+        {"name": "Ada Byron", "email": "ada.byron@old.example", "language": "en"},
+    )
+    assert added.status_code == 302, added.content.decode()[:300]
+    ada = Attendee.objects.get(email="ada.byron@old.example")
+    assert _post_inline(admin_client, pottery, [("", ada.pk, "active")]).status_code == 302
+    enrolled = admin_client.post(
+        "/admin/workshops/enrollment/add/",
+        {"attendee": ada.pk, "workshop": weaving.pk, "status": "active"},
+    )
+    assert enrolled.status_code == 302, enrolled.content.decode()[:300]
+    reminders_plan(clock=clock)
+    reminder = Reminder.objects.get(attendee=ada, workshop=pottery)
+    claim = reminder_claim_batch(ids=[reminder.pk], channel="smtp", worker="t", clock=clock)
+    reminder_record_batch(
+        claim=claim,
+        results=[
+            result_for(
+                claim.reminders[0],
+                Outcome.TRANSIENT,
+                error="451 Dear Ada Byron, <ada.byron@old.example> try later",
+            )
+        ],
+        clock=clock,
+    )
+    corrected = admin_client.post(
+        f"/admin/workshops/attendee/{ada.pk}/change/",
+        {"name": NAME, "email": EMAIL, "language": "en"},
+    )
+    assert corrected.status_code == 302, corrected.content.decode()[:300]
+    logged = "\n".join(
+        f"{r} {m}" for r, m in LogEntry.objects.values_list("object_repr", "change_message")
+    )
+    assert "ada.byron@old.example" in logged and "Ada Byron" in logged, "nothing to erase"
+
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=ada.pk), reason="asked", actor=eraser, clock=clock
+    )
+
+    texts = [
+        *(f"{r} {m}" for r, m in LogEntry.objects.values_list("object_repr", "change_message")),
+        *Reminder.objects.values_list("last_error", flat=True),
+        *DeliveryAttempt.objects.values_list("error", flat=True),
+    ]
+    blob = "\n".join(texts).lower()
+    for trace in ("old.example", "byron", NAME.lower(), EMAIL.lower()):
+        assert trace not in blob, (trace, texts)
+    assert "451 Dear [erased], <[erased]> try later" in texts
