@@ -17,7 +17,7 @@ from django.contrib.auth.base_user import AbstractBaseUser
 from django.contrib.contenttypes.models import ContentType
 from django.db import transaction
 from django.db.models import Q, QuerySet
-from django.db.models.functions import Lower
+from django.db.models.functions import Length, Lower
 
 from clock import Clock, default_clock
 from reminders.models import (
@@ -33,6 +33,7 @@ from reminders.services.feedback import address_key
 from reminders.services.personal import (
     json_strings,
     personal_words,
+    scrub_cut_end,
     scrub_json_text,
     scrubber,
 )
@@ -244,17 +245,25 @@ def _scrub_admin_log(scrub, about, words: list[str], objects: dict[type, list[in
 
 
 def _scrub_rows(rows: QuerySet, words: list[str], scrub, *fields: str) -> None:
-    """Scrub ``fields`` of each of ``rows`` quoting one of ``words``, cut to the field's length."""
-    quoting = Q()
-    for name in fields:
-        quoting |= _quoting(words, name)
+    """Scrub ``fields`` of each of ``rows`` quoting one of ``words``, cut to the field's length;
+    a text as long as its field was cut there when written, perhaps inside one of them."""
     model = rows.model
+    limits = {name: model._meta.get_field(name).max_length for name in fields}
+    quoting = Q()
+    for name, limit in limits.items():
+        quoting |= _quoting(words, name)
+        if limit:
+            rows = rows.alias(**{f"{name}_length": Length(name)})
+            quoting |= Q(**{f"{name}_length__gte": limit})
+
+    def scrubbed(text: str, limit: int | None) -> str:
+        if limit and len(text) >= limit:
+            text = scrub_cut_end(text, words)
+        return scrub(text)[:limit]
+
     for row in rows.filter(quoting):
         model.objects.filter(pk=row.pk).update(
-            **{
-                name: scrub(getattr(row, name))[: model._meta.get_field(name).max_length]
-                for name in fields
-            }
+            **{name: scrubbed(getattr(row, name), limit) for name, limit in limits.items()}
         )
 
 

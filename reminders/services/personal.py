@@ -58,6 +58,23 @@ def scrubber(words: list[str]):
     return lambda text: pattern.sub(ERASED_TEXT, text) if text else text
 
 
+def scrub_cut_end(text: str, words: list[str]) -> str:
+    """Return ``text`` with its end replaced by ``ERASED_TEXT`` if it begins one of ``words``:
+    a text cut to its column's length may end inside a name or address ("Ada Lovel"), which
+    ``scrubber`` does not recognise. Scrub it before the rest (run it on the text as written)."""
+    lowered = [word.lower() for word in words]
+    for start in range(max(0, len(text) - max(map(len, words), default=0)), len(text) - 1):
+        end = text[start:].lower()
+        if not _WORD_CHAR.match(text, start) or (start and _WORD_CHAR.match(text, start - 1)):
+            continue
+        if any(word.startswith(end) for word in lowered):
+            return text[:start] + ERASED_TEXT
+    return text
+
+
+_WORD_CHAR = re.compile(r"\w")
+
+
 def scrub_json_text(text: str, scrub) -> str:
     """Scrub the strings inside a JSON document (Django's admin log change messages store
     non-ASCII escaped, where a plain text search misses it); other text as it is."""

@@ -517,3 +517,32 @@ def test_names_and_addresses_she_had_before_a_correction_are_scrubbed_too(
     for trace in ("old.example", "byron", NAME.lower(), EMAIL.lower()):
         assert trace not in blob, (trace, texts)
     assert "451 Dear [erased], <[erased]> try later" in texts
+
+
+@pytest.mark.parametrize("quoted, cut", [(NAME, "Ada Lovel"), (EMAIL, "Ada.Lovelace@Exam")])
+def test_a_name_or_address_cut_off_at_the_end_of_a_status_reason_is_scrubbed(
+    make_reminders, resolver, eraser, clock, quoted, cut
+):
+    """A status reason is cut to 200 characters when written: a resolution's reason naming
+    Ada just there left "Ada Lovel" (or the start of her address) on her reminder and Bob's,
+    which the scrubber did not recognise as hers."""
+    ids = make_reminders(2, "unknown")
+    ada = Reminder.objects.get(pk=ids[0]).attendee
+    Attendee.objects.filter(pk=ada.pk).update(name=NAME, email=EMAIL)
+    prefix = "marked as sent by resolver: "
+    filler = ("the provider's log shows delivery " * 10)[: 200 - len(prefix) - len(cut) - 1]
+    reason = f"{filler} {quoted} confirmed"
+    reminder_resolve_unknown(
+        reminders=Reminder.objects.filter(pk__in=ids),
+        decision="mark_sent",
+        reason=reason,
+        actor=resolver,
+        clock=clock,
+    )
+    reasons = list(Reminder.objects.filter(pk__in=ids).values_list("status_reason", flat=True))
+    assert all(text.endswith(f" {cut}") for text in reasons), reasons
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=ada.pk), reason="GDPR", actor=eraser, clock=clock
+    )
+    reasons = list(Reminder.objects.filter(pk__in=ids).values_list("status_reason", flat=True))
+    assert reasons == [f"{prefix}{filler} [erased]"] * 2
