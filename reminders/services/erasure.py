@@ -29,6 +29,7 @@ from reminders.models import (
     Suppression,
 )
 from reminders.selectors import selection_of
+from reminders.services import notices
 from reminders.services.feedback import address_key
 from reminders.services.personal import (
     json_strings,
@@ -131,7 +132,7 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
     _scrub_rows(mine, words, about, "last_error", "status_reason")
     # Their notices: none is sent any more (the address is gone), none quotes them.
     Notice.objects.filter(attendee=attendee, status=Notice.Status.PENDING).update(
-        status=Notice.Status.SILENCED, status_reason="the attendee was erased", updated_at=now
+        status=Notice.Status.SILENCED, status_reason=notices.ERASED, updated_at=now
     )
     _scrub_rows(
         Notice.objects.filter(attendee=attendee), words, about, "last_error", "status_reason"

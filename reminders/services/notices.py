@@ -42,6 +42,7 @@ FACT_FIELDS = ("starts_at", "ends_at", "location", "join_url")
 STARTED = "the workshop started before the notice could be sent"
 SILENCED = "staff chose not to notify"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
+ERASED = "the attendee was erased"
 HEARD = "the attendee holds the workshop's facts as they are now"
 
 
@@ -563,6 +564,10 @@ def _verdict(*, notice: Notice, result: DeliveryResult, channel: str, now: datet
         return _final(Status.UNKNOWN if maybe else Status.FAILED, error, error)
     if result.outcome == Outcome.EXPIRED:
         return _final(Status.UNKNOWN if maybe else Status.MISSED, STARTED, error)
+    if result.outcome == Outcome.WITHDRAWN:
+        # Its attendee was erased before the call (NoticeWatch): nothing more is sent.
+        silenced = _final(Status.SILENCED, ERASED, "")
+        return {**silenced, "attempts": F("attempts") - 1, "maybe_sent": notice.maybe_sent}
     if not result.provider_reached and result.attempts == 0:
         # Stopped before any call: back as it was, the attempt not counted.
         return {

@@ -8,7 +8,7 @@ from django.db import InterfaceError, OperationalError, connection
 
 from clock import Clock
 from delivery.gate import Gate
-from reminders.models import Reminder
+from reminders.models import Notice, Reminder
 from reminders.services._sql import claim_token_param, one_of, rows_cte
 from workshops.models import Enrollment, Workshop
 
@@ -109,6 +109,42 @@ class ClaimWatch:
                 # Changed and changed back between the two reads: as rendered again.
                 del withdrawn[pk]
         return withdrawn
+
+
+class NoticeWatch:
+    """Re-read a notice claim's rows between engine turns: withdraw those whose attendee was
+    erased (they asked to hear nothing more). A change of the workshop withdraws none: the
+    next revision's notice follows (docs/faults.md S11)."""
+
+    def __init__(self, *, token, notices, clock: Clock) -> None:
+        self._token = token
+        self._ids = [notice.pk for notice in notices]
+        self._clock = clock
+        self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
+
+    def seed(self, read_at: float) -> None:
+        """Take the claim, its read begun at ``read_at`` (monotonic), as the first snapshot."""
+        self.gate.publish({}, taken_at=read_at)
+
+    def refresh(self) -> None:
+        """Read the rows once and publish withdrawals; a database error leaves the gate stale."""
+        taken_at = self._clock.monotonic()
+        try:
+            rows = Notice.objects.filter(pk__in=self._ids).values_list(
+                "pk", "claim_token", "attendee__erased_at"
+            )
+            withdrawn = {
+                pk: "the claim was lost (lease expired)"
+                if token != self._token
+                else "the attendee was erased"
+                for pk, token, erased_at in rows
+                if token != self._token or erased_at is not None
+            }
+        except (OperationalError, InterfaceError) as exc:
+            logger.warning("Notice claim watch could not read the database: %s", exc)
+            connection.close()
+            return
+        self.gate.publish(withdrawn, taken_at=taken_at)
 
 
 # What a message shows of its workshop, with the PostgreSQL types: a change to any of it

@@ -14,6 +14,7 @@ from clock import Clock, default_clock
 from reminders.content import notice_envelope
 from reminders.services.feedback import suppressions_refusing
 from reminders.services.notices import notice_claim, notice_record, notice_release_interrupted
+from reminders.services.watch import NoticeWatch
 from reminders.worker import bridge
 from reminders.worker.pipeline import (
     build_envelopes,
@@ -51,6 +52,7 @@ def deliver_notices(
                 counts["notices_deferred"] += len(ids) - offset
                 break
             chunk, token = ids[offset : offset + chunk_size], uuid.uuid4()
+            read_at = clock.monotonic()
             try:
                 claim = notice_claim(ids=chunk, channel=channel, clock=clock, token=token)
             except BaseException as exc:
@@ -70,6 +72,9 @@ def deliver_notices(
                 ),
                 suppressions_refusing(claim.notices),
             )
+            # No call starts over REVOCATION_WINDOW after its attendee's erasure commits.
+            watch = NoticeWatch(token=claim.token, notices=claim.notices, clock=clock)
+            watch.seed(read_at)
             results = send_envelopes(
                 claim,
                 envelopes,
@@ -79,6 +84,7 @@ def deliver_notices(
                 budget=remaining,
                 stop=stop,
                 session=session,
+                watch=watch,
                 record=notice_record,
             )
             counts.update(

@@ -723,3 +723,43 @@ def test_a_notice_planned_while_a_cancellation_is_in_flight_says_back_on(
     ]
     subject = mail.messages[-1].parsed()["Subject"]
     assert subject.startswith("Back on: ")  # "Changed: " on the old code
+
+
+def test_a_notice_claimed_before_its_attendee_is_erased_is_not_sent_after_the_window(
+    live_clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model,
+    monkeypatch,
+):  # fmt: skip
+    """Staff erase an attendee whose notice a worker has claimed (it holds the old address):
+    the erasure silenced only pending notices and notices had no claim watch, so it went out
+    however long after the erasure the call came; now no call starts over REVOCATION_WINDOW
+    after the erasure commits, as for a cancelled reminder, and the notice ends silenced."""
+    from clock import SystemClock
+    from reminders.services.erasure import attendees_erase
+    from reminders.services.watch import REVOCATION_WINDOW
+    from reminders.worker import notices as worker_notices
+    from workshops.models import Attendee
+
+    batch, reminded = _notices_of_a_move(
+        live_clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    ada, bob = (n.attendee for n in Notice.objects.filter(pk__in=batch).order_by("pk"))
+    claim, real = worker_notices.notice_claim, SystemClock()
+
+    def claim_then_erase(**options):
+        claimed = claim(**options)
+        attendees_erase(
+            attendees=Attendee.objects.filter(pk=ada.pk),
+            reason="asked",
+            actor=django_user_model.objects.create_user("staff"),
+        )
+        real.sleep_blocking(REVOCATION_WINDOW + 0.5)  # the calls come after the window
+        return claimed
+
+    monkeypatch.setattr(worker_notices, "notice_claim", claim_then_erase)
+    deliver_notices(batch, clock=real)
+    received = [m.parsed()["To"].addresses[0].addr_spec for m in mail.messages[reminded:]]
+    assert received == [bob.email]
+    assert dict(Notice.objects.values_list("attendee_id", "status")) == {
+        ada.pk: "silenced",
+        bob.pk: "sent",
+    }
