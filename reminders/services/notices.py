@@ -27,6 +27,7 @@ from delivery.results import DeliveryResult, Outcome
 from reminders.content import choose_notice_text
 from reminders.models import MessageText, Notice, Reminder, WorkshopRevision, notice_key
 from reminders.services._sql import database_now, update_returning
+from reminders.services.personal import erased_among, personal_words, scrubber
 from reminders.services.record import channel_honours_keys, maybe_sent_reason, retry_delay
 from workshops.models import Enrollment, Workshop
 
@@ -536,6 +537,12 @@ def notice_record(
             continue
         values = _verdict(notice=notice, result=result, channel=claim.channel, now=now)
         with transaction.atomic():
+            texts = [name for name in ("status_reason", "last_error") if values.get(name)]
+            if texts and erased_among([notice.attendee_id]):
+                # Erased while this was claimed: the provider's words may quote them.
+                attendee = notice.attendee
+                scrub = scrubber(personal_words(email=attendee.email, name=attendee.name))
+                values |= {name: scrub(values[name]) for name in texts}
             changed = Notice.objects.filter(
                 pk=notice.pk, claim_token=claim.token, status=Status.SENDING
             ).update(claim_token=None, lease_expires_at=None, updated_at=now, **values)

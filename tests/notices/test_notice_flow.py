@@ -763,3 +763,34 @@ def test_a_notice_claimed_before_its_attendee_is_erased_is_not_sent_after_the_wi
         ada.pk: "silenced",
         bob.pk: "sent",
     }
+
+
+def test_a_notice_error_recorded_after_its_attendee_was_erased_keeps_nothing_of_them(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
+):
+    """A call under way when the erasure commits ends with the provider's words, which may
+    quote the address: recorded after the erasure, they are scrubbed as the reminders' are."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.erasure import attendees_erase
+    from reminders.services.notices import notice_claim, notice_record
+    from workshops.models import Attendee
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    claim = notice_claim(ids=batch, channel="smtp", clock=clock)
+    [notice] = claim.notices
+    email = notice.attendee.email
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=notice.attendee_id),
+        reason="asked",
+        actor=django_user_model.objects.create_user("staff"),
+    )
+    said = f"SMTP 550 on RCPT TO: 5.1.1 <{email}>: mailbox unknown"
+    result = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.PERMANENT, message_id=None,
+        error=said, attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_failed": 1}
+    stored = Notice.objects.values_list("status_reason", "last_error").get()
+    assert not any(email.split("@")[0] in text for text in stored), stored
