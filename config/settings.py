@@ -483,8 +483,6 @@ REMINDERS_TASK_EVENTS = env_bool("REMINDERS_TASK_EVENTS", True)
 # only "Authorization: Bearer <METRICS_TOKEN>".
 METRICS_TOKEN = env_str("METRICS_TOKEN")
 _long_enough("METRICS_TOKEN", METRICS_TOKEN)
-# A worker's own series (provider calls, slack, limiter waits: reminders/worker/telemetry.py)
-# on this port, summed over its pool processes. Unset: off. One port per worker on a host.
 # How long the record of each dispatched batch (reminders.models.Dispatch, read by
 # manage.py reminder_trace and the admin's timeline) is kept; every scan deletes older ones.
 REMINDERS_DISPATCH_HISTORY_DAYS = env_int(
@@ -584,7 +582,13 @@ REMINDERS_NOTICE_SETTLE = env_int(
 REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = env_int(
     "REMINDERS_SOFT_BOUNCES_TO_SUPPRESS", 3, minimum=1, maximum=100
 )
-REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=1, maximum=65535)
+# A worker's own series (provider calls, slack, limiter waits: reminders/worker/telemetry.py)
+# on this port, summed over its pool processes. 0 or unset: off (a template's
+# ${REMINDERS_METRICS_PORT:-0} gives 0). One port per worker on a host.
+try:
+    REMINDERS_METRICS_PORT = env_int("REMINDERS_METRICS_PORT", 0, minimum=0, maximum=65535)
+except ImproperlyConfigured as _error:
+    raise ImproperlyConfigured(f"{_error} 0 or unset: no metrics port.") from None
 REMINDERS_METRICS_BIND = env_str("REMINDERS_METRICS_BIND", "127.0.0.1")
 CELERY_WORKER_SEND_TASK_EVENTS = REMINDERS_TASK_EVENTS
 CELERY_TASK_SEND_SENT_EVENT = REMINDERS_TASK_EVENTS

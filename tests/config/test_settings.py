@@ -10,7 +10,8 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(**env: str) -> subprocess.CompletedProcess:
+def _start(*, show: str = "", **env: str) -> subprocess.CompletedProcess:
+    """Set Django up under ``env``; with ``show``, print that setting's value."""
     base = {
         key: value
         for key, value in os.environ.items()
@@ -19,7 +20,12 @@ def _start(**env: str) -> subprocess.CompletedProcess:
     base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
     base.update(env)
     return subprocess.run(
-        [sys.executable, "-c", "import django; django.setup()"],
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup()"
+            + (f"; from django.conf import settings; print(repr(settings.{show}))" if show else ""),
+        ],
         cwd=ROOT,
         env=base,
         capture_output=True,
@@ -75,6 +81,11 @@ def _start(**env: str) -> subprocess.CompletedProcess:
             "hour), not 'lots'.",
         ),
         ({"REMINDERS_API_RATE": "0/minute"}, "REMINDERS_API_RATE must look like"),
+        (
+            {"REMINDERS_METRICS_PORT": "70000"},
+            "REMINDERS_METRICS_PORT must be a whole number from 0 to 65535; got 70000. "
+            "0 or unset: no metrics port.",
+        ),
     ],
 )
 def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
@@ -82,6 +93,15 @@ def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "", "9808"])
+def test_a_metrics_port_of_0_or_empty_is_off_as_a_template_default_gives_it(value):
+    """`REMINDERS_METRICS_PORT: ${REMINDERS_METRICS_PORT:-0}` in a deployment template starts a
+    worker without the port, as leaving it unset does (reminders.worker.telemetry: 0 is off)."""
+    started = _start(show="REMINDERS_METRICS_PORT", REMINDERS_METRICS_PORT=value)
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == (value or "0")
 
 
 SHORT = "0123456789abcdefghijklmnopqrstu"  # 31 characters
