@@ -346,12 +346,45 @@ REMINDERS_HTTP_ALLOW_INSECURE = env_bool("REMINDERS_HTTP_ALLOW_INSECURE", False)
 REMINDERS_HTTP_HEDGE_STAGGER = env_float(
     "REMINDERS_HTTP_HEDGE_STAGGER", 0.5, minimum=0, maximum=60, unit="seconds"
 )
+
+
+def _endpoint(url: str) -> tuple | None:
+    """Return what names ``url``'s endpoint, whatever the case of its scheme and host, its
+    default port and a trailing slash; None when it is no http(s) URL."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    try:
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:  # a port that is no number
+        return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    return (parts.scheme, parts.hostname, port, parts.path.rstrip("/"), parts.query)
+
+
+# Each hedge is another endpoint: one listed twice (or as REMINDERS_HTTP_URL) would be
+# posted every reminder twice.
+_endpoints = {_endpoint(REMINDERS_HTTP_URL): None} if REMINDERS_HTTP_URL else {}
 for _url in REMINDERS_HTTP_HEDGE_URLS:
-    if not _url.startswith(("http://", "https://")) or _url == REMINDERS_HTTP_URL:
+    _key = _endpoint(_url)
+    if _key is None:
         raise ImproperlyConfigured(
             "REMINDERS_HTTP_HEDGE_URLS must list http(s) URLs other than REMINDERS_HTTP_URL, "
             f"comma-separated; got {redact_url(_url)!r}."
         )
+    if _key in _endpoints:
+        _first = _endpoints[_key]
+        if _first is None:
+            _said = f"REMINDERS_HTTP_URL {redact_url(REMINDERS_HTTP_URL)!r}"
+            _todo = "List only the other endpoints in REMINDERS_HTTP_HEDGE_URLS."
+        else:
+            _said, _todo = f"{redact_url(_first)!r} twice", "List each endpoint once."
+        raise ImproperlyConfigured(
+            f"REMINDERS_HTTP_HEDGE_URLS lists {_said} (as {redact_url(_url)!r}): every reminder "
+            f"would be posted to that endpoint twice. {_todo}"
+        )
+    _endpoints[_key] = _url
 REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox")))
 # Where the cross-worker rate limiter keeps its window. Defaults to the broker
 # when that is Redis; with no Redis the limiter is per process.

@@ -104,6 +104,40 @@ def test_a_metrics_port_of_0_or_empty_is_off_as_a_template_default_gives_it(valu
     assert started.stdout.strip() == (value or "0")
 
 
+@pytest.mark.parametrize(
+    ("hedges", "said"),
+    [
+        (
+            "https://b.example/r,https://b.example/r",
+            "REMINDERS_HTTP_HEDGE_URLS lists 'https://b.example/r' twice "
+            "(as 'https://b.example/r'): every reminder would be posted to that endpoint twice. "
+            "List each endpoint once.",
+        ),
+        # The same endpoint, written another way: host case, the default port, a trailing slash.
+        (
+            "https://b.example/r,HTTPS://B.Example:443/r/",
+            "REMINDERS_HTTP_HEDGE_URLS lists 'https://b.example/r' twice "
+            "(as 'https://B.Example:443/r/')",
+        ),
+        (
+            "https://A.example/r/",
+            "REMINDERS_HTTP_HEDGE_URLS lists REMINDERS_HTTP_URL 'https://a.example/r' "
+            "(as 'https://A.example/r/'): every reminder would be posted to that endpoint twice. "
+            "List only the other endpoints in REMINDERS_HTTP_HEDGE_URLS.",
+        ),
+    ],
+    ids=["repeated", "repeated-written-otherwise", "the-primary-written-otherwise"],
+)
+def test_a_hedge_url_naming_an_endpoint_already_listed_is_refused(hedges, said):
+    refused = _start(REMINDERS_HTTP_URL="https://a.example/r", REMINDERS_HTTP_HEDGE_URLS=hedges)
+    assert refused.returncode != 0 and said in refused.stderr, refused.stderr[-600:]
+    other = _start(
+        REMINDERS_HTTP_URL="https://a.example/r",
+        REMINDERS_HTTP_HEDGE_URLS="https://b.example/r,https://c.example/r,https://b.example/r2",
+    )
+    assert other.returncode == 0, other.stderr
+
+
 SHORT = "0123456789abcdefghijklmnopqrstu"  # 31 characters
 
 
