@@ -389,7 +389,21 @@ REMINDERS_FILE_DIR = Path(env_str("REMINDERS_FILE_DIR", str(VAR_DIR / "outbox"))
 # Where the cross-worker rate limiter keeps its window. Defaults to the broker
 # when that is Redis; with no Redis the limiter is per process.
 REMINDERS_REDIS_URL = env_str("REMINDERS_REDIS_URL")
-if REMINDERS_REDIS_URL and not REMINDERS_REDIS_URL.startswith(("redis://", "rediss://")):
+
+
+def _redis_url(url: str) -> bool:
+    """Return whether ``url`` is a redis:// or rediss:// URL whose port, if any, is a number
+    (redis-py and kombu would say only "Port could not be cast to integer", at the first use)."""
+    from urllib.parse import urlsplit
+
+    try:
+        port = urlsplit(url).port
+    except ValueError:
+        return False
+    return url.startswith(("redis://", "rediss://")) and port != 0
+
+
+if REMINDERS_REDIS_URL and not _redis_url(REMINDERS_REDIS_URL):
     raise ImproperlyConfigured(
         "REMINDERS_REDIS_URL must be a redis:// or rediss:// URL such as "
         f"redis://redis:6379/1, or unset; got {redact_url(REMINDERS_REDIS_URL)!r}."
@@ -422,7 +436,7 @@ if CELERY_BROKER_URL.startswith("filesystem://"):
         "control_folder": str(_broker_dir / "control"),
         "store_processed": False,
     }
-elif CELERY_BROKER_URL.startswith(("redis://", "rediss://")):
+elif _redis_url(CELERY_BROKER_URL):
     CELERY_BROKER_TRANSPORT_OPTIONS = {
         # An acks-late message whose worker vanished is redelivered after this
         # long. It must outlast the longest batch (budget + time limits), else a

@@ -73,6 +73,13 @@ def _start(*, show: str = "", **env: str) -> subprocess.CompletedProcess:
             "REMINDERS_HTTP_URL must be set when REMINDERS_CHANNEL=http",
         ),
         ({"CELERY_BROKER_URL": "amqp://guest@localhost//"}, "CELERY_BROKER_URL must be redis://"),
+        # Accepted, these failed at the first connection with "Port could not be cast to
+        # integer value as 'abc'", naming no variable (every API request's cache call).
+        ({"CELERY_BROKER_URL": "redis://127.0.0.1:abc/0"}, "CELERY_BROKER_URL must be redis://"),
+        (
+            {"REMINDERS_REDIS_URL": "redis://127.0.0.1:abc/0"},
+            "REMINDERS_REDIS_URL must be a redis:// or rediss:// URL",
+        ),
         ({"DATABASE_URL": "oracle-ish://nope"}, "DATABASE_URL must be a database URL"),
         ({"REMINDERS_RATE_LIMIT": "-1"}, "REMINDERS_RATE_LIMIT must be a whole number"),
         (
