@@ -260,7 +260,7 @@ class HttpChannel:
             )
             return ""
         wait = parse_retry_after(retry_after, now=self._clock.now())
-        text = redact_text(f"HTTP {status} from {url}: {_error_text(answer)}")
+        text = f"HTTP {status} from {redact_url(url)}: {redact_text(_error_text(answer))}"
         if status == 429:
             raise RateLimitedError(text, wait)
         if status >= 500 or status in _TRANSIENT_STATUSES:

@@ -358,3 +358,19 @@ def test_an_acceptance_without_a_message_id_is_still_sent_and_logged(
             [result] = run(deliver([envelope], channel, policy=QUICK, clock=system_clock))
     assert (result.outcome, result.attempts, result.message_id) == (Outcome.SENT, 1, None)
     assert f"accepted reminder {envelope.reminder_id} without a message_id" in caplog.text
+
+
+def test_a_refusal_names_the_endpoint_without_a_password_that_holds_a_quote(
+    http_sink, system_clock, make_real_envelope
+):
+    """A quote is allowed in a URL's user info and query; the error still masks them whole."""
+    envelope = make_real_envelope()
+    http_sink.script(envelope.key, 422)
+    url = http_sink.url.replace("://", "://ops:Pw'9876@", 1) + "?token=Tk'1234"
+    channel = HttpChannel(HttpSettings(url=url, secret="test-secret"), clock=system_clock)
+
+    [result] = run(deliver([envelope], channel, policy=QUICK, clock=system_clock))
+
+    assert result.outcome is Outcome.PERMANENT
+    assert "9876" not in result.error and "1234" not in result.error, result.error
+    assert result.error.endswith(": scripted 422")
