@@ -43,6 +43,8 @@ TIMESTAMP_HEADER = "X-Reminders-Timestamp"
 USER_AGENT = "workshop-reminders-delivery/1"
 _TRANSIENT_STATUSES = frozenset({408, 409, 425})
 _MAX_ERROR_TEXT = 300
+#: The most of an answer's body read: a message id or a reason is far shorter.
+_MAX_ANSWER_BYTES = 64 * 1024
 _MAX_CONNECTIONS = 100
 
 
@@ -166,6 +168,17 @@ def _json_string(body: bytes | str, name: str) -> str | None:
     return value if isinstance(value, str) else None
 
 
+async def _read_answer(response: aiohttp.ClientResponse) -> bytes:
+    """Return the body, or its first ``_MAX_ANSWER_BYTES`` (the rest is never read)."""
+    answer = bytearray()
+    while len(answer) < _MAX_ANSWER_BYTES:
+        chunk = await response.content.read(_MAX_ANSWER_BYTES - len(answer))
+        if not chunk:
+            break
+        answer += chunk
+    return bytes(answer)
+
+
 def _error_text(body: bytes) -> str:
     text = body.decode("utf-8", errors="replace")
     error = _json_string(text, "error")
@@ -234,7 +247,7 @@ class HttpChannel:
             async with self._session.post(
                 url, data=body, headers=headers, allow_redirects=False
             ) as response:
-                status, answer = response.status, await response.read()
+                status, answer = response.status, await _read_answer(response)
                 retry_after = response.headers.get("Retry-After")
         except (aiohttp.ClientConnectorError, aiohttp.ConnectionTimeoutError) as exc:
             # Never connected: nothing was sent.
