@@ -45,6 +45,8 @@ _TRANSIENT_STATUSES = frozenset({408, 409, 425})
 _MAX_ERROR_TEXT = 300
 #: The most of an answer's body read: a message id or a reason is far shorter.
 _MAX_ANSWER_BYTES = 64 * 1024
+#: The longest wait a Retry-After is taken for; longer ones outlast any deadline.
+_MAX_RETRY_AFTER = 366 * 24 * 3600.0
 _MAX_CONNECTIONS = 100
 
 
@@ -139,7 +141,10 @@ def signed_headers(*, secret: str, key: str, body: bytes, timestamp: str) -> dic
 
 
 def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
-    """Return the seconds a ``Retry-After`` value (seconds or HTTP date) asks for."""
+    """Return the seconds a ``Retry-After`` value (seconds or HTTP date) asks for.
+
+    At most ``_MAX_RETRY_AFTER``: a wait of centuries would overflow the deadline arithmetic.
+    """
     if not value:
         return None
     value = value.strip()
@@ -155,7 +160,7 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
         seconds = (moment - now).total_seconds()
     if not math.isfinite(seconds):
         return None
-    return max(seconds, 0.0)
+    return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
 
 
 def _json_string(body: bytes | str, name: str) -> str | None:

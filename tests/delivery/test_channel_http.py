@@ -426,3 +426,20 @@ def test_an_answer_whose_body_never_ends_is_read_only_as_far_as_its_reason(
         [result] = run(deliver([make_real_envelope()], channel, policy=policy, clock=system_clock))
     assert (result.outcome, result.maybe_delivered) == (Outcome.PERMANENT, False), result.error
     assert result.error.startswith(f"HTTP 422 from {url}: xxx")
+
+
+@pytest.mark.parametrize("status", [429, 503])
+def test_a_retry_after_past_any_deadline_ends_the_reminder_as_not_retried(
+    http_sink, system_clock, make_real_envelope, status
+):
+    """Retry-After: 1e+12 (32,000 years): the next try would come after the deadline."""
+    envelope = make_real_envelope()
+    http_sink.configure(retry_after=1e12)
+    http_sink.script(envelope.key, status)
+
+    [result] = run(
+        deliver([envelope], channel_for(http_sink, system_clock), policy=QUICK, clock=system_clock)
+    )
+
+    assert (result.outcome, result.attempts) == (Outcome.TRANSIENT, 1), result.error
+    assert "would start at or after the deadline" in result.error
