@@ -529,7 +529,13 @@ class SmtpChannel:
         try:
             await connection.data(data)
         except aiosmtplib.SMTPResponseException as exc:
-            raise _from_reply(exc.code, exc.message, "DATA") from exc
+            if 400 <= exc.code < 600:
+                raise _from_reply(exc.code, exc.message, "DATA") from exc
+            # Not a refusal (a 354, a line that is no reply): perhaps the message's answer.
+            raise OutcomeUnknownError(
+                f"SMTP {exc.code} on DATA, neither success nor refusal: {exc.message.strip()}; "
+                "the server may have accepted the message"
+            ) from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise self._failed_during_data(exc) from exc
 

@@ -783,10 +783,12 @@ def test_a_reply_after_the_354_that_nobody_asked_for_is_not_taken_as_the_message
     assert len(server.bodies) == 2  # the one refused with 451, then the one accepted
 
 
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+@pytest.mark.parametrize("reply", ["354 what now", "hello there"], ids=["a-354", "not-a-reply"])
 def test_a_final_reply_that_is_neither_success_nor_refusal_leaves_the_outcome_unknown(
-    system_clock, make_real_envelope
+    system_clock, make_real_envelope, pipelining, reply
 ):
-    with _ScriptedServer({"END": ["354 what now"]}) as server:
+    with _ScriptedServer({"END": [reply]}, pipelining=(pipelining,)) as server:
         result = _one_through(server, system_clock, make_real_envelope())
     assert result.maybe_delivered, result
     assert result.outcome is not Outcome.SENT and result.outcome is not Outcome.PERMANENT
