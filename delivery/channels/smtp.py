@@ -399,7 +399,10 @@ class SmtpChannel:
             reusable = True
         except (aiosmtplib.SMTPException, OSError) as exc:
             # Before DATA (``_data`` translates its own errors): not accepted.
-            if isinstance(exc, aiosmtplib.SMTPResponseException):
+            if (
+                isinstance(exc, aiosmtplib.SMTPResponseException)
+                and exc.code != aiosmtplib.SMTPStatus.invalid_response  # a line that is no reply
+            ):
                 # End the refused transaction; the connection is reused if RSET goes through.
                 with contextlib.suppress(aiosmtplib.SMTPException, OSError):
                     await connection.rset()

@@ -737,6 +737,20 @@ def test_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
     assert len(server.bodies) == 1
 
 
+@pytest.mark.parametrize(
+    "reply",
+    ["hello there", "\r\n".join(["250-" + "x" * 996] * 40) + "\r\n250 ok"],
+    ids=["not-a-reply", "longer-than-any-reply"],
+)
+def test_without_pipelining_a_reply_that_is_not_smtp_fails_before_the_message_and_is_retried(
+    system_clock, make_real_envelope, reply
+):
+    with _ScriptedServer({"MAIL": [reply]}, pipelining=(False,)) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert len(server.bodies) == 1
+
+
 def test_a_reply_the_server_sent_unasked_on_an_idle_connection_is_not_paired_with_a_command(
     system_clock, make_real_envelope
 ):
