@@ -105,6 +105,14 @@ def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentEr
     return PermanentError(message)
 
 
+def _neither_reply(code: int, text: str) -> OutcomeUnknownError:
+    """A reply in DATA that is neither success nor refusal: perhaps the message's answer."""
+    return OutcomeUnknownError(
+        f"SMTP {code} on DATA, neither success nor refusal: {text.strip()}; "
+        "the server may have accepted the message"
+    )
+
+
 # RFC 5321 4.5.2: dot-stuffing.
 _LEADING_PERIOD = re.compile(rb"(?m)^\.")
 # Longer than any real SMTP reply, all its lines together.
@@ -534,11 +542,7 @@ class SmtpChannel:
         except aiosmtplib.SMTPResponseException as exc:
             if 400 <= exc.code < 600:
                 raise _from_reply(exc.code, exc.message, "DATA") from exc
-            # Not a refusal (a 354, a line that is no reply): perhaps the message's answer.
-            raise OutcomeUnknownError(
-                f"SMTP {exc.code} on DATA, neither success nor refusal: {exc.message.strip()}; "
-                "the server may have accepted the message"
-            ) from exc
+            raise _neither_reply(exc.code, exc.message) from exc  # a 354, a line that is no reply
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise self._failed_during_data(exc) from exc
 
@@ -563,6 +567,8 @@ def translate_smtplib_error(exc: BaseException) -> BaseException:
     if isinstance(exc, smtplib.SMTPRecipientsRefused):
         for code, text in exc.recipients.values():
             return _from_reply(code, _text(text), "RCPT TO")
+    if isinstance(exc, smtplib.SMTPDataError) and not 400 <= exc.smtp_code < 600:
+        return _neither_reply(exc.smtp_code, _text(exc.smtp_error))
     if isinstance(exc, smtplib.SMTPResponseException):
         command = "DATA" if isinstance(exc, smtplib.SMTPDataError) else "MAIL FROM"
         return _from_reply(exc.smtp_code, _text(exc.smtp_error), command)

@@ -1045,8 +1045,25 @@ def _smtplib_error(port: int, login: tuple[str, str] | None = None) -> Exception
         ),
         ({"replies": {"END": ["554 5.7.1 spam"]}}, PermanentError, "SMTP 554 on DATA: 5.7.1 spam"),
         ({"replies": {"END": ["CLOSE"]}}, OutcomeUnknownError, "SMTP connection lost: "),
+        (
+            {"replies": {"END": ["354 what now"]}},
+            OutcomeUnknownError,
+            "SMTP 354 on DATA, neither success nor refusal: what now",
+        ),
+        (
+            {"replies": {"END": ["hello there"]}},
+            OutcomeUnknownError,
+            "SMTP -1 on DATA, neither success nor refusal: ",
+        ),
     ],
-    ids=["greeting-refused", "sender-refused", "message-refused", "lost-after-the-message"],
+    ids=[
+        "greeting-refused",
+        "sender-refused",
+        "message-refused",
+        "lost-after-the-message",
+        "a-354-after-the-message",
+        "not-a-reply-after-the-message",
+    ],
 )
 def test_smtplib_errors_map_to_the_delivery_error_of_their_phase(script, error, text):
     with _ScriptedServer(script.pop("replies", {}), **script) as server:
