@@ -23,7 +23,6 @@ import random as _random
 import re
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Protocol
 
 from clock import Clock
@@ -315,7 +314,7 @@ class _Batch:
                 delay = self._policy.backoff(
                     tries, draw=self._random(), retry_after=failure.retry_after
                 )
-                if self._clock.now() + timedelta(seconds=delay) >= envelope.stop_at:
+                if delay >= self._seconds_left(envelope):  # in seconds: no date overflows
                     progress.finish(
                         failure.outcome,
                         f"{failure.error}; not retried: the next try (in {delay:.3g}s) would "

@@ -175,6 +175,8 @@ def _json_string(body: bytes | str, name: str) -> str | None:
 
 async def _read_answer(response: aiohttp.ClientResponse) -> bytes:
     """Return the body, or its first ``_MAX_ANSWER_BYTES`` (the rest is never read)."""
+    if response.content_length is not None and response.content_length <= _MAX_ANSWER_BYTES:
+        return await response.read()  # the usual answer: one read, as before the bound
     answer = bytearray()
     while len(answer) < _MAX_ANSWER_BYTES:
         chunk = await response.content.read(_MAX_ANSWER_BYTES - len(answer))

@@ -168,6 +168,21 @@ def test_no_retry_starts_at_or_after_the_deadline(fake_clock, make_envelope):
     assert len(channel.calls) == 1
 
 
+def test_a_retry_after_past_the_calendar_ends_the_envelope_not_the_engine(
+    fake_clock, make_envelope
+):
+    """Any channel's wait of centuries (a provider's Retry-After) is past the deadline; adding
+    it to a date overflowed, and the envelope ended PERMANENT as an engine error."""
+    channel = MemoryChannel(clock=fake_clock)
+    envelope = make_envelope()
+    channel.fail(envelope.key, TransientError("greylisted", retry_after=1e12))
+
+    [result] = run(deliver([envelope], channel, policy=FAST, clock=fake_clock))
+
+    assert result.outcome is Outcome.TRANSIENT, result.error
+    assert "would start at or after the deadline" in result.error
+
+
 def test_a_deadline_passing_while_waiting_for_a_slot_expires_the_envelope(
     fake_clock, make_envelope
 ):
