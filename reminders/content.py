@@ -266,6 +266,11 @@ def _join_url(value: str) -> str:
     return ""
 
 
+# Where a long line may break: whitespace, but not a no-break space (U+00A0, U+2007, U+202F),
+# which holds "10 km" together and keeps French "!" and ":" off the start of a line.
+_BREAK = re.compile(r"[^\S\u00a0\u2007\u202f]+")
+
+
 def wrap_text(text: str) -> str:
     """Wrap each line at TEXT_WIDTH, never inside a word: a long link keeps a line of its own."""
     wrapped = []
@@ -275,7 +280,7 @@ def wrap_text(text: str) -> str:
             continue
         # Greedy, word by word: textwrap is too slow per reminder.
         current = ""
-        for word in line.split():
+        for word in filter(None, _BREAK.split(line)):
             if not current:
                 current = word
             elif len(current) + 1 + len(word) <= TEXT_WIDTH:

@@ -112,6 +112,23 @@ def test_a_line_of_spaces_past_the_width_still_parts_two_paragraphs():
     assert wrap_text("Hello\n" + " " * 80 + "\nBye\n") == "Hello\n\nBye\n"
 
 
+def test_a_long_line_breaks_at_spaces_and_never_at_a_no_break_space():
+    """Staff texts in French carry no-break spaces ("10 km", "sport !"): the text part keeps
+    them, and a line is never broken there."""
+    from reminders.content import wrap_text
+
+    line = (
+        "Apportez vos chaussures de sport et une bouteille d’eau, la salle est à 10\u00a0km\u00a0!"
+    )
+    assert wrap_text(line + "\n") == (
+        "Apportez vos chaussures de sport et une bouteille d’eau, la salle est à\n"
+        "10\u00a0km\u00a0!\n"
+    )
+    assert wrap_text("x" * 66 + " Mme\u202fDupont\u2007et\tses amis") == (
+        "x" * 66 + "\nMme\u202fDupont\u2007et ses amis"
+    )
+
+
 def test_a_workshop_without_details_shows_none_of_their_lines(reminder):
     text = reminder_envelope(reminder=reminder).text_body
     assert "Where:" not in text and "Join:" not in text and "Organiser:" not in text
