@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import UTC
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 
 
 class ViewOnlyMixin:
@@ -18,6 +19,16 @@ class ViewOnlyMixin:
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
+
+
+class NulFreeListMixin:
+    """A list whose filter values hold NUL, which PostgreSQL text cannot: Django's answer to a
+    filter it cannot apply (back to the whole list), not a 500 on the SQL."""
+
+    def get_changelist_instance(self, request):
+        if any("\x00" in key + "".join(values) for key, values in request.GET.lists()):
+            raise IncorrectLookupParameters("A filter value holds a NUL character.")
+        return super().get_changelist_instance(request)
 
 
 class KeepEnrolledMixin:

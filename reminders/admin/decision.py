@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
-from reminders.admin.columns import ViewOnlyMixin, plural, utc_column
+from reminders.admin.columns import NulFreeListMixin, ViewOnlyMixin, plural, utc_column
 from reminders.models import Reminder, StaffDecision
 from reminders.selectors import SKIP_REASONS
 from workshops.models import Attendee, Enrollment, Workshop
@@ -45,7 +45,7 @@ DECISION_SKIPS = {
 
 
 @admin.register(StaffDecision)
-class StaffDecisionAdmin(ViewOnlyMixin, admin.ModelAdmin):
+class StaffDecisionAdmin(NulFreeListMixin, ViewOnlyMixin, admin.ModelAdmin):
     list_display = (
         "created_at_utc", "action", "state", "actor_name", "selected", "progress", "changed",
         "queued", "reason",

@@ -14,7 +14,13 @@ from django.utils.http import urlencode
 
 from clock import default_clock
 from reminders.admin.actions import StaffActionsMixin, resolve_effects, resolve_message
-from reminders.admin.columns import ViewOnlyMixin, format_local, format_utc, utc_column
+from reminders.admin.columns import (
+    NulFreeListMixin,
+    ViewOnlyMixin,
+    format_local,
+    format_utc,
+    utc_column,
+)
 from reminders.admin.forms import ResolveUnknownForm
 from reminders.content import language_name, reminder_envelope
 from reminders.models import DeliveryAttempt, Reminder
@@ -94,7 +100,7 @@ class DeliveryFilter(admin.SimpleListFilter):
 
 
 @admin.register(Reminder)
-class ReminderAdmin(ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
+class ReminderAdmin(NulFreeListMixin, ViewOnlyMixin, StaffActionsMixin, admin.ModelAdmin):
     list_display = (
         "attendee_email",
         "workshop_title",

@@ -124,3 +124,16 @@ def test_status_cannot_be_edited_added_or_deleted_even_by_a_superuser(
     assert Reminder.objects.get(pk=reminder_id).status == "failed"
     actions = client.get(CHANGELIST).context["action_form"].fields["action"].choices
     assert [name for name, _ in actions] == ["", "replay_selected", "resolve_unknown"]
+
+
+@pytest.mark.parametrize(
+    "query",
+    ["status__exact=%00", "channel=sm%00tp", "delivery=none&status__exact=sent%00", "id__in=1,%00"],
+)
+def test_a_nul_in_a_filter_value_is_an_invalid_filter_not_a_500(
+    make_reminders, login, viewer, query
+):
+    """PostgreSQL refuses NUL in text: the list answers as to any filter it cannot apply."""
+    make_reminders(1, "failed")
+    response = login(viewer).get(f"{CHANGELIST}?{query}")
+    assert (response.status_code, response["Location"]) == (302, f"{CHANGELIST}?e=1")
