@@ -71,6 +71,14 @@ def trace_lines(reminder: Reminder) -> list[str]:
         events.append((report.occurred_at, detail))
     for notice in Notice.objects.filter(reminder=reminder).order_by("number", "pk"):
         events.extend(_notice_events(notice))
+    if reminder.unsubscribed_at is not None:
+        events.append(
+            (
+                reminder.unsubscribed_at,
+                "the attendee unsubscribed from this workshop's messages (one-click "
+                "unsubscribe): no change notice follows",
+            )
+        )
     named = (
         ("reminder_ids", reminder.pk),
         ("workshop_ids", reminder.workshop_id),

@@ -115,3 +115,26 @@ def test_the_reminder_page_shows_the_same_timeline(admin_client, clock, due_remi
     assert len(lines) == 4  # planned, claimed, outcome, now
     for line in lines:
         assert escape(line) in html
+
+
+def test_the_attendees_unsubscribe_is_a_line_of_the_trace_in_its_place(
+    clock, due_reminders, settings
+):
+    """Why no change notice follows is in the timeline, as the attendee's own cancel is."""
+    from reminders.services.attendance import reminder_unsubscribe
+
+    (pk,) = due_reminders(1)
+    claim = reminder_claim_batch(ids=[pk], channel="http", worker="w1@host", clock=clock)
+    sent = _transient(claim.reminders[0], outcome=Outcome.SENT, error="")
+    reminder_record_batch(claim=claim, results=[sent], clock=clock)
+    clock.advance(600)
+    assert reminder_unsubscribe(reminder=Reminder.objects.get(pk=pk), clock=clock)
+
+    lines = _trace(str(pk))
+    [line] = [line for line in lines if "unsubscribed" in line]
+    assert line.startswith(f"{clock.now():%Y-%m-%d %H:%M:%S} UTC  ")
+    assert line.split("  ", 2)[2] == (
+        "the attendee unsubscribed from this workshop's messages (one-click unsubscribe): "
+        "no change notice follows"
+    )
+    assert lines.index(line) == len(lines) - 2  # after the send, before the state now

@@ -10,7 +10,8 @@ class Command(BaseCommand):
     help = (
         "Print the timeline of one reminder, given its id or its key (e.g. rem-w12-a34): when "
         "it was planned, each claim and its outcome, the reaper's decisions, staff replays and "
-        "resolutions, and its state now; times in UTC and in the workshop's zone."
+        "resolutions, the attendee's unsubscribe, and its state now; times in UTC and in the "
+        "workshop's zone."
     )
 
     def add_arguments(self, parser):
