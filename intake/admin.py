@@ -17,6 +17,7 @@ from intake.imports import ImportForm, export_rows, import_preview
 from intake.models import ApiToken, ApiWrite, CsvTransfer, Integration
 from intake.services import EnrolmentIn, Refused, enrolments_upsert
 from intake.tokens import token_create, token_revoke
+from reminders.admin.columns import NulFreeListMixin
 from workshops.models import Workshop
 
 
@@ -40,7 +41,7 @@ class TokenForm(forms.ModelForm):
 
 
 @admin.register(ApiToken)
-class ApiTokenAdmin(admin.ModelAdmin):
+class ApiTokenAdmin(NulFreeListMixin, admin.ModelAdmin):
     list_display = (
         "__str__",
         "scope_list",
@@ -128,7 +129,7 @@ class ApiTokenAdmin(admin.ModelAdmin):
 
 
 @admin.register(Integration)
-class IntegrationAdmin(admin.ModelAdmin):
+class IntegrationAdmin(NulFreeListMixin, admin.ModelAdmin):
     list_display = ("name", "created_at")
     search_fields = ("name",)
 
@@ -137,7 +138,7 @@ class IntegrationAdmin(admin.ModelAdmin):
 
 
 @admin.register(ApiWrite)
-class ApiWriteAdmin(admin.ModelAdmin):
+class ApiWriteAdmin(NulFreeListMixin, admin.ModelAdmin):
     list_display = ("created_at", "token_label", "method", "path", "status")
     list_filter = ("token__integration", "method")
     readonly_fields = ("token", "token_label", "created_at", "method", "path", "status", "summary")
@@ -153,7 +154,7 @@ class ApiWriteAdmin(admin.ModelAdmin):
 
 
 @admin.register(CsvTransfer)
-class CsvTransferAdmin(admin.ModelAdmin):
+class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
     """The audit of CSV imports and exports, and the two views that make them."""
 
     list_display = ("created_at", "kind", "workshop", "actor_name", "rows", "created", "unchanged")

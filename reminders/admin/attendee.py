@@ -8,7 +8,7 @@ from django.contrib import admin
 from django.db.models import Count, Q
 
 from reminders.admin.actions import StaffActionsMixin
-from reminders.admin.columns import KeepEnrolledMixin, utc_column
+from reminders.admin.columns import KeepEnrolledMixin, NulFreeListMixin, utc_column
 from reminders.admin.forms import AttendeeForm
 from reminders.services.erasure import (
     ERASURE_EFFECT_LABELS,
@@ -19,7 +19,7 @@ from workshops.models import Attendee, Enrollment
 
 
 @admin.register(Attendee)
-class AttendeeAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
+class AttendeeAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = AttendeeForm
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
     list_filter = ("timezone",)

@@ -9,7 +9,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 
 from reminders.admin.actions import StaffActionsMixin
-from reminders.admin.columns import copy_saved, format_local, utc_column
+from reminders.admin.columns import NulFreeListMixin, copy_saved, format_local, utc_column
 from reminders.admin.forms import EnrollmentForm
 from reminders.services.enrollment_decisions import enrollment_cancel_preview, enrollments_cancel
 from reminders.services.workshop_decisions import EFFECT_LABELS
@@ -18,7 +18,7 @@ from workshops.services import enrollment_create
 
 
 @admin.register(Enrollment)
-class EnrollmentAdmin(StaffActionsMixin, admin.ModelAdmin):
+class EnrollmentAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
     form = EnrollmentForm
     actions = ["cancel_selected"]
     list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at_utc")

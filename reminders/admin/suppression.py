@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import admin, messages
 
 from reminders.admin.actions import StaffActionsMixin, confirmed_form
-from reminders.admin.columns import plural, utc_column
+from reminders.admin.columns import NulFreeListMixin, plural, utc_column
 from reminders.admin.forms import ReasonForm
 from reminders.models import Suppression
 from reminders.selectors import SelectionPreview
@@ -26,7 +26,7 @@ class LiveFilter(admin.SimpleListFilter):
 
 
 @admin.register(Suppression)
-class SuppressionAdmin(StaffActionsMixin, admin.ModelAdmin):
+class SuppressionAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
     list_display = ("__str__", "cause", "caused_at_utc", "created_at_utc", "lifted_at_utc")
     list_filter = ("cause", LiveFilter)
     search_fields = ("address",)

@@ -23,6 +23,7 @@ from clock import default_clock
 from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import (
     KeepEnrolledMixin,
+    NulFreeListMixin,
     copy_saved,
     format_local,
     kept_text,
@@ -103,7 +104,7 @@ def html_table(table_id: str, headers: tuple[str, ...], rows) -> str:
 
 
 @admin.register(Workshop)
-class WorkshopAdmin(KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
+class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = WorkshopForm
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "silence_selected", "replay_for_selected"]

@@ -177,3 +177,27 @@ def test_changelist_search_filters_and_dates(site, query, year, status, order):
             {"q": query, "starts_at__year": year, "status": status, "o": order},
             method="get",
         )
+
+
+@pytest.mark.django_db
+def test_no_list_answers_a_nul_in_a_filter_value_with_a_500(admin_client):
+    """PostgreSQL refuses NUL in text: every list of ours, on each of its filters, answers as
+    to a filter it cannot apply (back to the whole list), not with a DataError."""
+    from django.contrib import admin
+    from django.urls import reverse
+
+    failed = []
+    for model, model_admin in admin.site._registry.items():
+        if model._meta.app_label not in ("workshops", "reminders", "intake"):
+            continue
+        url = reverse(f"admin:{model._meta.app_label}_{model._meta.model_name}_changelist")
+        for entry in model_admin.list_filter:
+            name = entry if isinstance(entry, str) else getattr(entry, "parameter_name", None)
+            if isinstance(entry, tuple):
+                name = entry[0]
+            if not name:
+                continue
+            response = admin_client.get(f"{url}?{name}=%00")
+            if response.status_code not in (200, 302):
+                failed.append(f"{url}?{name}=%00: {response.status_code}")
+    assert failed == []
