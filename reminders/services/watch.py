@@ -20,22 +20,11 @@ WATCH_INTERVAL = 0.25
 logger = logging.getLogger(__name__)
 
 
-class ClaimWatch:
-    """Re-read a claim's rows between engine turns, and tell the engine's gate what changed.
+class _Watch:
+    """Re-read a claim's rows between engine turns; publish to ``gate`` what is withdrawn."""
 
-    An envelope is withdrawn once its reminder is not ``sending`` under this claim, its
-    workshop or enrollment is off, or what it shows moved.
-    """
-
-    def __init__(self, *, token, reminders, clock: Clock) -> None:
+    def __init__(self, *, token, clock: Clock) -> None:
         self._token = token
-        # What each claimed reminder's message showed of its workshop, once per workshop.
-        self._workshop_of = {reminder.pk: reminder.workshop_id for reminder in reminders}
-        self._shown = {}
-        for reminder in reminders:
-            if reminder.workshop_id not in self._shown:
-                workshop = reminder.workshop
-                self._shown[workshop.pk] = tuple(getattr(workshop, name) for name in _SHOWN)
         self._clock = clock
         self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
@@ -47,15 +36,39 @@ class ClaimWatch:
         """Read the rows once and publish withdrawals; a database error leaves the gate stale."""
         taken_at = self._clock.monotonic()
         try:
-            unchanged = self._unchanged()
-            changed = [pk for pk in self._workshop_of if pk not in unchanged]
-            withdrawn = self._reasons(changed) if changed else {}
+            withdrawn = self._withdrawn()
         except (OperationalError, InterfaceError) as exc:
             # No fresh snapshot: calls wait for one rather than guess.
-            logger.warning("Claim watch could not read the database: %s", exc)
+            logger.warning("%s could not read the database: %s", type(self).__name__, exc)
             connection.close()
             return
         self.gate.publish(withdrawn, taken_at=taken_at)
+
+    def _withdrawn(self) -> dict[int, str]:
+        raise NotImplementedError
+
+
+class ClaimWatch(_Watch):
+    """Re-read a claim's rows between engine turns, and tell the engine's gate what changed.
+
+    An envelope is withdrawn once its reminder is not ``sending`` under this claim, its
+    workshop or enrollment is off, or what it shows moved.
+    """
+
+    def __init__(self, *, token, reminders, clock: Clock) -> None:
+        super().__init__(token=token, clock=clock)
+        # What each claimed reminder's message showed of its workshop, once per workshop.
+        self._workshop_of = {reminder.pk: reminder.workshop_id for reminder in reminders}
+        self._shown = {}
+        for reminder in reminders:
+            if reminder.workshop_id not in self._shown:
+                workshop = reminder.workshop
+                self._shown[workshop.pk] = tuple(getattr(workshop, name) for name in _SHOWN)
+
+    def _withdrawn(self) -> dict[int, str]:
+        unchanged = self._unchanged()
+        changed = [pk for pk in self._workshop_of if pk not in unchanged]
+        return self._reasons(changed) if changed else {}
 
     def _unchanged(self) -> set[int]:
         """Return the ids still ``sending`` under this claim, live and as rendered."""
@@ -111,40 +124,25 @@ class ClaimWatch:
         return withdrawn
 
 
-class NoticeWatch:
-    """Re-read a notice claim's rows between engine turns: withdraw those whose attendee was
-    erased (they asked to hear nothing more). A change of the workshop withdraws none: the
-    next revision's notice follows (docs/faults.md S11)."""
+class NoticeWatch(_Watch):
+    """Withdraw the notices of a claim whose attendee was erased (they asked to hear nothing
+    more). A change of the workshop withdraws none: the next revision's notice follows
+    (docs/faults.md S11)."""
 
     def __init__(self, *, token, notices, clock: Clock) -> None:
-        self._token = token
+        super().__init__(token=token, clock=clock)
         self._ids = [notice.pk for notice in notices]
-        self._clock = clock
-        self.gate = Gate(max_age=REVOCATION_WINDOW, clock=clock)
 
-    def seed(self, read_at: float) -> None:
-        """Take the claim, its read begun at ``read_at`` (monotonic), as the first snapshot."""
-        self.gate.publish({}, taken_at=read_at)
-
-    def refresh(self) -> None:
-        """Read the rows once and publish withdrawals; a database error leaves the gate stale."""
-        taken_at = self._clock.monotonic()
-        try:
-            rows = Notice.objects.filter(pk__in=self._ids).values_list(
-                "pk", "claim_token", "attendee__erased_at"
-            )
-            withdrawn = {
-                pk: "the claim was lost (lease expired)"
-                if token != self._token
-                else "the attendee was erased"
-                for pk, token, erased_at in rows
-                if token != self._token or erased_at is not None
-            }
-        except (OperationalError, InterfaceError) as exc:
-            logger.warning("Notice claim watch could not read the database: %s", exc)
-            connection.close()
-            return
-        self.gate.publish(withdrawn, taken_at=taken_at)
+    def _withdrawn(self) -> dict[int, str]:
+        rows = Notice.objects.filter(pk__in=self._ids).values_list(
+            "pk", "claim_token", "attendee__erased_at"
+        )
+        lost = "the claim was lost (lease expired)"
+        return {
+            pk: "the attendee was erased" if token == self._token else lost
+            for pk, token, erased_at in rows
+            if token != self._token or erased_at is not None
+        }
 
 
 # What a message shows of its workshop, with the PostgreSQL types: a change to any of it
