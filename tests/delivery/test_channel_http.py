@@ -377,42 +377,25 @@ def test_a_refusal_names_the_endpoint_without_a_password_that_holds_a_quote(
     assert result.error.endswith(": scripted 422")
 
 
-class _EndlessAnswer:
+class _EndlessAnswer(_OneAnswer):
     """A raw HTTP server on loopback answering with ``status`` and a body that never ends."""
 
     def __init__(self, status: str) -> None:
-        self.status = status
-        self._thread = LoopThread("endless-http")
+        super().__init__(
+            f"HTTP/1.1 {status}\r\nContent-Type: text/plain\r\n"
+            "Transfer-Encoding: chunked\r\n\r\n".encode()
+        )
 
     async def _serve(self, reader, writer) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
         length = re.search(rb"(?i)content-length: *(\d+)", head)
         await reader.readexactly(int(length.group(1)))
-        writer.write(
-            f"HTTP/1.1 {self.status}\r\nContent-Type: text/plain\r\n"
-            "Transfer-Encoding: chunked\r\n\r\n".encode()
-        )
+        writer.write(self.answer)
         chunk = b"x" * 65536
         with contextlib.suppress(OSError):
             while True:
                 writer.write(b"%x\r\n%s\r\n" % (len(chunk), chunk))
                 await writer.drain()
-
-    def __enter__(self) -> str:
-        self._thread.start()
-
-        async def listen():
-            return await asyncio.start_server(self._serve, "127.0.0.1", 0)
-
-        self._server = self._thread.run(listen)
-        return f"http://127.0.0.1:{self._server.sockets[0].getsockname()[1]}/r"
-
-    def __exit__(self, *exc_info) -> None:
-        async def close():
-            self._server.close()
-
-        self._thread.run(close)
-        self._thread.stop()
 
 
 def test_an_answer_whose_body_never_ends_is_read_only_as_far_as_its_reason(
