@@ -674,8 +674,12 @@ def _ics_text(value: str) -> str:
 
 
 def _ics_cn(value: str) -> str:
-    """Return a name as a quoted CN parameter (RFC 5545, 3.2): no quotes, one line; '' if blank."""
+    """Return a name as a quoted CN parameter (RFC 5545, 3.2): no quotes, one line; '' if blank.
+
+    A caret is doubled (RFC 6868): calendars that read ^n and ^' as escapes read it back as is.
+    """
     text = _ICS_CONTROLS.sub("", _ICS_BREAKS.sub(" ", value)).replace('"', "'").strip()
+    text = text.replace("^", "^^")
     return f';CN="{text}"' if text else ""
 
 

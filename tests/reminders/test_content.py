@@ -166,3 +166,17 @@ def test_the_list_id_and_message_domain_come_from_the_sender_however_it_is_writt
     assert reminder_envelope(reminder=reminder).list_id == (
         "Workshop reminders <reminders.example.org>"
     )
+
+
+@pytest.mark.parametrize(
+    "name, parameter",
+    [
+        ("Ana ^n Lee", ';CN="Ana ^^n Lee"'),  # RFC 6868: a calendar reads ^n as a line break
+        ('Bo "QA"', ";CN=\"Bo 'QA'\""),
+        ("  ", ""),
+    ],
+)
+def test_a_name_in_a_calendar_parameter_reads_back_as_written(name, parameter):
+    from reminders.content import _ics_cn
+
+    assert _ics_cn(name) == parameter
