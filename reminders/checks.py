@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from django.conf import settings
 from django.core.checks import Error, register
 
 from clock import default_clock
@@ -10,16 +9,9 @@ from clock import default_clock
 
 @register()
 def check_delivery_channel(app_configs, **kwargs):
-    from reminders.worker.bridge import check_channel
+    from reminders.worker.bridge import channel_problem
 
-    try:
-        check_channel(settings.REMINDERS_CHANNEL, clock=default_clock())
-    except (ValueError, TypeError) as exc:
-        return [
-            Error(
-                f"REMINDERS_CHANNEL={settings.REMINDERS_CHANNEL} cannot be built: {exc}",
-                hint="Fix the setting named in the message (see README, Configuration).",
-                id="reminders.E001",
-            )
-        ]
+    if problem := channel_problem(clock=default_clock()):
+        hint = "Fix the setting named in the message (see README, Configuration)."
+        return [Error(problem, hint=hint, id="reminders.E001")]
     return []

@@ -199,6 +199,16 @@ def check_channel(name: str, *, clock: Clock) -> int:
     return min(concurrency, channel_factory(name, clock=clock)().max_concurrency or concurrency)
 
 
+def channel_problem(*, clock: Clock) -> str | None:
+    """Return why REMINDERS_CHANNEL cannot be built, or None (the system check and a worker's
+    start both ask)."""
+    try:
+        check_channel(settings.REMINDERS_CHANNEL, clock=clock)
+    except (ValueError, TypeError) as exc:
+        return f"REMINDERS_CHANNEL={settings.REMINDERS_CHANNEL} cannot be built: {exc}"
+    return None
+
+
 def limiter_factory(*, clock: Clock) -> Callable[[], RateLimiter] | None:
     """Return the cross-worker limiter for REMINDERS_RATE_LIMIT, or None when unlimited."""
     per_second = settings.REMINDERS_RATE_LIMIT

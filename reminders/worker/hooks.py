@@ -34,17 +34,11 @@ def check_send_path() -> None:
     The system check that says so (reminders.checks) is skipped in a worker (config/celery.py);
     without this, every batch would fail at its first send until its reminders were missed.
     """
-    from django.conf import settings
-
     from clock import default_clock
     from reminders.worker import bridge
 
-    try:
-        bridge.check_channel(settings.REMINDERS_CHANNEL, clock=default_clock())
-    except (ValueError, TypeError) as exc:
-        raise SystemExit(
-            f"REMINDERS_CHANNEL={settings.REMINDERS_CHANNEL} cannot be built: {exc}"
-        ) from exc
+    if problem := bridge.channel_problem(clock=default_clock()):
+        raise SystemExit(problem)
 
 
 def warm_send_path() -> None:
