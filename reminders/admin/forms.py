@@ -183,8 +183,8 @@ def _refuse_cancelled_twin(form: forms.ModelForm) -> None:
         return
     if form.has_error("attendee"):  # erased: they cannot be enrolled again at all
         return
-    twin = Enrollment.objects.filter(attendee=attendee, workshop=workshop)
-    if twin.filter(status=Enrollment.Status.CANCELLED).exists():
+    cancelled = Enrollment.Status.CANCELLED
+    if Enrollment.objects.filter(attendee=attendee, workshop=workshop, status=cancelled).exists():
         form.add_error("attendee", CANCELLED_TWIN)
 
 

@@ -10,6 +10,7 @@ from django.db import transaction
 from clock import Clock, default_clock
 from reminders.links import reminder_id_from
 from reminders.models import Notice, Reminder, StaffDecision
+from reminders.services.notices import UNSUBSCRIBED
 from workshops.models import Enrollment
 from workshops.services import enrollment_cancel
 
@@ -71,6 +72,6 @@ def reminder_unsubscribe(*, reminder: Reminder, clock: Clock | None = None) -> b
             unsubscribed_at=now
         )
         Notice.objects.filter(reminder=reminder, status=Notice.Status.PENDING).update(
-            status=Notice.Status.SILENCED, status_reason="the attendee unsubscribed", updated_at=now
+            status=Notice.Status.SILENCED, status_reason=UNSUBSCRIBED, updated_at=now
         )
     return bool(changed)

@@ -44,6 +44,7 @@ STARTED = "the workshop started before the notice could be sent"
 SILENCED = "staff chose not to notify"
 LEASE_LOST = "worker lost during the send (lease expired); the provider may have accepted it"
 ERASED = "the attendee was erased"
+UNSUBSCRIBED = "the attendee unsubscribed"
 HEARD = "the attendee holds the workshop's facts as they are now"
 
 
@@ -431,28 +432,18 @@ def notice_claim(
             updated_at=now,
         )
     ]
+    left = Notice.objects.filter(pk__in=[pk for pk in ids if pk not in taken])
     # Back pending after its attendee unsubscribed (a retry, a reaped claim), or planned as
     # they did: silenced as reminder_unsubscribe silences the others.
-    Notice.objects.filter(
-        pk__in=[pk for pk in ids if pk not in taken],
-        status=Status.PENDING,
-        reminder__unsubscribed_at__isnull=False,
-    ).update(
-        status=Status.SILENCED,
-        status_reason="the attendee unsubscribed",
-        queued_until=None,
-        updated_at=now,
+    left.filter(status=Status.PENDING, reminder__unsubscribed_at__isnull=False).update(
+        status=Status.SILENCED, status_reason=UNSUBSCRIBED, queued_until=None, updated_at=now
     )
     # Nothing left to tell (the workshop changed back to what they were told): no later
     # revision supersedes it, so it would wait until the start. One perhaps sent stays.
-    Notice.objects.filter(
-        ~_lacking(),
-        pk__in=[pk for pk in ids if pk not in taken],
-        status=Status.PENDING,
-        maybe_sent=False,
-    ).update(status=Status.SUPERSEDED, status_reason=HEARD, queued_until=None, updated_at=now)
-    Notice.objects.filter(
-        pk__in=[pk for pk in ids if pk not in taken],
+    left.filter(~_lacking(), status=Status.PENDING, maybe_sent=False).update(
+        status=Status.SUPERSEDED, status_reason=HEARD, queued_until=None, updated_at=now
+    )
+    left.filter(
         status=Status.PENDING,
         workshop__starts_at__lte=now,
         maybe_sent=False,
