@@ -115,23 +115,18 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
     keeps a retried webhook's events once, whoever races.
     """
     keys = {event.key for event in events}
-    # Sent, or perhaps: a report may come before the worker recorded its call (still sending,
-    # or pending a retry under the same key after a call that timed out).
-    sent = Reminder.objects.filter(
-        Q(status__in=[Reminder.Status.SENT, Reminder.Status.UNKNOWN, Reminder.Status.SENDING])
-        | Q(maybe_sent=True),
-        key__in=keys,
-        attendee__erased_at__isnull=True,
-    )
-    rows = list(sent.values_list("key", "pk", "attendee_id", "attendee__email"))
-    # A change notice goes out under a key of its own (notice_key).
-    notices = Notice.objects.filter(
-        Q(status__in=[Notice.Status.SENT, Notice.Status.UNKNOWN, Notice.Status.SENDING])
-        | Q(maybe_sent=True),
-        key__in=keys,
-        attendee__erased_at__isnull=True,
-    )
-    rows += notices.values_list("key", "reminder_id", "attendee_id", "attendee__email")
+
+    def sent(model):
+        # Sent, or perhaps: a report may come before the worker recorded its call (still
+        # sending, or pending a retry under the same key after a call that timed out).
+        done = (model.Status.SENT, model.Status.UNKNOWN, model.Status.SENDING)
+        return model.objects.filter(
+            Q(status__in=done) | Q(maybe_sent=True), key__in=keys, attendee__erased_at__isnull=True
+        )
+
+    rows = list(sent(Reminder).values_list("key", "pk", "attendee_id", "attendee__email"))
+    # A change notice goes out under a key of its own (notice_key): kept on its reminder.
+    rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", "attendee__email")
     reminder_of = {key: pk for key, pk, _, _ in rows}
     attendee_of = {pk: (attendee, email) for _, pk, attendee, email in rows}
     known = set(
