@@ -126,7 +126,8 @@ def test_a_hung_database_is_not_blamed_on_the_broker_and_holds_one_thread(monkey
         started.append("database")
         hung.wait(30)
 
-    monkeypatch.setattr(probes, "PROBE_TIMEOUT", 0.2)
+    # Long enough for the broker's check, which returns at once, on a loaded host.
+    monkeypatch.setattr(probes, "PROBE_TIMEOUT", 1.0)
     monkeypatch.setattr(probes, "_database", hanging_database)
     monkeypatch.setattr(probes, "_broker", lambda: None)
     try:
@@ -136,5 +137,5 @@ def test_a_hung_database_is_not_blamed_on_the_broker_and_holds_one_thread(monkey
             clock.advance(probes.READY_CACHE)
     finally:
         hung.set()
-    assert answers == [{"database": "no answer within 0.2 s", "broker": "ok"}] * 3
+    assert answers == [{"database": "no answer within 1 s", "broker": "ok"}] * 3
     assert started == ["database"]
