@@ -13,6 +13,7 @@ import importlib.util
 import math
 import os
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import dj_database_url
 from django.core.exceptions import ImproperlyConfigured
@@ -351,8 +352,6 @@ REMINDERS_HTTP_HEDGE_STAGGER = env_float(
 def _endpoint(url: str) -> tuple | None:
     """Return what names ``url``'s endpoint, whatever the case of its scheme and host, its
     default port and a trailing slash; None when it is no http(s) URL."""
-    from urllib.parse import urlsplit
-
     parts = urlsplit(url)
     try:
         port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
@@ -394,8 +393,6 @@ REMINDERS_REDIS_URL = env_str("REMINDERS_REDIS_URL")
 def _redis_url(url: str) -> bool:
     """Return whether ``url`` is a redis:// or rediss:// URL whose port, if any, is a number
     (redis-py and kombu would say only "Port could not be cast to integer", at the first use)."""
-    from urllib.parse import urlsplit
-
     try:
         port = urlsplit(url).port
     except ValueError:
@@ -555,9 +552,7 @@ REMINDERS_EVENT_RETENTION_DAYS = env_int(
 # unsubscribe under it (reminders/attendance.py). Blank: messages carry no links.
 REMINDERS_PUBLIC_URL = env_str("REMINDERS_PUBLIC_URL", "http://127.0.0.1:8000" if DEBUG else "")
 if REMINDERS_PUBLIC_URL:
-    from urllib.parse import urlsplit as _urlsplit
-
-    _public = _urlsplit(REMINDERS_PUBLIC_URL)
+    _public = urlsplit(REMINDERS_PUBLIC_URL)
     if (
         _public.scheme not in ("http", "https")
         or not _public.netloc
