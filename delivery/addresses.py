@@ -6,6 +6,8 @@ import ipaddress
 import re
 import unicodedata
 
+import idna
+
 __all__ = ["address_problem", "clean_header_text", "idna_domain", "is_loopback_host"]
 
 # RFC 5321 limits.
@@ -23,18 +25,17 @@ def clean_header_text(text: str) -> str:
     return " ".join(_BREAKING.sub(" ", text).split())
 
 
-# Python's codec is IDNA 2003, which maps these to other letters: straße.de becomes strasse.de,
-# another registrant's domain (IDNA 2008, which registries use, keeps xn--strae-oqa.de).
-_IDNA_DEVIATIONS = frozenset("ß\u1e9e\u03c2\u200c\u200d")
-
-
 def idna_domain(domain: str) -> str | None:
-    """Return ``domain`` in punycode, or None if it cannot be encoded as itself."""
-    if not _IDNA_DEVIATIONS.isdisjoint(domain):
-        return None
+    """Return ``domain`` in punycode, or None if it has none.
+
+    IDNA 2008, as registries use: straße.de is xn--strae-oqa.de (Python's own codec, IDNA 2003,
+    would write strasse.de, another registrant's domain).
+    """
     try:
-        return domain.encode("idna").decode("ascii")
-    except UnicodeError:
+        if domain.isascii():
+            return domain.encode("idna").decode("ascii")  # checks the labels' lengths
+        return idna.encode(domain, uts46=True).decode("ascii")
+    except UnicodeError:  # idna.IDNAError is one
         return None
 
 
@@ -73,11 +74,6 @@ def address_problem(address: str) -> str | None:
         return f"recipient address {address!r} has an invalid local part"
     ascii_domain = idna_domain(domain)
     if ascii_domain is None:
-        if not _IDNA_DEVIATIONS.isdisjoint(domain):
-            return (
-                f"recipient address {address!r} has a domain that cannot be encoded as itself "
-                "(IDNA 2003 turns ß, ς and joiners into other letters)"
-            )
         return f"recipient address {address!r} has a domain that cannot be encoded"
     labels = ascii_domain.split(".")
     if len(labels) < 2 or not all(_LABEL.match(label) for label in labels):

@@ -234,6 +234,22 @@ def test_the_recipient_is_the_ascii_mailbox_for_rcpt_to():
     assert written.recipient == "ada@xn--bcher-kva.example"
 
 
+@pytest.mark.parametrize(
+    ("domain", "wire"),
+    [
+        ("straße.example", "xn--strae-oqa.example"),
+        ("STRAẞE.Example", "xn--strae-oqa.example"),
+        ("ςa.example", "xn--a-xmb.example"),
+    ],
+)
+def test_a_domain_is_written_as_registries_write_it(domain, wire):
+    """IDNA 2008: Python's own codec (IDNA 2003) would write strasse.example, another domain."""
+    envelope = envelope_factory(SystemClock())(recipient=f"ada@{domain}")
+    written = write_message(envelope, sender=SENDERS[0], date=DATE)
+    assert written.recipient == f"ada@{wire}"
+    assert f"<ada@{wire}>".encode() in written.data
+
+
 def test_every_case_list_covers_each_value():
     """The comparison above sees every listed value at least once."""
     seen = {
