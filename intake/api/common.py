@@ -105,6 +105,17 @@ def audit(request, status: int, **summary) -> None:
     )
 
 
+def audit_decision(request, **summary):
+    """The ``also`` of a staff decision: its API write, in its transaction, if it changed
+    anything (neither is kept without the other)."""
+
+    def also(result) -> None:
+        if result.changed:
+            audit(request, 200, **summary, decision=result.audit_id, reminders=result.reminders)
+
+    return also
+
+
 class TokenActor:
     """A token standing where a staff member would in a StaffDecision: named, without a user."""
 

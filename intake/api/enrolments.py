@@ -20,6 +20,7 @@ from intake.api.common import (
     Scope,
     TokenActor,
     audit,
+    audit_decision,
     errors,
     get_or_404,
     page_of,
@@ -190,12 +191,12 @@ def cancel_enrolment(request, enrolment_id: Path[Id], body: Reason):
         enrollments=Enrollment.objects.filter(pk=enrolment.pk),
         reason=body.reason,
         actor=TokenActor(token),
+        also=audit_decision(request, enrolment=enrolment.pk),
     )
     if not result.changed:  # cancelled by another request since the read above
         return problem(
             409, f"Enrolment {enrolment.pk} is already cancelled.", code="already_cancelled"
         )
-    audit(request, 200, enrolment=enrolment.pk, decision=result.audit_id)
     enrolment.refresh_from_db()
     return _enrolment_out(enrolment)
 

@@ -22,6 +22,7 @@ from intake.api.common import (
     TokenActor,
     When,
     audit,
+    audit_decision,
     errors,
     get_or_404,
     page_of,
@@ -235,12 +236,12 @@ def cancel_workshop(request, workshop_id: Path[Id], body: Reason):
         workshops=Workshop.objects.filter(pk=workshop.pk),
         reason=body.reason,
         actor=TokenActor(token),
+        also=audit_decision(request, workshop=workshop.pk),
     )
     if not result.changed:  # cancelled by another request since the read above
         return problem(
             409, f"Workshop {workshop.pk} is already cancelled.", code="already_cancelled"
         )
-    audit(request, 200, workshop=workshop.pk, decision=result.audit_id, reminders=result.reminders)
     workshop.refresh_from_db()
     return one_workshop(token, workshop)
 
@@ -256,9 +257,9 @@ def reinstate_workshop(request, workshop_id: Path[Id], body: Reason):
         workshops=Workshop.objects.filter(pk=workshop.pk),
         reason=body.reason,
         actor=TokenActor(token),
+        also=audit_decision(request, workshop=workshop.pk),
     )
     if not result.changed:  # reinstated by another request since the read above
         return problem(409, f"Workshop {workshop.pk} is not cancelled.", code="not_cancelled")
-    audit(request, 200, workshop=workshop.pk, decision=result.audit_id, reminders=result.reminders)
     workshop.refresh_from_db()
     return one_workshop(token, workshop)

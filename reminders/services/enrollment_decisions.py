@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from django.contrib.auth.base_user import AbstractBaseUser
 from django.db.models import Q, QuerySet
 
@@ -37,6 +39,7 @@ def enrollments_cancel(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
+    also: Callable[[DecisionResult], object] | None = None,
 ) -> DecisionResult:
     """Cancel the active enrollments of a selection, with a reason; return what changed."""
     return decide(
@@ -50,4 +53,5 @@ def enrollments_cancel(
         reason=reason,
         actor=actor,
         clock=clock,
+        also=also,
     )

@@ -191,6 +191,7 @@ def workshops_cancel(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
+    also: Callable[[DecisionResult], object] | None = None,
 ) -> DecisionResult:
     """Cancel the scheduled workshops of a selection, with a reason; return what changed."""
     return decide(
@@ -205,6 +206,7 @@ def workshops_cancel(
         reason=reason,
         actor=actor,
         clock=clock,
+        also=also,
     )
 
 
@@ -214,6 +216,7 @@ def workshops_reinstate(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None = None,
+    also: Callable[[DecisionResult], object] | None = None,
 ) -> DecisionResult:
     """Reinstate the cancelled workshops of a selection, with a reason; return what changed."""
     return decide(
@@ -227,6 +230,7 @@ def workshops_reinstate(
         reason=reason,
         actor=actor,
         clock=clock,
+        also=also,
     )
 
 
@@ -242,12 +246,14 @@ def decide(
     reason: str,
     actor: AbstractBaseUser,
     clock: Clock | None,
+    also: Callable[[DecisionResult], object] | None = None,
 ) -> DecisionResult:
     """Count, lock the ``rows`` in ``status``, ``change`` each and record it, in one transaction.
 
     A row counts as changed if it left ``status``. The reminders recorded are the rows' reminders
     matching ``affected`` before and ``changed`` after. ``noun`` names the rows (``workshop`` or
-    ``enrollment``): the reminder's field, ``change``'s argument, the audit's.
+    ``enrollment``): the reminder's field, ``change``'s argument, the audit's. ``also`` is
+    called with the result inside the transaction (the API's record of its write).
     """
     reason = clean_reason(reason)
     clock = clock or default_clock()
@@ -284,6 +290,11 @@ def decide(
             reminder_ids=reminders,
             **{f"{noun}_ids": done},
         )
+        result = DecisionResult(
+            counted.action, counted.selected, len(done), len(reminders), skipped, audit.pk
+        )
+        if also is not None:
+            also(result)
     logger.info(
         "%s by %s: %s of %s %ss, %s reminders; skipped %s",
         audit.get_action_display(),
@@ -294,6 +305,4 @@ def decide(
         len(reminders),
         skipped,
     )
-    return DecisionResult(
-        counted.action, counted.selected, len(done), len(reminders), skipped, audit.pk
-    )
+    return result

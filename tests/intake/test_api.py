@@ -306,6 +306,44 @@ def test_a_decision_another_request_made_first_is_a_409_and_no_audit(
     assert ApiWrite.objects.count() == audits
 
 
+@pytest.mark.parametrize("action", ["cancel enrolment", "cancel workshop", "reinstate workshop"])
+def test_a_decision_whose_api_write_fails_is_not_made(api, make_workshop, enrol, action):
+    """The staff decision and the API write naming it are one transaction: neither is kept
+    without the other."""
+    from django.db.models.signals import pre_save
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    (enrolment,) = enrol(workshop)
+    if action == "reinstate workshop":
+        api.post(f"/api/workshops/{workshop.pk}/cancel", {"reason": "Teacher ill"})
+    path = {
+        "cancel enrolment": f"/api/enrolments/{enrolment.pk}/cancel",
+        "cancel workshop": f"/api/workshops/{workshop.pk}/cancel",
+        "reinstate workshop": f"/api/workshops/{workshop.pk}/reinstate",
+    }[action]
+
+    def state():
+        return (
+            StaffDecision.objects.count(),
+            ApiWrite.objects.count(),
+            Workshop.objects.get(pk=workshop.pk).status,
+            Enrollment.objects.get(pk=enrolment.pk).status,
+            sorted(Reminder.objects.values_list("status", flat=True)),
+        )
+
+    def refuse(**kwargs):
+        raise RuntimeError("the API write fails")
+
+    before = state()
+    pre_save.connect(refuse, sender=ApiWrite)
+    try:
+        with pytest.raises(RuntimeError, match="the API write fails"):
+            api.post(path, {"reason": "Both or neither"})
+    finally:
+        pre_save.disconnect(refuse, sender=ApiWrite)
+    assert state() == before
+
+
 def test_a_repost_never_brings_back_a_cancelled_enrolment_reactivation_does(api, make_workshop):
     workshop = make_workshop(starts_in=timedelta(hours=5))
     made = api.post("/api/enrolments", item(workshop.pk, 1)).json()
