@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from datetime import UTC, datetime
 from typing import Annotated, Literal
 
@@ -17,7 +18,9 @@ from clock import default_clock
 from intake.models import ApiToken, ApiWrite
 from intake.problems import Problem
 from intake.ratelimit import rate_check
-from intake.tokens import token_authenticate
+from intake.tokens import TOKEN_PREFIX, token_authenticate
+
+logger = logging.getLogger(__name__)
 
 Scope = ApiToken.Scope
 MAX_ID = 2**63 - 1  # BigAutoField
@@ -77,7 +80,16 @@ class Input(Schema):
 class TokenAuth(HttpBearer):
     def authenticate(self, request, token: str) -> ApiToken | None:
         found = token_authenticate(token)
-        if found is not None:
+        if found is None:
+            # Not limited: a 256-bit secret cannot be guessed, and behind a proxy a lockout by
+            # address would shut out every integration. Ops see who sends a wrong one.
+            shown = token[: len(TOKEN_PREFIX) + 6] if token.startswith(TOKEN_PREFIX) else "?"
+            logger.warning(
+                "API token refused (unknown, malformed or revoked): %s from %s",
+                shown,
+                request.META.get("REMOTE_ADDR", "?"),
+            )
+        else:
             rate_check(found)
         return found
 

@@ -49,7 +49,7 @@ def assert_problem(response, status: int, code: str) -> dict:
 
 
 def test_a_missing_wrong_or_revoked_token_gets_401_and_changes_nothing(
-    client, make_token, workshop_body, clock
+    client, make_token, workshop_body, clock, caplog
 ):
     from intake.tokens import token_revoke
     from tests.intake.conftest import Api
@@ -57,11 +57,17 @@ def test_a_missing_wrong_or_revoked_token_gets_401_and_changes_nothing(
     made = make_token()
     token_revoke(token=made.token, revoked_by="tests")
     before = counts()
-    for secret in (None, "wr_not-a-token", made.secret, "Basic abc"):
-        response = Api(client, secret).post("/api/workshops", workshop_body())
+    for secret in (None, "wr_not-a-token", made.secret, "Basic abc", "hunter2"):
+        with caplog.at_level("WARNING", logger="intake.api.common"):
+            response = Api(client, secret).post("/api/workshops", workshop_body())
         body = assert_problem(response, 401, "unauthenticated")
         assert "Bearer" in body["detail"] and response["WWW-Authenticate"].startswith("Bearer")
     assert counts() == before
+    # Who sent a wrong token, by the prefix the admin shows; nothing more of a secret.
+    assert [r.getMessage() for r in caplog.records if r.name == "intake.api.common"] == [
+        "API token refused (unknown, malformed or revoked): wr_not-a- from 127.0.0.1",
+        f"API token refused (unknown, malformed or revoked): {made.secret[:9]} from 127.0.0.1",
+    ] + ["API token refused (unknown, malformed or revoked): ? from 127.0.0.1"] * 2
 
 
 def test_a_token_without_the_scope_gets_403_and_changes_nothing(
