@@ -540,6 +540,10 @@ class Dispatch(models.Model):
         editable=False, help_text="When the message expires and its rows are due again."
     )
     reminder_ids = models.JSONField(default=list, editable=False)
+    publish_failed_at = models.DateTimeField(
+        null=True, blank=True, editable=False,
+        help_text="When the broker refused the message; its rows were made due again then.",
+    )  # fmt: skip
 
     class Meta:
         ordering = ["queued_at", "id"]

@@ -101,6 +101,14 @@ def trace_lines(reminder: Reminder) -> list[str]:
                 f"(dispatch {dispatch.pk}), its message expires {_utc(dispatch.expires_at)}",
             )
         )
+        if dispatch.publish_failed_at is not None:
+            events.append(
+                (
+                    dispatch.publish_failed_at,
+                    f"publish failed: the broker did not take the message of dispatch "
+                    f"{dispatch.pk}; its rows are due again at the next scan",
+                )
+            )
     events.sort(key=lambda event: event[0])
     events.append((reminder.updated_at, f"now: {_state(reminder)}"))
     zone = ZoneInfo(workshop.timezone)

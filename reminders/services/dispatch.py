@@ -103,13 +103,13 @@ def reminders_dispatch(
                 requeue_after=requeue_after,
             )
             # The history the trace reads, committed with the rows it names.
-            Dispatch.objects.bulk_create(
+            records = Dispatch.objects.bulk_create(
                 Dispatch(queued_at=now, expires_at=expires_at, reminder_ids=batch_ids)
                 for batch_ids, expires_at in batches
             )
-            for batch_ids, _expires_at in batches:
-                transaction.on_commit(partial(_publish, publish, batch_ids))
-                queued += len(batch_ids)
+            for record in records:
+                transaction.on_commit(partial(_publish, publish, record))
+                queued += len(record.reminder_ids)
                 published += 1
     if queued:
         logger.info("Dispatched %s reminders in %s batches", queued, published)
@@ -168,9 +168,13 @@ def dispatches_prune(*, clock: Clock | None = None) -> int:
         return cursor.rowcount
 
 
-def _publish(publish: Publish, ids: list[int]) -> None:
-    if publish(ids) is False:
-        reminders_unpublished(ids=ids)
+def _publish(publish: Publish, record: Dispatch) -> None:
+    if publish(record.reminder_ids) is False:
+        reminders_unpublished(ids=record.reminder_ids)
+        # The trace says so: its rows wait for the next scan, not for this message.
+        Dispatch.objects.filter(pk=record.pk).update(
+            publish_failed_at=database_now(default_clock())
+        )
 
 
 def reminders_unpublished(*, ids: list[int], clock: Clock | None = None) -> int:

@@ -138,3 +138,21 @@ def test_the_attendees_unsubscribe_is_a_line_of_the_trace_in_its_place(
         "no change notice follows"
     )
     assert lines.index(line) == len(lines) - 2  # after the send, before the state now
+
+
+def test_a_dispatch_whose_publish_failed_says_so_and_that_its_rows_are_due_again(
+    clock, due_reminders, django_capture_on_commit_callbacks
+):
+    """B1 in the timeline: the broker refused the message, so nothing waits for it."""
+    (pk,) = due_reminders(1)
+    with django_capture_on_commit_callbacks(execute=True):
+        assert reminders_dispatch(publish=lambda ids: False, clock=clock) == 1
+    reminder = Reminder.objects.get(pk=pk)
+    assert reminder.queued_until == clock.now()  # due again at the next scan
+
+    events = [line.split("  ", 2)[2] for line in _trace(str(pk))]
+    assert events[1].startswith("dispatched: queued in a batch of 1 ")
+    assert events[2].startswith("publish failed: the broker did not take the message of dispatch ")
+    assert events[2].endswith("; its rows are due again at the next scan")
+    assert events[3].startswith("now: queued, its message expires ")
+    assert len(events) == 4
