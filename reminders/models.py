@@ -196,6 +196,26 @@ class Reminder(models.Model):
     def __str__(self) -> str:
         return f"Reminder {self.key} ({self.status})"
 
+    @classmethod
+    def due_q(cls, now, policy: ReminderPolicy) -> models.Q:
+        """Return "the scan queues it now" as a filter: pending or queued under an expired
+        message, its retry time reached, its window open, its workshop and enrollment on.
+
+        The dispatch queues by it; the health page counts by it.
+        """
+        return (
+            (
+                models.Q(status=cls.Status.PENDING)
+                | models.Q(status=cls.Status.QUEUED, queued_until__lte=now)
+            )
+            & (models.Q(next_attempt_at__isnull=True) | models.Q(next_attempt_at__lte=now))
+            & policy.open_start_q(now, through="workshop__")
+            & models.Q(
+                workshop__status=Workshop.Status.SCHEDULED,
+                enrollment__status=Enrollment.Status.ACTIVE,
+            )
+        )
+
     # Never stored: both follow the workshop's start as it is now (ReminderPolicy).
     @property
     def window_opens_at(self):

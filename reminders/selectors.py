@@ -242,16 +242,10 @@ def scheduler_health(*, clock: Clock | None = None) -> SchedulerHealth:
         .values("finished_at", "counts", "duration_seconds")
         .first()
     )
-    retry_reached = Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now)
     counts = Reminder.objects.filter(
         status__in=(Status.PENDING, Status.QUEUED, Status.SENDING, Status.FAILED, Status.UNKNOWN)
     ).aggregate(
-        due_now=Count(
-            "pk",
-            filter=ReminderPolicy.from_settings().open_start_q(now, through="workshop__")
-            & retry_reached
-            & (Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)),
-        ),
+        due_now=Count("pk", filter=Reminder.due_q(now, ReminderPolicy.from_settings())),
         queued=Count("pk", filter=Q(status=Status.QUEUED)),
         sending=Count("pk", filter=Q(status=Status.SENDING)),
         lease_expired=Count("pk", filter=Q(status=Status.SENDING, lease_expires_at__lte=now)),

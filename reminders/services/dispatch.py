@@ -19,7 +19,6 @@ from reminders.policy import ReminderPolicy
 from reminders.schedule import SCAN_NAME
 from reminders.services._sql import database_now, update_returning
 from reminders.services.settle import ROWS_PER_TRANSACTION
-from workshops.models import Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
 
@@ -61,14 +60,8 @@ def reminders_dispatch(
     limit = settings.REMINDERS_DISPATCH_LIMIT
     requeue_after = timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER)
     policy = ReminderPolicy.from_settings()
-    due_now = Q(status=Status.PENDING) | Q(status=Status.QUEUED, queued_until__lte=now)
-    due = Reminder.objects.filter(
-        policy.open_start_q(now, through="workshop__"),
-        Q(next_attempt_at__isnull=True) | Q(next_attempt_at__lte=now),
-        due_now,
-        workshop__status=Workshop.Status.SCHEDULED,
-        enrollment__status=Enrollment.Status.ACTIVE,
-    ).order_by("workshop__starts_at", "id")
+    due_now = Reminder.due_q(now, policy)
+    due = Reminder.objects.filter(due_now).order_by("workshop__starts_at", "id")
     if ids is not None:
         due = due.filter(id__in=ids)
     if connection.in_atomic_block:

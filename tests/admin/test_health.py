@@ -133,6 +133,22 @@ def test_health_counts_due_queued_sending_failed_and_unknown(
     assert (later.due_now, later.lease_expired) == (5, 1)
 
 
+def test_due_now_counts_exactly_the_rows_the_scan_would_queue(scan_task, clock, make_reminders):
+    """A workshop or enrollment cancelled by a path that does not settle (a
+    ``QuerySet.update()``) leaves its reminders pending until the scan settles them: the scan
+    never queues them, so they are not due."""
+    from reminders.services import reminders_dispatch
+    from workshops.models import Enrollment, Workshop
+
+    make_reminders(2, "pending")
+    (off,) = make_reminders(1, "pending")
+    Workshop.objects.filter(reminders=off).update(status=Workshop.Status.CANCELLED)
+    (gone,) = make_reminders(1, "pending")
+    Enrollment.objects.filter(reminders=gone).update(status=Enrollment.Status.CANCELLED)
+    assert scheduler_health(clock=clock).due_now == 2
+    assert reminders_dispatch(clock=clock, publish=lambda ids: True) == 2
+
+
 def test_health_view_shows_the_warning_and_the_counts(
     scan_task, clock, login, viewer, make_reminders
 ):
