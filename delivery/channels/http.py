@@ -144,6 +144,7 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
     """Return the seconds a ``Retry-After`` value (seconds or HTTP date) asks for.
 
     At most ``_MAX_RETRY_AFTER``: a wait of centuries would overflow the deadline arithmetic.
+    A date already past is no hint (None): it tells of the provider's clock, not of its load.
     """
     if not value:
         return None
@@ -158,6 +159,8 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
         if moment.tzinfo is None:
             return None
         seconds = (moment - now).total_seconds()
+        if seconds <= 0:
+            return None
     if not math.isfinite(seconds):
         return None
     return min(max(seconds, 0.0), _MAX_RETRY_AFTER)

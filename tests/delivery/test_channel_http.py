@@ -12,6 +12,7 @@ import pytest
 from delivery import Attachment, DeliveryLimits, Outcome, deliver
 from delivery.channels import HttpChannel, HttpSettings
 from delivery.channels.http import parse_retry_after
+from delivery.limiter import LocalRateLimiter
 from loopback._loop_thread import LoopThread
 from loopback.http_sink import HttpSink
 from tests.delivery.conftest import START, run
@@ -286,6 +287,9 @@ def test_retry_after_is_read_as_seconds_or_as_an_http_date():
     assert parse_retry_after("120", now=START) == 120.0
     assert parse_retry_after("Mon, 02 Mar 2026 09:00:30 GMT", now=START) == 30.0
     assert parse_retry_after("soon", now=START) is None
+    assert parse_retry_after("0", now=START) == 0.0
+    # A date already past (the provider's clock is behind): no hint, as if none were given.
+    assert parse_retry_after("Mon, 02 Mar 2026 08:59:30 GMT", now=START) is None
     assert parse_retry_after(None, now=START) is None
     # A date in no known zone, or a number no wait can be: ignored, the backoff decides.
     assert parse_retry_after("Mon, 02 Mar 2026 09:00:30 -0000", now=START) is None
@@ -375,6 +379,34 @@ def test_a_refusal_names_the_endpoint_without_a_password_that_holds_a_quote(
     assert result.outcome is Outcome.PERMANENT
     assert "9876" not in result.error and "1234" not in result.error, result.error
     assert result.error.endswith(": scripted 422")
+
+
+def test_a_429_whose_retry_after_date_has_passed_pauses_every_sender_as_one_without_it(
+    system_clock, make_real_envelope
+):
+    """A date already past says the provider's clock is behind, not "go on at full rate": the
+    shared limiter pauses its window, as for a 429 with no Retry-After."""
+    answer = (
+        b"HTTP/1.1 429 Too Many Requests\r\nRetry-After: Thu, 01 Jan 2015 00:00:00 GMT\r\n"
+        b"Content-Length: 0\r\nConnection: close\r\n\r\n"
+    )
+    limiter = LocalRateLimiter(100, clock=system_clock, window=0.5)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
+    with _OneAnswer(answer) as url:
+        channel = HttpChannel(HttpSettings(url=url, secret="s"), clock=system_clock)
+        began = system_clock.monotonic()
+        results = run(
+            deliver(
+                [make_real_envelope(), make_real_envelope()],
+                channel,
+                policy=policy,
+                clock=system_clock,
+                limiter=limiter,
+            )
+        )
+        elapsed = system_clock.monotonic() - began
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT] * 2
+    assert elapsed >= 0.5  # the second call waited out the pause the first one's 429 set
 
 
 class _EndlessAnswer(_OneAnswer):
