@@ -497,6 +497,40 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
     )
 
 
+def _notice_body(
+    text, values, words: _Words, *, cancelled, attendance, literal=str, value=str
+) -> str:
+    """Return a change notice's body: the filled intro, what changed and the facts now.
+
+    ``value`` is applied to each value and ``literal`` to the rest, as fill() does (the HTML
+    part escapes both and isolates values in <bdi>).
+    """
+    label = {name: literal(said) for name, said in (words.labels | words.notice).items()}
+    shown = {name: value(filled) if filled else "" for name, filled in values.items()}
+    lines = [fill(text.intro, values, literal=literal, value=value), ""]
+    if cancelled:
+        if shown["cancellation_reason"]:
+            lines += [f"{label['reason']} {shown['cancellation_reason']}", ""]
+    else:
+        changes = []
+        for name, key in (
+            ("when", "start_local"),
+            ("until", "end_local"),
+            ("where", "location"),
+            ("join", "join_url"),
+        ):
+            if values[key] != values[f"old_{key}"]:
+                new, old = shown[key] or label["none"], shown[f"old_{key}"] or label["none"]
+                changes.append(f"{label[name]} {new} ({label['was']} {old})")
+        if changes:
+            lines += [label["changed"], *changes, ""]
+        lines += [*_fact_lines(shown, label), ""]
+    lines.append(label["remove"] if cancelled else label["update"])
+    if attendance:
+        lines += ["", f"{label['cant_attend']} {literal(attendance)}"]
+    return "\n".join(lines)
+
+
 def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
     """Return the envelope of a change notice whose attendee, workshop, revision and reminder
     are loaded; its calendar update has the reminder's UID and the revision as SEQUENCE."""
@@ -507,7 +541,6 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         or choose_notice_text(workshop=workshop, attendee=attendee, kind=notice.kind)
     )
     words = _words(text.language)
-    label, news = words.labels, words.notice
     zone = _zone(attendee, workshop)
     values = _values(attendee=attendee, workshop=workshop, facts=revision, zone=zone, words=words)
     values |= {
@@ -523,30 +556,11 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         if notice.old_ends_at is not None:
             values["old_end_local"] = _until(notice.old_ends_at.astimezone(zone), old_start, words)
     cancelled = notice.kind == "cancelled"
-    lines = [fill(text.intro, values), ""]
-    if cancelled:
-        if values["cancellation_reason"]:
-            lines += [f"{news['reason']} {values['cancellation_reason']}", ""]
-    else:
-        changes = []
-        for name, key in (
-            ("when", "start_local"),
-            ("until", "end_local"),
-            ("where", "location"),
-            ("join", "join_url"),
-        ):
-            old = values[f"old_{key}"]
-            if values[key] != old:
-                new_value = values[key] or news["none"]
-                changes.append(f"{label[name]} {new_value} ({news['was']} {old or news['none']})")
-        if changes:
-            lines += [news["changed"], *changes, ""]
-        lines += [*_fact_lines(values, label), ""]
-    lines.append(news["remove"] if cancelled else news["update"])
     attendance = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
-    if attendance:
-        lines += ["", f"{label['cant_attend']} {attendance}"]
-    body = "\n".join(lines)
+    body = _notice_body(text, values, words, cancelled=cancelled, attendance=attendance)
+    marked = _notice_body(
+        text, values, words, cancelled=cancelled, attendance=attendance, literal=_escape, value=_bdi
+    )
     method = "CANCEL" if cancelled else "PUBLISH"
     return _envelope(
         row=notice,
@@ -560,8 +574,8 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         html_body=_html(
             text.language,
             "".join(
-                f"<p>{_escape(part).replace(chr(10), '<br>')}</p>\n"
-                for part in body.split("\n\n")
+                f"<p>{part.replace(chr(10), '<br>')}</p>\n"
+                for part in marked.split("\n\n")
                 if part.strip()
             ),
         ),

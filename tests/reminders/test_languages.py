@@ -88,6 +88,34 @@ def test_non_latin_and_right_to_left_names_come_through_whole_and_isolated(name)
         assert envelope.recipient_name == name
 
 
+@pytest.mark.parametrize("title", ["ورشة الخزف 2", "סדנת קרמיקה 2"], ids=["arabic", "hebrew"])
+def test_a_change_notices_html_isolates_each_name_title_and_place_as_a_reminders_does(
+    title, clock, make_workshop, enrol
+):
+    """A right-to-left title or place beside the notice's own words keeps its digits and
+    punctuation where they belong, in the intro, the changed lines and the reason."""
+    from reminders.content import notice_preview
+    from workshops.services import workshop_cancel
+
+    workshop = make_workshop(title=title, location="قاعة 3، الطابق 2")
+    [enrollment] = enrol(workshop)
+    attendee = enrollment.attendee
+    Reminder.objects.filter(attendee=attendee).update(
+        told_starts_at=workshop.starts_at,
+        told_ends_at=workshop.ends_at,
+        told_location="אולם 1, קומה 3",
+    )
+    changed = notice_preview(workshop=workshop, attendee=attendee, now=clock.now())
+    html = changed.envelope.html_body
+    for value in (attendee.name, title, "قاعة 3، الطابق 2", "אולם 1, קומה 3"):
+        assert f"<bdi>{value}</bdi>" in html, html
+    workshop_cancel(workshop=workshop, reason="المدرّب مريض، 2 أيام")
+    cancelled = notice_preview(workshop=workshop, attendee=attendee, now=clock.now())
+    assert "<bdi>المدرّب مريض، 2 أيام</bdi>" in cancelled.envelope.html_body
+    # The text part stays as it was: no markup, no isolating characters.
+    assert f'"{title}" has changed' in changed.envelope.text_body
+
+
 def test_a_blank_attendee_language_takes_the_workshops():
     assert _envelope(language="", workshop_language="fr").subject.startswith("Rappel : ")
     assert _envelope(language="de", workshop_language="fr").subject.startswith("Erinnerung: ")
