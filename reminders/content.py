@@ -14,6 +14,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from email.utils import parseaddr
+from urllib.parse import quote
 from zoneinfo import ZoneInfo
 
 from django.conf import settings
@@ -21,7 +22,7 @@ from django.utils import translation
 from django.utils.dates import MONTHS, WEEKDAYS
 from django.utils.translation import gettext, gettext_noop, pgettext
 
-from delivery.addresses import address_problem
+from delivery.addresses import address_problem, idna_domain
 from delivery.envelope import Attachment, Envelope, FrozenMap
 from delivery.message import key_digest
 from reminders.links import attendance_url, unsubscribe_url
@@ -664,9 +665,9 @@ def event_ics(
     if _address_problem(address) is not None:
         # RFC 5546 asks for an ORGANIZER in every PUBLISH and CANCEL: the sender then.
         name, address = _mailbox(settings.DEFAULT_FROM_EMAIL)
-    lines.append(f"ORGANIZER{_ics_cn(name)}:mailto:{address}")
+    lines.append(f"ORGANIZER{_ics_cn(name)}:{_organiser_mailto(address)}")
     if attendee is not None:
-        lines.append(f"ATTENDEE{_ics_cn(attendee[0])}:mailto:{attendee[1]}")
+        lines.append(f"ATTENDEE{_ics_cn(attendee[0])}:{_mailto(attendee[1])}")
     lines += ["END:VEVENT", "END:VCALENDAR"]
     return ("\r\n".join(_fold(line) for line in lines) + "\r\n").encode()
 
@@ -679,6 +680,18 @@ _ICS_CONTROLS = re.compile("[\x00-\x08\x0e-\x1b\x1f\x7f-\x84\x86-\x9f]")
 
 # An organiser's address is a workshop's, so few and repeated: each is checked once.
 _address_problem = functools.lru_cache(maxsize=256)(address_problem)
+
+
+def _mailto(address: str) -> str:
+    """Return ``address`` as a mailto URI (RFC 6068, 2): its local part percent-encoded but
+    for the characters a URI may hold there, its domain in IDNA form as the RFC advises."""
+    local, _, domain = address.rpartition("@")
+    local = quote(local, safe="!$'*+")
+    return f"mailto:{local}@{idna_domain(domain) or quote(domain)}"
+
+
+# An organiser's is written once, as it is checked once; an attendee's is not cached.
+_organiser_mailto = functools.lru_cache(maxsize=256)(_mailto)
 
 
 def _ics_text(value: str) -> str:

@@ -180,3 +180,49 @@ def test_a_name_in_a_calendar_parameter_reads_back_as_written(name, parameter):
     from reminders.content import _ics_cn
 
     assert _ics_cn(name) == parameter
+
+
+# A mailto URI (RFC 6068, section 2): unreserved characters, the sub-delims an address may
+# hold raw and percent-encoded octets before the @; an ASCII host name after it.
+MAILTO = re.compile(r"mailto:((?:[A-Za-z0-9._~!$'*+-]|%[0-9A-F]{2})+)@([A-Za-z0-9.-]+)")
+
+
+@pytest.mark.parametrize(
+    "address",
+    [
+        "ana?subject=x@example.com",  # read raw, the address was "ana" and the rest a query
+        "ana#b@example.com",
+        "a%41na@example.com",  # read raw, "aAna"
+        "ops/team@example.com",
+        "{ana}|b^c`d@example.com",
+        "ana&b=c@example.com",
+        "ana@bücher.example",
+        "o'neil+tag~x@example.com",
+    ],
+)
+def test_a_calendar_address_is_a_uri_that_reads_back_as_the_address(reminder, address):
+    """The address the project accepts goes into ORGANIZER and ATTENDEE percent-encoded
+    where RFC 6068 asks (a domain in its IDNA form, as the RFC advises), never raw."""
+    from urllib.parse import unquote
+
+    from reminders.content import event_ics
+
+    workshop = reminder.workshop
+    workshop.contact_email = address
+    ics = event_ics(
+        uid="u@x",
+        workshop=workshop,
+        facts=workshop,
+        stamp=workshop.starts_at,
+        language="en",
+        method="CANCEL",
+        attendee=("Ana", address),
+    )
+    lines = ics.decode().replace("\r\n ", "").split("\r\n")
+    local, domain = address.rsplit("@", 1)
+    for name in ("ORGANIZER", "ATTENDEE"):
+        [line] = [line for line in lines if line.startswith(name)]
+        match = MAILTO.fullmatch(line.partition(":")[2])
+        assert match is not None, line
+        assert unquote(match[1]) == local
+        assert match[2].encode().decode("idna") == domain
