@@ -8,7 +8,9 @@ from urllib.parse import SplitResult, urlsplit, urlunsplit
 __all__ = ["MASK", "redact_url", "redact_text"]
 
 MASK = "***"
-_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://[^\s'\"<>]+")
+# A URL ends at a quote (it is often quoted), but not in its user info, where a password
+# may hold one: that runs to the last "@" before a space.
+_URL = re.compile(r"\b[a-zA-Z][a-zA-Z0-9+.-]*://(?:[^\s<>]*@)?[^\s'\"<>]+")
 _QUERY_VALUE = re.compile(r"=([^&;#]*)")
 
 

@@ -75,6 +75,35 @@ def test_every_url_inside_a_message_is_redacted():
     )
 
 
+@pytest.mark.parametrize("q", ["'", '"'], ids=["single", "double"])
+@pytest.mark.parametrize(
+    ("template", "shown"),
+    [
+        (
+            "connect to https://ops:Pw{q}Sx@host/r failed",
+            "connect to https://ops:***@host/r failed",
+        ),
+        ("connect to https://Tk{q}Zq@host/r failed", "connect to https://***@host/r failed"),
+        ("url=<https://ops:Pw{q}Sx@host/r>", "url=<https://ops:***@host/r>"),
+        ("redis://:{q}Pw{q}Sx{q}@redis:6379/0 down", "redis://:***@redis:6379/0 down"),
+    ],
+    ids=["password", "token", "in-brackets", "quotes-only"],
+)
+def test_a_password_holding_a_quote_never_shows_in_a_message(template, shown, q):
+    """A quote is allowed in user info: the URL does not end there (it did, and the
+    password, then its host, were kept whole)."""
+    assert redact_text(template.format(q=q)) == shown
+
+
+@pytest.mark.parametrize(
+    "url", ["https://ops:Pw'Sx@host/r", 'https://ops:Pw"Sx@host/r'], ids=["single", "double"]
+)
+def test_a_quoted_url_whose_password_holds_a_quote_keeps_its_quotes(url):
+    """As repr() and %r write it: the closing quote after the host still ends the URL."""
+    q = repr(url)[0]  # the quote repr() chose: the other one is in the password
+    assert redact_text(f"got {url!r}; giving up") == f"got {q}https://ops:***@host/r{q}; giving up"
+
+
 def _own_log_lines(caplog) -> str:
     """What this project's loggers wrote (libraries' lines are redacted by the handler:
     tests/config/test_secrets.py)."""
