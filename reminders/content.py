@@ -499,15 +499,17 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
 
 
 def _notice_body(
-    text, values, words: _Words, *, cancelled, attendance, literal=str, value=str
+    text, values, words: _Words, *, cancelled, attendance, literal=str, value=str, link=str
 ) -> str:
     """Return a change notice's body: the filled intro, what changed and the facts now.
 
-    ``value`` is applied to each value and ``literal`` to the rest, as fill() does (the HTML
-    part escapes both and isolates values in <bdi>).
+    ``value`` is applied to each value, ``link`` to the links to follow now and ``literal`` to
+    the rest, as fill() does (the HTML part escapes all, isolates values in <bdi>, links them).
     """
     label = {name: literal(said) for name, said in (words.labels | words.notice).items()}
     shown = {name: value(filled) if filled else "" for name, filled in values.items()}
+    if values["join_url"]:
+        shown["join_url"] = link(values["join_url"])
     lines = [fill(text.intro, values, literal=literal, value=value), ""]
     if cancelled:
         if shown["cancellation_reason"]:
@@ -528,7 +530,7 @@ def _notice_body(
         lines += [*_fact_lines(shown, label), ""]
     lines.append(label["remove"] if cancelled else label["update"])
     if attendance:
-        lines += ["", f"{label['cant_attend']} {literal(attendance)}"]
+        lines += ["", f"{label['cant_attend']} {link(attendance)}"]
     return "\n".join(lines)
 
 
@@ -560,7 +562,14 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
     attendance = attendance_url(notice.reminder_id) if notice.pk and not cancelled else ""
     body = _notice_body(text, values, words, cancelled=cancelled, attendance=attendance)
     marked = _notice_body(
-        text, values, words, cancelled=cancelled, attendance=attendance, literal=_escape, value=_bdi
+        text,
+        values,
+        words,
+        cancelled=cancelled,
+        attendance=attendance,
+        literal=_escape,
+        value=_bdi,
+        link=_link,
     )
     method = "CANCEL" if cancelled else "PUBLISH"
     return _envelope(

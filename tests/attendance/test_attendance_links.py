@@ -187,6 +187,7 @@ def test_a_change_notice_carries_the_same_links(delivered, clock, notices_publis
     envelope = notice_envelope(notice=notice)
     url = f"{PUBLIC}/attend/{attendance_token(reminder.pk)}/"
     assert envelope.payload["attendance_url"] == url and url in envelope.text_body
+    assert f'<a href="{url}"' in envelope.html_body  # as in a reminder's HTML
     assert envelope.unsubscribe_url == f"{PUBLIC}/unsubscribe/{unsubscribe_token(reminder.pk)}/"
 
 

@@ -116,6 +116,25 @@ def test_a_change_notices_html_isolates_each_name_title_and_place_as_a_reminders
     assert f'"{title}" has changed' in changed.envelope.text_body
 
 
+def test_a_change_notices_html_links_the_join_link_to_follow_not_the_old_one(
+    clock, make_workshop, enrol
+):
+    from reminders.content import notice_preview
+
+    workshop = make_workshop(join_url="https://meet.example/new?a=1&b=2")
+    [enrollment] = enrol(workshop)
+    Reminder.objects.filter(attendee=enrollment.attendee).update(
+        told_starts_at=workshop.starts_at,
+        told_ends_at=workshop.ends_at,
+        told_join_url="https://meet.example/old",
+    )
+    notice = notice_preview(workshop=workshop, attendee=enrollment.attendee, now=clock.now())
+    html = notice.envelope.html_body
+    # In the changed line and in the facts now, as a reminder's HTML links it.
+    assert html.count('<a href="https://meet.example/new?a=1&amp;b=2"') == 2, html
+    assert "<bdi>https://meet.example/old</bdi>" in html
+
+
 def test_a_blank_attendee_language_takes_the_workshops():
     assert _envelope(language="", workshop_language="fr").subject.startswith("Rappel : ")
     assert _envelope(language="de", workshop_language="fr").subject.startswith("Erinnerung: ")
