@@ -99,6 +99,15 @@ class Reminder(models.Model):
     channel = models.CharField(max_length=16, blank=True, editable=False)
     provider_message_id = models.CharField(max_length=255, blank=True, editable=False)
     sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    sent_to = models.EmailField(
+        max_length=254,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text="The address its last claim's message went to: a provider's bounce or "
+        "complaint suppresses it, even after the attendee's address was corrected.",
+    )
     text = models.ForeignKey(
         "MessageText",
         null=True,
@@ -669,6 +678,14 @@ class Notice(models.Model):
     provider_message_id = models.CharField(max_length=255, blank=True, editable=False)
     last_error = models.TextField(blank=True, editable=False)
     sent_at = models.DateTimeField(null=True, blank=True, editable=False)
+    sent_to = models.EmailField(
+        max_length=254,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text="The address its last claim's message went to (as a reminder's).",
+    )
     text = models.ForeignKey(
         MessageText, null=True, blank=True, on_delete=models.PROTECT, related_name="+",
         editable=False, help_text="The language and intro frozen at the first claim.",

@@ -25,7 +25,7 @@ from reminders.services._sql import (
 )
 from reminders.services.fate import lock_in_id_order, refusal_sql
 from reminders.services.feedback import suppressions_refusing
-from workshops.models import Enrollment, Workshop, WorkshopText
+from workshops.models import Attendee, Enrollment, Workshop, WorkshopText
 
 Status = Reminder.Status
 
@@ -146,6 +146,7 @@ def _claim_update(
     window, window_params = ReminderPolicy.from_settings().open_sql("starts_at", now.plus)
     workshops = quote(Workshop._meta.db_table)
     reminders = quote(Reminder._meta.db_table)
+    attendees = quote(Attendee._meta.db_table)
     sql = (
         f"UPDATE {reminders} SET status = %s, claim_token = %s, "
         f"lease_expires_at = {lease_sql}, attempts = attempts + 1, channel = %s, "
@@ -153,7 +154,10 @@ def _claim_update(
         # What this claim's message tells the attendee, from the same snapshot (notices compare).
         "(told_starts_at, told_ends_at, told_location, told_join_url, told_cancelled) = "
         f"(SELECT starts_at, ends_at, location, join_url, FALSE FROM {workshops} "
-        f"WHERE {workshops}.id = {reminders}.workshop_id) WHERE {among} "
+        f"WHERE {workshops}.id = {reminders}.workshop_id), "
+        # The address it goes to (its bounce suppresses that one, though corrected later).
+        f"sent_to = (SELECT email FROM {attendees} WHERE {attendees}.id = {reminders}.attendee_id) "
+        f"WHERE {among} "
         f"AND (next_attempt_at IS NULL OR next_attempt_at <= {now_sql}) "
         f"AND {_OPEN} "
         f"AND workshop_id IN (SELECT id FROM {workshops} "

@@ -130,6 +130,8 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
         enrollment_cancel(enrollment=enrollment, clock=clock)
     mine = Reminder.objects.filter(attendee=attendee)
     _scrub_rows(mine, words, about, "last_error", "status_reason")
+    mine.exclude(sent_to="").update(sent_to="")
+    Notice.objects.filter(attendee=attendee).exclude(sent_to="").update(sent_to="")
     # Their notices: none is sent any more (the address is gone), none quotes them.
     Notice.objects.filter(attendee=attendee, status=Notice.Status.PENDING).update(
         status=Notice.Status.SILENCED, status_reason=notices.ERASED, updated_at=now
@@ -182,15 +184,20 @@ def _erase_one(attendee: Attendee, *, now, clock: Clock) -> list[int]:
 
 
 def _identities(attendee: Attendee, enrollments: list[int]) -> list[tuple[str, str]]:
-    """Return each (email, name) the attendee had, now and before a correction, as far as the
-    admin's history shows: her attendee's and enrollments' reprs ("Ada <ada@…> in Pottery"),
-    and the names beside one of her addresses in any entry (a workshop's inline). An address
+    """Return each (email, name) the attendee had, now and before a correction, as far as her
+    messages and the admin's history show: the addresses her reminders and notices went to,
+    her attendee's and enrollments' reprs ("Ada <ada@…> in Pottery"), and the names beside
+    one of her addresses in any entry (a workshop's inline). An address
     another attendee holds now is theirs, not hers. Email or name may be empty."""
     types = ContentType.objects.get_for_models(Attendee, Enrollment)
     tied = Q(content_type=types[Attendee], object_id=str(attendee.pk)) | Q(
         content_type=types[Enrollment], object_id__in=[str(pk) for pk in enrollments]
     )
     found = [(attendee.email, attendee.name)]
+    # The addresses her messages went to.
+    for model in (Reminder, Notice):
+        sent_to = model.objects.filter(attendee=attendee).exclude(sent_to="")
+        found += [(email, "") for email in sent_to.values_list("sent_to", flat=True).distinct()]
     for text in LogEntry.objects.filter(tied).values_list("object_repr", flat=True):
         if shown := _SHOWN_AS.match(text):
             found.append((shown["email"], shown["name"]))

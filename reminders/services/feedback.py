@@ -124,11 +124,12 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             Q(status__in=done) | Q(maybe_sent=True), key__in=keys, attendee__erased_at__isnull=True
         )
 
-    rows = list(sent(Reminder).values_list("key", "pk", "attendee_id", "attendee__email"))
+    # The address each went to: one corrected since is not the one that bounced.
+    rows = list(sent(Reminder).values_list("key", "pk", "attendee_id", "sent_to"))
     # A change notice goes out under a key of its own (notice_key): kept on its reminder.
-    rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", "attendee__email")
+    rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", "sent_to")
     reminder_of = {key: pk for key, pk, _, _ in rows}
-    attendee_of = {pk: (attendee, email) for _, pk, attendee, email in rows}
+    sent_to = {key: (attendee, email) for key, _, attendee, email in rows}
     known = set(
         DeliveryEvent.objects.filter(
             channel=channel, event_id__in=[event.event_id for event in events]
@@ -136,6 +137,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
     )
     now = default_clock().now()
     new: dict[str, DeliveryEvent] = {}
+    addressed: dict[str, tuple[int, str]] = {}
     dropped = seen = 0
     for event in events:
         if event.key not in reminder_of:
@@ -153,11 +155,12 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 received_at=now,
                 reason=redact_text(event.reason.replace("\x00", "")),  # PostgreSQL stores none
             )
+            addressed[event.event_id] = sent_to[event.key]
     with transaction.atomic():
         # A retry racing its first delivery: the constraint keeps one row.
         DeliveryEvent.objects.bulk_create(new.values(), ignore_conflicts=True)
         for event in sorted(new.values(), key=lambda event: event.occurred_at):
-            _suppress_after(event, *attendee_of[event.reminder_id], now=now)
+            _suppress_after(event, *addressed[event.event_id], now=now)
     if dropped:
         DroppedReports.objects.get_or_create(channel=channel)
         DroppedReports.objects.filter(channel=channel).update(count=F("count") + dropped)

@@ -19,7 +19,7 @@ from functools import partial
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q
+from django.db.models import Count, Exists, F, OuterRef, Prefetch, Q, Subquery
 
 from clock import Clock, default_clock
 from delivery.redact import redact_text
@@ -29,7 +29,7 @@ from reminders.models import MessageText, Notice, Reminder, WorkshopRevision, no
 from reminders.services._sql import database_now, update_returning
 from reminders.services.personal import erased_among, personal_words, scrubber
 from reminders.services.record import channel_honours_keys, maybe_sent_reason, retry_delay
-from workshops.models import Enrollment, Workshop
+from workshops.models import Attendee, Enrollment, Workshop
 
 logger = logging.getLogger(__name__)
 
@@ -430,6 +430,8 @@ def notice_claim(
             channel=channel,
             queued_until=None,
             updated_at=now,
+            # The address it goes to (its bounce suppresses that one, though corrected later).
+            sent_to=Subquery(Attendee.objects.filter(pk=OuterRef("attendee_id")).values("email")),
         )
     ]
     left = Notice.objects.filter(pk__in=[pk for pk in ids if pk not in taken])

@@ -27,6 +27,9 @@ def sent(due_reminders, settings):
     settings.ANYMAIL_MAILGUN_WEBHOOK_SIGNING_KEY = MAILGUN_KEY
     ids = due_reminders(3)
     Reminder.objects.filter(pk__in=ids).update(status="sent")
+    for reminder in Reminder.objects.filter(pk__in=ids).select_related("attendee"):
+        # What the claim records of its message.
+        Reminder.objects.filter(pk=reminder.pk).update(sent_to=reminder.attendee.email)
     return list(Reminder.objects.filter(pk__in=ids).order_by("pk").select_related("attendee"))
 
 

@@ -125,6 +125,43 @@ def test_a_hard_bounce_stops_the_next_reminder_to_that_address_before_any_call(
     assert Reminder.objects.get(key=second[bob.pk]).status == "sent"
 
 
+def test_a_report_after_a_correction_suppresses_the_address_the_message_went_to(
+    send, report, workshops_for, provider, live_clock, notices_published, settings, admin_user
+):
+    """Staff correct Lea's address after her reminder and change notice went out; the hard
+    bounce and the complaint then reported name the old address, not the corrected one, and
+    her next reminder goes to the corrected one."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    lea, max_ = _people("lea", "max")
+    first = workshops_for(lea, max_)
+    send()
+    workshop_update(workshop=Reminder.objects.get(key=first[max_.pk]).workshop, location="Room 4")
+    notices_published.clear()
+    pipeline.scan(clock=live_clock)
+    pipeline.scan(clock=live_clock)
+    for batch in list(notices_published):
+        deliver_notices(batch, clock=live_clock)
+    notice = Notice.objects.get(reminder__key=first[max_.pk])
+    sent_to = {r.key: r.json()["recipient"]["email"] for r in provider.requests}
+    assert (sent_to[first[lea.pk]], sent_to[notice.key]) == ("lea@example.org", "max@example.org")
+    for attendee in (lea, max_):
+        attendee.email = f"{attendee.name}@example.net"
+        attendee.save()
+
+    report(first[lea.pk], "bounced", bounce="hard")
+    report(notice.key, "complained")
+    suppressed = dict(Suppression.objects.values_list("address", "cause"))
+    assert suppressed == {"lea@example.org": "bounced", "max@example.org": "complained"}
+    second = workshops_for(lea, max_)
+    assert sorted(send()) == sorted(second.values())
+    sent_to = {r.key: r.json()["recipient"]["email"] for r in provider.requests}
+    assert sent_to[second[lea.pk]] == "lea@example.net"
+    # Erased, she leaves no address behind: neither where her messages went nor the old one.
+    attendees_erase(attendees=Attendee.objects.filter(pk=lea.pk), reason="asked", actor=admin_user)
+    assert not Reminder.objects.filter(attendee=lea).exclude(sent_to="").exists()
+    assert not Suppression.objects.filter(address__startswith="lea@").exists()
+
+
 def test_each_chunk_reads_suppressions_as_it_claims_even_after_an_address_changes(
     provider, published, live_clock, workshops_for, monkeypatch, settings
 ):
