@@ -3,10 +3,13 @@ writes each token made."""
 
 from __future__ import annotations
 
+import re
+import uuid
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.http import Http404, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
@@ -228,13 +231,13 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
             csv_text=form.file_bytes().decode("utf-8-sig"),
         )
         if "confirm" in request.POST:
+            # The preview's one-time token; a malformed one counts as none.
+            token = request.POST.get("request_token", "")
+            token = token if re.fullmatch("[0-9a-f]{32}", token) else None
             try:
                 with transaction.atomic():
                     integration, _ = Integration.objects.get_or_create(name=integration_name)
-                    done = enrolments_upsert(
-                        integration=integration, items=items, limit=csvfile.MAX_ROWS
-                    )
-                    created = sum(r.outcome == "created" for r in done)
+                    # First: the same preview confirmed at once waits here for this one.
                     audit = CsvTransfer.objects.create(
                         kind=CsvTransfer.Kind.IMPORT,
                         workshop=workshop,
@@ -243,10 +246,29 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
                         created_at=default_clock().now(),
                         filename=form.filename(),
                         integration=integration.name,
-                        rows=len(done),
-                        created=created,
-                        unchanged=len(done) - created,
+                        request_token=token,
                     )
+                    done = enrolments_upsert(
+                        integration=integration, items=items, limit=csvfile.MAX_ROWS
+                    )
+                    created = sum(r.outcome == "created" for r in done)
+                    CsvTransfer.objects.filter(pk=audit.pk).update(
+                        rows=len(done), created=created, unchanged=len(done) - created
+                    )
+            except IntegrityError:
+                # The same confirmation, posted again: its first request imported the file.
+                first = CsvTransfer.objects.filter(request_token=token).first() if token else None
+                if first is None:
+                    raise
+                self.message_user(
+                    request,
+                    f"This file was already imported (import {first.pk}, by "
+                    f"{first.actor_name}); nothing more was written.",
+                    messages.WARNING,
+                )
+                return HttpResponseRedirect(
+                    reverse("admin:workshops_workshop_change", args=[workshop.pk])
+                )
             except Refused:
                 pass  # shown below with each row's reason; nothing was written
             else:
@@ -266,7 +288,11 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
         preview = import_preview(integration_name, items, [line for line, _ in rows])
         # A confirmation refused although every row is valid: something changed meanwhile.
         refused = "confirm" in request.POST
-        context.update(preview=preview, changed=refused and not preview.invalid)
+        context.update(
+            preview=preview,
+            changed=refused and not preview.invalid,
+            request_token=uuid.uuid4().hex,
+        )
         status = 400 if preview.invalid else 409 if refused else 200
         return TemplateResponse(request, "admin/intake/import.html", context, status=status)
 

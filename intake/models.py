@@ -154,6 +154,15 @@ class CsvTransfer(models.Model):
     created = models.PositiveIntegerField(
         default=0, editable=False, help_text="Enrolments the import created."
     )
+    request_token = models.CharField(
+        max_length=32,
+        null=True,
+        blank=True,
+        unique=True,
+        editable=False,
+        help_text="The one-time token of the preview it confirmed: a confirmation posted "
+        "twice records one import.",
+    )
     unchanged = models.PositiveIntegerField(default=0, editable=False)
 
     class Meta:

@@ -7,6 +7,7 @@ import codecs
 import csv
 import io
 from datetime import timedelta
+from functools import partial
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -68,6 +69,7 @@ def confirm(client, workshop, preview):
             "csv_text": context["csv_text"],
             "filename_seen": context["filename"],
             "integration": context["form"].cleaned_data["integration"],
+            "request_token": context.get("request_token", ""),
             "confirm": "yes",
         },
     )
@@ -115,6 +117,41 @@ def test_reimporting_the_same_file_changes_nothing(importer, make_workshop):
     confirm(importer, workshop, again)
     assert state() == before
     assert CsvTransfer.objects.order_by("pk").last().unchanged == 3
+
+
+def test_a_confirmation_posted_twice_imports_once_and_says_so(importer, make_workshop):
+    """A double click, or the browser sending the form again: one import, one record; the
+    second answer names the first import. A file previewed again is imported again."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    preview = upload(importer, workshop, GOOD)
+    confirm(importer, workshop, preview)
+    audit = CsvTransfer.objects.get()
+    again = confirm(importer, workshop, preview)
+    assert again.status_code == 302
+    *_, message = [str(m) for m in get_messages(again.wsgi_request)]
+    assert message.startswith(f"This file was already imported (import {audit.pk}")
+    assert CsvTransfer.objects.count() == 1 and state() == (3, 3, 3, 2)
+    changed = upload(importer, workshop, GOOD + "Alan Turing,alan@example.com,,,\n")
+    confirm(importer, workshop, changed)
+    assert CsvTransfer.objects.count() == 2 and state() == (4, 4, 4, 2)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_confirmations_of_one_preview_at_once_import_once(importer, make_workshop):
+    """The two posts of a double click may run at once: the second waits for the first and
+    imports nothing. Raced five times, a new file each round."""
+    from tests.support.races import race
+
+    twin = Client()
+    twin.cookies = importer.cookies
+    for round_ in range(5):
+        workshop = make_workshop(starts_in=timedelta(hours=5))
+        data = "".join(f"P{round_}-{i},p{round_}-{i}@example.com\n" for i in range(20))
+        preview = upload(importer, workshop, "name,email\n" + data)
+        answers = race(*(partial(confirm, c, workshop, preview) for c in (importer, twin)))
+        assert [answer.status_code for answer in answers] == [302, 302]
+        assert CsvTransfer.objects.filter(workshop=workshop).count() == 1
+        assert Enrollment.objects.filter(workshop=workshop).count() == 20
 
 
 def test_one_invalid_row_blocks_the_import_and_the_preview_names_it(importer, make_workshop):
