@@ -6,7 +6,8 @@ settle puts every unsent row where they say:
 1. open in a cancelled workshop or enrollment: ``cancelled``;
 2. open, starting within the cutoff: ``missed`` (``unknown`` if maybe sent);
 3. ``cancelled`` for its workshop or enrollment, both live again: ``pending``, or late as in 2;
-4. ``missed``, never maybe sent, with the deadline ahead again: ``pending`` (S7).
+4. ``missed``, never maybe sent, with the deadline ahead again: ``pending`` (S7);
+5. ``queued``, its window not open yet (moved later): ``pending``, not queued until it opens.
 
 Nothing here can lead to a late send: the claim judges every row again.
 """
@@ -57,7 +58,7 @@ def reminders_settle(
     scope: Q | None = None,
     late_reason: str | None = None,
 ) -> dict[str, int]:
-    """Apply the module's four rules to the rows of ``scope`` (all rows by default); return counts.
+    """Apply the module's five rules to the rows of ``scope`` (all rows by default); return counts.
 
     ``late_reason`` overrides the reason read from each row.
     """
@@ -109,6 +110,13 @@ def reminders_settle(
     )
     counts["reopened"] += _update(
         recent.filter(_LIVE, ~late, status=Status.MISSED, maybe_sent=False),
+        status=Status.PENDING,
+        status_reason=reasons.MOVED_LATER,
+        **closed,
+    )
+    not_open_yet = ~late & ~policy.open_start_q(now, through="workshop__")
+    counts["reopened"] += _update(
+        open_rows.filter(_LIVE, not_open_yet, status=Status.QUEUED),
         status=Status.PENDING,
         status_reason=reasons.MOVED_LATER,
         **closed,

@@ -134,6 +134,42 @@ def test_workshop_moved_into_the_past_sends_nothing(clock, due_reminders, publis
     assert list(outbox.glob("*.eml")) == []
 
 
+@pytest.mark.parametrize("path", ["service", "queryset update"])
+def test_a_queued_reminder_whose_workshop_moved_past_its_window_waits_as_pending(
+    clock, make_workshop, enrol, published, outbox, path
+):
+    """Moved days later while its message waits: the row is pending for its new window (not
+    queued for days, which says the workers are behind), and is sent once when it opens."""
+    from workshops.models import Workshop
+
+    workshop = make_workshop(starts_in=timedelta(hours=2))
+    enrol(workshop)
+    pipeline.scan(clock=clock)
+    later = {"starts_at": workshop.starts_at + timedelta(days=5)}
+    later["ends_at"] = later["starts_at"] + timedelta(hours=1)
+    if path == "service":
+        workshop_update(workshop=workshop, **later)
+    else:
+        Workshop.objects.filter(pk=workshop.pk).update(**later)
+        pipeline.scan(clock=clock)
+    [batch] = published
+    assert pipeline.deliver(batch, clock=clock) == {"skipped": 1}  # the old message
+    clock.advance(timedelta(hours=1).total_seconds())
+    pipeline.scan(clock=clock)
+    reminder = Reminder.objects.get()
+    assert (reminder.status, reminder.status_reason, reminder.queued_until) == (
+        "pending",
+        reasons.MOVED_LATER,
+        None,
+    )
+    clock.advance_to(later["starts_at"] - timedelta(hours=2))
+    pipeline.scan(clock=clock)
+    for batch in published[1:]:
+        pipeline.deliver(batch, clock=clock)
+    assert Reminder.objects.get().status == "sent"
+    assert len(list(outbox.glob("*.eml"))) == 1
+
+
 def test_enrolling_after_the_window_opened_is_reminded_at_the_next_scan(
     clock, make_workshop, enrol, published, outbox
 ):
