@@ -65,8 +65,17 @@ def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet |
 def _plan_source(
     *, now: datetime, policy: ReminderPolicy, enrollments: QuerySet[Enrollment], late_reason: str
 ) -> tuple[list[str], QuerySet]:
-    """Return the columns the plan fills and their SELECT: a row per enrollment with no reminder."""
+    """Return the columns the plan fills and their SELECT: a row per enrollment with no reminder.
+
+    Planned up to a lead after the start: a reminder nobody could send shows as missed. New
+    enrollments (``late_reason`` ENROLLED_LATE) are planned at any start up to a lead ahead, so
+    one made on the third day of a long workshop shows why it got no reminder too.
+    """
     late = policy.late_start_q(now, through="workshop__")
+    if late_reason == reasons.ENROLLED_LATE:
+        window = Q(workshop__starts_at__lte=now + policy.lead)
+    else:
+        window = policy.lead_start_q(now, through="workshop__")
     values = {
         "attendee_id": F("attendee_id"),
         "workshop_id": F("workshop_id"),
@@ -91,8 +100,7 @@ def _plan_source(
     selected = {f"p_{column}": value for column, value in values.items()}
     return list(values), (
         enrollments.filter(
-            # Planned up to a lead after the start: a reminder nobody could send shows as missed.
-            policy.lead_start_q(now, through="workshop__"),
+            window,
             status=Enrollment.Status.ACTIVE,
             workshop__status=Workshop.Status.SCHEDULED,
             reminders__isnull=True,
@@ -112,7 +120,8 @@ def reminders_plan(
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
     ``ON CONFLICT DO NOTHING`` makes overlapping plans create each row once. Rows past their
-    deadline are created ``missed`` with ``late_reason``. Return how many were created.
+    deadline are created ``missed`` with ``late_reason`` (ENROLLED_LATE: whenever the workshop
+    started, see ``_plan_source``). Return how many were created.
     """
     clock = clock or default_clock()
     policy = ReminderPolicy.from_settings()

@@ -77,6 +77,20 @@ def test_enrolling_inside_the_cutoff_gives_missed_with_its_reason(clock, make_wo
     assert (reminder.status, reminder.status_reason) == ("missed", reasons.ENROLLED_LATE)
 
 
+def test_enrolling_in_a_workshop_that_started_more_than_a_lead_ago_gives_missed_with_its_reason(
+    clock, make_workshop, make_attendee, enrol
+):
+    """Day three of a five-day course: staff see why no reminder went, as for a day-one
+    enrolment; the scan still plans nothing for enrolments that old."""
+    workshop = make_workshop(starts_in=timedelta(hours=3), duration=timedelta(days=5))
+    clock.advance(timedelta(days=2).total_seconds())
+    enrol(workshop)
+    reminder = Reminder.objects.get()
+    assert (reminder.status, reminder.status_reason) == ("missed", reasons.ENROLLED_LATE)
+    Enrollment.objects.create(attendee=make_attendee(), workshop=workshop)  # no service
+    assert reminders_plan(clock=clock) == 0
+
+
 def test_workshops_beyond_the_lead_are_not_planned_yet(clock, make_workshop, enrol):
     enrol(make_workshop(starts_in=timedelta(days=7)))
     assert Reminder.objects.count() == 0
