@@ -6,6 +6,7 @@ settle puts every unsent row where they say:
 1. open in a cancelled workshop or enrollment: ``cancelled``;
 2. open, starting within the cutoff: ``missed`` (``unknown`` if maybe sent);
 3. ``cancelled`` for its workshop or enrollment, both live again: ``pending``, or late as in 2;
+   for its workshop, back on while the enrollment is cancelled: for the enrollment;
 4. ``missed``, never maybe sent, with the deadline ahead again: ``pending`` (S7);
 5. ``queued``, its window not open yet (moved later): ``pending``, not queued until it opens.
 
@@ -88,6 +89,16 @@ def reminders_settle(
         When(status_reason=reasons.WORKSHOP_CANCELLED, then=Value(reasons.REINSTATED)),
         default=Value(""),
         output_field=TextField(),
+    )
+    _update(
+        recent.filter(
+            ~Q(enrollment__status=Enrollment.Status.ACTIVE),
+            workshop__status=Workshop.Status.SCHEDULED,
+            status=Status.CANCELLED,
+            status_reason=reasons.WORKSHOP_CANCELLED,
+        ),
+        status_reason=reasons.ENROLLMENT_CANCELLED,
+        updated_at=now,
     )
     counts["reopened"] = _update(
         called_off.filter(~late),

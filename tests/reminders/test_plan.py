@@ -230,6 +230,20 @@ def test_a_reinstated_workshop_plans_at_once_what_came_while_it_was_cancelled(
     ]
 
 
+def test_a_reminder_cancelled_with_its_workshop_names_its_enrollment_once_the_workshop_is_back(
+    clock, make_workshop, enrol
+):
+    """Cancelled with the workshop, then the attendee's enrollment cancelled too: once the
+    workshop is back on, the reason is the enrollment, not a cancel that was undone."""
+    workshop = make_workshop()
+    [enrollment] = enrol(workshop)
+    workshop_cancel(workshop=workshop)
+    enrollment_cancel(enrollment=enrollment)
+    workshop_reinstate(workshop=workshop)
+    reminder = Reminder.objects.get()
+    assert (reminder.status, reminder.status_reason) == ("cancelled", reasons.ENROLLMENT_CANCELLED)
+
+
 def test_an_edit_that_does_not_move_the_start_says_why_a_late_row_was_missed(
     clock, make_workshop, enrol
 ):
