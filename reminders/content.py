@@ -442,10 +442,12 @@ def _zone(attendee, workshop) -> ZoneInfo:
     return ZoneInfo(attendee.timezone or workshop.timezone)
 
 
-def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelope:
+def reminder_envelope(*, reminder: Reminder, text=None, send_by=None, links=True) -> Envelope:
     """Return the envelope of a reminder whose attendee and workshop are loaded.
 
-    ``send_by`` is not content: the same rows always give byte-identical content.
+    ``send_by`` is not content: the same rows always give byte-identical content. With
+    ``links=False`` it carries none of the attendee's own links (for staff to read: the links
+    act for the attendee without a login).
     """
     attendee, workshop = reminder.attendee, reminder.workshop
     # From the workshop's start, as the claim judges it: no row stores a copy.
@@ -454,8 +456,9 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
     words = _words(text.language)
     zone = _zone(attendee, workshop)
     values = _values(attendee=attendee, workshop=workshop, facts=workshop, zone=zone, words=words)
-    # Not a placeholder: the line under the calendar's (a preview has no row).
-    values["attendance_url"] = attendance_url(reminder.pk) if reminder.pk else ""
+    # Not a placeholder: the line under the calendar's (a preview may have no row).
+    links = links and bool(reminder.pk)
+    values["attendance_url"] = attendance_url(reminder.pk) if links else ""
     elsewhere = ""
     if zone.key != workshop.timezone:
         there = workshop.starts_at.astimezone(ZoneInfo(workshop.timezone))
@@ -494,7 +497,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None) -> Envelop
         },
         deadline_at=deadline,
         send_by=send_by,
-        unsubscribe_url=unsubscribe_url(reminder.pk) if reminder.pk else "",
+        unsubscribe_url=unsubscribe_url(reminder.pk) if links else "",
     )
 
 
@@ -765,12 +768,15 @@ def _reminder_of(*, workshop, attendee, now: datetime) -> Reminder:
 
 
 def reminder_preview(*, workshop, attendee, now: datetime) -> Preview:
-    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only)."""
+    """Return what ``attendee`` would get for ``workshop`` if it were sent at ``now`` (read only),
+    without their own links, as a notice's preview (its notice has no row)."""
     reminder = _reminder_of(workshop=workshop, attendee=attendee, now=now)
     frozen = reminder.text_id is not None
     text = reminder.text if frozen else choose_text(workshop=workshop, attendee=attendee)
     return Preview(
-        envelope=reminder_envelope(reminder=reminder, text=text), text=text, frozen=frozen
+        envelope=reminder_envelope(reminder=reminder, text=text, links=False),
+        text=text,
+        frozen=frozen,
     )
 
 

@@ -182,7 +182,7 @@ class ReminderAdmin(NulFreeListMixin, ViewOnlyMixin, StaffActionsMixin, admin.Mo
     @admin.display(description="What it says")
     def message(self, obj: Reminder) -> str:
         """Show the subject and text part as sent, or as they would be sent."""
-        envelope = reminder_envelope(reminder=obj)
+        envelope = reminder_envelope(reminder=obj, links=False)
         preview = reverse("admin:workshops_workshop_preview", args=[obj.workshop_id])
         changed = ""
         if obj.sent_at and obj.workshop.updated_at > obj.sent_at:

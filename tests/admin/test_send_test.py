@@ -341,3 +341,28 @@ def test_a_test_the_broker_refuses_says_so_and_a_fresh_form_sends_it_once_it_is_
     assert StaffDecision.objects.count() == 1
     assert press(form())[1] == "success"
     assert StaffDecision.objects.filter(state="running", outcome="").count() == 1
+
+
+@pytest.mark.parametrize("notice", [False, True], ids=["reminder", "notice"])
+def test_a_test_carries_none_of_the_attendees_own_links(
+    enrolled, make_staff, settings, smtp_sink, live_clock, notice
+):
+    """The staff member's mail client offers List-Unsubscribe as a button: in a test it must not
+    unsubscribe the attendee, nor its "can't attend" link cancel their place."""
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    settings.REMINDERS_PUBLIC_URL = "https://reminders.example.com"
+    workshop, attendee = enrolled
+    assert Reminder.objects.filter(attendee=attendee).exists()  # planned: it has its links
+    decision = reminder_send_test_request(
+        workshop=workshop,
+        attendee=attendee,
+        actor=_tester(make_staff),
+        notice=notice,
+        publish_task=lambda pk: None,
+    )
+    assert reminder_send_test_run(decision_id=decision.pk).changed == 1
+    (message,) = smtp_sink.received()
+    parsed = message.parsed()
+    assert parsed["List-Unsubscribe"] is None
+    assert "/attend/" not in parsed.get_body(("plain",)).get_content()

@@ -121,3 +121,24 @@ def test_an_attendee_parameter_that_is_not_an_id_is_an_error_on_the_page_not_a_5
 
     assert page.status_code == 200
     assert "That attendee is not enrolled in this workshop" in page.content.decode()
+
+
+def test_no_staff_page_shows_the_attendees_own_links(client, viewer, workshop, settings):
+    """The "can't attend" and unsubscribe links act for the attendee, with no login: a page
+    showing them would let whoever may view the workshop or the reminder cancel the attendee's
+    place, recorded as the attendee's own decision."""
+    settings.REMINDERS_PUBLIC_URL = "https://reminders.example.com"
+    person, _ = attendee_get_or_create(email="a@example.com", name="Anna")
+    enrollment_create(attendee=person, workshop=workshop)
+    client.force_login(viewer)
+
+    reminder = Reminder.objects.get(attendee=person)
+    pages = {
+        "reminder preview": _url(workshop, attendee=person.pk),
+        "notice preview": _url(workshop, attendee=person.pk, message="notice"),
+        "reminder's page": f"/admin/reminders/reminder/{reminder.pk}/change/",
+    }
+    for name, url in pages.items():
+        page = client.get(url).content.decode()
+        assert "Hello Anna," in page, name
+        assert "/attend/" not in page and "/unsubscribe/" not in page, name
