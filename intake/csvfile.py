@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import csv
 import io
+import re
 from collections.abc import Iterable
 
 from intake.services import AttendeeIn
@@ -21,8 +22,10 @@ MAX_ROWS = 5000
 # Under Django's 2.5 MB cap on a posted form (DATA_UPLOAD_MAX_MEMORY_SIZE): the preview
 # posts the file's text back with the confirmation.
 MAX_BYTES = 2 * 1024 * 1024
-# A cell a spreadsheet would run as a formula (OWASP's list: the four signs, tab, CR).
-FORMULA_STARTS = ("=", "+", "-", "@", "\t", "\r")
+# Where a spreadsheet would run a formula: a cell starting with one of OWASP's list (the four
+# signs, tab, CR), or a part of one after a ';' or a line break, which start a new cell where
+# the list separator is ';' (Excel in much of Europe).
+FORMULA_START = re.compile(r"(^|[;\n\r])(?=[=+\-@\t\r])")
 EMPTY = "The file is empty: export the attendee list with a header row first."
 
 
@@ -128,9 +131,9 @@ def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
 
 
 def safe_cell(value) -> str:
-    """A cell as text that a spreadsheet shows, never runs: a formula start gets a quote."""
-    text = "" if value is None else str(value)
-    return "'" + text if text.startswith(FORMULA_STARTS) else text
+    """A cell as text that a spreadsheet shows, never runs: a formula start gets a quote, at
+    the start and after each ';' or line break."""
+    return FORMULA_START.sub(r"\1'", "" if value is None else str(value))
 
 
 def write_rows(header: Iterable[str], rows: Iterable[Iterable]) -> str:

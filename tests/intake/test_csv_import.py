@@ -298,6 +298,25 @@ def test_the_export_needs_its_own_permission_is_audited_and_escapes_formulas(
     assert audit.rows == 3 and audit.actor_name == "staff-export_attendees"
 
 
+def test_the_export_runs_no_formula_where_a_semicolon_separates_cells(
+    staff, importer, make_workshop
+):
+    """Excel opens a CSV with the system's list separator, a semicolon in much of Europe (the
+    import takes such files): there a ';' in a cell starts a new one, and so does a line break
+    in any cell but the first (a quote is special only at a cell's start)."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    evil = 'name,email,external_id\nLee;=1+2;x,lee@example.com,"k;@SUM(1)\n-2+3"\n'
+    confirm(importer, workshop, upload(importer, workshop, evil))
+    response = staff("export_attendees").get(f"/admin/intake/csvtransfer/export/{workshop.pk}/")
+    text = response.content.decode("utf-8-sig")
+    as_excel_reads_it = [
+        cell for line in csv.reader(io.StringIO(text), delimiter=";") for cell in line
+    ]
+    assert not [cell for cell in as_excel_reads_it if cell.startswith(("=", "+", "-", "@"))]
+    [row] = list(csv.DictReader(io.StringIO(text)))
+    assert (row["name"], row["external_id"]) == ("Lee;'=1+2;x", "k;'@SUM(1)\n'-2+3")
+
+
 def test_a_confirmation_the_data_no_longer_allows_writes_nothing_and_says_why(
     importer, make_workshop
 ):
