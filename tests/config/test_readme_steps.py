@@ -4,6 +4,12 @@ import os
 import subprocess
 from pathlib import Path
 
+import httpx
+import pytest
+
+from tests.support.processes import Proc, process_env
+from tests.support.races import wait_until
+
 ROOT = Path(__file__).resolve().parents[2]
 # A new user's shell: the virtualenv is not on it.
 PLAIN_PATH = "/usr/bin:/bin"
@@ -36,3 +42,30 @@ def test_honcho_finds_the_procfiles_programs():
     assert found.returncode == 0, found.stdout + found.stderr
     venv = (ROOT / ".venv" / "bin").resolve()
     assert [Path(path).resolve().parent for path in found.stdout.split()] == [venv, venv]
+
+
+@pytest.mark.slow
+@pytest.mark.django_db(transaction=True)
+def test_the_steps_start_a_web_that_serves_the_admin(tmp_path):
+    """With DEBUG off, web serves the admin's files from the manifest collectstatic writes:
+    without it, every admin page is a 500 (Missing staticfiles manifest entry)."""
+    socket_path = tmp_path / "web.sock"
+    env = process_env(
+        PATH=PLAIN_PATH,
+        REMINDERS_VAR_DIR=str(tmp_path),
+        WEB_BIND=f"unix:{socket_path}",
+        ALLOWED_HOSTS="web",
+    )
+    env.pop("DEBUG", None)
+    steps = [step for step in _steps() if not step.startswith("export ")]
+    web = Proc(["bash", "-ec", "\n".join(steps).replace("honcho start", "exec honcho start web")],
+               env, "web")  # fmt: skip
+    try:
+        wait_until(lambda: socket_path.exists() or web.popen.poll() is not None, timeout=120)
+        assert socket_path.exists(), web.output()
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path))) as client:
+            login = client.get("http://web/admin/login/")
+            style = client.get("http://web/static/admin/css/base.css")
+    finally:
+        web.stop()
+    assert (login.status_code, style.status_code) == (200, 200), web.output()
