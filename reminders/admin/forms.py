@@ -222,6 +222,14 @@ class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
         model = Enrollment
         fields = ("attendee", "status")
 
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        if self.instance.pk:
+            # A row keeps its attendee (clean refuses a move): offered alone, the autocomplete's
+            # query per row is not made.
+            attendee = self.instance.attendee
+            self.fields["attendee"].widget = forms.Select(choices=[(attendee.pk, str(attendee))])
+
     def clean(self):
         cleaned = super().clean()
         if self.instance.pk and "attendee" in self.changed_data:

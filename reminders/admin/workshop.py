@@ -72,6 +72,10 @@ class EnrollmentInline(admin.TabularInline):
     show_change_link = True
     created_at_utc = utc_column("created_at", "Enrolled")
 
+    def get_queryset(self, request):
+        # Each row's name shows its attendee and workshop.
+        return super().get_queryset(request).select_related("attendee", "workshop")
+
 
 class WorkshopTextInline(admin.StackedInline):
     """The workshop's reminder text in other languages."""
