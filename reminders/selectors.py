@@ -11,7 +11,7 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connections
-from django.db.models import BooleanField, Count, F, Func, OuterRef, Q, QuerySet, Subquery
+from django.db.models import BooleanField, Count, Exists, F, Func, OuterRef, Q, QuerySet, Subquery
 
 from clock import Clock, default_clock
 from reminders.content import choose_text, language_name, reminder_language
@@ -337,11 +337,21 @@ def with_delivery_state(reminders: QuerySet[Reminder]) -> QuerySet[Reminder]:
 
 
 def delivery_state_q(state: str) -> Q:
-    """Filter on one of DELIVERY_STATES, or "none" (annotated by ``with_delivery_state``)."""
+    """Filter reminders on their latest report's DELIVERY_STATES, or "none" (no report).
+
+    The reports of that state with none later: a join the planner sizes, not a subquery per
+    reminder.
+    """
     if state == "none":
-        return Q(delivery_kind__isnull=True)
+        return ~Q(Exists(DeliveryEvent.objects.filter(reminder=OuterRef("pk"))))
     kind, _, bounce = state.partition(":")
-    return Q(delivery_kind=kind, delivery_bounce=bounce)
+    later = DeliveryEvent.objects.filter(
+        Q(occurred_at__gt=OuterRef("occurred_at"))
+        | Q(occurred_at=OuterRef("occurred_at"), id__gt=OuterRef("id")),
+        reminder=OuterRef("reminder"),
+    )
+    latest = DeliveryEvent.objects.filter(~Exists(later), kind=kind, bounce=bounce)
+    return Q(pk__in=latest.values("reminder"))
 
 
 @dataclass(frozen=True, slots=True)
