@@ -60,6 +60,11 @@ NOTICE_ONLY_PLACEHOLDERS = {
 }
 
 
+# A page listing more would post more fields than Django takes (DATA_UPLOAD_MAX_NUMBER_FIELDS):
+# past it, a workshop's enrollments are listed and added on their own page.
+INLINE_ENROLLMENTS_MAX = 200
+
+
 class EnrollmentInline(admin.TabularInline):
     model = Enrollment
     form = EnrollmentInlineForm
@@ -159,7 +164,18 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
                 ),
             },
         ),
-        (None, {"fields": ("status", "reminder_counts", "created_at_utc", "updated_at_utc")}),
+        (
+            None,
+            {
+                "fields": (
+                    "status",
+                    "enrollment_count",
+                    "reminder_counts",
+                    "created_at_utc",
+                    "updated_at_utc",
+                )
+            },
+        ),
     )
     # What the form does not edit is shown read-only.
     readonly_fields = tuple(
@@ -171,6 +187,25 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     start_utc = utc_column("starts_at", "Start")
     created_at_utc = utc_column("created_at", "Created")
     updated_at_utc = utc_column("updated_at", "Updated")
+
+    def get_inlines(self, request, obj):
+        if obj is not None and obj.enrollments.count() > INLINE_ENROLLMENTS_MAX:
+            return [WorkshopTextInline]
+        return self.inlines
+
+    @admin.display(description="Enrollments")
+    def enrollment_count(self, obj: Workshop) -> str:
+        count = obj.enrollments.count() if obj.pk else 0
+        listed = reverse("admin:workshops_enrollment_changelist") + f"?workshop__id__exact={obj.pk}"
+        if count <= INLINE_ENROLLMENTS_MAX:
+            return format_html('<a href="{}">{}</a>', listed, count)
+        return format_html(
+            '{}: more than {} are not listed here; <a href="{}">see and add them on the '
+            "enrollments page</a>, or import a CSV file.",
+            count,
+            INLINE_ENROLLMENTS_MAX,
+            listed,
+        )
 
     @admin.display(description="Start (workshop's zone)", ordering="starts_at")
     def start_local(self, obj: Workshop) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime, timedelta
+from pathlib import Path
 
 import pytest
 from django.db import connection
@@ -414,6 +415,51 @@ def test_change_page_queries_do_not_grow_with_its_enrollments(admin_client, make
     assert len(eight) == len(one)
     html = response.content.decode()
     assert all(f"&lt;{e.attendee.email}&gt;</option>" in html for e in enrollments)
+
+
+def test_a_workshop_with_the_most_enrollments_its_page_lists_can_be_saved(
+    admin_client, make_workshop, enrol, settings
+):
+    """Every field the largest listing posts fits under Django's limit on fields."""
+    from reminders.admin.workshop import INLINE_ENROLLMENTS_MAX
+
+    workshop = make_workshop()
+    enrol(workshop, INLINE_ENROLLMENTS_MAX)
+    html = admin_client.get(f"{CHANGELIST}{workshop.pk}/change/").content.decode()
+    form = html.split('id="workshop_form"', 1)[1].split("</form>", 1)[0]
+    assert f'name="enrollments-{INLINE_ENROLLMENTS_MAX - 1}-attendee"' in form
+    assert form.count(' name="') < settings.DATA_UPLOAD_MAX_NUMBER_FIELDS
+    staff_doc = (Path(__file__).resolve().parents[2] / "docs" / "staff.md").read_text()
+    assert f"enrollments inline (up to {INLINE_ENROLLMENTS_MAX}:" in staff_doc
+
+
+def test_a_workshop_with_more_enrollments_lists_them_elsewhere_and_saves(
+    admin_client, make_workshop, enrol, clock
+):
+    """Its page listed every enrollment: past about 250 its save posted more fields than
+    Django takes, a 400, so the workshop could not be edited at all."""
+    from reminders.admin.workshop import INLINE_ENROLLMENTS_MAX
+
+    workshop = make_workshop(starts_in=timedelta(days=3))
+    enrol(workshop, INLINE_ENROLLMENTS_MAX + 60)
+    page = admin_client.get(f"{CHANGELIST}{workshop.pk}/change/")
+    html = page.content.decode()
+    assert "enrollments-TOTAL_FORMS" not in html
+    listed = f"/admin/workshops/enrollment/?workshop__id__exact={workshop.pk}"
+    assert f'<a href="{listed}">see and add them on the enrollments page</a>' in html
+    assert admin_client.get(listed).status_code == 200
+    local = workshop.starts_at.astimezone(workshop.zone)
+    data = form_data(
+        title="Renamed",
+        zone=workshop.timezone,
+        starts=local.strftime("%Y-%m-%d %H:%M"),
+        ends=workshop.ends_at.astimezone(workshop.zone).strftime("%Y-%m-%d %H:%M"),
+    )
+    del data["enrollments-TOTAL_FORMS"], data["enrollments-INITIAL_FORMS"]
+    saved = admin_client.post(f"{CHANGELIST}{workshop.pk}/change/", data)
+    assert saved.status_code == 302, saved.context and saved.context["errors"]
+    workshop.refresh_from_db()
+    assert workshop.title == "Renamed" and workshop.enrollments.count() == 260
 
 
 def test_enrollment_admin_enrols_through_the_service_and_refuses_a_cancel(
