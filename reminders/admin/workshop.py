@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections import defaultdict
 from functools import partial
 
 from django import forms
@@ -110,6 +111,21 @@ def html_table(table_id: str, headers: tuple[str, ...], rows) -> str:
             ((format_html_join("", "<td>{}</td>", ((cell,) for cell in row)),) for row in rows),
         ),
     )
+
+
+def _count_reminders(workshops) -> None:
+    """Set each workshop's ``reminders_by_status`` (status: count), in one query."""
+    counts = defaultdict(dict)
+    rows = (
+        Reminder.objects.filter(workshop__in=[workshop.pk for workshop in workshops])
+        .order_by()
+        .values_list("workshop", "status")
+        .annotate(Count("pk"))
+    )
+    for workshop_id, status, count in rows:
+        counts[workshop_id][status] = count
+    for workshop in workshops:
+        workshop.reminders_by_status = counts[workshop.pk]
 
 
 @admin.register(Workshop)
@@ -409,21 +425,18 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
             year and not (year.isascii() and year.isdigit() and 1971 <= int(year[:6]) <= 9998)
         ) or any(len(value) > 2 for value in month_day):
             return HttpResponseRedirect(f"{request.path}?{ERROR_FLAG}=1")
-        return super().changelist_view(request, extra_context)
-
-    def get_queryset(self, request):
-        # One query for the whole page: a filtered COUNT per status.
-        counts = {
-            f"reminders_{status}": Count("reminders", filter=Q(reminders__status=status))
-            for status in Status.values
-        }
-        return super().get_queryset(request).annotate(**counts)
+        response = super().changelist_view(request, extra_context)
+        if cl := getattr(response, "context_data", {}).get("cl"):
+            _count_reminders(cl.result_list)  # the page's rows, not every workshop's
+        return response
 
     @admin.display(description="Reminders")
     def reminder_counts(self, obj: Workshop) -> str:
         """Link each non-zero status count to the reminders changelist, filtered."""
         changelist = reverse("admin:reminders_reminder_changelist")
-        counts = [(status, getattr(obj, f"reminders_{status}", 0)) for status in Status.values]
+        if not hasattr(obj, "reminders_by_status"):
+            _count_reminders([obj])
+        counts = [(status, obj.reminders_by_status.get(status, 0)) for status in Status.values]
         links = [
             (f"{changelist}?{urlencode({'workshop__id__exact': obj.pk, 'status__exact': status})}",
              count, status)

@@ -401,6 +401,26 @@ def test_list_counts_reminders_by_status_in_one_query(admin_client, make_reminde
     assert "?workshop__id__exact=" in html and "status__exact=failed" in html
 
 
+def test_the_list_counts_the_reminders_of_its_page_alone(
+    admin_client, make_workshop, enrol, monkeypatch
+):
+    """The counts were annotated on the list's query, so its total, date hierarchy and zone
+    choices joined every workshop's reminders, however few the page showed."""
+    from reminders.admin.workshop import WorkshopAdmin
+    from tests.support.plans import keeping
+
+    monkeypatch.setattr(WorkshopAdmin, "list_per_page", 1)
+    for days in (1, 2, 3):
+        enrol(make_workshop(starts_in=timedelta(days=days)), 2)
+    statements = []
+    with connection.execute_wrapper(keeping(statements)):
+        response = admin_client.get(CHANGELIST)
+    [shown] = response.context["cl"].result_list
+    reading = [(sql, params) for sql, params in statements if '"reminders_reminder"' in sql]
+    assert [tuple(params) for _, params in reading] == [(shown.pk,)], reading
+    assert "2&nbsp;pending</a>" in response.content.decode()
+
+
 def test_change_page_queries_do_not_grow_with_its_enrollments(admin_client, make_workshop, enrol):
     """Each enrollment row read its attendee twice and its workshop once: a workshop of 2,000
     enrollments was 6,000 queries and 13 s."""
