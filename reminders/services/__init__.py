@@ -12,6 +12,7 @@ from reminders.services.dispatch import (
     reminders_unpublished,
     replays_resume,
     scan_completed,
+    sessions_prune,
 )
 from reminders.services.fate import reminder_fate, reminders_return, sources_locked
 from reminders.services.plan import (
@@ -49,5 +50,6 @@ __all__ = [
     "reminders_unpublished",
     "replays_resume",
     "scan_completed",
+    "sessions_prune",
     "sources_locked",
 ]

@@ -9,6 +9,7 @@ from datetime import datetime, timedelta
 from functools import partial
 
 from django.conf import settings
+from django.contrib.sessions.models import Session
 from django.db import connection, transaction
 from django.db.models import Case, DateTimeField, F, Q, Value, When
 
@@ -159,6 +160,12 @@ def dispatches_prune(*, clock: Clock | None = None) -> int:
             [connection.ops.adapt_datetimefield_value(cutoff)],
         )
         return cursor.rowcount
+
+
+def sessions_prune(*, clock: Clock | None = None) -> int:
+    """Delete expired staff sessions, as manage.py clearsessions would; return how many."""
+    clock = clock or default_clock()
+    return Session.objects.filter(expire_date__lt=clock.now()).delete()[0]
 
 
 def _publish(publish: Publish, record: Dispatch) -> None:

@@ -36,6 +36,7 @@ from reminders.services import (
     reminders_unpublished,
     replays_resume,
     scan_completed,
+    sessions_prune,
 )
 from reminders.services.feedback import delivery_events_prune, suppression_addresses
 from reminders.services.notices import (
@@ -116,7 +117,15 @@ def scan(
         {},
     )
     counts.update(noticed)
-    timed("prune", lambda: dispatches_prune(clock=clock) + delivery_events_prune(clock=clock), 0)
+    timed(
+        "prune",
+        lambda: (
+            dispatches_prune(clock=clock)
+            + delivery_events_prune(clock=clock)
+            + sessions_prune(clock=clock)
+        ),
+        0,
+    )
     resumed = timed("resume", lambda: replays_resume(clock=clock, publish=queue.publish_replay), 0)
     if resumed:
         counts["replays_resumed"] = resumed

@@ -290,6 +290,21 @@ def test_the_scan_records_each_phase_and_what_it_did(clock, due_reminders, publi
     assert run.duration_seconds < 60  # the scan's own time, not a clock reading
 
 
+def test_the_scan_deletes_expired_staff_sessions_and_keeps_live_ones(clock, published):
+    """Django keeps every login's session row past its expiry until something deletes it
+    (manage.py clearsessions): the prune phase does, as clearsessions would."""
+    from django.contrib.sessions.models import Session
+
+    for key, expiry in (("expired", -1), ("live", 1)):
+        Session.objects.create(
+            session_key=key.ljust(32, "0"),
+            session_data="",
+            expire_date=clock.now() + timedelta(seconds=expiry),
+        )
+    pipeline.scan(clock=clock)
+    assert list(Session.objects.values_list("session_key", flat=True)) == ["live".ljust(32, "0")]
+
+
 def _chain(*errors: BaseException) -> BaseException:
     """Return ``errors[0]`` raised from ``errors[1]``, raised while handling ``errors[2]``,
     as Django's wrapper raises its error from psycopg's, raised during an interruption."""
