@@ -29,6 +29,11 @@ Publish = Callable[[list[int]], object]
 
 # Per dispatch transaction: the locking SELECT, the queueing UPDATE, the Dispatch INSERT.
 STATEMENTS_PER_TRANSACTION = 3
+# A prune deletes this many rows per statement, and at most PRUNE_PER_SCAN in one scan: a
+# backlog (a retention shortened) goes over the next scans in short statements, never as one
+# DELETE of millions of rows (its locks and WAL, the scan's statement timeout).
+PRUNE_BATCH = 1_000
+PRUNE_PER_SCAN = 50_000
 
 
 def message_expiry(*, deadlines: list[datetime], now: datetime, requeue_after: timedelta):
@@ -149,17 +154,26 @@ def _queue(rows, *, due_now: Q, now: datetime, batch_size: int, requeue_after: t
 
 
 def dispatches_prune(*, clock: Clock | None = None) -> int:
-    """Delete dispatch records older than REMINDERS_DISPATCH_HISTORY_DAYS; return how many."""
+    """Delete dispatch records older than REMINDERS_DISPATCH_HISTORY_DAYS; return how many.
+
+    ``PRUNE_BATCH`` rows a statement, at most ``PRUNE_PER_SCAN`` in one call.
+    """
     clock = clock or default_clock()
     cutoff = clock.now() - timedelta(days=settings.REMINDERS_DISPATCH_HISTORY_DAYS)
     # A bare DELETE: nothing points at a Dispatch, and QuerySet.delete() adds a transaction.
     table = connection.ops.quote_name(Dispatch._meta.db_table)
+    deleted = 0
     with connection.cursor() as cursor:
-        cursor.execute(
-            f"DELETE FROM {table} WHERE queued_at < %s",
-            [connection.ops.adapt_datetimefield_value(cutoff)],
-        )
-        return cursor.rowcount
+        while deleted < PRUNE_PER_SCAN:
+            cursor.execute(
+                f"DELETE FROM {table} WHERE id IN (SELECT id FROM {table} "
+                "WHERE queued_at < %s ORDER BY queued_at LIMIT %s)",
+                [connection.ops.adapt_datetimefield_value(cutoff), PRUNE_BATCH],
+            )
+            deleted += cursor.rowcount
+            if cursor.rowcount < PRUNE_BATCH:
+                break
+    return deleted
 
 
 def sessions_prune(*, clock: Clock | None = None) -> int:

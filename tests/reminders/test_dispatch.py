@@ -336,3 +336,32 @@ def test_the_scan_prunes_dispatch_records_past_their_history_in_one_statement(
     with CaptureQueriesContext(connection) as ten:
         assert dispatches_prune(clock=clock) == 11
     assert len(ten) == len(one), [q["sql"] for q in ten]
+
+
+def test_a_long_backlog_of_dispatch_records_is_pruned_in_short_statements_over_scans(
+    clock, monkeypatch, settings
+):
+    """A history shortened (or a first prune) finds years of rows: each DELETE takes
+    PRUNE_BATCH of them and one scan PRUNE_PER_SCAN, the rest going to the next scans."""
+    from reminders.services import dispatch
+
+    monkeypatch.setattr(dispatch, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(dispatch, "PRUNE_PER_SCAN", 6)
+    old = clock.now() - timedelta(days=settings.REMINDERS_DISPATCH_HISTORY_DAYS, seconds=1)
+    Dispatch.objects.bulk_create(
+        Dispatch(queued_at=old, expires_at=old, reminder_ids=[n]) for n in range(8)
+    )
+    Dispatch.objects.create(queued_at=clock.now(), expires_at=clock.now(), reminder_ids=[9])
+    deleted = []
+
+    def count_deletes(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("DELETE"):
+            deleted.append(context["cursor"].rowcount)
+        return result
+
+    with connection.execute_wrapper(count_deletes):
+        assert dispatches_prune(clock=clock) == 6
+        assert dispatches_prune(clock=clock) == 2
+    assert deleted == [3, 3, 2]
+    assert list(Dispatch.objects.values_list("reminder_ids", flat=True)) == [[9]]
