@@ -16,6 +16,7 @@ from django.utils.crypto import salted_hmac
 from clock import Clock, default_clock
 from delivery.redact import redact_text
 from reminders.models import DeliveryEvent, DroppedReports, Notice, Reminder, Suppression
+from reminders.services import dispatch
 
 logger = logging.getLogger(__name__)
 
@@ -169,10 +170,21 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
 
 
 def delivery_events_prune(*, clock: Clock | None = None) -> int:
-    """Delete delivery events older than REMINDERS_EVENT_RETENTION_DAYS; return how many."""
+    """Delete delivery events older than REMINDERS_EVENT_RETENTION_DAYS; return how many.
+
+    ``PRUNE_BATCH`` rows a transaction, at most ``PRUNE_PER_SCAN`` in one call, as dispatches.
+    """
     clock = clock or default_clock()
     cutoff = clock.now() - timedelta(days=settings.REMINDERS_EVENT_RETENTION_DAYS)
-    return DeliveryEvent.objects.filter(received_at__lt=cutoff).delete()[0]
+    old = DeliveryEvent.objects.filter(received_at__lt=cutoff).order_by()
+    deleted = 0
+    while deleted < dispatch.PRUNE_PER_SCAN:
+        ids = list(old.values_list("pk", flat=True)[: dispatch.PRUNE_BATCH])
+        # QuerySet.delete(): it unlinks the suppressions the events caused first.
+        deleted += DeliveryEvent.objects.filter(pk__in=ids).delete()[0]
+        if len(ids) < dispatch.PRUNE_BATCH:
+            break
+    return deleted
 
 
 def address_key(email: str) -> str:

@@ -336,6 +336,52 @@ def test_reports_older_than_the_retention_are_deleted_by_the_scan(sent, post, li
     assert not DeliveryEvent.objects.exists()
 
 
+def test_a_long_backlog_of_old_reports_is_pruned_in_short_transactions_over_scans(
+    sent, live_clock, monkeypatch
+):
+    """A retention shortened finds months of reports: each transaction deletes PRUNE_BATCH of
+    them and one scan PRUNE_PER_SCAN, the rest going to the next scans. The suppression an old
+    bounce caused stays, as it would with the report deleted whole."""
+    from django.db import connection
+
+    from reminders.services import dispatch
+    from reminders.services.feedback import address_key, delivery_events_prune
+
+    monkeypatch.setattr(dispatch, "PRUNE_BATCH", 3)
+    monkeypatch.setattr(dispatch, "PRUNE_PER_SCAN", 6)
+    reminder = Reminder.objects.get(key=sent[0])
+    now = live_clock.now()
+    old = now - timedelta(days=django_settings.REMINDERS_EVENT_RETENTION_DAYS, seconds=1)
+    DeliveryEvent.objects.bulk_create(
+        DeliveryEvent(reminder=reminder, channel="http", event_id=f"old-{n}", kind="bounced",
+                      bounce="hard", occurred_at=old, received_at=old)
+        for n in range(8)
+    )  # fmt: skip
+    DeliveryEvent.objects.create(
+        reminder=reminder, channel="http", event_id="new", kind="delivered", occurred_at=now,
+        received_at=now,
+    )  # fmt: skip
+    suppression = Suppression.objects.create(
+        address_key=address_key("lea@example.net"), address="lea@example.net", cause="bounced",
+        caused_at=old, event=DeliveryEvent.objects.get(event_id="old-0"), created_at=old,
+    )  # fmt: skip
+    deleted = []
+
+    def count_deletes(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("DELETE"):
+            deleted.append(context["cursor"].rowcount)
+        return result
+
+    with connection.execute_wrapper(count_deletes):
+        assert delivery_events_prune(clock=live_clock) == 6
+        assert delivery_events_prune(clock=live_clock) == 2
+    assert deleted == [3, 3, 2]
+    assert list(DeliveryEvent.objects.values_list("event_id", flat=True)) == ["new"]
+    suppression.refresh_from_db()
+    assert suppression.event is None and suppression.lifted_at is None
+
+
 def test_without_a_callback_secret_there_is_no_endpoint(live_server, settings):
     settings.REMINDERS_HTTP_CALLBACK_SECRET = ""
     answer = httpx.post(f"{live_server.url}/hooks/http/events", content=b"{}", timeout=10)
