@@ -30,7 +30,8 @@ TEMPLATE = "attendance/page.html"
 
 def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200) -> HttpResponse:
     context = {"state": state}
-    language = "en"
+    # A link that names no reminder names no attendee either: the browser's language then.
+    language = translation.get_language_from_request(request)
     if reminder is not None:
         workshop, attendee = reminder.workshop, reminder.attendee
         language = reminder_language(workshop=workshop, attendee=attendee)

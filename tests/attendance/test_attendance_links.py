@@ -138,6 +138,19 @@ def test_the_page_speaks_the_attendees_language(delivered):
     assert "Ja, meinen Platz freigeben" in page.content.decode()
 
 
+@pytest.mark.parametrize(
+    ("language", "heading"),
+    [("en", "This link does not work"), ("de", "Dieser Link funktioniert nicht"),
+     ("fr", "Ce lien ne fonctionne pas")],
+)  # fmt: skip
+def test_a_link_that_names_no_reminder_answers_in_the_browsers_language(language, heading):
+    """A cut-short link names no reminder, so no attendee's language: the browser's it is."""
+    page = Client(HTTP_ACCEPT_LANGUAGE=f"{language},en;q=0.5").get("/attend/1.cut-short/")
+    assert page.status_code == 404
+    assert f'<html lang="{language}">' in page.content.decode()
+    assert f"<h1>{heading}</h1>" in page.content.decode()
+
+
 def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
     delivered, clock, mail, notices_published
 ):
