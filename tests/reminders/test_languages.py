@@ -22,9 +22,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DST_START = datetime(2026, 3, 29, 8, 0, tzinfo=UTC)
 
 
-def _envelope(*, language="", workshop_language="en", name="Zoë", zone="", **texts):
+def _envelope(
+    *, language="", workshop_language="en", name="Zoë", zone="", title="Glaze lab", **texts
+):
     workshop = Workshop(
-        title="Glaze lab",
+        title=title,
         starts_at=DST_START,
         ends_at=DST_START.replace(hour=10),
         timezone="Europe/Berlin",
@@ -58,8 +60,10 @@ def _envelope(*, language="", workshop_language="en", name="Zoë", zone="", **te
         (
             "fr",
             "Rappel : Glaze lab commence le dimanche 29 mars 2026 à 10h00 CEST",
-            ["Quand : dimanche 29 mars 2026 à 10h00 CEST (Europe/Berlin)",
-             "Jusqu’à : 12h00 CEST", "Où : Room 2", "À bientôt !"],
+            # A no-break space before ":", "!" and "?" and inside « »: never a line of its own.
+            ["Quand\u00a0: dimanche 29 mars 2026 à 10h00 CEST (Europe/Berlin)",
+             "Jusqu’à\u00a0: 12h00 CEST", "Où\u00a0: Room 2", "À bientôt\u00a0!",
+             "Bonjour Zoë,\n\nnous vous rappelons que «\u00a0Glaze lab\u00a0» commence le"],
         ),
     ],
 )  # fmt: skip
@@ -72,6 +76,13 @@ def test_each_language_renders_its_fixed_lines_and_dates_on_a_dst_day(language, 
     assert envelope.payload["language"] == language
     # Before the change the same wall clock was CET: the abbreviation follows the date.
     assert "CET" not in envelope.text_body.replace("CEST", "")
+
+
+def test_no_line_of_a_french_text_part_starts_with_its_closing_guillemet_or_colon():
+    """The text part wraps at 72 characters; "»" and ":" stay with the word before them."""
+    for length in range(20, 70):
+        text = _envelope(language="fr", title="x" * length).text_body
+        assert not [line for line in text.splitlines() if line.startswith(("»", ":", "!", "?"))]
 
 
 def test_the_calendar_sentence_is_in_the_message_language():
@@ -216,7 +227,7 @@ def test_the_workshops_notice_intro_is_for_readers_of_its_language_and_others_ge
     assert chosen(french) == (
         "fr",
         "built_in",
-        "Bonjour {attendee_name},\n\n« {workshop_title} » a changé depuis notre rappel. "
+        "Bonjour {attendee_name},\n\n«\u00a0{workshop_title}\u00a0» a changé depuis notre rappel. "
         "Voici ce qui est différent.",
     )
 
