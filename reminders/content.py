@@ -110,6 +110,7 @@ class _Words:
     end_format: tuple
     weekdays: tuple
     months: tuple
+    days: tuple
 
 
 @functools.cache
@@ -134,6 +135,8 @@ def _words(language: str) -> _Words:
             end_format=_parse(pgettext("reminder end", "H:i")),
             weekdays=tuple(str(WEEKDAYS[day]) for day in range(7)),
             months=tuple(str(MONTHS[month]) for month in range(1, 13)),
+            # Translators: the first day of a month as the format's "j" writes it in a date.
+            days=(pgettext("day of month", "1"), *(str(day) for day in range(2, 32))),
         )
 
 
@@ -237,7 +240,7 @@ def _format(local: datetime, parts: tuple[tuple[str, str], ...], words: _Words) 
     fields = {
         "l": words.weekdays[local.weekday()],
         "d": f"{local.day:02d}",
-        "j": str(local.day),
+        "j": words.days[local.day - 1],
         "F": words.months[local.month - 1],
         "Y": str(local.year),
         "H": f"{local.hour:02d}",

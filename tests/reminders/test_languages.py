@@ -23,12 +23,13 @@ DST_START = datetime(2026, 3, 29, 8, 0, tzinfo=UTC)
 
 
 def _envelope(
-    *, language="", workshop_language="en", name="Zoë", zone="", title="Glaze lab", **texts
-):
+    *, language="", workshop_language="en", name="Zoë", zone="", title="Glaze lab", start=DST_START,
+    **texts,
+):  # fmt: skip
     workshop = Workshop(
         title=title,
-        starts_at=DST_START,
-        ends_at=DST_START.replace(hour=10),
+        starts_at=start,
+        ends_at=start.replace(hour=10),
         timezone="Europe/Berlin",
         language=workshop_language,
         location="Room 2",
@@ -76,6 +77,16 @@ def test_each_language_renders_its_fixed_lines_and_dates_on_a_dst_day(language, 
     assert envelope.payload["language"] == language
     # Before the change the same wall clock was CET: the abbreviation follows the date.
     assert "CET" not in envelope.text_body.replace("CEST", "")
+
+
+@pytest.mark.parametrize(
+    ("language", "line"),
+    [("de", "Wann: Sonntag, 1. März 2026 um 09:00 Uhr CET"),
+     ("fr", "Quand\u00a0: dimanche 1er mars 2026 à 09h00 CET")],
+)  # fmt: skip
+def test_the_first_day_of_a_month_is_written_as_the_language_writes_it(language, line):
+    envelope = _envelope(language=language, start=datetime(2026, 3, 1, 8, 0, tzinfo=UTC))
+    assert line in envelope.text_body
 
 
 def test_no_line_of_a_french_text_part_starts_with_its_closing_guillemet_or_colon():
