@@ -136,6 +136,10 @@ def test_the_page_speaks_the_attendees_language(delivered):
     reminder.attendee.save()
     page = Client().get(_link(message, "attend").removeprefix(PUBLIC))
     assert "Ja, meinen Platz freigeben" in page.content.decode()
+    page = Client().get(message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC))
+    assert "Keine Nachrichten mehr zu diesem Workshop? Ihr Platz bleibt Ihnen erhalten." in (
+        page.content.decode()
+    )
 
 
 @pytest.mark.parametrize(

@@ -81,6 +81,18 @@ def test_each_language_renders_its_fixed_lines_and_dates_on_a_dst_day(language, 
 
 @pytest.mark.parametrize(
     ("language", "line"),
+    [("en", "<strong>Organiser:</strong> <bdi>Ops</bdi> &lt;ops@example.org&gt; "
+            "(reply to this message to reach them)"),
+     ("de", "<strong>Veranstalter:</strong> <bdi>Ops</bdi> &lt;ops@example.org&gt; "
+            "(per Antwort auf diese Nachricht erreichbar)")],
+)  # fmt: skip
+def test_the_organiser_line_has_no_pronoun_to_misread(language, line):
+    """German "sie" after "diese Nachricht" read as the message."""
+    assert line in _envelope(language=language).html_body
+
+
+@pytest.mark.parametrize(
+    ("language", "line"),
     [("de", "Wann: Sonntag, 1. März 2026 um 09:00 Uhr CET"),
      ("fr", "Quand\u00a0: dimanche 1er mars 2026 à 09h00 CET")],
 )  # fmt: skip
