@@ -64,7 +64,7 @@ def _envelope(
             # A no-break space before ":", "!" and "?" and inside « »: never a line of its own.
             ["Quand\u00a0: dimanche 29 mars 2026 à 10h00 CEST (Europe/Berlin)",
              "Jusqu’à\u00a0: 12h00 CEST", "Où\u00a0: Room 2", "À bientôt\u00a0!",
-             "Bonjour Zoë,\n\nnous vous rappelons que «\u00a0Glaze lab\u00a0» commence le"],
+             "Bonjour Zoë,\n\nNous vous rappelons que «\u00a0Glaze lab\u00a0» commence le"],
         ),
     ],
 )  # fmt: skip
@@ -84,10 +84,12 @@ def test_each_language_renders_its_fixed_lines_and_dates_on_a_dst_day(language, 
     [("en", "<strong>Organiser:</strong> <bdi>Ops</bdi> &lt;ops@example.org&gt; "
             "(reply to this message to reach them)"),
      ("de", "<strong>Veranstalter:</strong> <bdi>Ops</bdi> &lt;ops@example.org&gt; "
-            "(per Antwort auf diese Nachricht erreichbar)")],
+            "(per Antwort auf diese Nachricht erreichbar)"),
+     ("fr", "<strong>Organisation\u00a0:</strong> <bdi>Ops</bdi> &lt;ops@example.org&gt; "
+            "(joignable en répondant à ce message)")],
 )  # fmt: skip
 def test_the_organiser_line_has_no_pronoun_to_misread(language, line):
-    """German "sie" after "diese Nachricht" read as the message."""
+    """German "sie" after "diese Nachricht" read as the message; French "les" had no plural."""
     assert line in _envelope(language=language).html_body
 
 
@@ -167,6 +169,24 @@ def test_a_change_notices_html_links_the_join_link_to_follow_not_the_old_one(
     # In the changed line and in the facts now, as a reminder's HTML links it.
     assert html.count('<a href="https://meet.example/new?a=1&amp;b=2"') == 2, html
     assert "<bdi>https://meet.example/old</bdi>" in html
+
+
+@pytest.mark.parametrize(
+    ("language", "opening"),
+    [("de", "Hallo Attendee 1,\n\nes tut uns leid: „Atelier“, geplant für Montag"),
+     ("fr", "Bonjour Attendee 1,\n\nNous sommes désolés\u00a0: «\u00a0Atelier\u00a0», prévu "
+            "le lundi")],
+)  # fmt: skip
+def test_a_letter_goes_on_after_its_greeting_as_its_language_writes_it(
+    language, opening, clock, make_workshop, make_attendee
+):
+    """German goes on in lower case after "Hallo …,", French with a capital after "Bonjour …,"."""
+    from reminders.content import notice_preview
+
+    workshop = make_workshop(title="Atelier")
+    attendee = make_attendee(language=language)  # not enrolled: a cancellation's notice
+    notice = notice_preview(workshop=workshop, attendee=attendee, now=clock.now())
+    assert notice.envelope.text_body.startswith(opening)
 
 
 def test_a_blank_attendee_language_takes_the_workshops():
