@@ -338,7 +338,11 @@ class DeliveryEvent(models.Model):
                 fields=["channel", "event_id"], name="delivery_event_once_per_provider_event"
             ),
         ]
-        indexes = [models.Index(fields=["reminder", "-occurred_at"], name="delivery_event_latest")]
+        indexes = [
+            models.Index(fields=["reminder", "-occurred_at"], name="delivery_event_latest"),
+            # Each scan's prune looks for reports past the retention.
+            models.Index(fields=["received_at"], name="delivery_event_received"),
+        ]
 
     def __str__(self) -> str:
         return f"{self.get_kind_display()} for reminder {self.reminder_id} at {self.occurred_at:%Y-%m-%d %H:%M:%S} UTC"

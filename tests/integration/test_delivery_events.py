@@ -382,6 +382,29 @@ def test_a_long_backlog_of_old_reports_is_pruned_in_short_transactions_over_scan
     assert suppression.event is None and suppression.lifted_at is None
 
 
+def test_the_scans_prune_reads_old_reports_alone_not_every_report(sent, live_clock):
+    """Every scan looks for reports past the retention; with no index on when they came, it
+    read the whole table each time (months of a busy sender's reports, every minute)."""
+    from django.db import connection
+
+    from reminders.services.feedback import delivery_events_prune
+    from tests.support.plans import explained_discards, keeping
+
+    reminder = Reminder.objects.get(key=sent[0])
+    now = live_clock.now()
+    DeliveryEvent.objects.bulk_create(
+        DeliveryEvent(reminder=reminder, channel="http", event_id=f"e-{n}", kind="delivered",
+                      occurred_at=now, received_at=now)
+        for n in range(5000)
+    )  # fmt: skip
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {connection.ops.quote_name(DeliveryEvent._meta.db_table)}")
+    statements = []
+    with connection.execute_wrapper(keeping(statements)):
+        assert delivery_events_prune(clock=live_clock) == 0
+    assert max(explained_discards(statements).values()) == 0, statements
+
+
 def test_without_a_callback_secret_there_is_no_endpoint(live_server, settings):
     settings.REMINDERS_HTTP_CALLBACK_SECRET = ""
     answer = httpx.post(f"{live_server.url}/hooks/http/events", content=b"{}", timeout=10)
