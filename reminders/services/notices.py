@@ -455,6 +455,9 @@ def notice_claim(
         .select_related("attendee", "workshop", "revision", "text", "reminder")
         .order_by("workshop__starts_at", "pk")
     )
+    for notice in notices:
+        # Written to the address the claim recorded, though corrected since the UPDATE.
+        notice.attendee.email = notice.sent_to
     _refresh_old_facts([notice for notice in notices if not notice.maybe_sent])
     _freeze_texts([notice for notice in notices if notice.text_id is None])
     send_by = {n.pk: host_now + (n.workshop.starts_at - now) for n in notices}

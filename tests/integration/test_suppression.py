@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import httpx
 import pytest
+from django.db import connection
 
 from clock import SystemClock
 from loopback.http_sink import HttpSink
@@ -24,6 +25,7 @@ from reminders.services.suppression_decisions import suppressions_lift
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
 from tests.admin.conftest import post_action
+from tests.support.races import Step
 from workshops.models import Attendee
 from workshops.services import attendee_get_or_create, enrollment_create, workshop_update
 
@@ -160,6 +162,48 @@ def test_a_report_after_a_correction_suppresses_the_address_the_message_went_to(
     attendees_erase(attendees=Attendee.objects.filter(pk=lea.pk), reason="asked", actor=admin_user)
     assert not Reminder.objects.filter(attendee=lea).exclude(sent_to="").exists()
     assert not Suppression.objects.filter(address__startswith="lea@").exists()
+
+
+def test_a_notice_goes_to_the_address_its_claim_records_though_corrected_at_once(
+    send, report, workshops_for, provider, live_clock, notices_published, settings
+):
+    """Staff correct Ola's address just after her change notice's claim recorded the old one,
+    before the worker read her to write the message: it goes to the recorded address, so the
+    bounce reported for it suppresses the address it went to."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    (ola,) = _people("ola")
+    first = workshops_for(ola)
+    send()
+    workshop_update(workshop=Reminder.objects.get(key=first[ola.pk]).workshop, location="Room 5")
+    notices_published.clear()
+    pipeline.scan(clock=live_clock)
+    pipeline.scan(clock=live_clock)
+    notice_table = connection.ops.quote_name(Notice._meta.db_table)
+    corrected = []
+
+    def correct_after_the_claim(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith(f"UPDATE {notice_table}") and "sent_to" in sql and not corrected:
+            correction = Step(
+                lambda: Attendee.objects.filter(pk=ola.pk).update(email="ola@example.net")
+            )
+            correction.start()
+            corrected.append(correction.finish())
+        return result
+
+    with connection.execute_wrapper(correct_after_the_claim):
+        for batch in list(notices_published):
+            deliver_notices(batch, clock=live_clock)
+    assert corrected == [1]
+    notice = Notice.objects.get(reminder__key=first[ola.pk])
+    called = {r.key: r.json()["recipient"]["email"] for r in provider.requests}
+    assert (notice.status, called[notice.key], notice.sent_to) == (
+        "sent",
+        "ola@example.org",
+        "ola@example.org",
+    )
+    report(notice.key, "bounced", bounce="hard")
+    assert Suppression.objects.get().address == "ola@example.org"
 
 
 def test_each_chunk_reads_suppressions_as_it_claims_even_after_an_address_changes(
