@@ -330,6 +330,15 @@ class DeliveryEvent(models.Model):
     )
     received_at = models.DateTimeField(editable=False)
     reason = models.TextField(blank=True, editable=False)
+    address_key = models.CharField(
+        max_length=64,
+        blank=True,
+        default="",
+        db_default="",
+        editable=False,
+        help_text="The address_key of the address the message went to (a run of soft "
+        "bounces is counted per address); blank for reports kept before it was recorded.",
+    )
 
     class Meta:
         ordering = ["reminder", "occurred_at", "id"]

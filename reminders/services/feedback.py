@@ -155,6 +155,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 occurred_at=event.occurred_at,
                 received_at=now,
                 reason=redact_text(event.reason.replace("\x00", "")),  # PostgreSQL stores none
+                address_key=address_key(sent_to[event.key][1]),
             )
             addressed[event.event_id] = sent_to[event.key]
     with transaction.atomic():
@@ -225,12 +226,13 @@ def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) 
 
 
 def _soft_bounces_in_a_row(attendee_id: int, email: str) -> int:
-    """Count the attendee's latest soft bounces since their last delivered message, and since
-    staff last lifted the address's suppression."""
-    reports = DeliveryEvent.objects.filter(reminder__attendee_id=attendee_id).order_by(
-        "-occurred_at", "-id"
-    )
-    lifted = Suppression.objects.filter(address_key=address_key(email)).aggregate(Max("lifted_at"))[
+    """Count the latest soft bounces of the attendee's messages to ``email`` since the last one
+    delivered there, and since staff last lifted the address's suppression."""
+    key = address_key(email)
+    reports = DeliveryEvent.objects.filter(
+        reminder__attendee_id=attendee_id, address_key=key
+    ).order_by("-occurred_at", "-id")
+    lifted = Suppression.objects.filter(address_key=key).aggregate(Max("lifted_at"))[
         "lifted_at__max"
     ]
     if lifted is not None:

@@ -277,6 +277,30 @@ def test_a_complaint_suppresses_and_soft_bounces_only_in_a_run(
     assert Suppression.objects.get(address="dan@example.org").cause == "bounced"
 
 
+def test_soft_bounces_count_at_the_address_they_went_to(send, report, workshops_for, settings):
+    """Two soft bounces at Liv's old address, then her correction and one at the new: no
+    three in a row at either address. Two more at the new one make three there."""
+    settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = 3
+    (liv,) = _people("liv")
+    old = [workshops_for(liv) for _ in range(2)]
+    send()
+    liv.email = "liv@example.net"
+    liv.save()
+    new = [workshops_for(liv) for _ in range(3)]
+    send()
+    sent_to = dict(Reminder.objects.values_list("key", "sent_to"))
+    assert {sent_to[keys[liv.pk]] for keys in old} == {"liv@example.org"}
+    assert {sent_to[keys[liv.pk]] for keys in new} == {"liv@example.net"}
+    for minutes, keys in enumerate([*old, new[0]]):
+        report(keys[liv.pk], "bounced", bounce="soft", minutes=minutes)
+    assert not Suppression.objects.exists()
+    for minutes, keys in enumerate(new[1:], start=5):
+        report(keys[liv.pk], "bounced", bounce="soft", minutes=minutes)
+    assert list(Suppression.objects.values_list("address", "cause")) == [
+        ("liv@example.net", "bounced")
+    ]
+
+
 def test_a_complaint_about_a_change_notice_suppresses_the_address(
     send, report, workshops_for, provider, live_clock, notices_published, settings
 ):
