@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 
 from django.conf import settings
 from django.db import IntegrityError, transaction
-from django.db.models import F, Max, Q
+from django.db.models import F, Max, Q, Value
+from django.db.models.functions import Coalesce, NullIf
 from django.utils.crypto import salted_hmac
 
 from clock import Clock, default_clock
@@ -125,10 +126,12 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             Q(status__in=done) | Q(maybe_sent=True), key__in=keys, attendee__erased_at__isnull=True
         )
 
-    # The address each went to: one corrected since is not the one that bounced.
-    rows = list(sent(Reminder).values_list("key", "pk", "attendee_id", "sent_to"))
+    # The address each went to: one corrected since is not the one that bounced. None
+    # recorded, the attendee's is the nearest record (as the upgrade took for those sent before).
+    went_to = Coalesce(NullIf("sent_to", Value("")), "attendee__email")
+    rows = list(sent(Reminder).values_list("key", "pk", "attendee_id", went_to))
     # A change notice goes out under a key of its own (notice_key): kept on its reminder.
-    rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", "sent_to")
+    rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", went_to)
     reminder_of = {key: pk for key, pk, _, _ in rows}
     sent_to = {key: (attendee, email) for key, _, attendee, email in rows}
     known = set(

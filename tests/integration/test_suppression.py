@@ -301,6 +301,24 @@ def test_soft_bounces_count_at_the_address_they_went_to(send, report, workshops_
     ]
 
 
+def test_a_report_for_a_message_whose_address_was_not_recorded_suppresses_the_attendees(
+    send, report, workshops_for
+):
+    """A message sent whose address is blank (none recorded, as the field allows) is taken to
+    have gone to the attendee's address, as the upgrade took those sent before: its hard
+    bounce suppresses that address, not an empty one."""
+    (uma,) = _people("uma")
+    first = workshops_for(uma)
+    send()
+    Reminder.objects.filter(key=first[uma.pk]).update(sent_to="")
+    report(first[uma.pk], "bounced", bounce="hard")
+    suppression = Suppression.objects.get()
+    assert (suppression.address, suppression.address_key) == (
+        "uma@example.org",
+        address_key("uma@example.org"),
+    )
+
+
 def test_a_complaint_about_a_change_notice_suppresses_the_address(
     send, report, workshops_for, provider, live_clock, notices_published, settings
 ):
