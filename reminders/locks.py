@@ -57,6 +57,12 @@ def lost_a_race(exc: BaseException) -> bool:
     return _sqlstate_in(exc, {"40P01", "40001"})
 
 
+def read_only(exc: BaseException) -> bool:
+    """Return whether ``exc`` is PostgreSQL refusing a write in a read-only session (25006: a
+    standby, as during a failover)."""
+    return _sqlstate_in(exc, {"25006"})
+
+
 def gave_up_waiting(exc: BaseException) -> bool:
     """Return whether ``exc`` is a lock or statement timeout firing (55P03, 57014)."""
     return _sqlstate_in(exc, {"55P03", "57014"})

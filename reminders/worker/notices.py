@@ -8,7 +8,6 @@ from collections import Counter
 from functools import partial
 
 from django.conf import settings
-from django.db import InterfaceError, OperationalError
 
 from clock import Clock, default_clock
 from reminders.content import notice_envelope
@@ -18,7 +17,7 @@ from reminders.services.watch import NoticeWatch
 from reminders.worker import bridge
 from reminders.worker.pipeline import (
     build_envelopes,
-    interruption,
+    database_away,
     raise_interruption,
     record_with_retry,
     release_interrupted_claim,
@@ -56,7 +55,7 @@ def deliver_notices(
             try:
                 claim = notice_claim(ids=chunk, channel=channel, clock=clock, token=token)
             except BaseException as exc:
-                if not isinstance(interruption(exc), OperationalError | InterfaceError):
+                if not database_away(exc):
                     # A soft time limit, perhaps after the claim committed: hand it back.
                     release = partial(
                         notice_release_interrupted, token=token, ids=chunk, clock=clock

@@ -22,7 +22,7 @@ from delivery.results import DeliveryResult, Outcome
 from delivery.session import Interrupted
 from reminders import queue
 from reminders.content import reminder_envelope
-from reminders.locks import gave_up_waiting
+from reminders.locks import gave_up_waiting, read_only
 from reminders.services import (
     dispatches_prune,
     reminder_claim_batch,
@@ -173,7 +173,9 @@ def deliver(
             released = reminder_release_interrupted(
                 token=token, channel=channel, ids=chunk, clock=clock
             )
-        except (OperationalError, InterfaceError) as exc:
+        except Error as exc:
+            if not database_away(exc):
+                raise
             connection.close()
             raise DatabaseUnavailable(ids, held=held) from exc
         if released:
@@ -216,7 +218,7 @@ def deliver(
                         addresses=addresses,
                     )
                 except BaseException as exc:
-                    if isinstance(interruption(exc), OperationalError | InterfaceError):
+                    if database_away(exc):
                         # Nothing later is claimed, and this chunk's claim may have committed
                         # as the connection went: the retry releases it, then delivers them all.
                         connection.close()
@@ -274,7 +276,7 @@ def record_with_retry(
         try:
             counts = record(claim=claim, results=results, clock=clock)
         except BaseException as exc:
-            if not isinstance(interruption(exc), OperationalError | InterfaceError):
+            if not database_away(exc):
                 # Interrupted (a soft time limit): the record rolled back or committed unseen.
                 # Record again on a fresh connection (fenced), then raise the interruption.
                 if interrupted is not None:
@@ -374,6 +376,13 @@ def interruption(exc: BaseException) -> BaseException:
         if seen is None:
             return exc
     return seen
+
+
+def database_away(exc: BaseException) -> bool:
+    """Return whether ``exc`` says the database cannot take the work now, so it is worth
+    waiting for: a lost connection, a timeout, or a read-only session (a failover's standby)."""
+    cause = interruption(exc)
+    return isinstance(cause, OperationalError | InterfaceError) or read_only(cause)
 
 
 def raise_interruption(exc: BaseException) -> NoReturn:

@@ -280,3 +280,74 @@ def test_a_busy_provider_gets_engine_attempts_calls_per_batch_then_the_row_waits
     assert counts == {"skipped": 0, "pending": 1}
     row = Reminder.objects.get(pk=pk)
     assert row.status == "pending" and row.next_attempt_at is not None
+
+
+@pytest.fixture
+def read_only():
+    """Yield a function that makes the test database read-only, as a failover's standby is
+    until it is promoted (this session at once, a new one by the database's default), and
+    returns the function that makes it writable again (run at the end in any case)."""
+    from django.db import connections
+
+    name = connection.settings_dict["NAME"]
+    admin = connections.create_connection("default")
+
+    def writable():
+        with admin.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" RESET default_transaction_read_only')
+
+    def make_read_only():
+        with admin.cursor() as cursor:
+            cursor.execute(f'ALTER DATABASE "{name}" SET default_transaction_read_only = on')
+        with connection.cursor() as cursor:
+            cursor.execute("SET default_transaction_read_only = on")
+        return writable
+
+    try:
+        yield make_read_only
+    finally:
+        writable()
+        admin.close()
+        connection.close()
+
+
+def test_record_retries_while_the_database_is_read_only_and_keeps_known_outcomes(
+    live_clock, due_reminders, monkeypatch, read_only
+):
+    """A failover: the worker's session reaches a standby that refuses writes (25006) until
+    it is promoted. The record waits for it as for a lost connection, fenced, rather than
+    leave known outcomes to the lease (``unknown`` on smtp)."""
+    ids = due_reminders(3)
+    claim = reminder_claim_batch(ids=ids, channel="smtp", clock=live_clock)
+    writable = read_only()
+    waits = []
+    sleep = live_clock.sleep_blocking
+
+    def promoted_in_the_wait(seconds):
+        if not waits:
+            writable()
+        waits.append(seconds)
+        sleep(seconds)
+
+    monkeypatch.setattr(live_clock, "sleep_blocking", promoted_in_the_wait)
+    counts = pipeline.record_with_retry(
+        claim=claim, results=[_result(r) for r in claim.reminders], clock=live_clock
+    )
+    assert counts == {"sent": 3} and len(waits) == 1
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"sent"}
+
+
+def test_claim_on_a_read_only_database_hands_the_whole_batch_back_for_a_retry(
+    live_clock, due_reminders, outbox, read_only
+):
+    """Nothing can be claimed on a standby: the batch goes back to Celery for a retry, as
+    when the database is away, and the retry sends it once the database takes writes."""
+    ids = due_reminders(3)
+    writable = read_only()
+    with pytest.raises(pipeline.DatabaseUnavailable) as caught:
+        pipeline.deliver(ids, clock=live_clock)
+    assert caught.value.ids == ids
+    writable()
+    connection.close()
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
+    assert pipeline.deliver(ids, clock=live_clock, held=caught.value.held)["sent"] == 3
