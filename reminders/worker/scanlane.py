@@ -12,6 +12,7 @@ import threading
 
 from django.db import close_old_connections, connections
 from kombu import Queue
+from kombu.exceptions import ChannelError
 
 from reminders.schedule import SCAN_QUEUE, SCAN_TASK
 
@@ -88,6 +89,8 @@ class ScanLane:
         try:
             with self._app.connection_for_read() as connection:
                 declared = connection.default_channel.queue_declare(queue=SCAN_QUEUE, passive=True)
+        except ChannelError:  # not found: Redis keeps no empty list, so none waits
+            return False
         except Exception as exc:  # cannot tell: run this one (a scan is idempotent)
             logger.warning("Scan lane could not count the scan queue (%s)", exc)
             return False
