@@ -74,10 +74,15 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
     except pipeline.DatabaseUnavailable as exc:
         # Nothing was sent: retry shortly rather than drain the queue into errors while
         # PostgreSQL restarts. After the last retry the scan dispatches them again.
+        cause = exc.__cause__
         if self.request.retries >= DATABASE_RETRIES:
-            logger.error("Database still unavailable; %s reminders left to the scan", len(exc.ids))
+            logger.error(
+                "Database still unavailable (%s); %s reminders left to the scan",
+                cause,
+                len(exc.ids),
+            )
             return {"database_unavailable": len(exc.ids)}
-        logger.warning("Database unavailable; retrying %s reminders", len(exc.ids))
+        logger.warning("Database unavailable (%s); retrying %s reminders", cause, len(exc.ids))
         held_by = [exc.held[0].hex, exc.held[1]] if exc.held else None
         raise self.retry(
             args=[exc.ids],

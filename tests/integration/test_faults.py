@@ -351,3 +351,18 @@ def test_claim_on_a_read_only_database_hands_the_whole_batch_back_for_a_retry(
     connection.close()
     assert set(Reminder.objects.values_list("status", flat=True)) == {"pending"}
     assert pipeline.deliver(ids, clock=live_clock, held=caught.value.held)["sent"] == 3
+
+
+def test_a_batch_handed_back_for_a_retry_logs_why(live_clock, due_reminders, read_only, caplog):
+    """The worker's line for a retry names the database's error (here a standby refusing
+    writes), so an operator knows whether to look at the network, a failover or locks."""
+    from celery.exceptions import Retry
+
+    from reminders.tasks import deliver_batch
+
+    ids = due_reminders(2)
+    read_only()
+    with pytest.raises((Retry, pipeline.DatabaseUnavailable)):
+        deliver_batch.run(ids)
+    line = next(r.getMessage() for r in caplog.records if "retrying" in r.getMessage())
+    assert "read-only transaction" in line, line
