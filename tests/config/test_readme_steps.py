@@ -63,7 +63,10 @@ def test_the_steps_start_a_web_that_serves_the_admin(tmp_path):
     try:
         wait_until(lambda: socket_path.exists() or web.popen.poll() is not None, timeout=120)
         assert socket_path.exists(), web.output()
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path))) as client:
+        # The socket is bound before gunicorn's workers have loaded Django: on a loaded host
+        # the first answer takes more than httpx's 5 s.
+        transport = httpx.HTTPTransport(uds=str(socket_path))
+        with httpx.Client(transport=transport, timeout=60) as client:
             login = client.get("http://web/admin/login/")
             style = client.get("http://web/static/admin/css/base.css")
     finally:
