@@ -305,6 +305,13 @@ def test_every_constant_quoted_with_its_figure_has_that_value():
     assert wrong == []
 
 
+def test_the_prune_batches_quoted_in_operations_are_the_codes():
+    from reminders.services.dispatch import PRUNE_BATCH, PRUNE_PER_SCAN
+
+    quoted = f"at most {PRUNE_BATCH:,} rows a transaction and {PRUNE_PER_SCAN:,} a scan"
+    assert quoted in " ".join(_text("operations").split())
+
+
 def test_the_packet_and_the_readme_stay_within_their_caps():
     """Issue 33: a maintainer reads the packet in one sitting, an operator the README."""
     words = len(PACKET.read_text().split())
