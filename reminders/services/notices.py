@@ -455,6 +455,14 @@ def notice_claim(
         .select_related("attendee", "workshop", "revision", "text", "reminder")
         .order_by("workshop__starts_at", "pk")
     )
+    if erased := [n.pk for n in notices if n.attendee.erased_at is not None]:
+        # Erased since the UPDATE took them (their address blanked): withdrawn as NoticeWatch
+        # withdraws one, the attempt refunded.
+        Notice.objects.filter(pk__in=erased, claim_token=token, status=Status.SENDING).update(
+            status=Status.SILENCED, status_reason=ERASED, claim_token=None,
+            lease_expires_at=None, attempts=F("attempts") - 1, updated_at=now,
+        )  # fmt: skip
+        notices = [n for n in notices if n.pk not in erased]
     for notice in notices:
         # Written to the address the claim recorded, though corrected since the UPDATE.
         notice.attendee.email = notice.sent_to

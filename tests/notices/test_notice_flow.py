@@ -794,3 +794,46 @@ def test_a_notice_error_recorded_after_its_attendee_was_erased_keeps_nothing_of_
     assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_failed": 1}
     stored = Notice.objects.values_list("status_reason", "last_error").get()
     assert not any(email.split("@")[0] in text for text in stored), stored
+
+
+def test_a_notice_whose_attendee_is_erased_as_it_is_claimed_is_withdrawn_as_erased(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
+):
+    """Staff erase Ada just after her notice's claim took it, before the worker read it to
+    write the message (the erasure blanked the address the claim recorded): the claim
+    withdraws it as the claim watch would, silenced because she was erased, its attempt
+    refunded; it failed 'recipient address is empty'. Bob's goes out."""
+    from django.db import connection
+
+    from reminders.services.erasure import attendees_erase
+    from tests.support.races import Step
+    from workshops.models import Attendee
+
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    ada, bob = (n.attendee for n in Notice.objects.filter(pk__in=batch).order_by("pk"))
+    actor = django_user_model.objects.create_user("staff")
+    notice_table = connection.ops.quote_name(Notice._meta.db_table)
+    erased = []
+
+    def erase_after_the_claim(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith(f"UPDATE {notice_table}") and "sent_to" in sql and not erased:
+            erasure = Step(
+                lambda: attendees_erase(
+                    attendees=Attendee.objects.filter(pk=ada.pk), reason="asked", actor=actor
+                )
+            )
+            erasure.start()
+            erased.append(erasure.finish())
+        return result
+
+    with connection.execute_wrapper(erase_after_the_claim):
+        counts = deliver_notices(batch, clock=clock)
+    assert len(erased) == 1
+    received = [m.parsed()["To"].addresses[0].addr_spec for m in mail.messages[reminded:]]
+    assert received == [bob.email]
+    rows = Notice.objects.order_by("pk").values_list("status", "status_reason", "attempts")
+    assert list(rows) == [("silenced", "the attendee was erased", 0), ("sent", "", 1)]
+    assert counts == {"notices_sent": 1}
