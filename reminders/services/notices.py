@@ -205,9 +205,10 @@ def _revise(workshop_id: int, *, now: datetime) -> bool:
             planned_at__isnull=True,
             superseded_at__isnull=True,
         ).update(superseded_at=now)
-        superseded = Notice.objects.filter(
-            workshop=workshop, number__lt=number, status=Status.PENDING
-        ).update(
+        unsent = Notice.objects.filter(workshop=workshop, number__lt=number, status=Status.PENDING)
+        for notice in unsent.filter(maybe_sent=True).select_related("revision"):
+            _mark_told(notice)  # it may have arrived: this revision tells them from there
+        superseded = unsent.update(
             status=Status.SUPERSEDED,
             status_reason=f"superseded by revision {number}",
             updated_at=now,
@@ -402,8 +403,8 @@ def notice_claim(
 
     One guarded UPDATE judges by the database's clock; of two claimers one wins. Notices of a
     started workshop become missed, those of an attendee who unsubscribed silenced, those of one
-    who holds the facts as they are now (the change undone) superseded. ``token`` lets a caller
-    release an interrupted claim.
+    who holds the facts as they are now (the change undone) superseded, or counted as told if
+    perhaps sent. ``token`` lets a caller release an interrupted claim.
     """
     clock = clock or default_clock()
     host_now = clock.now()
@@ -441,10 +442,14 @@ def notice_claim(
         status=Status.SILENCED, status_reason=UNSUBSCRIBED, queued_until=None, updated_at=now
     )
     # Nothing left to tell (the workshop changed back to what they were told): no later
-    # revision supersedes it, so it would wait until the start. One perhaps sent stays.
+    # revision supersedes it, so it would wait until the start. One perhaps sent stays, its
+    # facts taken as told: the next scan's revision supersedes it and tells them it is back.
     left.filter(~_lacking(), status=Status.PENDING, maybe_sent=False).update(
         status=Status.SUPERSEDED, status_reason=HEARD, queued_until=None, updated_at=now
     )
+    perhaps_heard = left.filter(~_lacking(), status=Status.PENDING, maybe_sent=True)
+    for notice in perhaps_heard.select_related("revision"):
+        _mark_told(notice)
     left.filter(
         status=Status.PENDING,
         workshop__starts_at__lte=now,

@@ -837,3 +837,41 @@ def test_a_notice_whose_attendee_is_erased_as_it_is_claimed_is_withdrawn_as_eras
     rows = Notice.objects.order_by("pk").values_list("status", "status_reason", "attempts")
     assert list(rows) == [("silenced", "the attendee was erased", 0), ("sent", "", 1)]
     assert counts == {"notices_sent": 1}
+
+
+@pytest.mark.parametrize("others", [1, 0], ids=["with others told", "alone"])
+def test_a_notice_perhaps_sent_then_undone_is_followed_by_one_saying_so(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, others
+):
+    """On a channel with keys, Ada's notice of a move got no answer (it may have arrived) and
+    waits to be sent again by its key; staff undo the move first. She may hold the moved
+    start, so she hears it is back: at the revision that tells the others, or, alone, once
+    her notice comes up again. It was superseded by that revision, or waited to the start,
+    and she never heard."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.notices import notice_claim, notice_record
+
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1 + others
+    )
+    ada = Notice.objects.filter(pk__in=batch).order_by("pk").first()
+    claim = notice_claim(ids=[ada.pk], channel="http", clock=clock)
+    no_answer = DeliveryResult(
+        reminder_id=ada.pk, key=ada.key, outcome=Outcome.TIMED_OUT, message_id=None,
+        error="timed out", attempts=1, provider_reached=True, maybe_delivered=True,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[no_answer], clock=clock)
+    deliver_notices(batch, clock=clock)  # the others'
+    _move(ada.workshop, -timedelta(hours=1))
+    for _ in range(8):
+        clock.advance(61)
+        run()
+    workshop = Workshop.objects.get(pk=ada.workshop_id)
+    to_ada = [m for m in mail.messages[reminded:] if m.rcpt_tos == (ada.attendee.email,)]
+    assert len(to_ada) == 1
+    body = " ".join(to_ada[0].parsed().get_body(("plain",)).get_content().split())
+    moved = local_start(workshop.starts_at + timedelta(hours=1), ZoneInfo(workshop.timezone))
+    assert local_start(workshop.starts_at, ZoneInfo(workshop.timezone)) in body
+    assert f"(was {moved})" in body
+    assert WorkshopRevision.objects.count() == 2
+    assert Reminder.objects.get(pk=ada.reminder_id).told_starts_at == workshop.starts_at
