@@ -24,6 +24,8 @@ class AttendeeAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
     list_filter = ("timezone",)
     search_fields = ("name", "email")
+    # Meta.ordering does not order the count's GROUP BY: the autocomplete would page unordered.
+    ordering = ("email",)
     actions = ["erase_selected"]
     readonly_fields = ("erased_at_utc",)
     erased_at_utc = utc_column("erased_at", "Erased")
