@@ -20,7 +20,7 @@ from intake.imports import ImportForm, export_rows, import_preview
 from intake.models import ApiToken, ApiWrite, CsvTransfer, Integration
 from intake.services import EnrolmentIn, Refused, enrolments_upsert
 from intake.tokens import token_create, token_revoke
-from reminders.admin.columns import NulFreeListMixin
+from reminders.admin.columns import NulFreeListMixin, plural
 from workshops.models import Workshop
 
 
@@ -276,7 +276,7 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
                 repeats = len(done) - len({r.enrolment_id for r in done})
                 self.message_user(
                     request,
-                    f"Imported {len(done)} rows into {workshop.title}: {created} enrolled, "
+                    f"Imported {plural(len(done), 'row')} into {workshop.title}: {created} enrolled, "
                     f"{len(done) - created - repeats} already were"
                     + (f", {repeats} repeated an earlier row" if repeats else "")
                     + f" (import {audit.pk}).",

@@ -489,3 +489,12 @@ def test_a_row_repeating_an_earlier_ones_attendee_is_shown_as_a_repeat(importer,
     done = confirm(importer, preview.context["workshop"], preview)
     (message,) = [str(m) for m in get_messages(done.wsgi_request)]
     assert "3 rows into" in message and ": 2 enrolled, 0 already were, 1 repeated" in message
+
+
+def test_a_one_row_import_says_row(importer, make_workshop):
+    workshop = make_workshop(starts_in=timedelta(hours=5), title="Glazing")
+    done = confirm(
+        importer, workshop, upload(importer, workshop, "name,email\nAda,a@example.com\n")
+    )
+    *_, message = [str(m) for m in get_messages(done.wsgi_request)]
+    assert message.startswith("Imported 1 row into Glazing: 1 enrolled, 0 already were")
