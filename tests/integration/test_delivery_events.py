@@ -346,6 +346,7 @@ def test_a_long_backlog_of_old_reports_is_pruned_in_short_transactions_over_scan
 
     from reminders.services import dispatch
     from reminders.services.feedback import address_key, delivery_events_prune
+    from tests.support.plans import counting_deletes
 
     monkeypatch.setattr(dispatch, "PRUNE_BATCH", 3)
     monkeypatch.setattr(dispatch, "PRUNE_PER_SCAN", 6)
@@ -366,14 +367,7 @@ def test_a_long_backlog_of_old_reports_is_pruned_in_short_transactions_over_scan
         caused_at=old, event=DeliveryEvent.objects.get(event_id="old-0"), created_at=old,
     )  # fmt: skip
     deleted = []
-
-    def count_deletes(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if sql.lstrip().upper().startswith("DELETE"):
-            deleted.append(context["cursor"].rowcount)
-        return result
-
-    with connection.execute_wrapper(count_deletes):
+    with connection.execute_wrapper(counting_deletes(deleted)):
         assert delivery_events_prune(clock=live_clock) == 6
         assert delivery_events_prune(clock=live_clock) == 2
     assert deleted == [3, 3, 2]

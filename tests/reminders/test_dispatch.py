@@ -11,6 +11,7 @@ from django.test.utils import CaptureQueriesContext
 from clock import SystemClock
 from reminders.models import Dispatch, Reminder
 from reminders.services import dispatches_prune, reminders_dispatch
+from tests.support.plans import counting_deletes
 from tests.support.processes import process_env
 from workshops.models import Workshop
 
@@ -353,14 +354,7 @@ def test_a_long_backlog_of_dispatch_records_is_pruned_in_short_statements_over_s
     )
     Dispatch.objects.create(queued_at=clock.now(), expires_at=clock.now(), reminder_ids=[9])
     deleted = []
-
-    def count_deletes(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if sql.lstrip().upper().startswith("DELETE"):
-            deleted.append(context["cursor"].rowcount)
-        return result
-
-    with connection.execute_wrapper(count_deletes):
+    with connection.execute_wrapper(counting_deletes(deleted)):
         assert dispatches_prune(clock=clock) == 6
         assert dispatches_prune(clock=clock) == 2
     assert deleted == [3, 3, 2]

@@ -32,3 +32,15 @@ def keeping(statements: list):
         return execute(sql, params, many, context)
 
     return keep
+
+
+def counting_deletes(deleted: list):
+    """An execute wrapper appending the rows each DELETE removed to ``deleted``."""
+
+    def count(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("DELETE"):
+            deleted.append(context["cursor"].rowcount)
+        return result
+
+    return count
