@@ -11,6 +11,7 @@ from datetime import timedelta
 import pytest
 from django.db import connections
 
+from reminders.links import attendance_token, unsubscribe_token
 from reminders.models import Reminder
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
@@ -84,3 +85,32 @@ def test_the_link_from_a_delivered_reminder_cancels_after_one_click(
     assert [m.rcpt_tos for m in after] == [(leaving.attendee.email,)]
     assert after[0].subject.startswith("Cancelled: Wheel throwing")
     assert Reminder.objects.get(enrollment=leaving).status == "sent"
+
+
+PHONE = {"viewport": {"width": 375, "height": 667}, "device_scale_factor": 2, "is_mobile": True,
+         "has_touch": True}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("path", "token"), [("attend", attendance_token), ("unsubscribe", unsubscribe_token)]
+)
+def test_each_page_fits_a_phone_and_its_button_a_fingertip_without_javascript(
+    live_server, plain_http_cookies, live_clock, make_workshop, enrol, chromium, path, token
+):
+    """At 375 px, scripts off: no sideways scroll, text at 16 px, a 44 x 44 px button."""
+    [enrollment] = enrol(make_workshop(starts_in=timedelta(hours=5), title="Wheel throwing"))
+    reminder = Reminder.objects.get(enrollment=enrollment)
+    context = chromium.new_context(**PHONE, java_script_enabled=False)
+    try:
+        page = context.new_page()
+        page.goto(f"{live_server.url}/{path}/{token(reminder.pk)}/")
+        fits = "() => document.documentElement.scrollWidth <= window.innerWidth"
+        size = "() => parseFloat(getComputedStyle(document.body).fontSize)"
+        assert page.evaluate(fits) and page.evaluate(size) >= 16
+        box = page.locator("#confirm").bounding_box()
+        assert box["width"] >= 44 and box["height"] >= 44, box
+        page.locator("#confirm").tap()
+        page.wait_for_selector("#done")
+        assert page.evaluate(fits)
+    finally:
+        context.close()
