@@ -346,7 +346,8 @@ def _html(language: str, paragraphs: str) -> str:
     return (
         "<!doctype html>\n"
         f'<html lang="{_escape(language)}">\n'
-        '<body style="font-family: sans-serif; line-height: 1.5">\n'
+        '<head><meta name="viewport" content="width=device-width, initial-scale=1"></head>\n'
+        '<body style="font-family: sans-serif; line-height: 1.5; overflow-wrap: anywhere">\n'
         f"{paragraphs}"
         "</body>\n"
         "</html>\n"

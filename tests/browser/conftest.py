@@ -26,6 +26,9 @@ CHROMIUM_ARGS = [
 ]
 RESULTS = Path(__file__).resolve().parents[2] / "test-results"
 PASSWORD = "a-long-browser-test-password"
+#: A phone's browser context: 375 x 667 CSS px at twice the pixels, touch.
+PHONE = {"viewport": {"width": 375, "height": 667}, "device_scale_factor": 2, "is_mobile": True,
+         "has_touch": True}  # fmt: skip
 
 
 def log_in(page, base: str, username: str, next_path: str) -> None:

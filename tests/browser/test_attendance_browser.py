@@ -15,6 +15,7 @@ from reminders.links import attendance_token, unsubscribe_token
 from reminders.models import Reminder
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
+from tests.browser.conftest import PHONE
 from workshops.models import Enrollment
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
@@ -85,10 +86,6 @@ def test_the_link_from_a_delivered_reminder_cancels_after_one_click(
     assert [m.rcpt_tos for m in after] == [(leaving.attendee.email,)]
     assert after[0].subject.startswith("Cancelled: Wheel throwing")
     assert Reminder.objects.get(enrollment=leaving).status == "sent"
-
-
-PHONE = {"viewport": {"width": 375, "height": 667}, "device_scale_factor": 2, "is_mobile": True,
-         "has_touch": True}  # fmt: skip
 
 
 @pytest.mark.parametrize(

@@ -11,8 +11,9 @@ import re
 
 import pytest
 
-from reminders.content import reminder_envelope
+from reminders.content import notice_preview, reminder_envelope
 from reminders.models import Reminder
+from tests.browser.conftest import PHONE
 from workshops.models import Workshop
 from workshops.services import attendee_get_or_create, enrollment_create
 
@@ -45,3 +46,30 @@ def test_the_html_body_renders_with_inline_styles_only(make_workshop, new_page, 
     assert link.get_attribute("href") == "https://meet.example.org/kiln?id=7&lang=en"
     assert "Organiser: Ada Lovelace <ada@example.org>" in body
     page.screenshot(path=screenshot_dir / "reminder-mail.png", full_page=True)
+
+
+def test_a_reminder_and_a_change_notice_fit_a_phones_width(
+    clock, make_workshop, enrol, chromium, settings
+):
+    """Laid out at the phone's 375 px, as readable as the pages, with no sideways scroll:
+    the "can't attend" link and a meeting's join link are longer than the screen is wide."""
+    settings.REMINDERS_PUBLIC_URL = "https://reminders.example.com"
+    join = "https://meet.example.org/j/83517294601?pwd=Zk3uQ9bXv2LmT7sWc4YhR8nE1dA6fG0j.1"
+    workshop = make_workshop(join_url=join)
+    [enrollment] = enrol(workshop)
+    reminder = Reminder.objects.select_related("workshop", "attendee").get()
+    Reminder.objects.filter(pk=reminder.pk).update(
+        told_starts_at=workshop.starts_at, told_ends_at=workshop.ends_at, told_join_url=join + "0"
+    )
+    notice = notice_preview(workshop=workshop, attendee=enrollment.attendee, now=clock.now())
+    context = chromium.new_context(**PHONE)
+    try:
+        page = context.new_page()
+        for html in (reminder_envelope(reminder=reminder).html_body, notice.envelope.html_body):
+            page.set_content(html)
+            widths = page.evaluate(
+                "() => [window.innerWidth, document.documentElement.scrollWidth]"
+            )
+            assert widths == [375, 375], html
+    finally:
+        context.close()
