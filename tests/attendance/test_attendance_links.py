@@ -155,6 +155,17 @@ def test_a_link_that_names_no_reminder_answers_in_the_browsers_language(language
     assert f"<h1>{heading}</h1>" in page.content.decode()
 
 
+@pytest.mark.parametrize(
+    ("language", "title"),
+    [("en", "This link does not work – Workshop reminders"),
+     ("de", "Dieser Link funktioniert nicht – Workshop-Erinnerungen")],
+)  # fmt: skip
+def test_a_link_that_does_not_work_says_so_in_the_pages_title(language, title):
+    """The title is what a screen reader announces first, and what names the tab."""
+    page = Client(HTTP_ACCEPT_LANGUAGE=language).get("/attend/1.cut-short/")
+    assert f"<title>{title}</title>" in page.content.decode()
+
+
 def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
     delivered, clock, mail, notices_published
 ):
