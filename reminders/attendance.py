@@ -39,6 +39,7 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
         context |= {
             "title": workshop.title,
             "when": local_start(workshop.starts_at, zone, language),
+            "called_off": not workshop.is_scheduled,
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)

@@ -143,6 +143,29 @@ def test_the_page_speaks_the_attendees_language(delivered):
 
 
 @pytest.mark.parametrize(
+    ("language", "said"),
+    [("en", "This workshop is cancelled for now. If it is back on, you will hear of it."),
+     ("de", "Dieser Workshop ist vorerst abgesagt. Findet er doch statt, erfahren Sie es."),
+     ("fr", "Cet atelier est annulé pour l’instant. S’il a finalement lieu, nous vous le dirons.")],
+)  # fmt: skip
+def test_the_page_of_a_cancelled_workshop_says_so_before_offering_to_cancel_the_place(
+    delivered, language, said
+):
+    """It asked "Can't attend? Cancel your place" as if the workshop were on; the place still
+    matters, should the workshop be back on."""
+    from workshops.services import workshop_cancel
+
+    message, reminder = delivered
+    reminder.attendee.language = language
+    reminder.attendee.save()
+    path = _link(message, "attend").removeprefix(PUBLIC)
+    assert "called-off" not in Client().get(path).content.decode()
+    workshop_cancel(workshop=reminder.workshop, reason="The teacher is ill")
+    page = Client().get(path).content.decode()
+    assert f'<p id="called-off">{said}</p>' in page and 'id="confirm"' in page
+
+
+@pytest.mark.parametrize(
     ("language", "heading"),
     [("en", "This link does not work"), ("de", "Dieser Link funktioniert nicht"),
      ("fr", "Ce lien ne fonctionne pas")],
