@@ -59,6 +59,8 @@ def _stripped(value):
     return value.strip() if isinstance(value, str) else value
 
 
+# Stripped, as the admin's form strips it: a title of spaces alone is none.
+Title = Annotated[Text, BeforeValidator(_stripped)]
 # Stripped, as the intake strips an attendee's: ' c-7 ' and 'c-7' are one id.
 ExternalId = Annotated[Text, BeforeValidator(_stripped), Field(min_length=1, max_length=200)]
 

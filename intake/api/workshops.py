@@ -19,6 +19,7 @@ from intake.api.common import (
     Reason,
     Scope,
     Text,
+    Title,
     TokenActor,
     When,
     audit,
@@ -42,7 +43,7 @@ WORKSHOP_DETAILS = (
 
 
 class WorkshopIn(Input):
-    title: Text
+    title: Title
     starts_at: When
     ends_at: When
     timezone: Text
@@ -58,7 +59,7 @@ class WorkshopIn(Input):
 
 
 class WorkshopPatch(Input):
-    title: Text | None = None
+    title: Title | None = None
     starts_at: When | None = None
     ends_at: When | None = None
     timezone: Text | None = None

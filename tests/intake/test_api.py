@@ -203,6 +203,19 @@ def test_a_naive_time_is_refused_with_what_to_send(api, workshop_body):
     assert "time zone" in body["errors"][0]["detail"]
 
 
+def test_a_title_of_spaces_alone_is_no_title_as_in_the_admin(api, workshop_body, make_workshop):
+    """The admin's form strips a title, so spaces alone are none; the API's did not."""
+    before = counts()
+    body = assert_problem(api.post("/api/workshops", workshop_body(title=" \t ")), 422, "invalid")
+    assert [e["field"] for e in body["errors"]] == ["title"]
+    assert counts() == before
+    workshop = make_workshop(title="Pottery")
+    path = f"/api/workshops/{workshop.pk}"
+    body = assert_problem(api.patch(path, {"title": "   "}), 422, "invalid")
+    assert [e["field"] for e in body["errors"]] == ["title"]
+    assert api.patch(path, {"title": " Glazing "}).json()["title"] == "Glazing"
+
+
 def test_a_patch_moves_the_workshop_and_its_reminders_follow(api, make_workshop, enrol, clock):
     workshop = make_workshop(starts_in=timedelta(hours=5))
     enrol(workshop, 2)
