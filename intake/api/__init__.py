@@ -81,8 +81,17 @@ def _invalid(request, exc: NinjaValidationError):
         if where and where[0] in ("query", "path"):
             where = where[1:]
         message = error.get("msg", "Invalid value.").removeprefix("Value error, ")
+        ctx = error.get("ctx") or {}
         if error.get("type") == "extra_forbidden":
             message = "No such field here: check its spelling; /api/schema names each field."
+        elif error.get("type") in ("too_long", "too_short") and ctx.get("field_type") == "Value":
+            # A text measured once stripped (an email, an id): pydantic counts its "items".
+            message = (
+                f"Ensure this value has at most {ctx['max_length']} characters (it has "
+                f"{ctx['actual_length']})."
+                if error.get("type") == "too_long"
+                else "Give a non-blank value, or leave it out."
+            )
         item = {"field": ".".join(where) or "body", "detail": message, "code": "invalid"}
         if len(where) > 2 and where[0] == "items" and where[1].isdigit():
             item.update(index=int(where[1]), field=".".join(where[2:]))

@@ -138,7 +138,14 @@ def test_a_workshops_external_id_is_one_id_with_or_without_surrounding_spaces(
         {"workshop_external_id": "course-7\t", "attendee": {"email": "p@ex.com", "name": "P"}},
     )
     assert enrolled.status_code == 201, enrolled.content
-    assert api.post("/api/workshops", workshop_body(external_id="   ")).status_code == 422
+    for external_id, said in (
+        ("   ", "Give a non-blank value, or leave it out."),
+        ("c" * 201, "Ensure this value has at most 200 characters (it has 201)."),
+    ):
+        refused = api.post("/api/workshops", workshop_body(external_id=external_id))
+        assert assert_problem(refused, 422, "invalid")["errors"] == [
+            {"field": "external_id", "detail": said, "code": "invalid"}
+        ]
 
 
 def _admin_errors(values: dict) -> dict[str, list[str]]:
@@ -594,8 +601,20 @@ def test_a_body_that_is_no_json_or_too_large_gets_a_problem_and_changes_nothing(
         {"email": "a@example.com", "name": "A", "timezone": "Mars/Olympus"},
         {"email": "a@example.com", "name": "A", "timezone": "Europe"},
         {"email": "a@example.com", "name": "x" * 201},
+        {
+            "email": "a@" + ".".join(["b" * 62] * 4) + ".com",  # 257 characters
+            "name": "A",
+        },
     ],
-    ids=["email", "reserved-domain", "long-local-part", "zone", "zone-folder", "long-name"],
+    ids=[
+        "email",
+        "reserved-domain",
+        "long-local-part",
+        "zone",
+        "zone-folder",
+        "long-name",
+        "long-email",
+    ],
 )
 def test_an_attendee_is_refused_as_the_admins_attendee_form_refuses_it(api, values):
     from reminders.admin.forms import AttendeeForm
