@@ -13,6 +13,11 @@ def _zones() -> frozenset[str]:
     return frozenset(available_timezones())
 
 
+@cache
+def _by_lower() -> dict[str, str]:
+    return {name.lower(): name for name in _zones()}
+
+
 def validate_zone(value: str) -> None:
     """Reject anything that is not an IANA time zone name: the names the admin offers.
 
@@ -20,8 +25,11 @@ def validate_zone(value: str) -> None:
     files too, and raises ``IsADirectoryError`` for a folder such as ``Europe``.
     """
     if value not in _zones():
+        meant = _by_lower().get(value.strip().lower())  # 'europe/berlin', ' Europe/Berlin '
         raise ValidationError(
-            "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin.",
+            f"%(value)s is not a known time zone; write it exactly as {meant}."
+            if meant
+            else "%(value)s is not a known time zone; use an IANA name such as Europe/Berlin.",
             code="unknown_zone",
             params={"value": value},
         )

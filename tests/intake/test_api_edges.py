@@ -158,6 +158,19 @@ def test_a_zone_the_admin_does_not_offer_is_refused(api, workshop_body, zone):
     assert Workshop.objects.count() == Attendee.objects.count() == 0
 
 
+@pytest.mark.parametrize("zone", ["america/new_york", "AMERICA/NEW_YORK", " America/New_York "])
+def test_a_zone_in_another_case_or_with_spaces_is_refused_naming_the_zone_meant(
+    api, workshop_body, zone
+):
+    """A zone name is exact: the refusal says which one was meant, not 'such as Europe/Berlin'."""
+    said = f"{zone} is not a known time zone; write it exactly as America/New_York."
+    refused = api.post("/api/workshops", workshop_body(timezone=zone))
+    assert assert_problem(refused, 422, "invalid")["errors"][0]["detail"] == said
+    refused = api.post("/api/attendees", {"email": "z@example.com", "name": "Z", "timezone": zone})
+    assert assert_problem(refused, 422, "invalid")["errors"][0]["detail"] == said
+    assert Workshop.objects.count() == Attendee.objects.count() == 0
+
+
 def test_a_date_the_admin_cannot_show_is_refused(api, make_workshop):
     workshop = make_workshop(zone="America/New_York")
     for when in ("0001-01-01T00:00:00+00:00", "9999-12-31T23:00:00-05:00"):
