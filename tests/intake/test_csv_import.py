@@ -461,10 +461,14 @@ def test_the_export_opens_in_excel_with_its_accents(staff, importer, make_worksh
     """Excel reads a CSV without a byte-order mark as the system's code page: 'Ã‰mile'."""
     workshop = make_workshop(starts_in=timedelta(hours=5))
     confirm(importer, workshop, upload(importer, workshop, GOOD))
-    response = staff("export_attendees").get(f"/admin/intake/csvtransfer/export/{workshop.pk}/")
+    exporter = staff("export_attendees")
+    response = exporter.get(f"/admin/intake/csvtransfer/export/{workshop.pk}/")
     assert response.content.startswith(codecs.BOM_UTF8)
     rows = list(csv.DictReader(io.StringIO(response.content.decode("utf-8-sig"))))
     assert "Émile Zola" in {row["name"] for row in rows}
+    # A hand-edited link with a NUL was a PostgreSQL error, a 500.
+    nul = exporter.get(f"/admin/intake/csvtransfer/export/{workshop.pk}/?integration=%00csv")
+    assert nul.status_code == 200 and nul.content == response.content
 
 
 def test_a_language_the_reminders_have_not_is_refused_with_the_ones_they_have(
