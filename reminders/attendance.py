@@ -1,8 +1,8 @@
 """The attendee's own pages, reached from the links in their messages; no login.
 
-Only a POST changes anything, so a mail scanner following every link changes nothing. The
-unsubscribe POST is RFC 8058 one-click: it carries no cookie, so it is CSRF-exempt and the signed
-token alone verifies it. A bad token, or a workshop ended by its end as it is now, changes nothing.
+Only a POST changes anything, so a mail scanner following every link changes nothing. Both POSTs
+are verified by the signed token alone, with no cookie (the unsubscribe is RFC 8058 one-click,
+which carries none). A bad token, or a workshop ended by its end as it is now, changes nothing.
 """
 
 from __future__ import annotations
@@ -43,8 +43,7 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)
-    # same-origin keeps the token out of other sites' Referer; no-referrer would make browsers send
-    # "Origin: null", failing the confirming POST's CSRF check. never_cache keeps it out of caches.
+    # same-origin keeps the token out of other sites' Referer. never_cache keeps it out of caches.
     response["Referrer-Policy"] = "same-origin"
     return response
 
@@ -58,6 +57,9 @@ def _usable(request, token: str, purpose: str):
     return reminder, None
 
 
+# No CSRF check: the signed token in the URL is the authority, not a cookie, so a forged POST
+# needs the token itself; the check only refused attendees whose browser keeps no cookies.
+@csrf_exempt
 @never_cache
 @require_http_methods(["GET", "POST"])
 def attend(request: HttpRequest, token: str) -> HttpResponse:
