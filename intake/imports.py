@@ -23,12 +23,6 @@ EXPORT_COLUMNS = (
     "name", "email", "language", "timezone", "external_id", "enrolment_status",
     "reminder_status", "reminder_status_reason", "reminder_sent_at_utc", "notices_sent",
 )  # fmt: skip
-# Reasons the intake words for API clients, worded here for staff, by their code.
-STAFF_REASONS = {
-    "enrolment_cancelled": "This attendee's enrolment in this workshop was cancelled, and an "
-    "import does not enrol them again: set the enrolment back to active on the workshop's page, "
-    "or take the row out of the file.",
-}
 
 
 class ImportForm(forms.Form):
@@ -117,7 +111,7 @@ def import_preview(integration_name: str, items: list[EnrolmentIn], lines: list[
     except Refused as refused:
         for error in refused.errors:
             where = error.field.removeprefix("attendee.")
-            detail = STAFF_REASONS.get(error.code, error.detail)
+            detail = error.row_detail or error.detail  # of rows where the API's is of items
             reasons.setdefault(error.index, []).append(f"{where}: {detail}")
         valid = [i for i in range(len(items)) if i not in reasons]
         results = {}

@@ -60,6 +60,9 @@ class ItemError:
     field: str
     detail: str
     code: str
+    # The reason as the CSV import's preview shows it, where ``detail`` speaks of the API's
+    # request and items: of the file's rows and columns.
+    row_detail: str = ""
 
 
 class Refused(Exception):
@@ -98,8 +101,10 @@ class _Plan:
     outcomes: dict[str, str] = field(default_factory=dict)  # by key
     new_refs: dict[str, str] = field(default_factory=dict)  # external id -> key
 
-    def refuse(self, index: int, name: str, detail: str, code: str, *, conflict=False) -> None:
-        self.errors.append(ItemError(index, name, detail, code))
+    def refuse(
+        self, index: int, name: str, detail: str, code: str, *, conflict=False, row_detail=""
+    ) -> None:
+        self.errors.append(ItemError(index, name, detail, code, row_detail))
         self.conflicts += conflict
 
     def key(self, email: str) -> str:
@@ -204,6 +209,8 @@ def _resolve_attendees(
                 prefix + "external_id",
                 f"{candidate.email} is given two ids in this request; one attendee has one id.",
                 "duplicate_external_id",
+                row_detail=f"Another row of this file gives {candidate.email} another "
+                "external_id; one attendee has one id: give the same one, or keep one row.",
             )
             continue
         if external is not None and seen_ids.setdefault(external, key) != key:
@@ -213,6 +220,8 @@ def _resolve_attendees(
                 f"The id {external!r} is given for two emails in this request; one id names "
                 "one attendee.",
                 "duplicate_external_id",
+                row_detail=f"Another row of this file gives the external_id {external!r} to "
+                "another email; one id names one attendee: correct one of the two rows.",
             )
             continue
         mapped = by_ref.get(external) if external is not None else None
@@ -225,6 +234,8 @@ def _resolve_attendees(
                 "their real address" + (" under a new id." if mapped else "."),
                 "attendee_erased",
                 conflict=True,
+                row_detail="This attendee was erased at staff's request; to enrol the person "
+                "again, give their real address" + (" and a new external_id." if mapped else "."),
             )
             continue
         if mapped is not None and owner is not None and owner.pk != mapped.pk:
@@ -250,6 +261,8 @@ def _resolve_attendees(
                 f"{ref_of[owner.pk]!r}; send that id, or none.",
                 "external_id_mismatch",
                 conflict=True,
+                row_detail=f"{candidate.email} is the attendee this integration calls "
+                f"{ref_of[owner.pk]!r}: put that id in the external_id column, or leave it blank.",
             )
             continue
         row = mapped or owner or plan.attendees.get(key)
@@ -262,6 +275,8 @@ def _resolve_attendees(
                 f"{candidate.email} and another item of this request name the same attendee "
                 "with different emails; send one.",
                 "conflicting_items",
+                row_detail="Another row of this file names the same person with another email: "
+                "keep one row.",
             )
             continue
         if row is None:
@@ -475,6 +490,9 @@ def enrolments_upsert(
                     f"To enrol the attendee again, POST /api/enrolments/{enrolment.pk}/reactivate.",
                     "enrolment_cancelled",
                     conflict=True,
+                    row_detail="This attendee's enrolment in this workshop was cancelled, and an "
+                    "import does not enrol them again: set the enrolment back to active on the "
+                    "workshop's page, or take the row out of the file.",
                 )
         _refuse_if(plan)
         _write_attendees(integration, plan)

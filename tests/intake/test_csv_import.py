@@ -502,3 +502,34 @@ def test_a_one_row_import_says_row(importer, make_workshop):
     )
     *_, message = [str(m) for m in get_messages(done.wsgi_request)]
     assert message.startswith("Imported 1 row into Glazing: 1 enrolled, 0 already were")
+
+
+@pytest.mark.parametrize(
+    ("rows", "says"),
+    [
+        ("Cy,cy@example.com,c-1\nCy,cy@example.com,c-2\n", "another row of this file"),
+        ("Di,di@example.com,d-1\nDee,dee@example.com,d-1\n", "another row of this file"),
+        ("Ada,ada@example.org,a-1\nAda,ada@example.com,\n", "keep one row"),
+        ("Ada,ada@example.com,z-9\n", "in the external_id column, or leave it blank"),
+        ("Eve,eve@example.com,e-1\n", "a new external_id"),
+    ],
+    ids=["one-email-two-ids", "one-id-two-emails", "one-person-two-emails", "their-id", "erased"],
+)
+def test_a_rows_reason_speaks_of_rows_and_columns_not_an_api_request(
+    importer, make_workshop, make_attendee, django_user_model, rows, says
+):
+    """The preview shows the intake's reasons to staff, who have a file, not a request."""
+    from intake.models import Integration
+    from reminders.services.erasure import attendees_erase
+
+    csv_ids = Integration.objects.create(name="csv")
+    ada, eve = make_attendee(email="ada@example.com"), make_attendee(email="eve@example.com")
+    AttendeeRef.objects.create(integration=csv_ids, external_id="a-1", attendee=ada)
+    AttendeeRef.objects.create(integration=csv_ids, external_id="e-1", attendee=eve)
+    staff = django_user_model.objects.create_user("eraser")
+    attendees_erase(attendees=Attendee.objects.filter(pk=eve.pk), reason="asked", actor=staff)
+    preview = upload(importer, make_workshop(), "name,email,external_id\n" + rows)
+    assert preview.status_code == 400
+    (reason,) = [r for row in preview.context["preview"].rows for r in row.reasons]
+    assert says in reason.lower(), reason
+    assert not [w for w in ("this request", "item", "send") if w in reason.lower()], reason
