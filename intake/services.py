@@ -239,13 +239,25 @@ def _resolve_attendees(
             )
             continue
         if mapped is not None and owner is not None and owner.pk != mapped.pk:
+            taken = (
+                f"{candidate.email} belongs to another attendee (id {owner.pk}) than the one "
+                f"{external!r} names; an email is one attendee's: correct the email, or, to mean "
+                "that attendee, "
+            )
+            theirs = ref_of.get(owner.pk)
             plan.refuse(
                 index,
                 prefix + "email",
-                f"{candidate.email} belongs to another attendee (id {owner.pk}); an email is "
-                "one attendee's.",
+                taken
+                + (f"send external_id {theirs!r}." if theirs else "send it without external_id."),
                 "email_taken",
                 conflict=True,
+                row_detail=taken
+                + (
+                    f"put {theirs!r} in the external_id column."
+                    if theirs
+                    else "leave the external_id blank."
+                ),
             )
             continue
         if (

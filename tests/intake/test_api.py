@@ -462,7 +462,12 @@ def test_external_ids_are_per_integration_and_an_email_is_one_attendees(api_as, 
     assert assert_problem(clash, 409, "conflict")["errors"][0]["code"] == "external_id_mismatch"
     # Its id moving to an address that is another attendee's is a conflict too.
     taken = shop.post("/api/attendees", {"email": "other@example.com", "external_id": "42"})
-    assert assert_problem(taken, 409, "conflict")["errors"][0]["code"] == "email_taken"
+    (error,) = assert_problem(taken, 409, "conflict")["errors"]
+    assert error["code"] == "email_taken"
+    # It says what to do: the other attendee has no id of the shop's.
+    assert error["detail"].endswith(
+        "correct the email, or, to mean that attendee, send it without external_id."
+    ), error["detail"]
     assert counts() == before
     # The id may carry a changed email that nobody else has: the attendee's email changes.
     moved = shop.post("/api/attendees", {"email": "new@example.com", "external_id": "42"})

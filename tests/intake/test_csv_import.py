@@ -512,8 +512,16 @@ def test_a_one_row_import_says_row(importer, make_workshop):
         ("Ada,ada@example.org,a-1\nAda,ada@example.com,\n", "keep one row"),
         ("Ada,ada@example.com,z-9\n", "in the external_id column, or leave it blank"),
         ("Eve,eve@example.com,e-1\n", "a new external_id"),
+        ("Ada,bob@example.com,a-1\n", "correct the email, or, to mean that attendee, put 'b-1'"),
     ],
-    ids=["one-email-two-ids", "one-id-two-emails", "one-person-two-emails", "their-id", "erased"],
+    ids=[
+        "one-email-two-ids",
+        "one-id-two-emails",
+        "one-person-two-emails",
+        "their-id",
+        "erased",
+        "email-taken",
+    ],
 )
 def test_a_rows_reason_speaks_of_rows_and_columns_not_an_api_request(
     importer, make_workshop, make_attendee, django_user_model, rows, says
@@ -526,6 +534,8 @@ def test_a_rows_reason_speaks_of_rows_and_columns_not_an_api_request(
     ada, eve = make_attendee(email="ada@example.com"), make_attendee(email="eve@example.com")
     AttendeeRef.objects.create(integration=csv_ids, external_id="a-1", attendee=ada)
     AttendeeRef.objects.create(integration=csv_ids, external_id="e-1", attendee=eve)
+    bob = make_attendee(email="bob@example.com")
+    AttendeeRef.objects.create(integration=csv_ids, external_id="b-1", attendee=bob)
     staff = django_user_model.objects.create_user("eraser")
     attendees_erase(attendees=Attendee.objects.filter(pk=eve.pk), reason="asked", actor=staff)
     preview = upload(importer, make_workshop(), "name,email,external_id\n" + rows)
