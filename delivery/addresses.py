@@ -81,6 +81,19 @@ def address_problem(address: str) -> str | None:
     return None
 
 
+def address_slip(address: str) -> str | None:
+    """What to correct in ``address`` if it is one of the usual slips of typing or pasting it,
+    else None. Each is refused by Django's EmailValidator (whose words, 'Enter a valid email
+    address.', do not say why) and by address_problem; these say what to do."""
+    if address.endswith("."):
+        return "The address ends with a dot: remove it."
+    if any(ch.isspace() for ch in address):
+        return "The address has a space in it: remove it."
+    if address.count("@") > 1:
+        return "The address has more than one @: keep only the one before the domain."
+    return None
+
+
 def attendee_address_refusal(address: str) -> tuple[str, str] | None:
     """(message, code) if an attendee may not be given ``address``, else None.
 

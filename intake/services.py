@@ -25,7 +25,7 @@ from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Q
 from django.db.models.functions import Lower
 
-from delivery.addresses import attendee_address_refusal
+from delivery.addresses import address_slip, attendee_address_refusal
 from intake.models import AttendeeRef, Integration, WorkshopRef
 from reminders.locks import lost_a_race
 from workshops.models import Attendee, Enrollment, Workshop
@@ -148,7 +148,9 @@ def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attend
             f"{candidate.language!r} is not a language reminders are written in: give one of "
             f"{codes}, or leave it blank."
         ]
-    if "email" not in errors and (refusal := attendee_address_refusal(candidate.email)):
+    if "email" in errors and (slip := address_slip(candidate.email)):
+        errors["email"] = [slip]  # what to correct, where Django's says it is not valid
+    elif "email" not in errors and (refusal := attendee_address_refusal(candidate.email)):
         errors["email"] = [refusal[0]]
     if item.external_id is not None:
         external = item.external_id.strip()

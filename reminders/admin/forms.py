@@ -10,7 +10,7 @@ from django.contrib.admin.widgets import AdminDateWidget, AdminSplitDateTime
 from django.core.exceptions import ValidationError
 
 from clock import default_clock
-from delivery.addresses import attendee_address_refusal
+from delivery.addresses import address_slip, attendee_address_refusal
 from reminders.models import StaffDecision, id_from_text
 from reminders.services.replay import REASON_MAX_LENGTH
 from workshops.models import Attendee, Enrollment, Workshop
@@ -331,10 +331,20 @@ class ReasonForm(forms.Form):
     )
 
 
+class AttendeeEmailField(forms.EmailField):
+    def validate(self, value) -> None:
+        """A usual slip (a dot at the end, a space, a second @) is refused saying what to
+        correct, before the validators' 'Enter a valid email address.'"""
+        super().validate(value)
+        if value and (slip := address_slip(value)) is not None:
+            raise ValidationError(slip, code="invalid")
+
+
 class AttendeeForm(forms.ModelForm):
     class Meta:
         model = Attendee
         fields = ("name", "email", "timezone", "language")
+        field_classes = {"email": AttendeeEmailField}
 
     def clean_email(self) -> str:
         """Refuse an address the delivery engine would refuse at send time, with its reason."""

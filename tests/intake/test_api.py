@@ -634,6 +634,30 @@ def test_an_attendee_is_refused_as_the_admins_attendee_form_refuses_it(api, valu
     assert Attendee.objects.count() == 0
 
 
+@pytest.mark.parametrize(
+    ("email", "says"),
+    [
+        ("ada@example.com.", "The address ends with a dot: remove it."),
+        ("ada @example.com", "The address has a space in it: remove it."),
+        (
+            "ada@@example.com",
+            "The address has more than one @: keep only the one before the domain.",
+        ),
+    ],
+    ids=["trailing-dot", "space", "two-at"],
+)
+def test_a_slip_in_an_email_is_refused_saying_what_to_correct(api, admin_client, email, says):
+    """Not Django's bare 'Enter a valid email address.', in the API as in the admin."""
+    page = admin_client.post(
+        "/admin/workshops/attendee/add/", {"name": "Ada", "email": email, "language": "en"}
+    )
+    assert page.status_code == 200 and page.context["adminform"].form.errors["email"] == [says]
+    response = api.post("/api/attendees", {"email": email, "name": "Ada"})
+    (error,) = assert_problem(response, 422, "invalid")["errors"]
+    assert (error["field"], error["detail"]) == ("email", says)
+    assert Attendee.objects.count() == 0
+
+
 def test_with_the_cache_unreachable_requests_are_served_and_the_outage_logged(
     api, settings, refusing_port, caplog
 ):

@@ -480,6 +480,14 @@ def test_a_language_the_reminders_have_not_is_refused_with_the_ones_they_have(
     assert reason.startswith("language: ") and "en, de, fr" in reason, reason
 
 
+def test_an_email_ending_with_a_dot_is_refused_saying_so(importer, make_workshop):
+    preview = upload(importer, make_workshop(), "name,email\nAda,ada@example.com.\n")
+    assert preview.status_code == 400
+    assert preview.context["preview"].rows[0].reasons == [
+        "email: The address ends with a dot: remove it."
+    ]
+
+
 def test_a_row_repeating_an_earlier_ones_attendee_is_shown_as_a_repeat(importer, make_workshop):
     """Not 'Already enrolled': the person is new, and the file names them twice."""
     data = "name,email\nAda,ada@example.com\nGrace,grace@example.com\nAda,ADA@example.com\n"
