@@ -244,6 +244,34 @@ def test_a_change_notice_carries_the_same_links(delivered, clock, notices_publis
     assert envelope.unsubscribe_url == f"{PUBLIC}/unsubscribe/{unsubscribe_token(reminder.pk)}/"
 
 
+def test_operations_lists_every_field_of_the_http_bodys_payload(
+    delivered, clock, notices_published
+):
+    """docs/operations.md's table of the http channel's body names every payload field a
+    reminder or a change notice carries (it named seven of fourteen)."""
+    from pathlib import Path
+
+    from reminders.content import notice_envelope
+
+    _, reminder = delivered
+    workshop_update(
+        workshop=reminder.workshop, location="Room 9", join_url="https://meet.example/k",
+        contact_email="organiser@example.com",
+    )  # fmt: skip
+    pipeline.scan(clock=clock)
+    pipeline.scan(clock=clock)
+    related = ("attendee", "workshop", "revision", "reminder")
+    notice = Notice.objects.select_related(*related).get(reminder=reminder)
+    reminder = Reminder.objects.select_related("attendee", "workshop").get(pk=reminder.pk)
+    carried = {
+        *reminder_envelope(reminder=reminder).payload,
+        *notice_envelope(notice=notice).payload,
+    }
+    operations = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
+    [row] = [line for line in operations.read_text().splitlines() if line.startswith("| `payload`")]
+    assert set(re.findall(r"`(\w+)`", row.split("|")[3])) == carried
+
+
 def test_a_notice_in_flight_when_its_attendee_unsubscribes_is_not_sent_on_its_retry(
     delivered, clock, mail, notices_published
 ):
