@@ -45,3 +45,6 @@ urlpatterns = [
     # ANYMAIL_WEBHOOK_SECRET is set, which each of these views then requires.
     path("anymail/", include("anymail.urls")),
 ]
+
+# A link cut right after /attend/ matches no pattern: its 404 is the attendance page's.
+handler404 = "reminders.attendance.page_not_found"

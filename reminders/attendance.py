@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import translation
+from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_http_methods
@@ -26,6 +27,8 @@ from reminders.services.attendance import (
 from workshops.models import Enrollment
 
 TEMPLATE = "attendance/page.html"
+# The attendee's links: a 404 under them is a link that does not work (config/urls.py).
+LINK_PATHS = ("/attend/", "/unsubscribe/")
 
 
 def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200) -> HttpResponse:
@@ -85,3 +88,10 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     elif reminder.unsubscribed_at is None:
         return _page(request, "ask_unsubscribe", reminder)
     return _page(request, "unsubscribed", reminder)
+
+
+def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
+    """Under an attendee's link, the page a bad token gets; elsewhere Django's own 404."""
+    if request.path_info.startswith(LINK_PATHS):
+        return _page(request, "invalid", status=404)
+    return defaults.page_not_found(request, exception)

@@ -191,6 +191,23 @@ def test_a_link_that_does_not_work_says_so_in_the_pages_title(language, title):
     assert f"<title>{title}</title>" in page.content.decode()
 
 
+@pytest.mark.parametrize(
+    "path", ["/attend/", "/unsubscribe/", "/attend/1.cut/short/", "/unsubscribe/1.x/y/"]
+)
+def test_a_link_no_route_matches_says_so_as_a_bad_token_does(path):
+    """A link cut right after /attend/, or with a slash of its own, matches no URL pattern:
+    the attendee meets the same page in their browser's language, not Django's English 404."""
+    page = Client(HTTP_ACCEPT_LANGUAGE="de").get(path)
+    assert page.status_code == 404
+    assert "<h1>Dieser Link funktioniert nicht</h1>" in page.content.decode()
+    assert b'name="viewport"' in page.content
+
+
+def test_a_404_outside_the_attendees_links_is_djangos_own():
+    page = Client(HTTP_ACCEPT_LANGUAGE="de").get("/attendance/")
+    assert page.status_code == 404 and b"<h1>Not Found</h1>" in page.content
+
+
 def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
     delivered, clock, mail, notices_published
 ):

@@ -123,6 +123,10 @@ def test_a_workshop_posted_twice_under_its_external_id_is_one_workshop(api, work
     assert [w["id"] for w in found] == [first.json()["id"]]
 
 
+def test_a_workshop_that_is_not_there_is_a_problem_document(api):
+    assert_problem(api.get("/api/workshops/999999"), 404, "not_found")
+
+
 def test_a_workshops_external_id_is_one_id_with_or_without_surrounding_spaces(
     api, workshop_body, make_workshop
 ):
