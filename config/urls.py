@@ -46,5 +46,7 @@ urlpatterns = [
     path("anymail/", include("anymail.urls")),
 ]
 
-# A link cut right after /attend/ matches no pattern: its 404 is the attendance page's.
+# A link cut right after /attend/ matches no pattern: its 404 is the attendance page's, and
+# so is a failure under the attendee's links. Elsewhere both are Django's.
 handler404 = "reminders.attendance.page_not_found"
+handler500 = "reminders.attendance.server_error"

@@ -27,7 +27,7 @@ from reminders.services.attendance import (
 from workshops.models import Enrollment
 
 TEMPLATE = "attendance/page.html"
-# The attendee's links: a 404 under them is a link that does not work (config/urls.py).
+# The attendee's links: their 404 and 500 are this page's too (config/urls.py).
 LINK_PATHS = ("/attend/", "/unsubscribe/")
 
 
@@ -95,3 +95,10 @@ def page_not_found(request: HttpRequest, exception: Exception) -> HttpResponse:
     if request.path_info.startswith(LINK_PATHS):
         return _page(request, "invalid", status=404)
     return defaults.page_not_found(request, exception)
+
+
+def server_error(request: HttpRequest) -> HttpResponse:
+    """Under an attendee's link, a short page in the browser's language; elsewhere Django's."""
+    if request.path_info.startswith(LINK_PATHS):
+        return _page(request, "error", status=500)
+    return defaults.server_error(request)

@@ -9,6 +9,7 @@ from datetime import timedelta
 import pytest
 from django.test import Client
 
+from reminders import attendance, web_metrics
 from reminders.content import reminder_envelope
 from reminders.links import attendance_token, unsubscribe_token
 from reminders.models import Notice, Reminder, StaffDecision
@@ -206,6 +207,35 @@ def test_a_link_no_route_matches_says_so_as_a_bad_token_does(path):
 def test_a_404_outside_the_attendees_links_is_djangos_own():
     page = Client(HTTP_ACCEPT_LANGUAGE="de").get("/attendance/")
     assert page.status_code == 404 and b"<h1>Not Found</h1>" in page.content
+
+
+@pytest.mark.parametrize(
+    ("language", "heading"),
+    [("en", "Something went wrong on our side"), ("de", "Bei uns ist etwas schiefgelaufen"),
+     ("fr", "Un problème est survenu de notre côté")],
+)  # fmt: skip
+@pytest.mark.parametrize("path", ["/attend/1.x/", "/unsubscribe/1.x/"])
+def test_a_failure_on_our_side_says_so_in_the_browsers_language(
+    monkeypatch, path, language, heading
+):
+    """A 500 under an attendee's link is a short page of its own, not Django's English one."""
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("the database is away")
+
+    monkeypatch.setattr(attendance, "reminder_for_link", broken)
+    client = Client(raise_request_exception=False, HTTP_ACCEPT_LANGUAGE=language)
+    page = client.get(path)
+    assert page.status_code == 500
+    html = page.content.decode()
+    assert f'<html lang="{language}">' in html and 'name="viewport"' in html
+    assert f"<title>{heading} – " in html and f"<h1>{heading}</h1>" in html
+
+
+def test_a_failure_outside_the_attendees_links_is_djangos_own(monkeypatch):
+    monkeypatch.setattr(web_metrics, "metrics_view", lambda request: 1 / 0)
+    page = Client(raise_request_exception=False).get("/metrics")
+    assert page.status_code == 500 and b"<h1>Server Error (500)</h1>" in page.content
 
 
 def test_one_click_unsubscribe_stops_notices_and_keeps_the_seat(
