@@ -10,7 +10,7 @@ from django.contrib import admin
 from django.urls import include, path
 from django.views.generic import RedirectView
 
-from intake.api import api
+from intake.api import api, no_such_path
 from reminders.attendance import attend, unsubscribe
 from reminders.webhooks import http_events
 
@@ -36,6 +36,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     # The HTTP API (intake/api/): Bearer tokens; schema at /api/schema, docs at /api/docs.
     path("api/", api.urls),
+    path("api/<path:rest>", no_such_path),
     path("metrics", metrics_view, name="metrics"),
     path("hooks/http/events", http_events, name="http_events"),
     # The attendee's own links in each message (reminders/attendance.py): no login.

@@ -209,3 +209,10 @@ api.add_router("/workshops", workshops)
 api.add_router("/attendees", attendees)
 api.add_router("/enrolments", enrolments)
 api.add_router("/reminders", reminders)
+
+
+def no_such_path(request, rest: str = ""):
+    """Any other path under /api/: a problem document too, as every API answer that is an error."""
+    return problem(
+        404, f"The API has no {request.path}; see /api/docs for its paths.", code="not_found"
+    )

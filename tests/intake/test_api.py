@@ -70,6 +70,13 @@ def test_a_missing_wrong_or_revoked_token_gets_401_and_changes_nothing(
     ] + ["API token refused (unknown, malformed or revoked): ? from 127.0.0.1"] * 2
 
 
+def test_a_path_the_api_does_not_have_is_a_problem_document(api_as):
+    """It was Django's HTML 404 page, though every API error is a problem document."""
+    for path in ("/api/nope", "/api/workshops/1/nope", "/api/workshop"):
+        body = assert_problem(api_as("read").get(path), 404, "not_found")
+        assert path in body["detail"] and "/api/docs" in body["detail"]
+
+
 def test_a_token_without_the_scope_gets_403_and_changes_nothing(
     api_as, workshop_body, make_workshop
 ):
