@@ -63,16 +63,20 @@ def _in_window_workshops(*, now: datetime, policy: ReminderPolicy) -> QuerySet |
 
 
 def _plan_source(
-    *, now: datetime, policy: ReminderPolicy, enrollments: QuerySet[Enrollment], late_reason: str
+    *,
+    now: datetime,
+    policy: ReminderPolicy,
+    enrollments: QuerySet[Enrollment],
+    late_reason: str,
+    whenever_started: bool,
 ) -> tuple[list[str], QuerySet]:
     """Return the columns the plan fills and their SELECT: a row per enrollment with no reminder.
 
-    Planned up to a lead after the start: a reminder nobody could send shows as missed. New
-    enrollments (``late_reason`` ENROLLED_LATE) are planned at any start up to a lead ahead, so
-    one made on the third day of a long workshop shows why it got no reminder too.
+    Planned up to a lead after the start (a reminder nobody could send shows as missed), or
+    ``whenever_started``.
     """
     late = policy.late_start_q(now, through="workshop__")
-    if late_reason == reasons.ENROLLED_LATE:
+    if whenever_started:
         window = Q(workshop__starts_at__lte=now + policy.lead)
     else:
         window = policy.lead_start_q(now, through="workshop__")
@@ -116,12 +120,13 @@ def reminders_plan(
     clock: Clock | None = None,
     enrollments: QuerySet[Enrollment] | None = None,
     late_reason: str = reasons.PLANNED_LATE,
+    whenever_started: bool = False,
 ) -> int:
     """Create the missing reminders for enrollments whose workshop starts within the lead.
 
     ``ON CONFLICT DO NOTHING`` makes overlapping plans create each row once. Rows past their
-    deadline are created ``missed`` with ``late_reason`` (ENROLLED_LATE: whenever the workshop
-    started, see ``_plan_source``). Return how many were created.
+    deadline are created ``missed`` with ``late_reason``; ``whenever_started`` plans them however
+    long ago the workshop started. Return how many were created.
     """
     clock = clock or default_clock()
     policy = ReminderPolicy.from_settings()
@@ -132,7 +137,11 @@ def reminders_plan(
         if enrollments is None:
             return 0
     names, source = _plan_source(
-        now=now, policy=policy, enrollments=enrollments, late_reason=late_reason
+        now=now,
+        policy=policy,
+        enrollments=enrollments,
+        late_reason=late_reason,
+        whenever_started=whenever_started,
     )
     select_sql, params = source.query.sql_with_params()
     table = connection.ops.quote_name(Reminder._meta.db_table)
@@ -165,7 +174,13 @@ def reminders_follow_enrollment(*, enrollment: Enrollment) -> None:
 
 
 def reminders_plan_enrollments(*, ids: list[int]) -> int:
-    """Plan the reminders of enrollments just created together, inside their transaction."""
+    """Plan the reminders of enrollments just created together, inside their transaction.
+
+    However long ago their workshop started: one made on the third day of a long workshop shows
+    why it got no reminder.
+    """
     return reminders_plan(
-        enrollments=Enrollment.objects.filter(pk__in=ids), late_reason=reasons.ENROLLED_LATE
+        enrollments=Enrollment.objects.filter(pk__in=ids),
+        late_reason=reasons.ENROLLED_LATE,
+        whenever_started=True,
     )
