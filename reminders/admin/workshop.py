@@ -128,6 +128,13 @@ def _count_reminders(workshops) -> None:
         workshop.reminders_by_status = counts[workshop.pk]
 
 
+def _enrollment_total(workshop: Workshop) -> int:
+    """Count the workshop's enrollments once per page (its inlines and its field read it)."""
+    if not hasattr(workshop, "enrollment_total"):
+        workshop.enrollment_total = workshop.enrollments.count()
+    return workshop.enrollment_total
+
+
 @admin.register(Workshop)
 class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = WorkshopForm
@@ -205,13 +212,13 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     updated_at_utc = utc_column("updated_at", "Updated")
 
     def get_inlines(self, request, obj):
-        if obj is not None and obj.enrollments.count() > INLINE_ENROLLMENTS_MAX:
+        if obj is not None and _enrollment_total(obj) > INLINE_ENROLLMENTS_MAX:
             return [WorkshopTextInline]
         return self.inlines
 
     @admin.display(description="Enrollments")
     def enrollment_count(self, obj: Workshop) -> str:
-        count = obj.enrollments.count() if obj.pk else 0
+        count = _enrollment_total(obj) if obj.pk else 0
         listed = reverse("admin:workshops_enrollment_changelist") + f"?workshop__id__exact={obj.pk}"
         if count <= INLINE_ENROLLMENTS_MAX:
             return format_html('<a href="{}">{}</a>', listed, count)
