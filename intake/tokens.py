@@ -15,6 +15,11 @@ TOKEN_PREFIX = "wr_"
 SCOPES = tuple(ApiToken.Scope.values)
 
 
+def shown_prefix(secret: str) -> str:
+    """The token's first characters, as the admin shows them: enough to name it, not to use it."""
+    return secret[: len(TOKEN_PREFIX) + 6]
+
+
 def digest_of(token: str) -> str:
     """SHA-256 of the whole token: 32 random bytes need no slow hash to resist guessing."""
     return hashlib.sha256(token.encode()).hexdigest()
@@ -51,7 +56,7 @@ def token_create(
         token = ApiToken.objects.create(
             integration=owner,
             name=name,
-            prefix=secret[: len(TOKEN_PREFIX) + 6],
+            prefix=shown_prefix(secret),
             digest=digest_of(secret),
             scopes=[scope for scope in SCOPES if scope in scopes],
             created_at=(clock or default_clock()).now(),
@@ -87,4 +92,12 @@ def token_authenticate(secret: str, *, clock: Clock | None = None) -> ApiToken |
     return token
 
 
-__all__ = ["SCOPES", "NewToken", "digest_of", "token_authenticate", "token_create", "token_revoke"]
+__all__ = [
+    "SCOPES",
+    "NewToken",
+    "digest_of",
+    "shown_prefix",
+    "token_authenticate",
+    "token_create",
+    "token_revoke",
+]

@@ -18,7 +18,7 @@ from clock import default_clock
 from intake.models import ApiToken, ApiWrite
 from intake.problems import Problem
 from intake.ratelimit import rate_check
-from intake.tokens import TOKEN_PREFIX, token_authenticate
+from intake.tokens import TOKEN_PREFIX, shown_prefix, token_authenticate
 
 logger = logging.getLogger(__name__)
 
@@ -85,7 +85,7 @@ class TokenAuth(HttpBearer):
         if found is None:
             # Not limited: a 256-bit secret cannot be guessed, and behind a proxy a lockout by
             # address would shut out every integration. Ops see who sends a wrong one.
-            shown = token[: len(TOKEN_PREFIX) + 6] if token.startswith(TOKEN_PREFIX) else "?"
+            shown = shown_prefix(token) if token.startswith(TOKEN_PREFIX) else "?"
             logger.warning(
                 "API token refused (unknown, malformed or revoked): %s from %s",
                 shown,
