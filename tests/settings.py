@@ -37,3 +37,7 @@ if os.environ.get("PYTEST_XDIST_WORKER") and "xdist" in sys.modules:
     _per_worker(os.environ["PYTEST_XDIST_WORKER"])
 
 from config.settings import *  # noqa: E402, F403
+
+# Django's default hasher spends a third of a second on each password by design; the tests
+# make a staff user in most admin tests and prove nothing about hashing.
+PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

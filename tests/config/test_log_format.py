@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 from datetime import datetime
 from pathlib import Path
+
+from tests.support import forkstart
 
 ROOT = Path(__file__).resolve().parents[2]
 CODE = """
@@ -23,13 +23,10 @@ except ConnectionError:
 """
 
 
-def _run(**env: str) -> subprocess.CompletedProcess:
+def _run(**env: str):
     base = {k: v for k, v in os.environ.items() if not k.startswith(("LOG_", "REMINDERS_"))}
     base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
-    return subprocess.run(
-        [sys.executable, "-c", CODE], cwd=ROOT, env=base, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    return forkstart.run(CODE, cwd=ROOT, env=base)
 
 
 def test_json_lines_carry_time_level_logger_message_and_the_callers_fields():

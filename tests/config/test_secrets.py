@@ -4,27 +4,25 @@ item 5). Each test plants one secret, runs the real path and greps what came out
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import forkstart
+
 ROOT = Path(__file__).resolve().parents[2]
 SECRET = "Pw-51d2e8b0"
 
 
-def _python(code: str, **env: str) -> subprocess.CompletedProcess:
+def _python(code: str, **env: str):
     base = {
         key: value
         for key, value in os.environ.items()
         if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY", "LOG_"))
     }
     base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")}, **env)
-    return subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, env=base, capture_output=True, text=True,
-        timeout=60,
-    )  # fmt: skip
+    return forkstart.run(code, cwd=ROOT, env=base)
 
 
 @pytest.mark.parametrize(

@@ -1,16 +1,16 @@
 """Settings from the environment: a bad value stops start-up with a message naming the variable."""
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import forkstart
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _start(*, show: str = "", **env: str) -> subprocess.CompletedProcess:
+def _start(*, show: str = "", **env: str):
     """Set Django up under ``env``; with ``show``, print that setting's value."""
     base = {
         key: value
@@ -19,18 +19,11 @@ def _start(*, show: str = "", **env: str) -> subprocess.CompletedProcess:
     }
     base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
     base.update(env)
-    return subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup()"
-            + (f"; from django.conf import settings; print(repr(settings.{show}))" if show else ""),
-        ],
+    return forkstart.run(
+        "import django; django.setup()"
+        + (f"; from django.conf import settings; print(repr(settings.{show}))" if show else ""),
         cwd=ROOT,
         env=base,
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
 
 
@@ -174,14 +167,10 @@ def test_a_secret_shorter_than_32_characters_is_refused_with_debug_off(env, requ
 
 def test_defaults_start_without_any_server():
     """The local run needs no variables: SQLite and the filesystem broker under var/."""
-    result = subprocess.run(
-        [
-            sys.executable,
-            "-c",
-            "import django; django.setup(); from django.conf import settings as s; "
-            "print(s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.REMINDERS_CHANNEL, "
-            "s.DATABASES['default']['OPTIONS']['transaction_mode'])",
-        ],
+    result = forkstart.run(
+        "import django; django.setup(); from django.conf import settings as s; "
+        "print(s.DATABASES['default']['ENGINE'], s.CELERY_BROKER_URL, s.REMINDERS_CHANNEL, "
+        "s.DATABASES['default']['OPTIONS']['transaction_mode'])",
         cwd=ROOT,
         env={
             "PATH": os.environ["PATH"],
@@ -189,9 +178,6 @@ def test_defaults_start_without_any_server():
             "DEBUG": "1",
             "REMINDERS_VAR_DIR": str(ROOT / "var" / "test-defaults"),
         },
-        capture_output=True,
-        text=True,
-        timeout=60,
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == [
@@ -222,10 +208,7 @@ def _check_deploy(**env: str) -> set[str]:
         if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY", "SECURE_"))
     }
     base.update(PRODUCTION, **env)
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check", "--deploy"],
-        cwd=ROOT, env=base, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = forkstart.manage("check", "--deploy", cwd=ROOT, env=base)
     # Warnings leave the exit code at 0; a crash (or an error-level check) does not.
     assert result.returncode == 0, result.stdout + result.stderr
     assert "System check identified" in result.stdout + result.stderr
@@ -257,20 +240,14 @@ def test_migration_check_runs_without_a_secret_key():
     """makemigrations --check compares files only; it must not need production secrets."""
     env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
     env["REMINDERS_VAR_DIR"] = str(ROOT / "var" / "test")
-    result = subprocess.run(
-        [sys.executable, "manage.py", "makemigrations", "--check", "--dry-run"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = forkstart.manage("makemigrations", "--check", "--dry-run", cwd=ROOT, env=env)
     assert result.returncode == 0, result.stderr
     assert "No changes detected" in result.stdout
 
 
 def test_other_commands_still_need_a_secret_key():
     env = {k: v for k, v in os.environ.items() if k not in ("SECRET_KEY", "DEBUG")}
-    result = subprocess.run(
-        [sys.executable, "manage.py", "check"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    result = forkstart.manage("check", cwd=ROOT, env=env)
     assert result.returncode != 0
     assert "SECRET_KEY must be set when DEBUG is off" in result.stderr
 
