@@ -86,6 +86,7 @@ def site(admin_client, make_workshop, enrol):
     return admin_client, workshop
 
 
+@pytest.mark.long
 @SWEEP
 @given(title=text, zone=zones, day=moments, time=clock_times, intro=text, email=text)
 @example(title="t", zone="Etc/GMT+12", day="9999-12-31", time="20:00", intro="", email="")

@@ -300,6 +300,7 @@ def _replay_request_queries(client, workshop, first: int, *, capture) -> list[st
     return [query["sql"] for query in queries]
 
 
+@pytest.mark.long
 def test_replaying_10000_reminders_costs_the_same_queries_as_10(
     bulk_failed,
     login,

@@ -9,7 +9,12 @@ from tests.browser.conftest import PASSWORD, log_in
 from workshops.models import Enrollment
 from workshops.services import attendee_get_or_create, enrollment_create
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 
 def _search(page, field, term: str) -> list[str]:

@@ -13,7 +13,12 @@ from reminders.models import Reminder
 from tests.browser.conftest import PASSWORD, log_in
 from workshops.models import Enrollment
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 CSV = "name;email;language\nAda Lovelace;ada@example.com;en\nÉmile Zola;emile@example.com;fr\n"
 

@@ -14,7 +14,12 @@ from reminders.worker import pipeline
 from tests.browser.conftest import PASSWORD, log_in
 from tests.browser.test_workshop_decisions_browser import _choose
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 CHANGELIST = "/admin/workshops/workshop/"
 

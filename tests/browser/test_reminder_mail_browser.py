@@ -17,7 +17,7 @@ from tests.browser.conftest import PHONE
 from workshops.models import Workshop
 from workshops.services import attendee_get_or_create, enrollment_create
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db]
+pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.long, pytest.mark.django_db]
 
 
 def test_the_html_body_renders_with_inline_styles_only(make_workshop, new_page, screenshot_dir):

@@ -16,7 +16,12 @@ from reminders.services.replay import reminder_resolve_unknown
 from reminders.trace import reminder_lookup, trace_lines
 from tests.browser.conftest import PASSWORD, log_in
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 
 def test_the_reminder_page_shows_its_timeline(

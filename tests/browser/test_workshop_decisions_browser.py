@@ -13,7 +13,12 @@ from reminders.models import Reminder, StaffDecision
 from tests.browser.conftest import PASSWORD, log_in
 from workshops.models import Workshop
 
-pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(transaction=True)]
+pytestmark = [
+    pytest.mark.browser,
+    pytest.mark.slow,
+    pytest.mark.long,
+    pytest.mark.django_db(transaction=True),
+]
 
 CHANGELIST = "/admin/workshops/workshop/"
 

@@ -50,6 +50,7 @@ def test_staff_preview_a_reminder_as_an_attendee_gets_it(
     page.screenshot(path=screenshot_dir / "workshop-preview.png", full_page=True)
 
 
+@pytest.mark.long
 def test_staff_write_a_text_see_it_in_german_and_send_themselves_a_test(
     live_server, plain_http_cookies, make_workshop, new_page, screenshot_dir, admin_user,
     settings, smtp_sink, monkeypatch, clock,

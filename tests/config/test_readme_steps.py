@@ -45,6 +45,7 @@ def test_honcho_finds_the_procfiles_programs():
 
 
 @pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.django_db(transaction=True)
 def test_the_steps_start_a_web_that_serves_the_admin(tmp_path):
     """With DEBUG off, web serves the admin's files from the manifest collectstatic writes:

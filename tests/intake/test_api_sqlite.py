@@ -39,6 +39,7 @@ print(json.dumps({
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_bulk_enrolment_works_on_sqlite(tmp_path):
     report = run_on_sqlite(SCRIPT, tmp_path)

@@ -52,6 +52,7 @@ print(json.dumps({"told": [told, Reminder.objects.values_list("told_location", f
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_notices_work_on_sqlite(tmp_path):
     report = run_on_sqlite(SCRIPT, tmp_path)

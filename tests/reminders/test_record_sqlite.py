@@ -63,6 +63,7 @@ print(json.dumps({"counts": counts, "rows": rows, "attempts": attempts,
 """
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_the_claim_watch_and_the_record_work_on_sqlite(tmp_path):
     report = run_on_sqlite(SCRIPT, tmp_path)

@@ -9,6 +9,7 @@ from reminders.schedule import SCAN_TASK_NAME, ensure_scan_schedule
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.long
 def test_migration_registers_one_interval_scan_with_no_clock_based_expiry():
     # Migrated back and forth here: a transactional test run earlier empties every table.
     call_command("migrate", "reminders", "0001", verbosity=0)
