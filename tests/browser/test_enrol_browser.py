@@ -26,7 +26,11 @@ def _search(page, field, term: str) -> list[str]:
     while page.locator(
         ".select2-results__option.loading-results, .select2-results__option--load-more"
     ).count():
-        options.last.scroll_into_view_if_needed()
+        # Scroll the list itself: the "load more" item is replaced when the next page comes,
+        # so a handle to it can be detached by the time it is used (seen under CI's load).
+        page.eval_on_selector(
+            ".select2-results__options", "list => { list.scrollTop = list.scrollHeight; }"
+        )
         page.wait_for_timeout(200)
     return options.all_inner_texts()
 
