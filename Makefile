@@ -17,7 +17,7 @@ MUTATE_VAR_DIR ?= $(CURDIR)/var/mutate
 
 # Python keeps the bytecode it compiles (__pycache__/, ignored by git) even where the shell
 # sets PYTHONDONTWRITEBYTECODE: without it every test process, worker and beat compiles
-# Django, Celery and the project from source again (collecting the tests: 9.6 s -> 3.1 s).
+# Django, Celery and the project from source again, each time it starts.
 unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: prereqs run test test-all test-suite test-chaos lint venv bench clean mutate messages
@@ -51,8 +51,8 @@ lint: venv
 	$(PY) manage.py makemigrations --check --dry-run
 
 # `make test` runs the suite but the chaos run and the tests marked long (the slowest: see
-# pyproject.toml's markers) on $(TEST_WORKERS) pytest-xdist workers (4 on 2 cores: 161 s
-# against 178 s with 3, the processes the tests start leave a core idle 12 % of the time),
+# pyproject.toml's markers) on $(TEST_WORKERS) pytest-xdist workers (4 on 2 cores: with 3,
+# while tests wait on the processes they start, a core sits idle),
 # each with its own test database (pytest-django's _gw<N> suffix), Redis database
 # (TEST_REDIS_URL's number minus N) and var dir (tests/settings.py). `make test-all`
 # (what CI runs) runs those long tests too, with the chaos run beside: its own servers, most of its time spent
