@@ -209,6 +209,15 @@ def test_a_404_outside_the_attendees_links_is_djangos_own():
     assert page.status_code == 404 and b"<h1>Not Found</h1>" in page.content
 
 
+def test_the_icon_every_browser_asks_for_is_no_logged_404(caplog):
+    """Each page an attendee or staff member opens makes the browser ask for /favicon.ico."""
+    with caplog.at_level("WARNING", logger="django.request"):
+        answer = Client().get("/favicon.ico")
+    assert answer.status_code == 204 and answer.content == b""
+    assert answer["Cache-Control"] == "public, max-age=604800"
+    assert not caplog.records
+
+
 @pytest.mark.parametrize(
     ("language", "heading"),
     [("en", "Something went wrong on our side"), ("de", "Bei uns ist etwas schiefgelaufen"),
