@@ -34,7 +34,7 @@ PRELOAD = (
 )
 
 _SERVER = r"""
-import importlib, json, os, sys, tempfile, traceback
+import importlib, json, os, signal, sys, tempfile, traceback
 for name in json.loads(sys.argv[1]):
     importlib.import_module(name)
 for line in sys.stdin:
@@ -43,6 +43,10 @@ for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
         code = 0
+        # The bound subprocess.run(timeout=60) gave: a hung start ends, and the next job
+        # still gets its own answer.
+        signal.signal(signal.SIGALRM, lambda *_: (os.write(2, b"killed after 60 s\n"), os._exit(124)))
+        signal.alarm(60)
         try:
             os.dup2(out.fileno(), 1)
             os.dup2(err.fileno(), 2)
