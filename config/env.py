@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
+from zoneinfo import available_timezones
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -88,3 +89,16 @@ def env_list(name: str, default: Iterable[str] = ()) -> list[str]:
     if value is None:
         return list(default)
     return [item.strip() for item in value.split(",") if item.strip()]
+
+
+def env_zone(name: str, default: str) -> str:
+    """Return the variable if it is an IANA time zone name (the names the admin offers)."""
+    value = env_str(name, default) or default
+    zones = available_timezones()
+    if value not in zones:
+        meant = {zone.lower(): zone for zone in zones}.get(value.lower())
+        hint = f"write it exactly as {meant}" if meant else "e.g. Europe/Berlin or UTC"
+        raise ImproperlyConfigured(
+            f"{name} must be an IANA time zone name ({hint}); got {value!r}."
+        )
+    return value

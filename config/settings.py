@@ -26,6 +26,7 @@ from config.env import (
     env_int,
     env_list,
     env_str,
+    env_zone,
 )
 from config.timing import TimeBounds
 from delivery.redact import redact_text, redact_url
@@ -167,7 +168,10 @@ AUTH_PASSWORD_VALIDATORS = [
 LANGUAGE_CODE = "en"
 LANGUAGES = [("en", "English"), ("de", "Deutsch"), ("fr", "Français")]
 LOCALE_PATHS = [BASE_DIR / "locale"]
-TIME_ZONE = "UTC"
+# The staff's zone: the admin's date filters ("Today", "This month") and date drill-downs
+# follow it, and so do the few times the admin shows unlabelled. Times labelled UTC or with a
+# workshop's zone keep theirs, and no decision of what to send, or when, reads it.
+TIME_ZONE = env_zone("TIME_ZONE", "UTC")
 USE_I18N = True
 USE_TZ = True
 

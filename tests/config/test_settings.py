@@ -15,7 +15,7 @@ def _start(*, show: str = "", **env: str):
     base = {
         key: value
         for key, value in os.environ.items()
-        if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY"))
+        if not key.startswith(("REMINDERS_", "EMAIL_", "DEBUG", "SECRET_KEY", "TIME_ZONE"))
     }
     base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
     base.update(env)
@@ -86,6 +86,12 @@ def _start(*, show: str = "", **env: str):
             "REMINDERS_METRICS_PORT must be a whole number from 0 to 65535; got 70000. "
             "0 or unset: no metrics port.",
         ),
+        (
+            {"TIME_ZONE": "europe/berlin"},
+            "TIME_ZONE must be an IANA time zone name (write it exactly as Europe/Berlin); "
+            "got 'europe/berlin'.",
+        ),
+        ({"TIME_ZONE": "CET+1"}, "TIME_ZONE must be an IANA time zone name (e.g. Europe/Berlin"),
     ],
 )
 def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
@@ -93,6 +99,14 @@ def test_invalid_value_fails_at_start_up_naming_the_variable(env, message):
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert message in result.stderr
+
+
+@pytest.mark.parametrize(("value", "zone"), [(None, "UTC"), ("", "UTC"), ("Europe/Berlin", None)])
+def test_time_zone_is_the_staffs_zone_read_from_the_environment(value, zone):
+    """tests/admin/test_staff_zone.py: what the admin does with it."""
+    started = _start(show="TIME_ZONE", **({} if value is None else {"TIME_ZONE": value}))
+    assert started.returncode == 0, started.stderr
+    assert started.stdout.strip() == repr(zone or value)
 
 
 @pytest.mark.parametrize("value", ["0", "", "9808"])
