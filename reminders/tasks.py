@@ -10,7 +10,7 @@ import uuid
 
 from celery import current_task, shared_task
 from django.conf import settings
-from django.db import OperationalError
+from django.db import InternalError, OperationalError
 
 from reminders import queue
 from reminders.models import MAX_ID, StaffDecision
@@ -93,10 +93,11 @@ def deliver_batch(self, reminder_ids, held_by=None) -> dict[str, int]:
     return counts
 
 
-# Safe to rerun (guarded claims, StaffDecision rows): a brief database outage is waited out.
+# Safe to rerun (guarded claims, StaffDecision rows): a brief database outage is waited out, and
+# so is a failover's standby refusing writes (25006, an InternalError) until it is promoted.
 RETRIED_ON_DATABASE_ERRORS = {
     "ignore_result": True,
-    "autoretry_for": (OperationalError,),
+    "autoretry_for": (OperationalError, InternalError),
     "retry_backoff": True,
     "max_retries": DATABASE_RETRIES,
 }

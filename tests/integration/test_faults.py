@@ -366,3 +366,53 @@ def test_a_batch_handed_back_for_a_retry_logs_why(live_clock, due_reminders, rea
         deliver_batch.run(ids)
     line = next(r.getMessage() for r in caplog.records if "retrying" in r.getMessage())
     assert "read-only transaction" in line, line
+
+
+def test_a_staff_task_waits_out_a_read_only_database_as_a_lost_one(
+    read_only, live_clock, monkeypatch
+):
+    """A test send, like a delivery batch, retries while a failover's standby refuses writes
+    (25006), and goes through once it is promoted, instead of failing and leaving the staff
+    member's decision running."""
+    from reminders import tasks
+    from reminders.models import StaffDecision
+
+    decision = StaffDecision.objects.create(
+        action=StaffDecision.Action.SEND_TEST,
+        state=StaffDecision.State.RUNNING,
+        actor_name="tester",
+        created_at=live_clock.now(),
+        selected=1,
+        changed=0,
+        workshop_ids=[10**9],
+        selection_ids=[10**9],
+    )
+    runs = []
+    run = tasks.reminder_send_test_run
+
+    def promoted_before_the_retry(**kwargs):
+        runs.append(kwargs)
+        if len(runs) == 2:
+            writable()
+            connection.close()
+        return run(**kwargs)
+
+    monkeypatch.setattr(tasks, "reminder_send_test_run", promoted_before_the_retry)
+    writable = read_only()
+    result = tasks.send_test.apply(args=[decision.pk])
+    assert result.successful(), result.traceback
+    assert len(runs) == 2
+    decision.refresh_from_db()
+    assert (decision.state, decision.outcome) == (
+        "done",
+        "not sent: the workshop or the attendee no longer exists",
+    )
+
+
+@pytest.mark.parametrize("name", ["send_test", "replay_selection", "deliver_notices"])
+def test_every_task_retried_on_database_errors_counts_a_read_only_one_among_them(name):
+    from django.db import InternalError
+
+    from reminders import tasks
+
+    assert issubclass(InternalError, getattr(tasks, name).autoretry_for)
