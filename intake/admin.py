@@ -219,14 +219,20 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
         if not form.is_valid():
             return TemplateResponse(request, "admin/intake/import.html", context, status=400)
         try:
-            rows = csvfile.read_attendees(form.file_bytes())
+            read = csvfile.read_attendees(form.file_bytes())
         except csvfile.CsvRefused as error:
             context["refusal"] = str(error)
             return TemplateResponse(request, "admin/intake/import.html", context, status=400)
         integration_name = form.cleaned_data["integration"]
-        items = [EnrolmentIn(attendee=row, workshop_id=workshop.pk) for _, row in rows]
+        # A row cancelled in the file is enrolled nowhere: not in its own workshop again, nor
+        # in another one the file is imported into.
+        skipped = [row for row in read.rows if row.cancelled]
+        enrol = [row for row in read.rows if not row.cancelled]
+        items = [EnrolmentIn(attendee=row.attendee, workshop_id=workshop.pk) for row in enrol]
         context.update(
-            rows=len(rows),
+            rows=len(read.rows),
+            ignored=read.ignored,
+            status_column=csvfile.STATUS,
             filename=form.filename(),
             csv_text=form.file_bytes().decode("utf-8-sig"),
         )
@@ -252,8 +258,9 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
                         integration=integration, items=items, limit=csvfile.MAX_ROWS
                     )
                     created = sum(r.outcome == "created" for r in done)
+                    # The file's rows: those neither created nor unchanged were skipped.
                     CsvTransfer.objects.filter(pk=audit.pk).update(
-                        rows=len(done), created=created, unchanged=len(done) - created
+                        rows=len(read.rows), created=created, unchanged=len(done) - created
                     )
             except IntegrityError:
                 # The same confirmation, posted again: its first request imported the file.
@@ -276,16 +283,17 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
                 repeats = len(done) - len({r.enrolment_id for r in done})
                 self.message_user(
                     request,
-                    f"Imported {plural(len(done), 'row')} into {workshop.title}: {created} enrolled, "
-                    f"{len(done) - created - repeats} already were"
+                    f"Imported {plural(len(read.rows), 'row')} into {workshop.title}: "
+                    f"{created} enrolled, {len(done) - created - repeats} already were"
                     + (f", {repeats} repeated an earlier row" if repeats else "")
+                    + (f", {len(skipped)} not enrolled (cancelled in the file)" if skipped else "")
                     + f" (import {audit.pk}).",
                     messages.SUCCESS,
                 )
                 return HttpResponseRedirect(
                     reverse("admin:workshops_workshop_change", args=[workshop.pk])
                 )
-        preview = import_preview(integration_name, items, [line for line, _ in rows])
+        preview = import_preview(integration_name, items, [row.line for row in enrol], skipped)
         # A confirmation refused although every row is valid: something changed meanwhile.
         refused = "confirm" in request.POST
         context.update(

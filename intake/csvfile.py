@@ -5,6 +5,10 @@ An import file has a header row naming its columns (any order, case aside):
 ``external_id`` optional. Comma, semicolon or tab separated, UTF-8 with or
 without a byte-order mark, at most MAX_ROWS rows and MAX_BYTES bytes. A blank
 optional cell leaves an existing attendee's value as it is.
+
+An exported file imports back as it is: of the export's own columns,
+``enrolment_status`` is read (a row it says is cancelled is not to be enrolled)
+and the others (INFORMATIONAL) are not read at all. Any other column is refused.
 """
 
 from __future__ import annotations
@@ -13,11 +17,22 @@ import csv
 import io
 import re
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from intake.services import AttendeeIn
 
 COLUMNS = ("name", "email", "language", "timezone", "external_id")
 REQUIRED = ("name", "email")
+# The export's columns past those: the enrolment's status, read (a cancelled row is not
+# enrolled, wherever the file is imported), and what the import does not read.
+STATUS = "enrolment_status"
+INFORMATIONAL = (
+    "reminder_status",
+    "reminder_status_reason",
+    "reminder_sent_at_utc",
+    "notices_sent",
+)
+EXPORT_COLUMNS = (*COLUMNS, STATUS, *INFORMATIONAL)
 MAX_ROWS = 5000
 # Under Django's 2.5 MB cap on a posted form (DATA_UPLOAD_MAX_MEMORY_SIZE): the preview
 # posts the file's text back with the confirmation.
@@ -33,9 +48,21 @@ class CsvRefused(ValueError):
     """The file as a whole cannot be read; the message says what to do."""
 
 
-def read_attendees(data: bytes) -> list[tuple[int, AttendeeIn]]:
-    """The attendees a CSV file lists, one per row, in order, each with the line of the file its
-    row starts on (the header's being 1 if it is first); CsvRefused if it cannot be read."""
+@dataclass(frozen=True, slots=True)
+class Row:
+    line: int  # of the file, where the row starts (the header's is 1 if it is first)
+    attendee: AttendeeIn
+    cancelled: bool = False  # its enrolment_status says cancelled: not to be enrolled
+
+
+@dataclass(frozen=True, slots=True)
+class AttendeeFile:
+    rows: list[Row]
+    ignored: tuple[str, ...]  # the INFORMATIONAL columns the header names, which are not read
+
+
+def read_attendees(data: bytes) -> AttendeeFile:
+    """The attendees a CSV file lists, one per row, in order; CsvRefused if it cannot be read."""
     if not data.strip():
         raise CsvRefused(EMPTY)
     if len(data) > MAX_BYTES:
@@ -78,11 +105,11 @@ def read_attendees(data: bytes) -> list[tuple[int, AttendeeIn]]:
         ) from None
     if not rows:
         raise CsvRefused("The file has a header row but no attendees below it.")
-    return rows
+    return AttendeeFile(rows, tuple(name for name in INFORMATIONAL if name in header))
 
 
-def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
-    unknown = [name for name in header if name and name not in COLUMNS]
+def _rows(reader, header: list[str]) -> list[Row]:
+    unknown = [name for name in header if name and name not in EXPORT_COLUMNS]
     missing = [name for name in REQUIRED if name not in header]
     if unknown or missing:
         said = []
@@ -92,7 +119,8 @@ def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
             said.append(f"unknown columns {', '.join(unknown)}")
         raise CsvRefused(
             f"The header row has {'; '.join(said)}. The first row names the columns: "
-            f"{', '.join(COLUMNS)} (name and email required)."
+            f"{', '.join(COLUMNS)} (name and email required); an exported file's "
+            f"other columns ({', '.join(EXPORT_COLUMNS[len(COLUMNS) :])}) may stay."
         )
     named = [name for name in header if name]  # blank ones: columns padded, no data
     if len(set(named)) != len(named):
@@ -126,7 +154,14 @@ def _rows(reader, header: list[str]) -> list[tuple[int, AttendeeIn]]:
             timezone=values.get("timezone", "").strip() or None,
             external_id=values.get("external_id", "").strip() or None,
         )
-        rows.append((line, attendee))
+        status = values.get(STATUS, "").strip().lower()
+        if status not in ("", "active", "cancelled"):
+            raise CsvRefused(
+                f"Line {line} has {STATUS} {values[STATUS].strip()!r}: the export writes active "
+                "or cancelled. A cancelled row is not enrolled; make it active, or blank, to "
+                "enrol the attendee."
+            )
+        rows.append(Row(line, attendee, cancelled=status == "cancelled"))
     return rows
 
 

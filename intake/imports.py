@@ -2,7 +2,9 @@
 
 The import writes through intake.services.enrolments_upsert, the API's bulk
 path: the same validation, the same ids per integration, all rows or none. Its
-preview is that same write, rolled back.
+preview is that same write, rolled back. A row whose enrolment_status says
+cancelled (an exported file's) is not passed to it, whichever workshop the file
+is imported into: the file says that person is not coming.
 """
 
 from __future__ import annotations
@@ -19,10 +21,12 @@ from intake.services import EnrolmentIn, Refused, enrolments_upsert
 from reminders.models import Reminder
 from workshops.models import Enrollment, Workshop
 
-EXPORT_COLUMNS = (
-    "name", "email", "language", "timezone", "external_id", "enrolment_status",
-    "reminder_status", "reminder_status_reason", "reminder_sent_at_utc", "notices_sent",
-)  # fmt: skip
+# A row cancelled in the file: its outcome in the preview, and why.
+SKIPPED = "Not enrolled: cancelled in the file"
+SKIPPED_WHY = (
+    f"its {csvfile.STATUS} is cancelled, so nothing is written for it: if they should come "
+    "after all, enrol them on the workshop's page"
+)
 
 
 class ImportForm(forms.Form):
@@ -73,7 +77,8 @@ class PreviewRow:
     name: str
     email: str
     outcome: str
-    reasons: list[str] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)  # why it is invalid
+    note: str = ""  # why a valid row is not enrolled
 
 
 @dataclass(slots=True)
@@ -81,6 +86,7 @@ class Preview:
     rows: list[PreviewRow]
     invalid: int
     counts: dict[str, int]
+    skipped: int = 0  # rows cancelled in the file
 
 
 def _label(outcome: str, attendee_outcome: str) -> str:
@@ -102,9 +108,14 @@ def _dry_run(integration_name: str, items: list[EnrolmentIn]):
             transaction.set_rollback(True)
 
 
-def import_preview(integration_name: str, items: list[EnrolmentIn], lines: list[int]) -> Preview:
+def import_preview(
+    integration_name: str,
+    items: list[EnrolmentIn],
+    lines: list[int],
+    skipped: list[csvfile.Row] = (),
+) -> Preview:
     """Each row's outcome if the import ran now: invalid rows with every reason. ``lines``:
-    each item's line in the file."""
+    each item's line in the file; ``skipped``: the rows cancelled in the file, not items."""
     reasons: dict[int, list[str]] = {}
     try:
         results = {r.index: r for r in _dry_run(integration_name, items)}
@@ -142,7 +153,15 @@ def import_preview(integration_name: str, items: list[EnrolmentIn], lines: list[
                 reasons.get(index, []),
             )
         )
-    return Preview(rows, len(reasons), counts)
+    for row in skipped:
+        counts[SKIPPED] = counts.get(SKIPPED, 0) + 1
+        rows.append(
+            PreviewRow(
+                row.line, row.attendee.name or "", row.attendee.email, SKIPPED, [], SKIPPED_WHY
+            )
+        )
+    rows.sort(key=lambda row: row.line)
+    return Preview(rows, len(reasons), counts, len(skipped))
 
 
 def export_rows(workshop: Workshop, *, integration: str) -> tuple[tuple[str, ...], list[tuple]]:
@@ -182,4 +201,4 @@ def export_rows(workshop: Workshop, *, integration: str) -> tuple[tuple[str, ...
         )
         for e in enrolments
     ]
-    return EXPORT_COLUMNS, rows
+    return csvfile.EXPORT_COLUMNS, rows

@@ -551,3 +551,123 @@ def test_a_rows_reason_speaks_of_rows_and_columns_not_an_api_request(
     (reason,) = [r for row in preview.context["preview"].rows for r in row.reasons]
     assert says in reason.lower(), reason
     assert not [w for w in ("this request", "item", "send") if w in reason.lower()], reason
+
+
+def test_an_exported_file_imports_back_into_its_workshop_and_another_as_it_is(
+    staff, make_workshop, make_attendee
+):
+    """Export, import the bytes unchanged: the export's own columns are read, not refused; a
+    row cancelled in the file is enrolled nowhere, and nothing is duplicated or lost."""
+    from workshops.services import enrollment_cancel, enrollment_create
+
+    both = staff("import_attendees", "export_attendees")
+    workshop = make_workshop(starts_in=timedelta(hours=5), title="Glazing")
+    confirm(both, workshop, upload(both, workshop, GOOD))  # Ada a-1, Émile a-2, Grace
+    emile = Attendee.objects.get(email="emile@example.com")
+    bob = make_attendee(email="bob@example.com", name="Bob")
+    enrollment_cancel(enrollment=Enrollment.objects.get(attendee=emile))  # cancelled by staff
+    enrollment_cancel(enrollment=enrollment_create(attendee=bob, workshop=workshop))
+    exported = both.get(f"/admin/intake/csvtransfer/export/{workshop.pk}/").content
+    text = exported.decode("utf-8-sig")
+    statuses = {r["email"]: r["enrolment_status"] for r in csv.DictReader(io.StringIO(text))}
+    assert statuses == {
+        "ada@example.com": "active",
+        "bob@example.com": "cancelled",
+        "emile@example.com": "cancelled",
+        "grace@example.com": "active",
+    }
+    enrolled = {
+        (e.workshop_id, e.attendee.email, e.status)
+        for e in Enrollment.objects.select_related("attendee")
+    }
+    before = state()  # 4 attendees, 4 enrolments (2 cancelled), 4 reminders, refs a-1 and a-2
+    skipped = "Not enrolled: cancelled in the file"
+
+    # Into the same workshop: the active rows are already enrolled, the cancelled stay so.
+    again = upload(both, workshop, exported, name="workshop-attendees.csv")
+    assert again.status_code == 200, again.context.get("refusal")
+    preview = again.context["preview"]
+    assert [(r.line, r.email, r.outcome) for r in preview.rows] == [
+        (2, "ada@example.com", "Already enrolled"),
+        (3, "bob@example.com", skipped),
+        (4, "emile@example.com", skipped),
+        (5, "grace@example.com", "Already enrolled"),
+    ]
+    assert not preview.invalid and not [r for r in preview.rows if r.reasons]
+    page = again.content.decode()
+    assert page.count("reminder_status, reminder_status_reason") == 1  # said once: ignored
+    assert "enrol them on the workshop's page" in page
+    done = confirm(both, workshop, again)
+    assert done.status_code == 302
+    *_, message = [str(m) for m in get_messages(done.wsgi_request)]
+    assert ": 0 enrolled, 2 already were, 2 not enrolled (cancelled in the file)" in message
+    assert state() == before
+    assert {
+        (e.workshop_id, e.attendee.email, e.status)
+        for e in Enrollment.objects.select_related("attendee")
+    } == enrolled
+
+    # Into another workshop: the active rows are enrolled there, the cancelled ones are not.
+    other = make_workshop(starts_in=timedelta(hours=5), title="Throwing")
+    there = upload(both, other, exported)
+    assert there.status_code == 200, there.context.get("refusal")
+    assert [(r.email, r.outcome) for r in there.context["preview"].rows] == [
+        ("ada@example.com", "Existing attendee, enrolled"),
+        ("bob@example.com", skipped),
+        ("emile@example.com", skipped),
+        ("grace@example.com", "Existing attendee, enrolled"),
+    ]
+    assert confirm(both, other, there).status_code == 302
+    assert set(
+        Enrollment.objects.filter(workshop=other).values_list("attendee__email", "status")
+    ) == {("ada@example.com", "active"), ("grace@example.com", "active")}
+    assert state() == (4, 6, 6, 2)  # two enrolments and their reminders; no attendee, no id
+    assert set(AttendeeRef.objects.values_list("external_id", "attendee__email")) == {
+        ("a-1", "ada@example.com"),
+        ("a-2", "emile@example.com"),
+    }
+    imports = CsvTransfer.objects.filter(kind="import").order_by("pk")
+    # The file's rows; those neither created nor unchanged were not enrolled.
+    assert [(t.rows, t.created, t.unchanged) for t in imports] == [(3, 3, 0), (4, 0, 2), (4, 2, 0)]
+
+
+def test_a_column_the_export_does_not_write_is_still_refused(importer, make_workshop):
+    """The export's columns are known; a typo of one, or any other column, is not."""
+    workshop = make_workshop()
+    for header, unknown in [
+        ("name,email,enrolment_status,remark", "unknown columns remark"),
+        ("name,email,reminder_statuss", "unknown columns reminder_statuss"),
+        ("name,email,enrollment_status", "unknown columns enrollment_status"),
+    ]:
+        response = upload(importer, workshop, f"{header}\nAda,ada@example.com,active\n")
+        assert response.status_code == 400
+        assert unknown in response.context["refusal"], response.context["refusal"]
+    assert state() == (0, 0, 0, 0)
+
+
+def test_a_row_added_to_an_export_is_enrolled_and_a_status_it_does_not_write_is_refused(
+    importer, make_workshop
+):
+    """A blank enrolment_status (a row added in the spreadsheet) enrols; 'Cancelled' is
+    cancelled; a file of cancelled rows alone writes nothing; a misspelt status names its line."""
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    header = "name,email,enrolment_status,reminder_status\n"
+    added = upload(
+        importer, workshop, header + "Ada,ada@example.com,,\nBo,bo@example.com,Cancelled,\n"
+    )
+    assert [(r.email, r.outcome) for r in added.context["preview"].rows] == [
+        ("ada@example.com", "New attendee, enrolled"),
+        ("bo@example.com", "Not enrolled: cancelled in the file"),
+    ]
+    confirm(importer, workshop, added)
+    assert state() == (1, 1, 1, 0)
+    only = upload(importer, workshop, header + "Cy,cy@example.com,cancelled,sent\n")
+    assert only.status_code == 200 and only.context["preview"].skipped == 1
+    assert confirm(importer, workshop, only).status_code == 302
+    assert state() == (1, 1, 1, 0)
+    typo = upload(
+        importer, workshop, header + "Ada,ada@example.com,active,\nDi,di@example.com,cancled,\n"
+    )
+    assert typo.status_code == 400
+    assert typo.context["refusal"].startswith("Line 3 has enrolment_status 'cancled'")
+    assert state() == (1, 1, 1, 0)
