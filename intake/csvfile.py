@@ -4,7 +4,8 @@ An import file has a header row naming its columns (any order, case aside):
 ``name`` and ``email`` are required, ``language``, ``timezone`` and
 ``external_id`` optional. Comma, semicolon or tab separated, UTF-8 with or
 without a byte-order mark, at most MAX_ROWS rows and MAX_BYTES bytes. A blank
-optional cell leaves an existing attendee's value as it is.
+optional cell leaves an existing attendee's value as it is. A ' before a
+formula start, which the export adds (safe_cell), is taken off again (unquoted).
 
 An exported file imports back as it is: of the export's own columns,
 ``enrolment_status`` is read (a row it says is cancelled is not to be enrolled)
@@ -41,6 +42,8 @@ MAX_BYTES = 2 * 1024 * 1024
 # signs, tab, CR), or a part of one after a ';' or a line break, which start a new cell where
 # the list separator is ';' (Excel in much of Europe).
 FORMULA_START = re.compile(r"(^|[;\n\r])(?=[=+\-@\t\r])")
+# The quote safe_cell put there: the import takes it off, so an exported file reads as it was.
+QUOTED_FORMULA = re.compile(r"(^|[;\n\r])'(?=[=+\-@\t\r])")
 EMPTY = "The file is empty: export the attendee list with a header row first."
 
 
@@ -146,7 +149,7 @@ def _rows(reader, header: list[str]) -> list[Row]:
                 f"Line {line} has a value in a column whose header cell is blank: name the "
                 f"column ({', '.join(COLUMNS)}) or clear its cells."
             )
-        values = dict(zip(header, cells, strict=False))
+        values = {name: unquoted(cell) for name, cell in zip(header, cells, strict=False)}
         attendee = AttendeeIn(
             email=values.get("email", "").strip(),
             name=values.get("name", "").strip(),
@@ -169,6 +172,11 @@ def safe_cell(value) -> str:
     """A cell as text that a spreadsheet shows, never runs: a formula start gets a quote, at
     the start and after each ';' or line break."""
     return FORMULA_START.sub(r"\1'", "" if value is None else str(value))
+
+
+def unquoted(cell: str) -> str:
+    """A cell as it was before safe_cell quoted it (a spreadsheet keeps the quote it shows)."""
+    return QUOTED_FORMULA.sub(r"\1", cell)
 
 
 def write_rows(header: Iterable[str], rows: Iterable[Iterable]) -> str:

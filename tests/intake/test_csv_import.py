@@ -671,3 +671,30 @@ def test_a_row_added_to_an_export_is_enrolled_and_a_status_it_does_not_write_is_
     assert typo.status_code == 400
     assert typo.context["refusal"].startswith("Line 3 has enrolment_status 'cancled'")
     assert state() == (1, 1, 1, 0)
+
+
+def test_cells_the_export_quoted_against_formulas_import_back_as_they_were(staff, make_workshop):
+    """The export puts a ' before a formula start; the import takes it off again, or an id
+    '+1' would clash with +1, an address -x@ would be a new attendee and a name would change."""
+    both = staff("import_attendees", "export_attendees")
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    data = (
+        "name,email,external_id\n"
+        '"=HYPERLINK(""http://x"")",eq@example.com,+1\n'
+        "-minus,-x@example.com,@at\n"
+        'Lee;=1+2;x,lee@example.com,"k;@SUM(1)\n-2+3"\n'
+    )
+    confirm(both, workshop, upload(both, workshop, data))
+    before = (state(), set(Attendee.objects.values_list("name", "email")))
+    exported = both.get(f"/admin/intake/csvtransfer/export/{workshop.pk}/").content
+    assert b"'+1" in exported and b"'-x@example.com" in exported  # still quoted on the way out
+    again = upload(both, workshop, exported)
+    assert again.status_code == 200, again.context.get("preview") or again.context["refusal"]
+    assert {r.outcome for r in again.context["preview"].rows} == {"Already enrolled"}
+    confirm(both, workshop, again)
+    assert (state(), set(Attendee.objects.values_list("name", "email"))) == before
+    assert set(AttendeeRef.objects.values_list("external_id", flat=True)) == {
+        "+1",
+        "@at",
+        "k;@SUM(1)\n-2+3",
+    }
