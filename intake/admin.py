@@ -255,7 +255,10 @@ class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
                         request_token=token,
                     )
                     done = enrolments_upsert(
-                        integration=integration, items=items, limit=csvfile.MAX_ROWS
+                        integration=integration,
+                        items=items,
+                        limit=csvfile.MAX_ROWS,
+                        by_staff=True,
                     )
                     created = sum(r.outcome == "created" for r in done)
                     # The file's rows: those neither created nor unchanged were skipped.

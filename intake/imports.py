@@ -4,7 +4,9 @@ The import writes through intake.services.enrolments_upsert, the API's bulk
 path: the same validation, the same ids per integration, all rows or none. Its
 preview is that same write, rolled back. A row whose enrolment_status says
 cancelled (an exported file's) is not passed to it, whichever workshop the file
-is imported into: the file says that person is not coming.
+is imported into: the file says that person is not coming. The import is
+staff's (``by_staff``): it may change any attendee's details, as the admin may,
+where an integration changes only its own attendees'.
 """
 
 from __future__ import annotations
@@ -103,7 +105,9 @@ def _dry_run(integration_name: str, items: list[EnrolmentIn]):
     with transaction.atomic():
         integration, _ = Integration.objects.get_or_create(name=integration_name)
         try:
-            return enrolments_upsert(integration=integration, items=items, limit=csvfile.MAX_ROWS)
+            return enrolments_upsert(
+                integration=integration, items=items, limit=csvfile.MAX_ROWS, by_staff=True
+            )
         finally:
             transaction.set_rollback(True)
 

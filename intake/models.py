@@ -83,11 +83,24 @@ class WorkshopRef(models.Model):
 
 
 class AttendeeRef(models.Model):
-    """An integration's own id for one of our attendees."""
+    """An integration's own id for one of our attendees.
+
+    ``created_attendee``: the integration created the attendee through the API. While no
+    other integration holds an id for them, their details are its to change
+    (intake.services); anyone else's attendee it may enrol and name, not change.
+    """
 
     integration = models.ForeignKey(Integration, on_delete=models.CASCADE, related_name="+")
     external_id = models.CharField(max_length=200)
     attendee = models.ForeignKey(Attendee, on_delete=models.CASCADE, related_name="+")
+    # default: a new ref in Python; db_default: one older code writes during a rolling
+    # deploy is not the integration's own (the safe side).
+    created_attendee = models.BooleanField(
+        default=False,
+        db_default=False,
+        editable=False,
+        help_text="The integration created this attendee through the API.",
+    )
 
     class Meta:
         constraints = [

@@ -13,6 +13,13 @@ Ids and emails: an attendee is one person with one email (unique, case aside).
 An integration's id names one attendee; an attendee has at most one id per
 integration. An email that belongs to an attendee holding another id of the
 same integration is a conflict, reported, never merged.
+
+Whose details: an integration changes an attendee's email, name, language or
+timezone only if the attendee is its own, created through the API by it (its
+ref's ``created_attendee``) and known to no other integration (no one else's
+ref). Anyone else's attendee it may enrol and give its id, with their details
+as stored or left out; an item changing them is refused. Staff change details
+in the admin, and the admin's CSV import (``by_staff``) is staff's.
 """
 
 from __future__ import annotations
@@ -165,12 +172,18 @@ def _validated(index: int, item: AttendeeIn, plan: _Plan, prefix: str) -> Attend
 
 
 def _resolve_attendees(
-    integration: Integration, items: list[tuple[int, AttendeeIn]], plan: _Plan, prefix: str
+    integration: Integration,
+    items: list[tuple[int, AttendeeIn]],
+    plan: _Plan,
+    prefix: str,
+    *,
+    by_staff: bool,
 ) -> None:
     """Decide each attendee's row and outcome; record each item's reason to refuse it.
 
     The attendees it finds are locked as they are read, in id order, so what is
-    decided holds until the caller commits.
+    decided holds until the caller commits; so do their refs, read after the lock
+    (every request adding one locks the attendee first).
     """
     checked: list[tuple[int, AttendeeIn, Attendee]] = []
     for index, item in items:
@@ -194,11 +207,19 @@ def _resolve_attendees(
     }
     by_email = {a.email_key: a for a in rows.values() if a.email_key in keys}
     by_ref = {external: rows[pk] for external, pk in refs.items()}
-    ref_of = dict(
-        AttendeeRef.objects.filter(integration=integration, attendee__in=list(rows)).values_list(
-            "attendee_id", "external_id"
-        )
-    )
+    ref_of: dict[int, str] = {}  # attendee -> this integration's id for them
+    own: set[int] = set()  # attendees this integration created and nobody else names
+    others: set[int] = set()  # attendees another integration names
+    for attendee_id, integration_id, external_id, created in AttendeeRef.objects.filter(
+        attendee__in=list(rows)
+    ).values_list("attendee_id", "integration_id", "external_id", "created_attendee"):
+        if integration_id == integration.pk:
+            ref_of[attendee_id] = external_id
+            if created:
+                own.add(attendee_id)
+        else:
+            others.add(attendee_id)
+    own -= others
     seen_ids: dict[str, str] = {}  # external id -> key, within this request
     seen_emails: dict[str, str] = {}  # key -> external id, within this request
     planned_as: dict[int, str] = {}  # id() of a planned row -> its key
@@ -308,6 +329,23 @@ def _resolve_attendees(
             }
             if row.pk and row.email_key != key:
                 changes["email"] = candidate.email  # another address (case alone is none)
+            if changes and row.pk and row.pk not in own and not by_staff:
+                names = sorted(changes, key=("email", *ATTENDEE_FIELDS).index)
+                changed = " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
+                plan.refuse(
+                    index,
+                    prefix + names[0],
+                    f"Attendee {row.pk} is not this integration's own (it did not create them, "
+                    f"or staff or another integration also know them), so it may not change "
+                    f"their {changed}: send their details as they are, or leave them out; staff "
+                    "change them in the admin.",
+                    "attendee_not_own",
+                    conflict=True,
+                    row_detail=f"Attendee {row.pk} is also known to staff or an integration, so "
+                    f"this import may not change their {changed}: give their details as the "
+                    "attendee's page shows them.",
+                )
+                continue
             for name, value in changes.items():
                 setattr(row, name, value)
             if plan.outcomes.get(key) not in ("created", "updated"):
@@ -330,15 +368,22 @@ def _lock_workshops(ids: list[int]) -> dict[int, Workshop]:
     return {w.pk: w for w in rows}
 
 
-def _resolved(integration: Integration, items: list[tuple[int, AttendeeIn]], prefix: str) -> _Plan:
+def _resolved(
+    integration: Integration,
+    items: list[tuple[int, AttendeeIn]],
+    prefix: str,
+    *,
+    by_staff: bool = False,
+) -> _Plan:
     plan = _Plan(_lowered({(item.email or "").strip() for _, item in items}))
-    _resolve_attendees(integration, items, plan, prefix)
+    _resolve_attendees(integration, items, plan, prefix, by_staff=by_staff)
     return plan
 
 
-def _write_attendees(integration: Integration, plan: _Plan) -> None:
+def _write_attendees(integration: Integration, plan: _Plan, *, by_staff: bool = False) -> None:
     """Insert and update in the order of the emails, as every request does: two requests
-    creating the same people wait for each other instead of deadlocking."""
+    creating the same people wait for each other instead of deadlocking. A ref made with its
+    attendee records that the integration created them, unless staff did (the CSV import)."""
     ordered = sorted(plan.attendees.items())
     created = [a for key, a in ordered if plan.outcomes[key] == "created"]
     updated = [a for key, a in ordered if plan.outcomes[key] == "updated"]
@@ -347,7 +392,12 @@ def _write_attendees(integration: Integration, plan: _Plan) -> None:
         Attendee.objects.bulk_update(updated, ["email", *ATTENDEE_FIELDS])
     AttendeeRef.objects.bulk_create(
         [
-            AttendeeRef(integration=integration, external_id=ext, attendee=plan.attendees[key])
+            AttendeeRef(
+                integration=integration,
+                external_id=ext,
+                attendee=plan.attendees[key],
+                created_attendee=plan.outcomes[key] == "created" and not by_staff,
+            )
             for ext, key in sorted(plan.new_refs.items())
         ]
     )
@@ -405,13 +455,15 @@ def enrolments_upsert(
     integration: Integration,
     items: list[EnrolmentIn],
     limit: int = MAX_ITEMS,
+    by_staff: bool = False,
 ) -> list[EnrolmentOutcome]:
     """Enrol each item's attendee (upserted) in its workshop; all or nothing.
 
     An enrolment that exists and is active is ``unchanged``; a cancelled one
     refuses the request (reactivation is its own action), as does an erased
     attendee or a cancelled workshop. A preview runs it in a transaction it rolls back
-    (intake.imports).
+    (intake.imports). ``by_staff``: staff's CSV import, which may change any attendee's
+    details (as the admin may) and whose new attendees are not the integration's own.
     """
     if len(items) > limit:
         raise Refused([ItemError(-1, "items", f"Send at most {limit} items.", "too_many")])
@@ -419,7 +471,10 @@ def enrolments_upsert(
     def work():
         # The lock order: attendees, then workshops.
         plan = _resolved(
-            integration, [(i, item.attendee) for i, item in enumerate(items)], "attendee."
+            integration,
+            [(i, item.attendee) for i, item in enumerate(items)],
+            "attendee.",
+            by_staff=by_staff,
         )
         refs = dict(
             WorkshopRef.objects.filter(
@@ -509,7 +564,7 @@ def enrolments_upsert(
                     "workshop's page, or take the row out of the file.",
                 )
         _refuse_if(plan)
-        _write_attendees(integration, plan)
+        _write_attendees(integration, plan, by_staff=by_staff)
         pairs: dict[tuple[int, int], int] = {}  # new (attendee, workshop) -> first item
         chosen = []
         for index, (item, wid) in enumerate(zip(items, wanted, strict=True)):

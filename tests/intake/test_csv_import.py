@@ -255,6 +255,39 @@ def test_ids_in_the_file_are_the_named_integrations(importer, make_workshop, mak
     assert upload(importer, workshop, clash, integration="csv").status_code == 200
 
 
+def test_a_staff_import_changes_the_details_of_any_attendee_and_owns_none_it_creates(
+    importer, make_workshop, make_token, make_attendee, client
+):
+    """Staff may change any attendee's details in the admin, so their import may too, where an
+    integration changes only its own; the attendees it creates are no integration's own."""
+    from tests.intake.conftest import Api
+
+    workshop = make_workshop(starts_in=timedelta(hours=5))
+    shop, lms = (Api(client, make_token(integration=n).secret) for n in ("shop", "lms"))
+    shop.post("/api/attendees", {"email": "ada@example.com", "name": "Ada", "external_id": "a-1"})
+    lms.post("/api/attendees", {"email": "ada@example.com", "external_id": "l-1"})
+    make_attendee(email="grace@example.com", name="Grace")
+    data = (
+        "name,email,language,timezone,external_id\n"
+        "Ada King,ada@example.com,en,,a-1\n"
+        "Grace Hopper,grace@example.com,,UTC,g-1\n"
+        "Emile Zola,emile@example.com,fr,,e-1\n"
+    )
+    preview = upload(importer, workshop, data, integration="shop")
+    assert [row.outcome for row in preview.context["preview"].rows] == [
+        "Existing attendee (details updated), enrolled",
+        "Existing attendee (details updated), enrolled",
+        "New attendee, enrolled",
+    ]
+    assert confirm(importer, workshop, preview).status_code == 302
+    assert Attendee.objects.get(email="ada@example.com").name == "Ada King"
+    assert Attendee.objects.get(email="grace@example.com").timezone == "UTC"
+    # The shop's ids name the people the file did, but it created none of them.
+    renamed = shop.post("/api/attendees", {"email": "emile@example.com", "name": "E. Zola"})
+    assert renamed.status_code == 409 and renamed.json()["errors"][0]["code"] == "attendee_not_own"
+    assert Attendee.objects.get(email="emile@example.com").name == "Emile Zola"
+
+
 def test_import_needs_its_permission(staff, make_workshop):
     workshop = make_workshop()
     plain = staff()
