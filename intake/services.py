@@ -341,9 +341,6 @@ def _resolve_attendees(
                     "change them in the admin.",
                     "attendee_not_own",
                     conflict=True,
-                    row_detail=f"Attendee {row.pk} is also known to staff or an integration, so "
-                    f"this import may not change their {changed}: give their details as the "
-                    "attendee's page shows them.",
                 )
                 continue
             for name, value in changes.items():
