@@ -58,6 +58,13 @@ class LocalDateTimeField(forms.SplitDateTimeField):
 
     widget = LocalSplitDateTime
 
+    def __init__(self, **kwargs) -> None:
+        super().__init__(**kwargs)
+        # The field's label names no one input (a label is for one): each says what it is.
+        date, time = self.widget.widgets
+        date.attrs["aria-label"] = f"{self.label}: date"
+        time.attrs["aria-label"] = f"{self.label}: time"
+
     def compress(self, data_list):
         # Naive, unlike Django's; required, so MultiValueField refused a missing part already.
         return datetime.combine(*data_list)
@@ -229,6 +236,9 @@ class EnrollmentInlineForm(ChosenByIdMixin, forms.ModelForm):
             # query per row is not made.
             attendee = self.instance.attendee
             self.fields["attendee"].widget = forms.Select(choices=[(attendee.pk, str(attendee))])
+        # A row of the table has its column's header and no label: each input says its name.
+        for field in self.fields.values():
+            field.widget.attrs["aria-label"] = field.label
 
     def clean(self):
         cleaned = super().clean()

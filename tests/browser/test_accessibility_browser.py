@@ -20,8 +20,13 @@ pytestmark = [pytest.mark.browser, pytest.mark.slow, pytest.mark.django_db(trans
 DESK = {"viewport": {"width": 1280, "height": 900}}
 # Django's own admin chrome, which the project neither restyles nor patches; only these
 # rules, only there. The breadcrumbs' links differ from the text between them by colour
-# alone (Django's stylesheet).
-DJANGO_CHROME = {"link-in-text-block": ".breadcrumbs a"}
+# alone (Django's stylesheet). The attendee chooser of a new enrollment row is Django's
+# autocomplete (its bundled Select2): Select2 names its combobox by the text of the choice
+# made, so before one is made the combobox has no name, whatever label the select has.
+DJANGO_CHROME = {
+    "link-in-text-block": ".breadcrumbs a",
+    "aria-input-field-name": ".select2-selection, .select2-selection__rendered",
+}
 
 
 @pytest.mark.parametrize(
@@ -112,6 +117,25 @@ def staff(live_server, plain_http_cookies, new_page, admin_user):
         return StaffPages(page, live_server.url)
 
     return enter
+
+
+@pytest.mark.long
+def test_the_workshop_pages_have_no_violations(live_clock, make_workshop, enrol, staff):
+    """The workshop's page (the project's links), the preview of a reminder and of a
+    notice, the confirmation of a cancel."""
+    workshop = make_workshop(starts_in=timedelta(hours=5), title="Kiln basics")
+    enrol(workshop, 3)
+    pages = staff(f"/admin/workshops/workshop/{workshop.pk}/change/")
+    page, check = pages.page, pages.check
+    check("workshop change page")
+    page.locator("#enrollments-group .add-row a").click()
+    check("workshop change page, a row added")
+    page.get_by_role("link", name="Preview reminder").click()
+    page.wait_for_selector("#preview-html")
+    check("reminder preview")
+    check("notice preview", f"/admin/workshops/workshop/{workshop.pk}/preview/?message=notice")
+    pages.action("/admin/workshops/workshop/", "Cancel selected workshops", "cancel")
+    assert_no_violations(pages.found)
 
 
 @pytest.mark.long
