@@ -56,6 +56,18 @@ class DeliveryAttemptInline(ViewOnlyMixin, admin.TabularInline):
     finished_at_utc = utc_column("finished_at", "Finished")
 
 
+class ChannelFilter(admin.AllValuesFieldListFilter):
+    """By channel. A reminder no worker has claimed has none: Django would list that as a
+    link with no text, which a screen reader reads as nothing but its address."""
+
+    def choices(self, changelist):
+        for choice in super().choices(changelist):
+            # "" names the empty channel, " (3)" the same with its count (facets shown).
+            if choice["display"] == "" or choice["display"].startswith(" ("):
+                choice = {**choice, "display": f"None (not claimed yet){choice['display']}"}
+            yield choice
+
+
 class DeadlineFilter(admin.SimpleListFilter):
     title = "deadline"
     parameter_name = "deadline"
@@ -117,7 +129,7 @@ class ReminderAdmin(NulFreeListMixin, ViewOnlyMixin, StaffActionsMixin, admin.Mo
         DeliveryFilter,
         ("workshop", admin.RelatedOnlyFieldListFilter),
         DeadlineFilter,
-        "channel",
+        ("channel", ChannelFilter),
     )
     search_fields = ("attendee__email", "attendee__name", "workshop__title", "key")
     search_help_text = "Search by attendee email or name, workshop title or reminder key."

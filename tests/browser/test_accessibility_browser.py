@@ -139,6 +139,25 @@ def test_the_workshop_pages_have_no_violations(live_clock, make_workshop, enrol,
 
 
 @pytest.mark.long
+def test_the_reminder_pages_have_no_violations(live_clock, make_workshop, enrol, staff):
+    """The reminders list with its health line, a reminder's timeline, the confirmations of
+    a replay and of a decision on unknown outcomes."""
+    enrol(make_workshop(starts_in=timedelta(hours=5)), 3)
+    first, second, third = Reminder.objects.order_by("pk")
+    Reminder.objects.filter(pk=first.pk).update(status="failed", last_error="550 disabled")
+    Reminder.objects.filter(pk=second.pk).update(status="unknown")
+    Reminder.objects.filter(pk=third.pk).update(status="sent", channel="smtp")
+    pages = staff("/admin/reminders/reminder/")
+    check = pages.check
+    check("reminders list with its health line")
+    check("reminder timeline", f"/admin/reminders/reminder/{third.pk}/change/")
+    reminders = "/admin/reminders/reminder/?status__exact="
+    pages.action(reminders + "failed", "Replay selected reminders", "replay")
+    pages.action(reminders + "unknown", "Decide reminders of unknown outcome", "unknown")
+    assert_no_violations(pages.found)
+
+
+@pytest.mark.long
 def test_the_intake_pages_have_no_violations(make_workshop, staff, tmp_path):
     """The CSV import's upload form, its preview (blocked by an invalid row, then ready to
     import) and the API token shown once."""
