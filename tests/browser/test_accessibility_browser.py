@@ -140,8 +140,8 @@ def test_the_workshop_pages_have_no_violations(live_clock, make_workshop, enrol,
 
 @pytest.mark.long
 def test_the_reminder_pages_have_no_violations(live_clock, make_workshop, enrol, staff):
-    """The reminders list with its health line, a reminder's timeline, the confirmations of
-    a replay and of a decision on unknown outcomes."""
+    """The reminders list with its health line, the scheduler's health page, a reminder's
+    timeline, the confirmations of a replay and of a decision on unknown outcomes."""
     enrol(make_workshop(starts_in=timedelta(hours=5)), 3)
     first, second, third = Reminder.objects.order_by("pk")
     Reminder.objects.filter(pk=first.pk).update(status="failed", last_error="550 disabled")
@@ -150,6 +150,7 @@ def test_the_reminder_pages_have_no_violations(live_clock, make_workshop, enrol,
     pages = staff("/admin/reminders/reminder/")
     check = pages.check
     check("reminders list with its health line")
+    check("scheduler health", "/admin/reminders/reminder/health/")
     check("reminder timeline", f"/admin/reminders/reminder/{third.pk}/change/")
     reminders = "/admin/reminders/reminder/?status__exact="
     pages.action(reminders + "failed", "Replay selected reminders", "replay")
