@@ -7,10 +7,12 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
+from django_celery_beat.models import PeriodicTask
 
 from reminders import attendance
 from reminders.links import attendance_token, unsubscribe_token
-from reminders.models import Reminder
+from reminders.models import Reminder, ScanRun
+from reminders.schedule import SCAN_NAME, ensure_scan_schedule
 from tests.browser.axe import assert_no_violations, axe_violations
 from tests.browser.conftest import PASSWORD, PHONE, log_in
 from workshops.services import enrollment_create
@@ -105,18 +107,24 @@ class StaffPages:
         self.check(name)
 
 
-@pytest.fixture
-def staff(live_server, plain_http_cookies, new_page, admin_user):
-    """Return a function that logs a superuser in at a path: their ``StaffPages``."""
+@pytest.fixture(params=["light", "dark"])
+def staff(request, live_server, plain_http_cookies, chromium, admin_user):
+    """Return a function that logs a superuser in at a path: their ``StaffPages``.
+
+    In a browser set to the light and to the dark scheme: Django's admin follows it, and
+    the project's own colours must read in both."""
     admin_user.set_password(PASSWORD)
     admin_user.save()
+    context = chromium.new_context(**DESK, color_scheme=request.param)
+    context.set_default_timeout(20_000)
 
     def enter(first: str) -> StaffPages:
-        page = new_page()
+        page = context.new_page()
         log_in(page, live_server.url, admin_user.username, first)
         return StaffPages(page, live_server.url)
 
-    return enter
+    yield enter
+    context.close()
 
 
 @pytest.mark.long
@@ -140,8 +148,9 @@ def test_the_workshop_pages_have_no_violations(live_clock, make_workshop, enrol,
 
 @pytest.mark.long
 def test_the_reminder_pages_have_no_violations(live_clock, make_workshop, enrol, staff):
-    """The reminders list with its health line, the scheduler's health page, a reminder's
-    timeline, the confirmations of a replay and of a decision on unknown outcomes."""
+    """The reminders list with its health line, the scheduler's health page (never scanned,
+    then running), a reminder's timeline, the confirmations of a replay and of a decision on
+    unknown outcomes."""
     enrol(make_workshop(starts_in=timedelta(hours=5)), 3)
     first, second, third = Reminder.objects.order_by("pk")
     Reminder.objects.filter(pk=first.pk).update(status="failed", last_error="550 disabled")
@@ -150,7 +159,11 @@ def test_the_reminder_pages_have_no_violations(live_clock, make_workshop, enrol,
     pages = staff("/admin/reminders/reminder/")
     check = pages.check
     check("reminders list with its health line")
-    check("scheduler health", "/admin/reminders/reminder/health/")
+    check("scheduler health, never scanned", "/admin/reminders/reminder/health/")
+    PeriodicTask.objects.filter(pk=ensure_scan_schedule().pk).update(last_run_at=live_clock.now())
+    ScanRun.objects.create(name=SCAN_NAME, finished_at=live_clock.now(), duration_seconds=0.1)
+    check("scheduler health, running", "/admin/reminders/reminder/health/")
+    assert pages.page.locator("#scheduler-ok").count() == 1
     check("reminder timeline", f"/admin/reminders/reminder/{third.pk}/change/")
     reminders = "/admin/reminders/reminder/?status__exact="
     pages.action(reminders + "failed", "Replay selected reminders", "replay")
