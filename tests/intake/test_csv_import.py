@@ -630,6 +630,7 @@ def test_an_exported_file_imports_back_into_its_workshop_and_another_as_it_is(
     page = again.content.decode()
     assert page.count("reminder_status, reminder_status_reason") == 1  # said once: ignored
     assert "enrol them on the workshop's page" in page
+    assert 'value="Import 4 rows (2 not enrolled)"' in page  # the button says what it skips
     done = confirm(both, workshop, again)
     assert done.status_code == 302
     *_, message = [str(m) for m in get_messages(done.wsgi_request)]
