@@ -17,9 +17,10 @@ same integration is a conflict, reported, never merged.
 Whose details: an integration changes an attendee's email, name, language or
 timezone only if the attendee is its own, created through the API by it (its
 ref's ``created_attendee``) and known to no other integration (no one else's
-ref). Anyone else's attendee it may enrol and give its id, with their details
-as stored or left out; an item changing them is refused. Staff change details
-in the admin, and the admin's CSV import (``by_staff``) is staff's.
+ref). Anyone else's attendee it may enrol and give its id: a name, language or
+zone that differs from theirs is kept as it is (outcome ``kept``), another
+address is refused. Staff change details in the admin, and the admin's CSV
+import (``by_staff``) is staff's.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ class Refused(Exception):
 @dataclass(slots=True)
 class AttendeeOutcome:
     attendee: Attendee
-    outcome: str  # created | updated | unchanged
+    outcome: str  # created | updated | unchanged | kept (the details sent were not its to change)
 
 
 @dataclass(slots=True)
@@ -329,24 +330,27 @@ def _resolve_attendees(
             }
             if row.pk and row.email_key != key:
                 changes["email"] = candidate.email  # another address (case alone is none)
+            kept = False
             if changes and row.pk and row.pk not in own and not by_staff:
-                names = sorted(changes, key=("email", *ATTENDEE_FIELDS).index)
-                changed = " and ".join(filter(None, [", ".join(names[:-1]), names[-1]]))
-                plan.refuse(
-                    index,
-                    prefix + names[0],
-                    f"Attendee {row.pk} is not this integration's own (it did not create them, "
-                    f"or staff or another integration also know them), so it may not change "
-                    f"their {changed}: send their details as they are, or leave them out; staff "
-                    "change them in the admin.",
-                    "attendee_not_own",
-                    conflict=True,
-                )
-                continue
+                if "email" in changes:
+                    plan.refuse(
+                        index,
+                        prefix + "email",
+                        f"Attendee {row.pk} is not this integration's own (it did not create "
+                        "them, or staff or another integration also know them), so it may not "
+                        "move them to another address: send the address they have, or, for "
+                        "another person, another id; staff change an address in the admin.",
+                        "attendee_not_own",
+                        conflict=True,
+                    )
+                    continue
+                # Their name, language and zone stay as whoever made them set them: the item
+                # is enrolled all the same, and its outcome says so.
+                changes, kept = {}, True
             for name, value in changes.items():
                 setattr(row, name, value)
             if plan.outcomes.get(key) not in ("created", "updated"):
-                plan.outcomes[key] = "updated" if changes else "unchanged"
+                plan.outcomes[key] = "updated" if changes else "kept" if kept else "unchanged"
         plan.attendees[key] = row
         planned_as[id(row)] = key
         if external is not None and ref_of.get(row.pk) is None and external not in by_ref:

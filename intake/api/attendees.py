@@ -49,7 +49,7 @@ class AttendeeOut(Schema):
 
 
 class AttendeeUpsertOut(AttendeeOut):
-    outcome: Literal["created", "updated", "unchanged"]
+    outcome: Literal["created", "updated", "unchanged", "kept"]
 
 
 class AttendeePage(Schema):
@@ -86,7 +86,7 @@ def upsert_attendee(request, body: AttendeeIn):
             integration=token.integration, items=[attendee_in(body)]
         )
         status = 201 if done.outcome == "created" else 200
-        if done.outcome != "unchanged":
+        if done.outcome in ("created", "updated"):
             audit(request, status, attendee=done.attendee.pk, outcome=done.outcome)
     return Status(status, attendee_out(done.attendee, outcome=done.outcome))
 

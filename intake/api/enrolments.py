@@ -65,7 +65,7 @@ class EnrolmentResult(Schema):
     enrolment: int
     workshop: int
     attendee: int
-    attendee_outcome: Literal["created", "updated", "unchanged"]
+    attendee_outcome: Literal["created", "updated", "unchanged", "kept"]
 
 
 class BulkOut(Schema):
@@ -119,7 +119,7 @@ def _upsert(
     with transaction.atomic():
         results = services.enrolments_upsert(integration=token.integration, items=wanted)
         made = [r.enrolment_id for r in results if r.outcome == "created"]
-        touched = [r.attendee_id for r in results if r.attendee_outcome != "unchanged"]
+        touched = [r.attendee_id for r in results if r.attendee_outcome in ("created", "updated")]
         if made or touched:
             audit(
                 request,
