@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 MUTANTS = ROOT / "mutants"
 REMINDER_TESTS = "tests/reminders"
 DELIVERY_TESTS = "tests/delivery"
+NOTICE_TESTS = "tests/notices"
 
 # Tests that take seconds because they race threads for real; they prove the SQL
 # guards hold under contention, which a mutant of the guard breaks on the serial
@@ -179,6 +180,39 @@ MODULES = [
         )
         + ("tests/notices/test_notice_flow.py",),
     ),
+    Module(
+        "notices",
+        "reminders/services/notices.py",
+        # Not test_notices_sqlite.py (long: a SQLite run in a process of its own). Of the
+        # attendee links' tests, those of a notice (the others read docs/, not in mutants/).
+        (f"{NOTICE_TESTS}/test_notice_flow.py", f"{NOTICE_TESTS}/test_notice_outcomes.py")
+        + ("tests/admin/test_notice_staff.py",)
+        + tuple(
+            f"tests/attendance/test_attendance_links.py::{name}"
+            for name in (
+                "test_one_click_unsubscribe_stops_notices_and_keeps_the_seat",
+                "test_a_change_notice_carries_the_same_links",
+                "test_a_notice_in_flight_when_its_attendee_unsubscribes_is_not_sent_on_its_retry",
+            )
+        ),
+        # What sends a notice once and never late: plan, settle, dispatch, claim (with its
+        # guards) and record. Not the revise, the compare or the staff counts: every one of
+        # the file's 1,206 mutants runs most of these tests, hours on 2 cores.
+        only=(
+            "x__plan",
+            "x_notices_plan",
+            "x_notices_settle",
+            "x_notices_dispatch",
+            "x__publish",
+            "x__live_now",
+            "x__lacking",
+            "x_notice_claim",
+            "x_notice_record",
+            "x__verdict",
+            "x__final",
+            "x__mark_told",
+        ),
+    ),
 ]
 BY_KEY = {module.key: module for module in MODULES}
 
@@ -190,7 +224,8 @@ NO_TESTS = {5, 33}
 
 
 def _existing(tests: tuple[str, ...]) -> list[str]:
-    return [test for test in tests if (ROOT / test).exists()]
+    """The selection's test files (or ``file::test`` ids) whose file exists."""
+    return [test for test in tests if (ROOT / test.partition("::")[0]).exists()]
 
 
 def _mutmut_run(module: Module, max_children: int) -> None:

@@ -185,4 +185,6 @@ def test_the_mutation_run_names_only_functions_and_tests_that_exist():
             assert f"def {function}(" in source, (module.path, name)
             assert not owner or f"class {owner[-1]}" in source, (module.path, name)
         for test in module.tests:
-            assert (root / test).exists(), (module.key, test)
+            path, _, name = test.partition("::")  # a file, or one test of it
+            assert (root / path).exists(), (module.key, test)
+            assert not name or f"def {name}(" in (root / path).read_text(), (module.key, test)
