@@ -875,3 +875,42 @@ def test_a_notice_perhaps_sent_then_undone_is_followed_by_one_saying_so(
     assert f"(was {moved})" in body
     assert WorkshopRevision.objects.count() == 2
     assert Reminder.objects.get(pk=ada.reminder_id).told_starts_at == workshop.starts_at
+
+
+def test_a_late_record_of_an_older_notice_does_not_take_back_what_a_newer_one_told(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Notice 1 is claimed, the workshop moves again and notice 2 is sent and recorded first:
+    notice 1's record, coming last, leaves the attendee holding revision 2, so no third
+    notice repeats what notice 2 said."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.notices import notice_claim, notice_record, reminders_owed_notice
+
+    def sent(claim):
+        [notice] = claim.notices
+        result = DeliveryResult(
+            reminder_id=notice.pk, key=notice.key, outcome=Outcome.SENT, message_id="<m@x>",
+            error="", attempts=1, provider_reached=True, maybe_delivered=False,
+        )  # fmt: skip
+        return notice_record(claim=claim, results=[result], clock=clock)
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    pipeline.scan(clock=clock)  # revision 1
+    pipeline.scan(clock=clock)  # its notice published
+    [[first]] = notices_published
+    first_claim = notice_claim(ids=[first], channel="smtp", clock=clock)
+    _move(workshop, timedelta(hours=1))
+    notices_published.clear()
+    pipeline.scan(clock=clock)  # revision 2
+    pipeline.scan(clock=clock)  # its notice published
+    [[second]] = notices_published
+    assert sent(notice_claim(ids=[second], channel="smtp", clock=clock)) == {"notices_sent": 1}
+    assert sent(first_claim) == {"notices_sent": 1}
+    workshop.refresh_from_db()
+    reminder = Reminder.objects.get(workshop=workshop)
+    assert (reminder.told_revision, reminder.told_starts_at) == (2, workshop.starts_at)
+    assert not reminders_owed_notice(clock=clock).exists()

@@ -3,6 +3,7 @@ with idempotency keys (http) and one without (smtp)."""
 
 from __future__ import annotations
 
+import dataclasses
 from datetime import timedelta
 
 import pytest
@@ -153,3 +154,59 @@ def test_a_record_under_another_claims_token_changes_nothing(claimed, clock):
     assert notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock) == {}
     notice.refresh_from_db()
     assert notice.status == "sending"
+
+
+def test_a_long_refusal_is_recorded_whole_its_reason_cut_to_the_column(claimed, clock):
+    """The reason column holds 200 characters; the error is kept whole beside it."""
+    claim, notice = claimed("http")
+    error = "550 " + "x" * 300
+    result = _result(notice, Outcome.PERMANENT, error=error)
+    assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_failed": 1}
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.last_error) == (
+        "failed",
+        error[:200],
+        error,
+    )
+
+
+def test_a_result_of_a_notice_not_in_the_claim_is_skipped_and_the_rest_recorded(claimed, clock):
+    claim, notice = claimed("smtp")
+    stranger = dataclasses.replace(_result(notice, Outcome.SENT), reminder_id=0)
+    results = [stranger, _result(notice, Outcome.SENT)]
+    assert notice_record(claim=claim, results=results, clock=clock) == {"notices_sent": 1}
+    notice.refresh_from_db()
+    assert notice.status == "sent"
+
+
+def test_the_record_stamps_the_row_by_the_clock_it_is_given(claimed, clock):
+    """Not the process's clock: the worker's (the trace dates a notice by ``updated_at``)."""
+    from clock import FakeClock
+
+    claim, notice = claimed("smtp")
+    later = FakeClock(clock.now() + timedelta(minutes=7))
+    notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=later)
+    notice.refresh_from_db()
+    assert notice.sent_at == notice.updated_at == later.now() != clock.now()
+
+
+def test_a_refusal_quoting_an_attendee_not_erased_is_kept_as_the_provider_wrote_it(claimed, clock):
+    """Only an erased attendee's name and address are scrubbed from what the provider said."""
+    claim, notice = claimed("smtp")
+    attendee = notice.attendee
+    error = f"550 mailbox of {attendee.name} <{attendee.email}> is full"
+    notice_record(
+        claim=claim, results=[_result(notice, Outcome.PERMANENT, error=error)], clock=clock
+    )
+    notice.refresh_from_db()
+    assert (notice.status_reason, notice.last_error) == (error, error)
+
+
+@pytest.mark.parametrize(("given", "kept"), [(None, ""), ("<" + "m" * 300 + ">", "<" + "m" * 254)])
+def test_a_sent_notice_keeps_the_providers_message_id_up_to_its_column(claimed, clock, given, kept):
+    """Empty when the provider named none (the trace names no message), cut to 255 characters."""
+    claim, notice = claimed("http")
+    result = dataclasses.replace(_result(notice, Outcome.SENT), message_id=given)
+    assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_sent": 1}
+    notice.refresh_from_db()
+    assert notice.provider_message_id == kept
