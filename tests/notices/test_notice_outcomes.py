@@ -100,6 +100,7 @@ def test_an_unanswered_call_without_keys_is_unknown_and_never_sent_again(claimed
     notice.refresh_from_db()
     assert notice.status == "unknown" and notice.maybe_sent
     assert "timed out" in notice.status_reason and _told(notice) == notice.number
+    assert "smtp" in notice.status_reason  # the channel that keeps no keys
 
 
 def test_an_unanswered_call_with_keys_is_retried_later_marked_maybe_sent(claimed, clock):
@@ -210,3 +211,15 @@ def test_a_sent_notice_keeps_the_providers_message_id_up_to_its_column(claimed, 
     assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_sent": 1}
     notice.refresh_from_db()
     assert notice.provider_message_id == kept
+
+
+def test_a_notice_sent_on_its_retry_keeps_no_error_of_the_attempt_before(claimed, clock):
+    claim, notice = claimed("smtp")
+    notice_record(claim=claim, results=[_result(notice, Outcome.TRANSIENT)], clock=clock)
+    clock.advance(retry_delay(1).total_seconds())
+    claim = notice_claim(ids=[notice.pk], channel="smtp", clock=clock)
+    [notice] = claim.notices
+    assert notice.last_error == "refused"
+    notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.last_error) == ("sent", "", "")
