@@ -10,7 +10,7 @@ import pytest
 
 from delivery.results import DeliveryResult, Outcome
 from reminders.models import Notice, Reminder
-from reminders.services.notices import STARTED, notice_claim, notice_record
+from reminders.services.notices import ERASED, STARTED, notice_claim, notice_record
 from reminders.services.record import retry_delay
 from reminders.worker import pipeline
 from workshops.services import workshop_update
@@ -223,3 +223,24 @@ def test_a_notice_sent_on_its_retry_keeps_no_error_of_the_attempt_before(claimed
     notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock)
     notice.refresh_from_db()
     assert (notice.status, notice.status_reason, notice.last_error) == ("sent", "", "")
+
+
+def test_a_connection_refused_before_reaching_the_provider_counts_its_attempt(claimed, clock):
+    """No call reached the provider, but one was tried: the attempt counts toward the cap and
+    the retry waits the backoff (only a notice stopped before any call is refunded)."""
+    claim, notice = claimed("smtp")
+    result = _result(notice, Outcome.TRANSIENT, reached=False, attempts=1, error="refused")
+    notice_record(claim=claim, results=[result], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.attempts) == ("pending", 1)
+    assert notice.next_attempt_at == clock.now() + retry_delay(1)
+
+
+@pytest.mark.parametrize("maybe", [False, True])
+def test_a_notice_withdrawn_for_an_erasure_is_silenced_its_attempt_refunded(claimed, clock, maybe):
+    claim, notice = claimed("http", maybe_sent=maybe, last_error="timed out")
+    result = _result(notice, Outcome.WITHDRAWN, reached=False, attempts=0, error="")
+    assert notice_record(claim=claim, results=[result], clock=clock) == {"notices_silenced": 1}
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.last_error) == ("silenced", ERASED, "")
+    assert (notice.attempts, notice.maybe_sent) == (0, maybe)
