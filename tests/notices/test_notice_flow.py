@@ -914,3 +914,91 @@ def test_a_late_record_of_an_older_notice_does_not_take_back_what_a_newer_one_to
     reminder = Reminder.objects.get(workshop=workshop)
     assert (reminder.told_revision, reminder.told_starts_at) == (2, workshop.starts_at)
     assert not reminders_owed_notice(clock=clock).exists()
+
+
+@pytest.mark.parametrize("change", ["moved again", "cancelled"])
+def test_a_notice_no_longer_true_when_its_batch_arrives_is_not_sent(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, change
+):
+    """The workshop changed after the notices were published, before a worker claimed them:
+    the claim leaves them for the next revision, which supersedes them and tells the change."""
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    workshop = Workshop.objects.get()
+    if change == "moved again":
+        _move(workshop, timedelta(hours=1))
+    else:
+        workshop_cancel(workshop=workshop)
+    assert deliver_notices(batch, clock=clock) == {}
+    assert len(mail.received()) == reminded
+    run()
+    run()
+    assert dict(Notice.objects.values_list("number", "status").distinct()) == {
+        1: "superseded",
+        2: "sent",
+    }
+    assert len(mail.received()) == reminded + 2
+
+
+def test_a_cancellation_undone_before_its_batch_arrives_is_not_sent(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Moved and cancelled in one revision, then reinstated: its cancellation, not yet claimed,
+    is not sent; the attendee hears of the move alone."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    reminded = len(mail.received())
+    _move(workshop, timedelta(hours=1))
+    workshop.refresh_from_db()
+    workshop_cancel(workshop=workshop)
+    notices_published.clear()
+    pipeline.scan(clock=clock)  # revision 1: moved and cancelled
+    pipeline.scan(clock=clock)  # its notice published
+    [batch] = notices_published
+    assert list(Notice.objects.values_list("kind", flat=True)) == ["cancelled"]
+    workshop.refresh_from_db()
+    workshop_reinstate(workshop=workshop)
+    assert deliver_notices(batch, clock=clock) == {}
+    assert len(mail.received()) == reminded
+    run()
+    run()
+    assert list(Notice.objects.values_list("number", "kind", "status")) == [
+        (1, "cancelled", "superseded"),
+        (2, "changed", "sent"),
+    ]
+    assert len(mail.received()) == reminded + 1
+
+
+def test_a_notice_whose_worker_is_lost_is_settled_when_its_lease_ends_not_before(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    from reminders.services.notices import LEASE_LOST, notice_claim, notices_settle
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    [notice] = notice_claim(ids=batch, channel="smtp", clock=clock).notices  # then the worker dies
+    clock.advance(settings.REMINDERS_LEASE_SECONDS - 1)
+    assert notices_settle(clock=clock) == {}
+    clock.advance(1)
+    assert notices_settle(clock=clock) == {"notices_reaped": 1}
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.maybe_sent) == ("unknown", LEASE_LOST, True)
+
+
+def test_the_notice_claim_judges_by_the_clock_it_is_given(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """The worker's clock, not the process's: by it the workshop has started."""
+    from clock import FakeClock
+    from reminders.services.notices import STARTED, notice_claim
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    started = FakeClock(Workshop.objects.get().starts_at)
+    assert notice_claim(ids=batch, channel="smtp", clock=started).notices == []
+    assert list(Notice.objects.values_list("status", "status_reason")) == [("missed", STARTED)]

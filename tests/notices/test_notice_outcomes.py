@@ -244,3 +244,14 @@ def test_a_notice_withdrawn_for_an_erasure_is_silenced_its_attempt_refunded(clai
     notice.refresh_from_db()
     assert (notice.status, notice.status_reason, notice.last_error) == ("silenced", ERASED, "")
     assert (notice.attempts, notice.maybe_sent) == (0, maybe)
+
+
+def test_a_transient_failure_at_the_cap_after_an_unanswered_call_gives_up_as_unknown(
+    claimed, clock, settings
+):
+    settings.REMINDERS_MAX_ATTEMPTS = 1
+    claim, notice = claimed("http", maybe_sent=True)
+    notice_record(claim=claim, results=[_result(notice, Outcome.TRANSIENT)], clock=clock)
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason) == ("unknown", "gave up after 1 attempts: refused")
+    assert _told(notice) == notice.number  # they may hold it
