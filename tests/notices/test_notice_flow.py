@@ -1002,3 +1002,25 @@ def test_the_notice_claim_judges_by_the_clock_it_is_given(
     started = FakeClock(Workshop.objects.get().starts_at)
     assert notice_claim(ids=batch, channel="smtp", clock=started).notices == []
     assert list(Notice.objects.values_list("status", "status_reason")) == [("missed", STARTED)]
+
+
+def test_a_notice_claimed_is_taken_once_and_stamped_by_its_claim(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """A second claimer (the batch delivered twice at once) takes nothing from the first."""
+    from reminders.services.notices import notice_claim
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    clock.advance(60)
+    claim = notice_claim(ids=batch, channel="http", clock=clock)
+    [notice] = claim.notices
+    assert notice_claim(ids=batch, channel="smtp", clock=clock).notices == []
+    notice.refresh_from_db()
+    assert (notice.status, notice.claim_token, notice.channel) == ("sending", claim.token, "http")
+    assert (notice.attempts, notice.updated_at) == (1, clock.now())
+    assert notice.lease_expires_at == clock.now() + timedelta(
+        seconds=settings.REMINDERS_LEASE_SECONDS
+    )
+    assert notice.sent_to == notice.attendee.email
