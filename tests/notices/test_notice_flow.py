@@ -13,6 +13,7 @@ from django.db.models import Count, F
 
 from reminders.content import local_start
 from reminders.models import Notice, Reminder, WorkshopRevision
+from reminders.services.notices import HEARD
 from reminders.worker import pipeline
 from reminders.worker.notices import deliver_notices
 from workshops.models import Workshop
@@ -586,8 +587,11 @@ def test_a_change_undone_after_its_notices_were_planned_closes_them(
         clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
     )
     _move(Workshop.objects.get(), timedelta(hours=-1))
+    clock.advance(60)
     assert deliver_notices(batch, clock=clock) == {}
-    assert set(Notice.objects.values_list("status", flat=True)) == {"superseded"}
+    assert set(Notice.objects.values_list("status", "status_reason", "updated_at")) == {
+        ("superseded", HEARD, clock.now())
+    }
     clock.advance(3 * 3600)
     run()
     assert set(Notice.objects.values_list("status", flat=True)) == {"superseded"}
@@ -1024,3 +1028,54 @@ def test_a_notice_claimed_is_taken_once_and_stamped_by_its_claim(
         seconds=settings.REMINDERS_LEASE_SECONDS
     )
     assert notice.sent_to == notice.attendee.email
+
+
+@pytest.mark.parametrize("unsubscribed", [False, True])
+def test_a_batch_delivered_again_leaves_its_sent_notices_as_they_were(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, unsubscribed
+):
+    """The broker delivers a batch again after its notices went out (and, perhaps, after their
+    attendees unsubscribed): what was sent stays recorded sent."""
+    from reminders.services.attendance import reminder_unsubscribe
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    assert deliver_notices(batch, clock=clock) == {"notices_sent": 2}
+    if unsubscribed:
+        for reminder in Reminder.objects.all():
+            reminder_unsubscribe(reminder=reminder, clock=clock)
+    fields = ("pk", "status", "status_reason", "updated_at")
+    before = list(Notice.objects.order_by("pk").values_list(*fields))
+    clock.advance(60)
+    assert deliver_notices(batch, clock=clock) == {}
+    assert list(Notice.objects.order_by("pk").values_list(*fields)) == before
+
+
+def test_a_notice_back_pending_after_its_attendee_unsubscribed_is_silenced_when_claimed(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.attendance import reminder_unsubscribe
+    from reminders.services.notices import UNSUBSCRIBED, notice_claim, notice_record
+    from reminders.services.record import retry_delay
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    claim = notice_claim(ids=batch, channel="smtp", clock=clock)
+    [notice] = claim.notices
+    reminder_unsubscribe(reminder=notice.reminder, clock=clock)  # while the call is under way
+    result = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.TRANSIENT, message_id=None,
+        error="busy", attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[result], clock=clock)
+    clock.advance(retry_delay(1).total_seconds())
+    assert notice_claim(ids=batch, channel="smtp", clock=clock).notices == []
+    notice.refresh_from_db()
+    assert (notice.status, notice.status_reason, notice.updated_at) == (
+        "silenced",
+        UNSUBSCRIBED,
+        clock.now(),
+    )
