@@ -255,3 +255,18 @@ def test_a_transient_failure_at_the_cap_after_an_unanswered_call_gives_up_as_unk
     notice.refresh_from_db()
     assert (notice.status, notice.status_reason) == ("unknown", "gave up after 1 attempts: refused")
     assert _told(notice) == notice.number  # they may hold it
+
+
+def test_an_unanswered_notice_passed_over_before_its_backoff_is_still_retried(claimed, clock):
+    """Its batch delivered again before the retry is due takes nothing, and counts nothing as
+    told: the retry, with the same key, still goes."""
+    claim, notice = claimed("http")
+    result = _result(notice, Outcome.TIMED_OUT, maybe=True, error="timed out")
+    notice_record(claim=claim, results=[result], clock=clock)
+    told = _told(notice)
+    assert notice_claim(ids=[notice.pk], channel="http", clock=clock).notices == []
+    assert _told(notice) == told
+    clock.advance(retry_delay(1).total_seconds())
+    assert [n.pk for n in notice_claim(ids=[notice.pk], channel="http", clock=clock).notices] == [
+        notice.pk
+    ]
