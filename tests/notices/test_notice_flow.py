@@ -1005,7 +1005,9 @@ def test_the_notice_claim_judges_by_the_clock_it_is_given(
     )
     started = FakeClock(Workshop.objects.get().starts_at)
     assert notice_claim(ids=batch, channel="smtp", clock=started).notices == []
-    assert list(Notice.objects.values_list("status", "status_reason")) == [("missed", STARTED)]
+    assert list(Notice.objects.values_list("status", "status_reason", "updated_at")) == [
+        ("missed", STARTED, started.now())
+    ]
 
 
 def test_a_notice_claimed_is_taken_once_and_stamped_by_its_claim(
@@ -1030,24 +1032,24 @@ def test_a_notice_claimed_is_taken_once_and_stamped_by_its_claim(
     assert notice.sent_to == notice.attendee.email
 
 
-@pytest.mark.parametrize("unsubscribed", [False, True])
+@pytest.mark.parametrize("since", ["nothing", "unsubscribed", "started"])
 def test_a_batch_delivered_again_leaves_its_sent_notices_as_they_were(
-    clock, make_workshop, enrol, mail, run, notices_published, settings, unsubscribed
+    clock, make_workshop, enrol, mail, run, notices_published, settings, since
 ):
     """The broker delivers a batch again after its notices went out (and, perhaps, after their
-    attendees unsubscribed): what was sent stays recorded sent."""
+    attendees unsubscribed or the workshop started): what was sent stays recorded sent."""
     from reminders.services.attendance import reminder_unsubscribe
 
     batch, _ = _notices_of_a_move(
         clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
     )
     assert deliver_notices(batch, clock=clock) == {"notices_sent": 2}
-    if unsubscribed:
+    if since == "unsubscribed":
         for reminder in Reminder.objects.all():
             reminder_unsubscribe(reminder=reminder, clock=clock)
     fields = ("pk", "status", "status_reason", "updated_at")
     before = list(Notice.objects.order_by("pk").values_list(*fields))
-    clock.advance(60)
+    clock.advance(5 * 3600 if since == "started" else 60)
     assert deliver_notices(batch, clock=clock) == {}
     assert list(Notice.objects.order_by("pk").values_list(*fields)) == before
 
@@ -1079,3 +1081,25 @@ def test_a_notice_back_pending_after_its_attendee_unsubscribed_is_silenced_when_
         UNSUBSCRIBED,
         clock.now(),
     )
+
+
+def test_claimed_notices_come_earliest_workshop_first(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """The worker sends them in this order: the one whose start comes first goes first."""
+    from reminders.services.notices import notice_claim
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    later = make_workshop(starts_in=timedelta(hours=5))
+    sooner = make_workshop(starts_in=timedelta(hours=3))
+    for workshop in (later, sooner):
+        enrol(workshop, count=1)
+    run()
+    for workshop in (later, sooner):  # the later one's notice planned first
+        _move(workshop, timedelta(hours=1))
+        pipeline.scan(clock=clock)
+        pipeline.scan(clock=clock)
+    ids = sorted(Notice.objects.values_list("pk", flat=True))
+    assert Notice.objects.get(pk=ids[0]).workshop_id == later.pk
+    claim = notice_claim(ids=ids, channel="smtp", clock=clock)
+    assert [notice.workshop_id for notice in claim.notices] == [sooner.pk, later.pk]

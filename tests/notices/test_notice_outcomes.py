@@ -257,16 +257,34 @@ def test_a_transient_failure_at_the_cap_after_an_unanswered_call_gives_up_as_unk
     assert _told(notice) == notice.number  # they may hold it
 
 
-def test_an_unanswered_notice_passed_over_before_its_backoff_is_still_retried(claimed, clock):
-    """Its batch delivered again before the retry is due takes nothing, and counts nothing as
-    told: the retry, with the same key, still goes."""
+@pytest.mark.parametrize("maybe", [True, False], ids=["unanswered", "refused for now"])
+def test_a_notice_passed_over_before_its_backoff_is_still_retried(claimed, clock, maybe):
+    """Its batch delivered again before the retry is due takes nothing, closes nothing and
+    counts nothing as told: the retry (with the same key) still goes."""
     claim, notice = claimed("http")
-    result = _result(notice, Outcome.TIMED_OUT, maybe=True, error="timed out")
-    notice_record(claim=claim, results=[result], clock=clock)
+    outcome = Outcome.TIMED_OUT if maybe else Outcome.TRANSIENT
+    notice_record(claim=claim, results=[_result(notice, outcome, maybe=maybe)], clock=clock)
     told = _told(notice)
     assert notice_claim(ids=[notice.pk], channel="http", clock=clock).notices == []
     assert _told(notice) == told
+    assert Notice.objects.get(pk=notice.pk).status == "pending"
     clock.advance(retry_delay(1).total_seconds())
     assert [n.pk for n in notice_claim(ids=[notice.pk], channel="http", clock=clock).notices] == [
         notice.pk
     ]
+
+
+def test_a_notice_perhaps_sent_claimed_after_the_start_is_left_for_the_settle_to_close_unknown(
+    claimed, clock
+):
+    """Not missed: a call may have reached the provider."""
+    from clock import FakeClock
+    from reminders.services.notices import notices_settle
+
+    claim, notice = claimed("http")
+    result = _result(notice, Outcome.TIMED_OUT, maybe=True, error="timed out")
+    notice_record(claim=claim, results=[result], clock=clock)
+    started = FakeClock(notice.workshop.starts_at)
+    assert notice_claim(ids=[notice.pk], channel="http", clock=started).notices == []
+    assert Notice.objects.get(pk=notice.pk).status == "pending"
+    assert notices_settle(clock=started) == {"notices_unknown": 1}
