@@ -1030,6 +1030,7 @@ def test_a_notice_claimed_is_taken_once_and_stamped_by_its_claim(
         seconds=settings.REMINDERS_LEASE_SECONDS
     )
     assert notice.sent_to == notice.attendee.email
+    assert notice.text_id is not None  # its text frozen: every send renders from it
 
 
 @pytest.mark.parametrize("since", ["nothing", "unsubscribed", "started"])
@@ -1103,3 +1104,49 @@ def test_claimed_notices_come_earliest_workshop_first(
     assert Notice.objects.get(pk=ids[0]).workshop_id == later.pk
     claim = notice_claim(ids=ids, channel="smtp", clock=clock)
     assert [notice.workshop_id for notice in claim.notices] == [sooner.pk, later.pk]
+
+
+def test_a_failed_publish_leaves_its_notices_to_the_next_dispatch_and_only_them(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """A batch the broker refused is published again at the next dispatch, not after
+    REMINDERS_REQUEUE_AFTER; a batch it took is not."""
+    from reminders.services.notices import notices_dispatch, notices_plan, notices_revise
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    settings.REMINDERS_BATCH_SIZE = 1
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=2)
+    run()
+    _move(workshop, timedelta(hours=1))
+    notices_revise(clock=clock)
+    assert notices_plan(clock=clock) == 2
+    first, second = sorted(Notice.objects.values_list("pk", flat=True))
+    published = []
+
+    def refuse_the_second(ids):
+        published.append(ids)
+        return ids != [second]
+
+    assert notices_dispatch(publish=refuse_the_second, clock=clock) == 2
+    assert published == [[first], [second]]
+    published.clear()
+    assert notices_dispatch(publish=refuse_the_second, clock=clock) == 1
+    assert published == [[second]]
+
+
+def test_the_notices_are_planned_by_the_clock_they_are_given(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """The scan's clock, not the process's: by it the revision has settled."""
+    from clock import FakeClock
+    from reminders.services.notices import notices_plan, notices_revise
+
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    notices_revise(clock=clock)
+    settled = WorkshopRevision.objects.get().settles_at
+    assert settled > clock.now()
+    assert notices_plan(clock=FakeClock(settled)) == 1
