@@ -70,3 +70,33 @@ def test_two_intervals_of_the_same_length_do_not_stop_beat(settings):
     IntervalSchedule.objects.create(every=9, period="seconds")
     task = ensure_scan_schedule()
     assert task.interval.every == 9
+
+
+@pytest.mark.django_db(transaction=True)
+def test_two_beats_registering_the_missing_scan_together_both_start(monkeypatch):
+    """Two beats started together on a table without the scan's row (deleted, or a flushed test
+    database): one creates it, the other finds it. PeriodicTask.save() checks the name's
+    uniqueness itself and raised ValidationError, past get_or_create, so one beat died at start
+    (once in CI, tests/integration/test_delivery.py::test_two_beat_processes_send_nothing_twice).
+    Here both have looked and found nothing; the second saves once the first has committed."""
+    import threading
+    import time
+
+    from tests.support.races import race
+
+    both_looked = threading.Barrier(2, timeout=10)
+    turn = iter(range(3))
+    save = PeriodicTask.save
+
+    def save_in_turn(task, *args, **kwargs):
+        if task.pk is None:  # a create (a later save may move the task to its own interval)
+            both_looked.wait()
+            if next(turn):
+                time.sleep(0.5)  # noqa: TID251 (real threads: the first commits meanwhile)
+        return save(task, *args, **kwargs)
+
+    PeriodicTask.objects.filter(name=SCAN_TASK_NAME).delete()
+    monkeypatch.setattr(PeriodicTask, "save", save_in_turn)
+    made = race(ensure_scan_schedule, ensure_scan_schedule)
+    assert made[0].pk == made[1].pk
+    assert PeriodicTask.objects.filter(name=SCAN_TASK_NAME).count() == 1
