@@ -8,9 +8,10 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterable
-from zoneinfo import available_timezones
 
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import ImproperlyConfigured, ValidationError
+
+from workshops.validators import validate_zone
 
 TRUE_WORDS = frozenset({"1", "true", "yes", "on"})
 FALSE_WORDS = frozenset({"0", "false", "no", "off", ""})
@@ -92,13 +93,10 @@ def env_list(name: str, default: Iterable[str] = ()) -> list[str]:
 
 
 def env_zone(name: str, default: str) -> str:
-    """Return the variable if it is an IANA time zone name (the names the admin offers)."""
+    """Return the variable if it is an IANA time zone name (the admin's check, and its words)."""
     value = env_str(name, default) or default
-    zones = available_timezones()
-    if value not in zones:
-        meant = {zone.lower(): zone for zone in zones}.get(value.lower())
-        hint = f"write it exactly as {meant}" if meant else "e.g. Europe/Berlin or UTC"
-        raise ImproperlyConfigured(
-            f"{name} must be an IANA time zone name ({hint}); got {value!r}."
-        )
+    try:
+        validate_zone(value)
+    except ValidationError as error:
+        raise ImproperlyConfigured(f"{name}: {error.messages[0]}") from None
     return value
