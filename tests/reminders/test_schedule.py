@@ -91,8 +91,11 @@ def test_two_beats_registering_the_missing_scan_together_both_start(monkeypatch)
     def save_in_turn(task, *args, **kwargs):
         if task.pk is None:  # a create (a later save may move the task to its own interval)
             both_looked.wait()
-            if next(turn):
-                time.sleep(0.5)  # noqa: TID251 (real threads: the first commits meanwhile)
+            if next(turn):  # the second: saves once the first's row is committed
+                deadline = time.monotonic() + 10  # noqa: TID251 (real threads)
+                while not PeriodicTask.objects.filter(name=SCAN_TASK_NAME).exists():
+                    assert time.monotonic() < deadline, "the first create never committed"  # noqa: TID251
+                    time.sleep(0.01)  # noqa: TID251
         return save(task, *args, **kwargs)
 
     PeriodicTask.objects.filter(name=SCAN_TASK_NAME).delete()
