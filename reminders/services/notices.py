@@ -441,6 +441,11 @@ def notice_claim(
     left.filter(status=Status.PENDING, reminder__unsubscribed_at__isnull=False).update(
         status=Status.SILENCED, status_reason=UNSUBSCRIBED, queued_until=None, updated_at=now
     )
+    # Back pending after its attendee was erased (a call under way failed for a while): the
+    # erasure silenced the pending ones; this one is silenced alike, not left to be missed.
+    left.filter(status=Status.PENDING, attendee__erased_at__isnull=False).update(
+        status=Status.SILENCED, status_reason=ERASED, queued_until=None, updated_at=now
+    )
     # Nothing left to tell (the workshop changed back to what they were told): no later
     # revision supersedes it, so it would wait until the start. One perhaps sent stays, its
     # facts taken as told: the next scan's revision supersedes it and tells them it is back.

@@ -800,6 +800,45 @@ def test_a_notice_error_recorded_after_its_attendee_was_erased_keeps_nothing_of_
     assert not any(email.split("@")[0] in text for text in stored), stored
 
 
+def test_a_notice_back_to_pending_after_its_attendee_was_erased_ends_silenced_not_missed(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
+):
+    """A call under way when the erasure commits fails for a while (a 421): its notice goes
+    back to pending, which the erasure had silenced. The next claim skips an erased attendee's
+    notice, so it waited for the start and ended "missed" as if it were owed; now the claim
+    that skips it silences it as erased. Nothing more reaches the provider."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.erasure import attendees_erase
+    from reminders.services.notices import ERASED, notice_claim, notice_record
+    from workshops.models import Attendee
+
+    batch, reminded = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    claim = notice_claim(ids=batch, channel="smtp", clock=clock)
+    [notice] = claim.notices
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=notice.attendee_id),
+        reason="asked",
+        actor=django_user_model.objects.create_user("staff"),
+    )
+    result = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.TRANSIENT, message_id=None,
+        error="SMTP 421 try later", attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[result], clock=clock)
+    assert Notice.objects.get().status == "pending"
+    clock.advance(600)
+    notices_published.clear()
+    pipeline.scan(clock=clock)
+    for published in list(notices_published):
+        deliver_notices(published, clock=clock)
+    clock.advance(5 * 3600)  # past the start
+    pipeline.scan(clock=clock)
+    assert Notice.objects.values_list("status", "status_reason").get() == ("silenced", ERASED)
+    assert len(mail.messages) == reminded
+
+
 def test_a_notice_whose_attendee_is_erased_as_it_is_claimed_is_withdrawn_as_erased(
     clock, make_workshop, enrol, mail, run, notices_published, settings, django_user_model
 ):
