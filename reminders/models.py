@@ -712,6 +712,13 @@ class Notice(models.Model):
             models.UniqueConstraint(
                 fields=["attendee", "workshop", "number"], name="notice_once_per_revision"
             ),
+            models.CheckConstraint(
+                condition=models.Q(
+                    status="sending", claim_token__isnull=False, lease_expires_at__isnull=False
+                )
+                | (~models.Q(status="sending") & models.Q(claim_token__isnull=True)),
+                name="notice_claimed_while_sending",
+            ),
         ]
         indexes = [
             models.Index(

@@ -4,6 +4,7 @@ with idempotency keys (http) and one without (smtp)."""
 from __future__ import annotations
 
 import dataclasses
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -151,7 +152,7 @@ def test_a_notice_past_the_start_is_missed_or_unknown_if_a_call_may_have_arrived
 def test_a_record_under_another_claims_token_changes_nothing(claimed, clock):
     """The fence: a worker whose claim was reaped and taken again writes nothing."""
     claim, notice = claimed("smtp")
-    Notice.objects.filter(pk=notice.pk).update(claim_token=None)
+    Notice.objects.filter(pk=notice.pk).update(claim_token=uuid.uuid4())  # claimed again
     assert notice_record(claim=claim, results=[_result(notice, Outcome.SENT)], clock=clock) == {}
     notice.refresh_from_db()
     assert notice.status == "sending"
@@ -288,3 +289,21 @@ def test_a_notice_perhaps_sent_claimed_after_the_start_is_left_for_the_settle_to
     assert notice_claim(ids=[notice.pk], channel="http", clock=started).notices == []
     assert Notice.objects.get(pk=notice.pk).status == "pending"
     assert notices_settle(clock=started) == {"notices_unknown": 1}
+
+
+def test_a_notice_sending_without_a_lease_or_holding_a_token_outside_sending_is_refused(
+    claimed,
+):
+    """The claim fence of a notice is the database's, as a reminder's is: a write that leaves
+    a sending notice without its token and lease, or a token on one not sending, fails."""
+    from django.db import IntegrityError, transaction
+
+    _, notice = claimed("smtp")
+    rows = Notice.objects.filter(pk=notice.pk)
+    for values in ({"lease_expires_at": None}, {"claim_token": None}, {"status": "pending"}):
+        with (
+            pytest.raises(IntegrityError, match="notice_claimed_while_sending"),
+            transaction.atomic(),
+        ):
+            rows.update(**values)
+    assert rows.get().status == "sending"
