@@ -288,6 +288,32 @@ def test_a_staff_import_changes_the_details_of_any_attendee_and_owns_none_it_cre
     assert Attendee.objects.get(email="emile@example.com").name == "Emile Zola"
 
 
+def test_staff_enrolling_an_integrations_attendee_leave_them_its_own_until_a_csv_id_names_them(
+    importer, make_workshop, make_token, client
+):
+    """docs/operations.md, "Whose details": the system that created a person keeps their
+    address current, whoever enrols them later; staff end that by importing them with an id
+    under the csv integration, after which the shop's change of address is refused."""
+    from tests.intake.conftest import Api
+    from tests.intake.test_api_ownership import refused_as_not_own
+    from workshops.services import enrollment_create
+
+    shop = Api(client, make_token(integration="shop").secret)
+    shop.post("/api/attendees", {"email": "ada@example.com", "name": "Ada", "external_id": "a-1"})
+    ada = Attendee.objects.get()
+    enrollment_create(attendee=ada, workshop=make_workshop(starts_in=timedelta(hours=5)))
+    moved = shop.post("/api/attendees", {"email": "ada@example.org", "external_id": "a-1"})
+    assert (moved.status_code, moved.json()["outcome"]) == (200, "updated")
+    workshop = make_workshop(starts_in=timedelta(hours=6))
+    preview = upload(importer, workshop, "name,email,external_id\nAda,ada@example.org,c-1\n")
+    assert confirm(importer, workshop, preview).status_code == 302
+    refused_as_not_own(
+        shop.post("/api/attendees", {"email": "ada@example.net", "external_id": "a-1"}), "email"
+    )
+    ada.refresh_from_db()
+    assert ada.email == "ada@example.org"
+
+
 def test_import_needs_its_permission(staff, make_workshop):
     workshop = make_workshop()
     plain = staff()
