@@ -653,7 +653,7 @@ class Notice(models.Model):
         MISSED = "missed", "Missed (the workshop started)"
         UNKNOWN = "unknown", "Unknown (may have reached the provider)"
         SUPERSEDED = "superseded", "Superseded by a newer revision"
-        SILENCED = "silenced", "Not sent (staff chose not to notify)"
+        SILENCED = "silenced", "Not sent (staff, an unsubscribe or an erasure stopped it)"
 
     reminder = models.ForeignKey(
         Reminder, on_delete=models.CASCADE, related_name="notices", editable=False

@@ -2,7 +2,8 @@
 (reminder_claimed_while_sending): a write that breaks it is refused by the database.
 
 No code leaves a token outside sending; the cleanup before the constraint clears any such row
-an earlier version may have left, so the upgrade does not stop on it.
+an earlier version may have left, so the upgrade does not stop on it. The silenced status's
+label names each way to it (no SQL).
 """
 
 from django.db import migrations, models
@@ -14,6 +15,25 @@ class Migration(migrations.Migration):
     ]
 
     operations = [
+        migrations.AlterField(
+            model_name="notice",
+            name="status",
+            field=models.CharField(
+                choices=[
+                    ("pending", "Pending"),
+                    ("sending", "Sending (claimed by a worker)"),
+                    ("sent", "Sent"),
+                    ("failed", "Failed"),
+                    ("missed", "Missed (the workshop started)"),
+                    ("unknown", "Unknown (may have reached the provider)"),
+                    ("superseded", "Superseded by a newer revision"),
+                    ("silenced", "Not sent (staff, an unsubscribe or an erasure stopped it)"),
+                ],
+                default="pending",
+                editable=False,
+                max_length=16,
+            ),
+        ),
         migrations.RunSQL(
             "UPDATE reminders_notice SET claim_token = NULL WHERE status <> 'sending'",
             migrations.RunSQL.noop,
