@@ -342,11 +342,13 @@ def _link(url: str) -> str:
     return f'<a href="{url}" style="color: #1a5fb4">{url}</a>'
 
 
-def _html(language: str, paragraphs: str) -> str:
+def _html(language: str, title: str, paragraphs: str) -> str:
+    """Return a whole HTML part; its title (the subject) is what a screen reader announces."""
     return (
         "<!doctype html>\n"
         f'<html lang="{_escape(language)}">\n'
-        '<head><meta name="viewport" content="width=device-width, initial-scale=1"></head>\n'
+        f"<head><title>{_escape(title)}</title>\n"
+        '<meta name="viewport" content="width=device-width, initial-scale=1"></head>\n'
         '<body style="font-family: sans-serif; line-height: 1.5; overflow-wrap: anywhere">\n'
         f"{paragraphs}"
         "</body>\n"
@@ -377,8 +379,8 @@ def _text_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     return "\n".join(lines) + "\n"
 
 
-def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
-    """Return a reminder's HTML part: inline styles only, everything escaped, names in <bdi>."""
+def _html_paragraphs(text, values: dict[str, str], words: _Words, *, elsewhere: str) -> str:
+    """Return a reminder's HTML: inline styles only, everything escaped, names in <bdi>."""
     label = words.html_labels
     details = [
         f"<strong>{label['when']}</strong> {_escape(values['start_local'])} "
@@ -398,26 +400,27 @@ def _html_body(text, values: dict[str, str], words: _Words, *, elsewhere: str) -
     if values["attendance_url"]:
         attendance = f"<p>{label['cant_attend']} {_link(values['attendance_url'])}</p>\n"
     lines = "<br>\n".join(details)
-    return _html(
-        text.language,
+    return (
         f"{intro}\n"
         f"<p>{lines}</p>\n"
         f"<p>{label['calendar']}</p>\n"
         f"{attendance}"
-        f"<p>{label['goodbye']}</p>\n",
+        f"<p>{label['goodbye']}</p>\n"
     )
 
 
 def _envelope(
-    *, row, workshop, facts, attendee, zone, text, values, ics, method, payload, **fields
+    *, row, workshop, facts, attendee, zone, text, values, html, ics, method, payload, **fields
 ) -> Envelope:
     """Return the envelope of a reminder or notice ``row``, with what both kinds share."""
+    subject = _one_line(fill(text.subject, values))
     return Envelope(
         reminder_id=row.pk,
         key=row.key,
         recipient=attendee.email,
         recipient_name=_one_line(attendee.name),
-        subject=_one_line(fill(text.subject, values)),
+        subject=subject,
+        html_body=_html(text.language, subject, html),
         attachments=(
             Attachment(filename="workshop.ics", content_type="text/calendar", content=ics),
         ),
@@ -485,7 +488,7 @@ def reminder_envelope(*, reminder: Reminder, text=None, send_by=None, links=True
         text=text,
         values=values,
         text_body=wrap_text(_text_body(text, values, words, elsewhere=elsewhere)),
-        html_body=_html_body(text, values, words, elsewhere=elsewhere),
+        html=_html_paragraphs(text, values, words, elsewhere=elsewhere),
         ics=event_ics(
             uid=calendar_uid(reminder.key),
             workshop=workshop,
@@ -588,13 +591,10 @@ def notice_envelope(*, notice, text=None, send_by=None) -> Envelope:
         text=text,
         values=values,
         text_body=wrap_text(body + "\n"),
-        html_body=_html(
-            text.language,
-            "".join(
-                f"<p>{part.replace(chr(10), '<br>')}</p>\n"
-                for part in marked.split("\n\n")
-                if part.strip()
-            ),
+        html="".join(
+            f"<p>{part.replace(chr(10), '<br>')}</p>\n"
+            for part in marked.split("\n\n")
+            if part.strip()
         ),
         ics=event_ics(
             uid=calendar_uid(notice.reminder.key),

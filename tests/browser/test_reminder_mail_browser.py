@@ -13,6 +13,7 @@ import pytest
 
 from reminders.content import notice_preview, reminder_envelope
 from reminders.models import Reminder
+from tests.browser.axe import assert_no_violations, axe_violations
 from tests.browser.conftest import PHONE
 from workshops.models import Workshop
 from workshops.services import attendee_get_or_create, enrollment_create
@@ -73,3 +74,38 @@ def test_a_reminder_and_a_change_notice_fit_a_phones_width(
             assert widths == [375, 375], html
     finally:
         context.close()
+
+
+def test_every_message_an_attendee_may_get_has_no_accessibility_violation(
+    clock, make_workshop, make_attendee, new_page, settings
+):
+    """axe-core (tests/browser/axe.py: WCAG 2.1 A/AA) on the HTML part of a reminder, a change
+    notice and a cancellation, in each language, with every line and link they can carry.
+    Without a title, a screen reader opening one names it by its file, not its subject."""
+    settings.REMINDERS_PUBLIC_URL = "https://reminders.example.com"
+    details = {"location": "Room 4", "join_url": "https://meet.example.org/k?id=7",
+               "contact_name": "Ada Lovelace", "contact_email": "ada@example.org"}  # fmt: skip
+    page, found = new_page(), {}
+    for language in ("en", "de", "fr"):
+        workshop = make_workshop(title=f"Kiln basics ({language})")
+        Workshop.objects.filter(pk=workshop.pk).update(**details)
+        attendee = make_attendee(language=language, zone="America/New_York")
+        enrollment_create(attendee=attendee, workshop=workshop)
+        reminder = Reminder.objects.select_related("workshop", "attendee").get(attendee=attendee)
+        Reminder.objects.filter(pk=reminder.pk).update(
+            told_starts_at=workshop.starts_at, told_ends_at=workshop.ends_at, told_location="Hall"
+        )
+        messages = {"reminder": reminder_envelope(reminder=reminder)}
+        messages["change notice"] = notice_preview(
+            workshop=workshop, attendee=attendee, now=clock.now()
+        ).envelope
+        Workshop.objects.filter(pk=workshop.pk).update(status=Workshop.Status.CANCELLED)
+        workshop.refresh_from_db()
+        messages["cancellation"] = notice_preview(
+            workshop=workshop, attendee=attendee, now=clock.now()
+        ).envelope
+        for name, envelope in messages.items():
+            page.set_content(envelope.html_body)
+            assert page.title() == envelope.subject
+            found[f"{name}, {language}"] = axe_violations(page, page_rules=False)
+    assert_no_violations(found)
