@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -69,6 +70,15 @@ def parse_events(document: object) -> list[ProviderEvent]:
     return events
 
 
+# Half a UTF-16 pair, which JSON may escape ("\\ud800") and UTF-8 cannot carry.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
+
+
+def _storable(text: str) -> bool:
+    """Return whether PostgreSQL can store ``text``: no NUL, no lone surrogate."""
+    return "\x00" not in text and not _LONE_SURROGATE.search(text)
+
+
 def _event(item: object) -> ProviderEvent:
     if not isinstance(item, dict):
         raise ValueError("each event must be an object")
@@ -77,10 +87,12 @@ def _event(item: object) -> ProviderEvent:
     if (
         not isinstance(event_id, str)
         or not 1 <= len(event_id) <= MAX_EVENT_ID
-        or "\x00" in event_id
+        or not _storable(event_id)
     ):
-        raise ValueError(f"id must be a string of 1 to {MAX_EVENT_ID} characters, none NUL")
-    if not isinstance(key, str) or not 1 <= len(key) <= 64 or "\x00" in key:
+        raise ValueError(
+            f"id must be a string of 1 to {MAX_EVENT_ID} characters, none NUL or a lone surrogate"
+        )
+    if not isinstance(key, str) or not 1 <= len(key) <= 64 or not _storable(key):
         raise ValueError("key must be the Idempotency-Key of the reminder's request")
     kind = item.get("type")
     if kind not in Kind.values:
@@ -157,7 +169,10 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 bounce=event.bounce,
                 occurred_at=event.occurred_at,
                 received_at=now,
-                reason=redact_text(event.reason.replace("\x00", "")),  # PostgreSQL stores none
+                # PostgreSQL stores no NUL, and UTF-8 no lone surrogate.
+                reason=redact_text(
+                    _LONE_SURROGATE.sub("\ufffd", event.reason.replace("\x00", ""))
+                ),
                 address_key=address_key(sent_to[event.key][1]),
             )
             addressed[event.event_id] = sent_to[event.key]

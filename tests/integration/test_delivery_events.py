@@ -195,6 +195,27 @@ def test_a_nul_character_is_refused_or_dropped_not_answered_with_a_500(sent, pos
     assert DeliveryEvent.objects.count() == 1
 
 
+def test_a_lone_surrogate_is_refused_or_replaced_not_answered_with_a_500(sent, post, live_clock):
+    """JSON may escape half a UTF-16 pair ("\\ud800"); Python reads it, PostgreSQL's UTF-8
+    cannot store it: a 500 would have the provider retry the same body forever. A reason keeps
+    the rest of its text; an id or key with one names nothing and is refused."""
+    when = live_clock.now().isoformat()
+    outcomes = {}
+    bounce = _event(sent[0], "bounced", event_id="s-1", at=when, bounce="hard",
+                    reason="550 5.1.1 unknown\ud800user")  # fmt: skip
+    answer = post({"events": [bounce]})
+    outcomes["reason"] = (answer.status_code, answer.text[:120])
+    for field in ("id", "key"):
+        event = _event(sent[1], "delivered", event_id="s-2", at=when)
+        event[field] += "\udfff"
+        answer = post({"events": [event]})
+        outcomes[field] = (answer.status_code, answer.text[:120])
+    assert outcomes["reason"][0] == 200, outcomes
+    assert DeliveryEvent.objects.get().reason == "550 5.1.1 unknown\ufffduser"
+    assert [outcomes["id"][0], outcomes["key"][0]] == [400, 400], outcomes
+    assert DeliveryEvent.objects.count() == 1
+
+
 def test_a_body_past_the_size_limit_is_refused_with_what_to_do(sent, post, live_clock):
     """Within the contract's counts (1,000 events, reasons of 2,000 characters) a body can pass
     Django's 2.5 MB; it gets the contract's problem document, not Django's bare 400 page."""
