@@ -19,6 +19,7 @@ from clock import Clock, default_clock
 from delivery.redact import redact_text
 from reminders.models import DeliveryEvent, DroppedReports, Notice, Reminder, Suppression
 from reminders.services import dispatch
+from workshops.models import Attendee
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +178,20 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             )
             addressed[event.event_id] = sent_to[event.key]
     with transaction.atomic():
+        # Their attendees locked, as an erasure locks them: one erased since the read above
+        # is dropped; one erased later waits for this commit, then scrubs what it kept.
+        live = set(
+            Attendee.objects.filter(
+                pk__in={attendee for attendee, _ in addressed.values()}, erased_at__isnull=True
+            )
+            .order_by("pk")
+            .select_for_update(no_key=True)
+            .values_list("pk", flat=True)
+        )
+        for event_id, (attendee, _) in list(addressed.items()):
+            if attendee not in live:
+                del new[event_id], addressed[event_id]
+                dropped += 1
         # A retry racing its first delivery: the constraint keeps one row.
         DeliveryEvent.objects.bulk_create(new.values(), ignore_conflicts=True)
         for event in sorted(new.values(), key=lambda event: event.occurred_at):

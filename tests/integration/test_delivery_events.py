@@ -344,6 +344,52 @@ def test_erasure_scrubs_the_address_a_bounce_quoted(sent, post, live_clock, admi
     assert reason.startswith("550 5.1.1")
 
 
+def test_a_report_recorded_while_its_attendee_is_erased_keeps_no_address(
+    sent, live_clock, admin_user
+):
+    """The erasure commits between the report's read of its reminder (attendee not erased yet)
+    and its insert: the bounce must not keep the address the erasure just scrubbed, neither in
+    its reason nor in the suppression it causes."""
+    from django.db import connection
+
+    from reminders.services.feedback import ProviderEvent, delivery_events_record
+    from tests.support.races import Step, blocked_or_done
+
+    reminder = Reminder.objects.select_related("attendee").get(key=sent[0])
+    address = reminder.attendee.email
+    table = connection.ops.quote_name(DeliveryEvent._meta.db_table)
+    erasures = []
+
+    def erase_before_the_insert(execute, sql, params, many, context):
+        if sql.startswith(f"INSERT INTO {table}") and not erasures:
+            erasure = Step(
+                lambda: attendees_erase(
+                    attendees=Attendee.objects.filter(pk=reminder.attendee_id),
+                    reason="asked",
+                    actor=admin_user,
+                )
+            )
+            erasures.append(erasure)
+            erasure.start()
+            blocked_or_done(erasure)
+        return execute(sql, params, many, context)
+
+    bounce = ProviderEvent(
+        event_id="during-erasure", key=sent[0], kind="bounced", bounce="hard",
+        occurred_at=live_clock.now(), reason=f"550 5.1.1 <{address}>: no such user",
+    )  # fmt: skip
+    with connection.execute_wrapper(erase_before_the_insert):
+        delivery_events_record(channel="http", events=[bounce])
+    [erasure] = erasures
+    erasure.finish()
+    kept = {
+        "reasons quoting it": DeliveryEvent.objects.filter(reason__icontains=address).count(),
+        "suppressions naming it": Suppression.objects.filter(address__iexact=address).count(),
+    }
+    assert kept == {"reasons quoting it": 0, "suppressions naming it": 0}
+    assert Attendee.objects.get(pk=reminder.attendee_id).erased_at is not None
+
+
 def test_reports_older_than_the_retention_are_deleted_by_the_scan(sent, post, live_clock, settings):
     post(
         {"events": [_event(sent[0], "delivered", event_id="old", at=live_clock.now().isoformat())]}
