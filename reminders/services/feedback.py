@@ -179,7 +179,9 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             addressed[event.event_id] = sent_to[event.key]
     with transaction.atomic():
         # Their attendees locked, as an erasure locks them: one erased since the read above
-        # is dropped; one erased later waits for this commit, then scrubs what it kept.
+        # is dropped; one erased later waits for this commit, then scrubs what it kept. A
+        # concurrent request's reports of them wait too, so each run of soft bounces is
+        # counted with the other's committed.
         live = set(
             Attendee.objects.filter(
                 pk__in={attendee for attendee, _ in addressed.values()}, erased_at__isnull=True

@@ -390,6 +390,52 @@ def test_a_report_recorded_while_its_attendee_is_erased_keeps_no_address(
     assert Attendee.objects.get(pk=reminder.attendee_id).erased_at is not None
 
 
+def test_soft_bounces_recorded_at_once_by_two_requests_still_make_a_run(
+    sent, live_clock, settings
+):
+    """Two deliveries of the provider's webhook, each with one soft bounce at the same
+    address, each counting the run before the other committed: the third of a run must
+    suppress all the same."""
+    import threading
+
+    from django.db import connection
+
+    from reminders.services.feedback import ProviderEvent, delivery_events_record
+    from tests.support.races import race
+
+    settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = 3
+    table = connection.ops.quote_name(DeliveryEvent._meta.db_table)
+    both_inserted = threading.Barrier(2)
+
+    def soft(n: int) -> ProviderEvent:
+        return ProviderEvent(
+            event_id=f"soft-{n}", key=sent[0], kind="bounced", bounce="soft",
+            occurred_at=live_clock.now() + timedelta(seconds=n), reason="452 over quota",
+        )  # fmt: skip
+
+    def meet_after_the_insert(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith(f"INSERT INTO {table}"):
+            try:
+                both_inserted.wait(3)  # each counts while the other's row is uncommitted
+            except threading.BrokenBarrierError:
+                pass  # the other waits on a lock this one holds
+        return result
+
+    def record(n: int):
+        def job():
+            with connection.execute_wrapper(meet_after_the_insert):
+                return delivery_events_record(channel="http", events=[soft(n)])
+
+        return job
+
+    delivery_events_record(channel="http", events=[soft(1)])
+    answers = race(record(2), record(3))
+    assert [answer["recorded"] for answer in answers] == [1, 1]
+    assert DeliveryEvent.objects.count() == 3
+    assert Suppression.objects.filter(lifted_at__isnull=True).count() == 1
+
+
 def test_reports_older_than_the_retention_are_deleted_by_the_scan(sent, post, live_clock, settings):
     post(
         {"events": [_event(sent[0], "delivered", event_id="old", at=live_clock.now().isoformat())]}
