@@ -13,7 +13,8 @@ from django.conf import settings
 
 from clock import Clock, default_clock
 from reminders.content import notice_preview, reminder_preview
-from reminders.models import StaffDecision
+from reminders.models import StaffDecision, Suppression
+from reminders.services.feedback import address_key
 from reminders.worker import bridge
 from workshops.models import Attendee, Enrollment, Workshop
 
@@ -74,6 +75,11 @@ def _send(decision: StaffDecision, *, clock: Clock) -> tuple[bool, str]:
         if not address:
             return no_address
         preview = reminder_preview
+    suppression = Suppression.objects.filter(
+        address_key=address_key(address), lifted_at__isnull=True
+    ).first()
+    if suppression is not None:  # as a reminder to it: no call
+        return False, f"not sent: {suppression.refusal}; lift {address} in Suppressions first"
     now = clock.now()
     real = preview(workshop=workshop, attendee=attendee, now=now).envelope
     # The attendee's message goes to the staff member instead, marked a test.

@@ -366,3 +366,31 @@ def test_a_test_carries_none_of_the_attendees_own_links(
     parsed = message.parsed()
     assert parsed["List-Unsubscribe"] is None
     assert "/attend/" not in parsed.get_body(("plain",)).get_content()
+
+
+def test_a_test_to_a_suppressed_staff_address_is_not_sent_and_says_why(
+    enrolled, make_staff, settings, smtp_sink, live_clock
+):
+    """The staff member's own address bounced hard (or they marked a reminder as spam): a test
+    to it makes no call, as a reminder to it would not, until staff lift the suppression."""
+    from reminders.models import Suppression
+    from reminders.services.feedback import address_key
+
+    settings.REMINDERS_CHANNEL = "smtp"
+    settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", smtp_sink.port
+    workshop, attendee = enrolled
+    now = live_clock.now()
+    Suppression.objects.create(
+        address_key=address_key("ops@example.org"), address="ops@example.org", cause="bounced",
+        caused_at=now, created_at=now,
+    )  # fmt: skip
+    tester = _tester(make_staff, email="Ops@Example.org")
+    outcomes = []
+    for notice in (False, True):
+        decision = reminder_send_test_request(
+            workshop=workshop, attendee=attendee, actor=tester, publish_task=id, notice=notice
+        )
+        done = reminder_send_test_run(decision_id=decision.pk)
+        outcomes.append((done.state, done.changed, done.outcome[:31]))
+    assert outcomes == [("done", 0, "not sent: suppressed: bounced o")] * 2, outcomes
+    assert smtp_sink.received() == []
