@@ -9,6 +9,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
+import idna
 from django.conf import settings
 from django.db import IntegrityError, transaction
 from django.db.models import F, Max, Q, Value
@@ -224,10 +225,25 @@ def delivery_events_prune(*, clock: Clock | None = None) -> int:
 
 
 def address_key(email: str) -> str:
-    """Return the keyed HMAC (SECRET_KEY) an address is suppressed under, case aside."""
+    """Return the keyed HMAC (SECRET_KEY) an address is suppressed under, case aside, and its
+    domain however it is written (punycode or not, composed or not: one mailbox on the wire)."""
     return salted_hmac(
-        "reminders.suppression", email.strip().lower(), algorithm="sha256"
+        "reminders.suppression", _one_spelling(email), algorithm="sha256"
     ).hexdigest()
+
+
+def _one_spelling(email: str) -> str:
+    """Return ``email`` in lower case with its domain in Unicode as IDNA (UTS 46) maps it.
+
+    An ASCII domain not in punycode is left as it is, so its key stays that of before.
+    """
+    local, at, domain = email.strip().lower().rpartition("@")
+    if at and (not domain.isascii() or "xn--" in domain):
+        try:
+            domain = idna.decode(idna.encode(domain, uts46=True))
+        except UnicodeError:  # idna.IDNAError is one: no such domain, kept as written
+            pass
+    return f"{local}{at}{domain}"
 
 
 def _suppress_after(event: DeliveryEvent, attendee_id: int, email: str, *, now) -> None:
@@ -283,12 +299,13 @@ def _soft_bounces_in_a_row(attendee_id: int, email: str) -> int:
 
 def suppressions_refusing(rows) -> dict[int, str]:
     """Return why no call is made, for each of ``rows`` whose address is suppressed now."""
-    keys = {address_key(row.attendee.email): row.attendee.email for row in rows}
-    live = Suppression.objects.filter(address_key__in=keys, lifted_at__isnull=True).order_by()
-    by_email = {
-        keys[row.address_key]: row.refusal for row in live.only("address_key", "cause", "caused_at")
-    }
-    return {row.pk: by_email[row.attendee.email] for row in rows if row.attendee.email in by_email}
+    # By row: two spellings of one address share its key.
+    keys = {row.pk: address_key(row.attendee.email) for row in rows}
+    live = Suppression.objects.filter(
+        address_key__in=set(keys.values()), lifted_at__isnull=True
+    ).order_by()
+    by_key = {row.address_key: row.refusal for row in live.only("address_key", "cause", "caused_at")}
+    return {pk: by_key[key] for pk, key in keys.items() if key in by_key}
 
 
 def suppression_addresses(ids: list[int]) -> dict[int, tuple[str, str]]:

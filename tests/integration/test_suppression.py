@@ -442,6 +442,26 @@ def test_an_erased_address_stays_suppressed_without_being_kept(
     )
 
 
+def test_an_address_is_suppressed_however_its_domain_is_spelled(send, report, workshops_for):
+    """Ana's reminder to ana@bücher.example bounced hard. The same mailbox written with the
+    domain in punycode (as it goes on the wire), or with the ü decomposed, is the address
+    the provider refused: no call for either."""
+    (ana,) = [attendee_get_or_create(email="ana@bücher.example", name="Ana")[0]]
+    first = workshops_for(ana)
+    assert send() == [first[ana.pk]]
+    report(first[ana.pk], "bounced", bounce="hard")
+    spellings = ["ana@xn--bcher-kva.example", "ana@bu\u0308cher.example"]
+    others = [attendee_get_or_create(email=email, name="Ana")[0] for email in spellings]
+    assert len({ana.pk, *(other.pk for other in others)}) == 3
+    second = workshops_for(*others)
+    called = send()
+    statuses = {
+        Attendee.objects.get(pk=pk).email: Reminder.objects.get(key=key).status
+        for pk, key in second.items()
+    }
+    assert (called, statuses) == ([], dict.fromkeys(spellings, "failed"))
+
+
 @pytest.mark.slow
 @pytest.mark.long
 def test_end_to_end_a_real_worker_makes_no_call_for_an_address_that_bounced(live_server, settings):
