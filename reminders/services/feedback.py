@@ -195,6 +195,12 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             if attendee not in live:
                 del new[event_id], addressed[event_id]
                 dropped += 1
+        # A retry of these events recorded while this request waited on the lock: seen.
+        for event_id in DeliveryEvent.objects.filter(
+            channel=channel, event_id__in=list(new)
+        ).values_list("event_id", flat=True):
+            del new[event_id], addressed[event_id]
+            seen += 1
         # A retry racing its first delivery: the constraint keeps one row.
         DeliveryEvent.objects.bulk_create(new.values(), ignore_conflicts=True)
         for event in sorted(new.values(), key=lambda event: event.occurred_at):

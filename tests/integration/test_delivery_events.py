@@ -436,6 +436,43 @@ def test_soft_bounces_recorded_at_once_by_two_requests_still_make_a_run(
     assert Suppression.objects.filter(lifted_at__isnull=True).count() == 1
 
 
+def test_one_event_delivered_twice_at_once_is_counted_recorded_once(sent, live_clock):
+    """The provider retries a request whose answer is slow while the first is still being
+    recorded: both read that the event is new before either commits. One answer says
+    recorded, the other duplicate, as the table keeps one row."""
+    import threading
+
+    from django.db import connection
+
+    from reminders.services.feedback import ProviderEvent, delivery_events_record
+    from tests.support.races import race
+
+    table = connection.ops.quote_name(DeliveryEvent._meta.db_table)
+    both_read = threading.Barrier(2)
+
+    def meet_after_the_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and f"FROM {table}" in sql:
+            try:
+                both_read.wait(3)
+            except threading.BrokenBarrierError:
+                pass
+        return result
+
+    bounce = ProviderEvent(
+        event_id="twice", key=sent[0], kind="bounced", bounce="hard",
+        occurred_at=live_clock.now(), reason="550 5.1.1 mailbox unknown",
+    )  # fmt: skip
+
+    def record():
+        with connection.execute_wrapper(meet_after_the_read):
+            return delivery_events_record(channel="http", events=[bounce])
+
+    answers = race(record, record)
+    assert sorted((a["recorded"], a["duplicates"]) for a in answers) == [(0, 1), (1, 0)]
+    assert (DeliveryEvent.objects.count(), Suppression.objects.count()) == (1, 1)
+
+
 def test_reports_older_than_the_retention_are_deleted_by_the_scan(sent, post, live_clock, settings):
     post(
         {"events": [_event(sent[0], "delivered", event_id="old", at=live_clock.now().isoformat())]}
