@@ -14,7 +14,13 @@ from django.views.decorators.csrf import csrf_exempt
 from django.views.decorators.http import require_POST
 
 from clock import default_clock
-from reminders.services.feedback import MalformedEvents, delivery_events_record, parse_events
+from reminders.services.feedback import (
+    MAX_EVENTS,
+    MalformedEvents,
+    TooManyEvents,
+    delivery_events_record,
+    parse_events,
+)
 
 # A signature older or newer than this many seconds is refused (a replay).
 TIMESTAMP_WINDOW = 300
@@ -74,6 +80,13 @@ def http_events(request: HttpRequest) -> JsonResponse:
         )
     try:
         events = parse_events(json.loads(body))
+    except TooManyEvents:
+        return _problem(
+            413,
+            "Too many events",
+            f"A request carries at most {MAX_EVENTS:,} events: split the events over several "
+            "requests. Nothing was recorded.",
+        )
     except (ValueError, RecursionError) as exc:
         problems = exc.problems if isinstance(exc, MalformedEvents) else ["the body is not JSON"]
         return _problem(

@@ -51,6 +51,10 @@ class MalformedEvents(ValueError):
         self.problems = problems
 
 
+class TooManyEvents(MalformedEvents):
+    """More than MAX_EVENTS events in one document: the contract's 413, split them."""
+
+
 def parse_events(document: object) -> list[ProviderEvent]:
     """Return the events of ``{"events": [...]}``, or raise MalformedEvents naming each fault.
 
@@ -60,7 +64,8 @@ def parse_events(document: object) -> list[ProviderEvent]:
         raise MalformedEvents(['the body must be an object {"events": [...]}'])
     items = document["events"]
     if not 1 <= len(items) <= MAX_EVENTS:
-        raise MalformedEvents([f"send 1 to {MAX_EVENTS} events per request, not {len(items)}"])
+        error = TooManyEvents if items else MalformedEvents
+        raise error([f"send 1 to {MAX_EVENTS} events per request, not {len(items)}"])
     events, problems = [], []
     for index, item in enumerate(items):
         try:

@@ -233,6 +233,22 @@ def test_a_body_past_the_size_limit_is_refused_with_what_to_do(sent, post, live_
     assert limit in CONTRACT.read_text()  # the contract quotes the limit that holds
 
 
+def test_more_events_than_the_contract_allows_are_refused_as_too_large(sent, post, live_clock):
+    """The contract: up to 1,000 events and 2,621,440 bytes per request, past that 413, split
+    the events. A provider reading it splits on a 413 and gives up a 400 as a bad body."""
+    when = live_clock.now().isoformat()
+    events = [_event(sent[0], "delivered", event_id=f"many-{i}", at=when) for i in range(1001)]
+    answer = post({"events": events})
+    assert (answer.status_code, answer.headers["Content-Type"]) == (
+        413,
+        "application/problem+json",
+    ), answer.text[:200]
+    assert "split the events over several requests" in answer.json()["detail"]
+    assert "Up to 1,000 events and" in CONTRACT.read_text()
+    assert not DeliveryEvent.objects.exists()
+    assert post({"events": events[:1000]}).json()["recorded"] == 1000
+
+
 def test_the_refusal_names_each_bad_event(sent, post, live_clock):
     when = live_clock.now().isoformat()
     document = {
