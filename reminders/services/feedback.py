@@ -177,9 +177,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 occurred_at=event.occurred_at,
                 received_at=now,
                 # PostgreSQL stores no NUL, and UTF-8 no lone surrogate.
-                reason=redact_text(
-                    _LONE_SURROGATE.sub("\ufffd", event.reason.replace("\x00", ""))
-                ),
+                reason=redact_text(_LONE_SURROGATE.sub("\ufffd", event.reason.replace("\x00", ""))),
                 address_key=address_key(sent_to[event.key][1]),
             )
             addressed[event.event_id] = sent_to[event.key]
@@ -315,7 +313,9 @@ def suppressions_refusing(rows) -> dict[int, str]:
     live = Suppression.objects.filter(
         address_key__in=set(keys.values()), lifted_at__isnull=True
     ).order_by()
-    by_key = {row.address_key: row.refusal for row in live.only("address_key", "cause", "caused_at")}
+    by_key = {
+        row.address_key: row.refusal for row in live.only("address_key", "cause", "caused_at")
+    }
     return {pk: by_key[key] for pk, key in keys.items() if key in by_key}
 
 

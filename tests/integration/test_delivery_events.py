@@ -406,9 +406,7 @@ def test_a_report_recorded_while_its_attendee_is_erased_keeps_no_address(
     assert Attendee.objects.get(pk=reminder.attendee_id).erased_at is not None
 
 
-def test_soft_bounces_recorded_at_once_by_two_requests_still_make_a_run(
-    sent, live_clock, settings
-):
+def test_soft_bounces_recorded_at_once_by_two_requests_still_make_a_run(sent, live_clock, settings):
     """Two deliveries of the provider's webhook, each with one soft bounce at the same
     address, each counting the run before the other committed: the third of a run must
     suppress all the same."""

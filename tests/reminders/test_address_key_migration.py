@@ -37,7 +37,9 @@ def back_to_latest():
 
 def _old_key(email: str) -> str:
     """The key before 0035: the address in lower case, its domain as written."""
-    return salted_hmac("reminders.suppression", email.strip().lower(), algorithm="sha256").hexdigest()
+    return salted_hmac(
+        "reminders.suppression", email.strip().lower(), algorithm="sha256"
+    ).hexdigest()
 
 
 def test_suppressions_and_reports_under_a_punycode_spelling_take_the_addresss_one_key(
