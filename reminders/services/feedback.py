@@ -111,7 +111,8 @@ def _event(item: object) -> ProviderEvent:
         raise ValueError('"bounce" belongs to bounces only')
     at = item.get("at")
     try:
-        occurred_at = datetime.fromisoformat(at) if isinstance(at, str) else None
+        # RFC 3339 lets "T" and "Z" be written in lower case; Python reads upper case only.
+        occurred_at = datetime.fromisoformat(at.upper()) if isinstance(at, str) else None
         if occurred_at is not None and occurred_at.utcoffset() is not None:
             occurred_at = occurred_at.astimezone(UTC)
     except (ValueError, OverflowError):

@@ -249,6 +249,17 @@ def test_more_events_than_the_contract_allows_are_refused_as_too_large(sent, pos
     assert post({"events": events[:1000]}).json()["recorded"] == 1000
 
 
+def test_an_rfc_3339_time_with_a_lower_case_t_and_z_is_taken(sent, post, live_clock):
+    """RFC 3339 (section 5.6) lets "T" and "Z" be written "t" and "z": a provider writing
+    them so follows the contract, and one such time must not refuse its whole request."""
+    when = live_clock.now().replace(microsecond=0)
+    written = when.strftime("%Y-%m-%dt%H:%M:%Sz")
+    answer = post({"events": [_event(sent[0], "delivered", event_id="lower", at=written)]})
+    assert answer.status_code == 200, answer.text
+    assert answer.json() == {"recorded": 1, "duplicates": 0, "dropped": 0}
+    assert DeliveryEvent.objects.get().occurred_at == when
+
+
 def test_the_refusal_names_each_bad_event(sent, post, live_clock):
     when = live_clock.now().isoformat()
     document = {
