@@ -24,7 +24,7 @@ from reminders.services.feedback import (
 
 # A signature older or newer than this many seconds is refused (a replay).
 TIMESTAMP_WINDOW = 300
-_SIGNATURE = re.compile(r"sha256=[0-9a-f]{64}")
+_SIGNATURE = re.compile(r"sha256=[0-9a-fA-F]{64}")
 
 
 def callback_signature_valid(
@@ -38,7 +38,8 @@ def callback_signature_valid(
         return False
     message = timestamp.encode() + b"\n" + body
     expected = "sha256=" + hmac.new(secret.encode(), message, hashlib.sha256).hexdigest()
-    return hmac.compare_digest(expected.encode(), signature.encode())
+    # Hex in either case: the same digits.
+    return hmac.compare_digest(expected.encode(), signature.lower().encode())
 
 
 def _problem(status: int, title: str, detail: str, **extra) -> JsonResponse:

@@ -109,6 +109,20 @@ def test_reports_signed_as_the_contract_says_show_on_each_reminder(
     )
 
 
+def test_a_signature_in_upper_case_hex_is_taken(sent, post, live_clock):
+    """The contract asks for the HMAC in hex, and some libraries write hex in upper case
+    (Java's HexFormat.of().withUpperCase(), .NET's Convert.ToHexString): the same digits."""
+    body = json.dumps(
+        {"events": [_event(sent[0], "delivered", event_id="up", at=live_clock.now().isoformat())]}
+    ).encode()
+    headers = _signed(body, at=live_clock.now().timestamp())
+    digest = headers["X-Reminders-Signature"].removeprefix("sha256=")
+    headers["X-Reminders-Signature"] = "sha256=" + digest.upper()
+    answer = post(None, raw=body, headers=headers)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["recorded"] == 1
+
+
 def test_a_retried_report_is_recorded_once(sent, post, live_clock):
     document = {
         "events": [_event(sent[0], "delivered", event_id="d-1", at=live_clock.now().isoformat())]
