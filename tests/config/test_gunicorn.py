@@ -50,3 +50,33 @@ def test_the_access_log_names_the_path_but_not_the_query_or_the_referrer(tmp_pat
     assert "safe only when web is reachable through a proxy that sets this header" in (
         log.read_text()
     )
+
+
+def test_a_chunked_report_without_a_length_is_told_to_send_one_not_that_its_signature_failed(
+    tmp_path,
+):
+    """gunicorn hands Django a chunked body without its Content-Length, which Django reads
+    as empty: a provider's signed report was refused "Signature refused" (401), a fault it
+    cannot find in its signature. It is now a 411 saying to send Content-Length; the same
+    report with one gets past that to the signature check."""
+    socket_path = tmp_path / "web.sock"
+    secret = "callback-secret-0a1b2c3d4e5f6a7b8c9d"
+    env = {**os.environ, "DEBUG": "1", "REMINDERS_HTTP_CALLBACK_SECRET": secret}
+    web = subprocess.Popen(
+        [str(Path(sys.executable).with_name("gunicorn")), "-c", "config/gunicorn.py",
+         "--bind", f"unix:{socket_path}", "--workers", "1", "config.wsgi"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )  # fmt: skip
+    body = b'{"events": []}'
+    try:
+        wait_until(socket_path.exists, timeout=30, what="gunicorn to listen")
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path))) as client:
+            chunked = client.post("http://localhost/hooks/http/events", content=iter([body]))
+            assert chunked.request.headers["Transfer-Encoding"] == "chunked"
+            sized = client.post("http://localhost/hooks/http/events", content=body)
+    finally:
+        web.terminate()
+        web.wait(10)
+    assert chunked.status_code == 411, chunked.text
+    assert "Content-Length" in chunked.json()["detail"]
+    assert sized.status_code == 401  # unsigned: judged by its signature, as before
