@@ -55,9 +55,10 @@ def http_events(request: HttpRequest) -> JsonResponse:
     secret = settings.REMINDERS_HTTP_CALLBACK_SECRET
     if not secret:
         raise Http404("REMINDERS_HTTP_CALLBACK_SECRET is not set")
-    if "CONTENT_LENGTH" not in request.META and "chunked" in request.headers.get(
-        "Transfer-Encoding", ""
-    ).lower():
+    if (
+        "CONTENT_LENGTH" not in request.META
+        and "chunked" in request.headers.get("Transfer-Encoding", "").lower()
+    ):
         # The WSGI server passes a chunked body on, but Django reads no more than the length.
         return _problem(
             411,
