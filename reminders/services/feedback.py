@@ -350,12 +350,15 @@ def anymail_report(event, esp_name: str) -> ProviderEvent | None:
     """
     kind, bounce = _ANYMAIL_KINDS.get(event.event_type, (None, ""))
     key = (event.metadata or {}).get("reminder_key")
-    if kind is None or not isinstance(key, str) or not key:
-        return None
+    if kind is None or not isinstance(key, str) or not key or not _storable(key):
+        return None  # a key no message has (nothing unstorable is one)
     if kind == Kind.BOUNCED and (event.esp_event or {}).get("Type") == "SoftBounce":
         bounce = Bounce.SOFT  # Postmark says soft where anymail says bounced
+    event_id = event.event_id
+    if event_id and not _storable(event_id):
+        event_id = hashlib.sha256(event_id.encode("utf-8", "surrogatepass")).hexdigest()
     event_id = (
-        event.event_id
+        event_id
         or hashlib.sha256(
             json.dumps(event.esp_event, sort_keys=True, default=str).encode()
         ).hexdigest()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import json
 
 import httpx
 import pytest
@@ -157,3 +158,27 @@ def test_the_django_channel_sends_the_key_and_records_the_providers_id(settings,
     [message] = mailoutbox
     assert message.metadata == {"reminder_key": envelope.key}
     assert provider_id == str(message.anymail_status.message_id)
+
+
+def test_a_report_whose_ids_hold_a_nul_or_a_lone_surrogate_is_kept_or_dropped_not_a_500(
+    sent, live_server
+):
+    """PostgreSQL stores no NUL and UTF-8 no lone surrogate (JSON's "\\ud800"): such an event
+    id was a 500 the provider retries for days. Now an id is kept by its digest, a key no
+    message has is dropped, and the report of a real key is kept once, however often sent."""
+    odd_id = _mailgun(sent[0])
+    odd_id["event-data"]["id"] = "G9Bn\x00\ud800"
+    odd_key = _mailgun(sent[1], token="b8ce0edb2dd8301dee6c25")
+    odd_key["event-data"]["user-variables"]["reminder_key"] = sent[1].key + "\x00"
+    for payload in (odd_id, odd_id, odd_key):
+        answer = httpx.post(
+            f"{live_server.url}/anymail/mailgun/tracking/",
+            content=json.dumps(payload).encode(),  # "\ud800" escaped, as a provider writes it
+            headers={"Content-Type": "application/json"},
+            auth=AUTH,
+            timeout=10,
+        )
+        assert answer.status_code == 200
+    kept = list(DeliveryEvent.objects.values_list("reminder_id", "kind", "event_id"))
+    assert [(reminder, kind) for reminder, kind, _ in kept] == [(sent[0].pk, "bounced")]
+    assert kept[0][2].startswith("mailgun:") and "\x00" not in kept[0][2]
