@@ -175,7 +175,9 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
                 event_id=event.event_id,
                 kind=event.kind,
                 bounce=event.bounce,
-                occurred_at=event.occurred_at,
+                # No later than its receipt: one dated ahead (a clock, a typo) would come after
+                # every later report and break each run of soft bounces there.
+                occurred_at=min(event.occurred_at, now),
                 received_at=now,
                 # PostgreSQL stores no NUL, and UTF-8 no lone surrogate.
                 reason=redact_text(_LONE_SURROGATE.sub("\ufffd", event.reason.replace("\x00", ""))),

@@ -623,3 +623,24 @@ def test_metrics_count_the_reports_kept_by_channel_and_kind(
         'reminders_delivery_events{channel="http",kind="bounced"}': 2,
         'reminders_delivery_events{channel="http",kind="complained"}': 1,
     }
+
+
+def test_a_report_dated_in_the_future_does_not_hide_later_soft_bounces(sent, live_clock, settings):
+    """Runs of soft bounces are read in the order the provider dates its reports: one dated a
+    year ahead (a clock or a typo) came after every later report, so its "delivered" broke
+    every run at that address for a year. A report is taken as no later than its receipt."""
+    from reminders.services.feedback import ProviderEvent, delivery_events_record
+
+    settings.REMINDERS_SOFT_BOUNCES_TO_SUPPRESS = 3
+    now = live_clock.now()
+
+    def report(n: int, kind: str, at) -> ProviderEvent:
+        bounce = "soft" if kind == "bounced" else ""
+        return ProviderEvent(f"e-{n}", sent[0], kind, bounce, at, "")
+
+    delivery_events_record(channel="http", events=[report(0, "delivered", now.replace(year=2062))])
+    for n in (1, 2, 3):
+        live_clock.advance(60)
+        delivery_events_record(channel="http", events=[report(n, "bounced", live_clock.now())])
+    assert Suppression.objects.filter(lifted_at__isnull=True).count() == 1
+    assert DeliveryEvent.objects.get(event_id="e-0").occurred_at == now
