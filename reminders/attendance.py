@@ -62,9 +62,10 @@ def _usable(request, token: str, purpose: str):
 
 # No CSRF check: the signed token in the URL is the authority, not a cookie, so a forged POST
 # needs the token itself; the check only refused attendees whose browser keeps no cookies.
+# HEAD (a link checker's) answers as GET does, changing nothing.
 @csrf_exempt
 @never_cache
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def attend(request: HttpRequest, token: str) -> HttpResponse:
     reminder, refused = _usable(request, token, "attend")
     if refused is not None:
@@ -78,7 +79,7 @@ def attend(request: HttpRequest, token: str) -> HttpResponse:
 
 @csrf_exempt
 @never_cache
-@require_http_methods(["GET", "POST"])
+@require_http_methods(["GET", "HEAD", "POST"])
 def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     reminder, refused = _usable(request, token, "unsubscribe")
     if refused is not None:

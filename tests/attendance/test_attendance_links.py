@@ -382,3 +382,21 @@ def test_an_erased_attendees_links_reveal_nothing_and_change_nothing(delivered, 
             assert page.status_code == 404 and b"This link does not work" in page.content
             assert title not in page.content
     assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
+
+
+def test_a_link_checkers_head_answers_as_the_page_does_and_changes_nothing(delivered, caplog):
+    """Mail scanners and link checkers ask HEAD before (or instead of) GET: it got 405, which
+    reads as a broken link, and a warning in the log naming the working token."""
+    message, reminder = delivered
+    attend = _link(message, "attend").removeprefix(PUBLIC)
+    unsubscribe = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    with caplog.at_level("WARNING", logger="django.request"):
+        answers = [Client().head(path) for path in (attend, unsubscribe) for _ in range(2)]
+    assert [answer.status_code for answer in answers] == [200, 200, 200, 200]
+    assert all(
+        answer.content == b"" and "no-store" in answer["Cache-Control"] for answer in answers
+    )
+    assert not caplog.records
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
+    assert not StaffDecision.objects.exists()
