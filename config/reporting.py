@@ -2,7 +2,7 @@
 
 ``RedactSecrets`` (LOGGING's console handler) masks the password and query
 values of every URL in a log line, whichever library wrote it
-(delivery.redact).
+(delivery.redact), and the signature of an attendee's link (reminders.links).
 
 ``JsonLines`` is the LOG_FORMAT=json formatter. ``SecretsFilter`` is
 Django's DEFAULT_EXCEPTION_REPORTER_FILTER.
@@ -23,13 +23,20 @@ import re
 from django.views.debug import SafeExceptionReporterFilter
 from pythonjsonlogger.json import JsonFormatter
 
-from delivery.redact import redact_text
+from delivery.redact import redact_text as redact_urls
+from reminders.links import redact_link_tokens
 
 # What every LogRecord carries; anything else on a record came from a caller's ``extra``.
 _RECORD_FIELDS = frozenset(logging.LogRecord("", 0, "", 0, "", (), None).__dict__) | {
     "message",
     "asctime",
 }
+
+
+def redact_text(text: str) -> str:
+    """Mask URL credentials, and the signature of an attendee's link (a 404 or a 410 under
+    /attend/ names its path)."""
+    return redact_link_tokens(redact_urls(text))
 
 
 class RedactSecrets(logging.Filter):

@@ -7,11 +7,22 @@ judges it against the workshop and enrollment as they are now (reminders/attenda
 
 from __future__ import annotations
 
+import re
+
 from django.conf import settings
 from django.core import signing
 
 _ATTEND = signing.Signer(salt="reminders.attendance", sep=".")
 _UNSUBSCRIBE = signing.Signer(salt="reminders.unsubscribe", sep=".")
+# A link's path in a log line: the reminder id before the dot stays, the signature after it
+# (what acts for the attendee) is masked (config/reporting.py; config/gunicorn.py, the
+# access log, has its own copy).
+LINK_TOKEN = re.compile(r"(/(?:attend|unsubscribe)/[^/?#\s.]*\.)[^/?#\s\"]+")
+
+
+def redact_link_tokens(text: str) -> str:
+    """Return ``text`` with the signature of every attendee's link in it masked."""
+    return LINK_TOKEN.sub(r"\1***", text)
 
 
 def attendance_token(reminder_id: int) -> str:

@@ -80,3 +80,36 @@ def test_a_chunked_report_without_a_length_is_told_to_send_one_not_that_its_sign
     assert chunked.status_code == 411, chunked.text
     assert "Content-Length" in chunked.json()["detail"]
     assert sized.status_code == 401  # unsigned: judged by its signature, as before
+
+
+def test_the_logs_keep_the_id_of_an_attendees_link_but_not_its_signature(tmp_path):
+    """Whoever holds /attend/<token>/ or /unsubscribe/<token>/ cancels that attendee's place or
+    stops their messages: the access log wrote every click's token whole, and Django's warning
+    of a 404 or a 410 under the links wrote it again."""
+    import secrets
+
+    socket_path = tmp_path / "web.sock"
+    log = tmp_path / "web.log"
+    # As in production: with DEBUG on, Django's own console handler repeats each warning.
+    env = {**os.environ, "DEBUG": "0", "ALLOWED_HOSTS": "localhost", "PYTHONUNBUFFERED": "1"}
+    signatures = [secrets.token_urlsafe(32) for _ in range(2)]
+    paths = [f"/attend/17.{signatures[0]}/", f"/unsubscribe/17.{signatures[1]}/"]
+    with log.open("w") as out:
+        web = subprocess.Popen(
+            [str(Path(sys.executable).with_name("gunicorn")), "-c", "config/gunicorn.py",
+             "--bind", f"unix:{socket_path}", "--workers", "1", "config.wsgi"],
+            cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+        )  # fmt: skip
+    try:
+        wait_until(socket_path.exists, timeout=30, what="gunicorn to listen")
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(socket_path))) as client:
+            answers = [client.get(f"http://localhost{path}").status_code for path in paths]
+        assert answers == [404, 404]
+        wait_until(lambda: "/unsubscribe/" in log.read_text(), timeout=10, what="the access log")
+    finally:
+        web.terminate()
+        web.wait(10)
+    text = log.read_text()
+    assert '"GET /attend/17.***/ HTTP/1.1" 404' in text, text
+    assert "Not Found: /unsubscribe/17.***/" in text, text
+    assert not [signature for signature in signatures if signature in text], text
