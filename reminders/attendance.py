@@ -12,6 +12,7 @@ from zoneinfo import ZoneInfo
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import translation
+from django.utils.cache import add_never_cache_headers, patch_vary_headers
 from django.views import defaults
 from django.views.decorators.cache import never_cache
 from django.views.decorators.csrf import csrf_exempt
@@ -46,8 +47,13 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)
-    # same-origin keeps the token out of other sites' Referer. never_cache keeps it out of caches.
+    # same-origin keeps the token out of other sites' Referer. No cache keeps a page: not one
+    # naming an attendee's workshop, nor the 404 and 500 (no view's never_cache) in the
+    # browser's language, which would then greet every later browser in the first one's.
     response["Referrer-Policy"] = "same-origin"
+    add_never_cache_headers(response)
+    if reminder is None:
+        patch_vary_headers(response, ("Accept-Language",))
     return response
 
 

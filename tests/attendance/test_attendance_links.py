@@ -204,6 +204,19 @@ def test_a_link_no_route_matches_says_so_as_a_bad_token_does(path):
     assert b'name="viewport"' in page.content
 
 
+@pytest.mark.parametrize("path", ["/attend/", "/unsubscribe/1.x/y/", "/attend/1.cut-short/"])
+def test_a_page_in_the_browsers_language_is_kept_by_no_cache(path):
+    """A shared cache keeping a 404 it was given no rule for (Fastly keeps one an hour)
+    served the first browser's language to every later one: the pages no route matches had
+    no Cache-Control, and none said it varies by Accept-Language."""
+    pages = [Client(HTTP_ACCEPT_LANGUAGE=language).get(path) for language in ("de", "fr")]
+    assert [page.status_code for page in pages] == [404, 404]
+    assert [("no-store" in page.get("Cache-Control", ""), page.get("Vary")) for page in pages] == [
+        (True, "Accept-Language"),
+        (True, "Accept-Language"),
+    ]
+
+
 def test_a_404_outside_the_attendees_links_is_djangos_own():
     page = Client(HTTP_ACCEPT_LANGUAGE="de").get("/attendance/")
     assert page.status_code == 404 and b"<h1>Not Found</h1>" in page.content
@@ -236,6 +249,7 @@ def test_a_failure_on_our_side_says_so_in_the_browsers_language(
     client = Client(raise_request_exception=False, HTTP_ACCEPT_LANGUAGE=language)
     page = client.get(path)
     assert page.status_code == 500
+    assert "no-store" in page["Cache-Control"] and page["Vary"] == "Accept-Language"
     html = page.content.decode()
     assert f'<html lang="{language}">' in html and 'name="viewport"' in html
     assert f"<title>{heading} – " in html and f"<h1>{heading}</h1>" in html
