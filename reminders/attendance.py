@@ -77,10 +77,12 @@ def attend(request: HttpRequest, token: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "POST":
-        enrollment_cancel_by_attendee(reminder=reminder)
+        if enrollment_cancel_by_attendee(reminder=reminder):
+            return _page(request, "cancelled", reminder)
     elif reminder.enrollment.status == Enrollment.Status.ACTIVE:
         return _page(request, "ask", reminder)
-    return _page(request, "cancelled", reminder)
+    # Cancelled before: perhaps by staff, so no thanks for letting us know.
+    return _page(request, "was_cancelled", reminder)
 
 
 @csrf_exempt

@@ -414,3 +414,41 @@ def test_a_link_checkers_head_answers_as_the_page_does_and_changes_nothing(deliv
     assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
     assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
     assert not StaffDecision.objects.exists()
+
+
+@pytest.mark.parametrize(
+    ("language", "said", "thanks"),
+    [("en", "Your place is cancelled.", "Thank you for letting us know."),
+     ("de", "Ihr Platz ist freigegeben.", "Danke, dass Sie uns Bescheid gegeben haben."),
+     ("fr", "Votre place est libérée.", "Merci de nous avoir prévenus.")],
+)  # fmt: skip
+def test_a_place_staff_cancelled_is_said_cancelled_without_thanking_the_attendee(
+    delivered, admin_user, language, said, thanks
+):
+    """The page thanked the attendee "for letting us know" of a cancel they never made: staff
+    cancelled the place (unpaid, a wrong enrolment), and the link, opened or confirmed, said
+    the attendee had. Only their own confirming click is thanked."""
+    from reminders.services.enrollment_decisions import enrollments_cancel
+
+    message, reminder = delivered
+    reminder.attendee.language = language
+    reminder.attendee.save()
+    path = _link(message, "attend").removeprefix(PUBLIC)
+    other = Reminder.objects.exclude(pk=reminder.pk).get()
+    enrollments_cancel(
+        enrollments=Enrollment.objects.filter(pk=reminder.enrollment_id),
+        reason="not paid",
+        actor=admin_user,
+    )
+    pages = [Client().get(path), Client().post(path)]
+    assert [page.status_code for page in pages] == [200, 200]
+    assert [(said in page.content.decode(), thanks in page.content.decode()) for page in pages] == [
+        (True, False),
+        (True, False),
+    ]
+    assert StaffDecision.objects.filter(actor=None).count() == 0
+    # The attendee's own click is thanked.
+    other.attendee.language = language
+    other.attendee.save()
+    own = Client().post(f"/attend/{attendance_token(other.pk)}/").content.decode()
+    assert f'<p id="done">{said} {thanks}</p>' in own
