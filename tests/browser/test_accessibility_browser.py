@@ -39,7 +39,7 @@ DJANGO_CHROME = {
 def test_the_attendees_pages_have_no_violations(
     live_server, live_clock, make_workshop, make_attendee, chromium, monkeypatch, language, device
 ):
-    """Every state of the attendee's page: asked, done, unsubscribe asked and done, a link that
+    """Every state of the attendee's page: asked, done, opened again, unsubscribe asked and done, a link that
     does not work (a bad token, no route), a failure on our side, and a workshop ended."""
     workshop = make_workshop(starts_in=timedelta(hours=5), title="Wheel throwing")
     attendee = make_attendee(language=language)
@@ -64,6 +64,7 @@ def test_the_attendees_pages_have_no_violations(
         page.locator("#confirm").click()
         page.wait_for_selector("#done")
         check("can't attend: done")
+        check("can't attend: cancelled before", attend)
         check("unsubscribe: asked", unsubscribe)
         page.locator("#confirm").click()
         page.wait_for_selector("#done")
