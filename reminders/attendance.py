@@ -44,6 +44,8 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
             "title": workshop.title,
             "when": local_start(workshop.starts_at, zone, language),
             "called_off": not workshop.is_scheduled,
+            # The unsubscribe keeps the place, if there is one still to keep.
+            "enrolled": reminder.enrollment.status == Enrollment.Status.ACTIVE,
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)

@@ -452,3 +452,28 @@ def test_a_place_staff_cancelled_is_said_cancelled_without_thanking_the_attendee
     other.attendee.save()
     own = Client().post(f"/attend/{attendance_token(other.pk)}/").content.decode()
     assert f'<p id="done">{said} {thanks}</p>' in own
+
+
+@pytest.mark.parametrize(
+    ("language", "asked", "done", "kept"),
+    [("en", "Stop messages about this workshop?",
+      "You will get no more messages about this workshop.", "Your place is kept."),
+     ("de", "Keine Nachrichten mehr zu diesem Workshop?",
+      "Sie erhalten keine Nachrichten mehr zu diesem Workshop.", "Ihr Platz bleibt"),
+     ("fr", "Ne plus recevoir de messages sur cet atelier\N{NO-BREAK SPACE}?",
+      "Vous ne recevrez plus de messages sur cet atelier.", "Votre place est")],
+)  # fmt: skip
+def test_the_unsubscribe_page_of_a_cancelled_place_does_not_say_it_is_kept(
+    delivered, language, asked, done, kept
+):
+    """The cancellation notice (and every earlier message) carries the one-click unsubscribe:
+    opened after the attendee cancelled their place, its page said "Your place is kept"."""
+    message, reminder = delivered
+    reminder.attendee.language = language
+    reminder.attendee.save()
+    assert Client().post(_link(message, "attend").removeprefix(PUBLIC)).status_code == 200
+    path = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    pages = [Client().get(path).content.decode(), Client().post(path).content.decode()]
+    assert (asked in pages[0], done in pages[1]) == (True, True)
+    assert [kept in page for page in pages] == [False, False]
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is not None
