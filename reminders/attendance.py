@@ -49,10 +49,12 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
         }
     with translation.override(language):
         response = render(request, TEMPLATE, context | {"language": language}, status=status)
-    # same-origin keeps the token out of other sites' Referer. No cache keeps a page: not one
-    # naming an attendee's workshop, nor the 404 and 500 (no view's never_cache) in the
-    # browser's language, which would then greet every later browser in the first one's.
-    response["Referrer-Policy"] = "same-origin"
+    # no-referrer keeps the token out of every Referer, this site's too: the confirming POST
+    # and the browser's /favicon.ico would carry it to a proxy logging referrers. No cache
+    # keeps a page: not one naming an attendee's workshop, nor the 404 and 500 (no view's
+    # never_cache) in the browser's language, which would then greet every later browser in
+    # the first one's.
+    response["Referrer-Policy"] = "no-referrer"
     add_never_cache_headers(response)
     if reminder is None:
         patch_vary_headers(response, ("Accept-Language",))

@@ -86,7 +86,7 @@ def test_get_changes_nothing_and_the_confirming_post_cancels_once(delivered, clo
     decision = StaffDecision.objects.get()
     assert decision.actor is None and decision.actor_name == "the attendee (their own link)"
     assert decision.enrollment_ids == [reminder.enrollment_id]
-    assert "no-store" in page["Cache-Control"] and page["Referrer-Policy"] == "same-origin"
+    assert "no-store" in page["Cache-Control"] and page["Referrer-Policy"] == "no-referrer"
 
 
 def test_a_browser_that_keeps_no_cookies_can_confirm_and_a_wrong_token_cannot(delivered):

@@ -111,3 +111,28 @@ def test_each_page_fits_a_phone_and_its_button_a_fingertip_without_javascript(
         assert page.evaluate(fits)
     finally:
         context.close()
+
+
+def test_no_request_the_page_makes_carries_the_token_in_its_referer(
+    live_server, plain_http_cookies, live_clock, make_workshop, enrol, chromium
+):
+    """With same-origin, the confirming POST and the browser's own /favicon.ico carried the
+    whole link in Referer: a proxy in front of web logging the referrer (nginx's "combined")
+    kept every attendee's token."""
+    [enrollment] = enrol(make_workshop(starts_in=timedelta(hours=5), title="Wheel throwing"))
+    reminder = Reminder.objects.get(enrollment=enrollment)
+    tokens = [attendance_token(reminder.pk), unsubscribe_token(reminder.pk)]
+    context = chromium.new_context()
+    referers: list[str] = []
+    context.on("request", lambda request: referers.append(request.headers.get("referer", "")))
+    try:
+        page = context.new_page()
+        for path, token in zip(("attend", "unsubscribe"), tokens, strict=True):
+            page.goto(f"{live_server.url}/{path}/{token}/")
+            page.click("#confirm")
+            page.wait_for_selector("#done")
+    finally:
+        context.close()
+    assert len(referers) >= 4  # two pages, two confirmations
+    assert [referer for referer in referers if any(token in referer for token in tokens)] == []
+    assert Enrollment.objects.get(pk=enrollment.pk).status == "cancelled"
