@@ -7,8 +7,10 @@ which carries none). A bad token, or a workshop ended by its end as it is now, c
 
 from __future__ import annotations
 
+import logging
 from zoneinfo import ZoneInfo
 
+from django.db import OperationalError
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 from django.utils import translation
@@ -20,12 +22,15 @@ from django.views.decorators.http import require_http_methods
 
 from clock import default_clock
 from reminders.content import local_start, reminder_language
+from reminders.locks import gave_up_waiting
 from reminders.services.attendance import (
     enrollment_cancel_by_attendee,
     reminder_for_link,
     reminder_unsubscribe,
 )
 from workshops.models import Enrollment
+
+logger = logging.getLogger(__name__)
 
 TEMPLATE = "attendance/page.html"
 # The attendee's links: their 404 and 500 are this page's too (config/urls.py).
@@ -61,6 +66,16 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
     return response
 
 
+def _busy(request: HttpRequest, reminder) -> HttpResponse:
+    """Answer a POST that gave up waiting for a row lock (a worker or staff held it): nothing
+    changed, try again. Not the staff pages' redirect (LockBusyMiddleware): that showed the
+    question again with no word of why, and lost a mail provider's one-click."""
+    logger.warning("An attendee's link gave up waiting for a row lock (reminder %s)", reminder.pk)
+    response = _page(request, "error", reminder, status=503)
+    response["Retry-After"] = "10"
+    return response
+
+
 def _usable(request, token: str, purpose: str):
     reminder = reminder_for_link(token, purpose=purpose)
     if reminder is None:
@@ -81,7 +96,13 @@ def attend(request: HttpRequest, token: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "POST":
-        if enrollment_cancel_by_attendee(reminder=reminder):
+        try:
+            cancelled = enrollment_cancel_by_attendee(reminder=reminder)
+        except OperationalError as exc:
+            if not gave_up_waiting(exc):
+                raise
+            return _busy(request, reminder)
+        if cancelled:
             return _page(request, "cancelled", reminder)
     elif reminder.enrollment.status == Enrollment.Status.ACTIVE:
         return _page(request, "ask", reminder)
@@ -97,7 +118,12 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "POST":
-        reminder_unsubscribe(reminder=reminder)
+        try:
+            reminder_unsubscribe(reminder=reminder)
+        except OperationalError as exc:
+            if not gave_up_waiting(exc):
+                raise
+            return _busy(request, reminder)
     elif reminder.unsubscribed_at is None:
         return _page(request, "ask_unsubscribe", reminder)
     return _page(request, "unsubscribed", reminder)

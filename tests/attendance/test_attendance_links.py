@@ -477,3 +477,42 @@ def test_the_unsubscribe_page_of_a_cancelled_place_does_not_say_it_is_kept(
     assert (asked in pages[0], done in pages[1]) == (True, True)
     assert [kept in page for page in pages] == [False, False]
     assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is not None
+
+
+def test_a_click_behind_a_held_lock_is_asked_to_try_again_not_sent_back_to_the_question(
+    delivered, settings
+):
+    """A worker or staff holding the row past the lock timeout: the staff pages' middleware
+    answered the attendee's POST with a redirect to the same link (a GET: the question again,
+    no word of why) and an English staff message in a new session cookie; a mail provider's
+    one-click POST followed it and the unsubscribe was lost."""
+    from django.db import connection
+
+    from tests.support.races import held_rows
+
+    settings.REMINDERS_STAFF_LOCK_TIMEOUT = 0.2
+    connection.close()  # this session opens again with that timeout
+    message, reminder = delivered
+    reminder.attendee.language = "de"
+    reminder.attendee.save()
+    attend = _link(message, "attend").removeprefix(PUBLIC)
+    unsubscribe = message.header("List-Unsubscribe").strip("<>").removeprefix(PUBLIC)
+    answers = []
+    for path, rows in (
+        (attend, Enrollment.objects.filter(pk=reminder.enrollment_id)),
+        (unsubscribe, Reminder.objects.filter(pk=reminder.pk)),
+    ):
+        with held_rows(rows) as still_held:
+            page = Client().post(
+                path, "List-Unsubscribe=One-Click", content_type="application/x-www-form-urlencoded"
+            )
+            assert still_held(), "the request waited for the lock to be released"
+        said = "<h1>Bei uns ist etwas schiefgelaufen</h1>" in page.content.decode()
+        answers.append((page.status_code, page.get("Retry-After"), sorted(page.cookies), said))
+    assert answers == [(503, "10", [], True), (503, "10", [], True)]
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "active"
+    assert Reminder.objects.get(pk=reminder.pk).unsubscribed_at is None
+    assert not StaffDecision.objects.exists()
+    # Once the lock is gone, the same click does it.
+    assert Client().post(attend).status_code == 200
+    assert Enrollment.objects.get(pk=reminder.enrollment_id).status == "cancelled"
