@@ -113,3 +113,13 @@ def test_the_logs_keep_the_id_of_an_attendees_link_but_not_its_signature(tmp_pat
     assert '"GET /attend/17.***/ HTTP/1.1" 404' in text, text
     assert "Not Found: /unsubscribe/17.***/" in text, text
     assert not [signature for signature in signatures if signature in text], text
+
+
+def test_the_access_log_masks_links_as_djangos_log_lines_do():
+    """config/gunicorn.py is read before Django is set up, so it keeps its own copy of the
+    pattern that masks an attendee's link: the two must stay the same."""
+    import importlib
+
+    from reminders.links import LINK_TOKEN
+
+    assert importlib.import_module("config.gunicorn").LINK_TOKEN.pattern == LINK_TOKEN.pattern
