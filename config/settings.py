@@ -236,6 +236,8 @@ LOGGING = {
             "filters": ["reminder", "redact"],
         }
     },
+    # Django's own handlers (a console one under DEBUG) would write its lines again, unmasked.
+    "loggers": {"django": {"handlers": [], "propagate": True}},
     "root": {
         "handlers": ["console"],
         "level": env_choice(

@@ -60,3 +60,21 @@ def test_an_unknown_log_format_is_refused_by_name():
     result = _run(LOG_FORMAT="xml")
     assert result.returncode != 0
     assert "LOG_FORMAT must be one of text, json; got 'xml'." in result.stderr
+
+
+def test_with_debug_on_djangos_request_lines_are_written_once_and_masked():
+    """Django adds a console handler of its own to its loggers under DEBUG (make run sets
+    it): each django.request line was written a second time past the redaction, with the
+    whole token of an attendee's link and any URL's password."""
+    code = (
+        "import django, logging\n"
+        "django.setup()\n"
+        "logging.getLogger('django.request').warning(\n"
+        "    'Not Found: /attend/17.Tk-1234/ from https://u:Tk-1234@h.example.com/')\n"
+    )
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("LOG_", "REMINDERS_"))}
+    base.update({"SECRET_KEY": "x" * 40, "REMINDERS_VAR_DIR": str(ROOT / "var" / "test")})
+    result = forkstart.run(code, cwd=ROOT, env={**base, "DEBUG": "1"})
+    assert result.returncode == 0, result.stderr
+    lines = [line for line in result.stderr.splitlines() if "Not Found" in line]
+    assert len(lines) == 1 and "Tk-1234" not in result.stderr, result.stderr
