@@ -313,3 +313,12 @@ def notices_scan(clock, mail, notices_published, monkeypatch, settings):
                 deliver_notices(batch, clock=clock)
 
     return scan
+
+
+@pytest.fixture
+def back_to_latest():
+    """Leave the test database at the latest migrations, whatever a test migrated it to."""
+    from tests.support.migrations import migrate_to_latest
+
+    yield
+    migrate_to_latest()

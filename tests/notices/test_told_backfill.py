@@ -6,8 +6,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
+
+from tests.support.migrations import migrate_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -18,22 +18,8 @@ BEFORE = [
 AFTER = [("reminders", "0025_told_facts_backfill")]
 
 
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-@pytest.fixture
-def back_to_latest():
-    yield
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes())
-
-
 def test_sent_and_unknown_reminders_take_the_workshops_facts_at_the_upgrade(back_to_latest):
-    apps = _migrate(BEFORE)
+    apps = migrate_to(BEFORE)
     Workshop = apps.get_model("workshops", "Workshop")
     Attendee = apps.get_model("workshops", "Attendee")
     Enrollment = apps.get_model("workshops", "Enrollment")
@@ -51,7 +37,7 @@ def test_sent_and_unknown_reminders_take_the_workshops_facts_at_the_upgrade(back
             attendee=attendee, workshop=workshop, enrollment=enrollment, key=f"k{i}",
             status=status,
         ).pk  # fmt: skip
-    apps = _migrate(AFTER)
+    apps = migrate_to(AFTER)
     Reminder = apps.get_model("reminders", "Reminder")
     told = {
         status: Reminder.objects.values_list(

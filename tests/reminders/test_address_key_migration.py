@@ -6,11 +6,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from django.db import connection
-from django.db.migrations.executor import MigrationExecutor
 from django.utils.crypto import salted_hmac
 
 from reminders.services.feedback import address_key
+from tests.support.migrations import migrate_to
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -19,20 +18,6 @@ BEFORE = [
     ("workshops", "0007_notice_intro_and_cancellation_reason"),
 ]
 AFTER = [("reminders", "0035_address_key_one_spelling")]
-
-
-def _migrate(targets):
-    executor = MigrationExecutor(connection)
-    executor.loader.build_graph()
-    executor.migrate(targets)
-    return executor.loader.project_state(targets).apps
-
-
-@pytest.fixture
-def back_to_latest():
-    yield
-    executor = MigrationExecutor(connection)
-    executor.migrate(executor.loader.graph.leaf_nodes())
 
 
 def _old_key(email: str) -> str:
@@ -45,7 +30,7 @@ def _old_key(email: str) -> str:
 def test_suppressions_and_reports_under_a_punycode_spelling_take_the_addresss_one_key(
     back_to_latest,
 ):
-    apps = _migrate(BEFORE)
+    apps = migrate_to(BEFORE)
     Suppression = apps.get_model("reminders", "Suppression")
     DeliveryEvent = apps.get_model("reminders", "DeliveryEvent")
     at = datetime(2026, 3, 2, 9, tzinfo=UTC)
@@ -78,7 +63,7 @@ def test_suppressions_and_reports_under_a_punycode_spelling_take_the_addresss_on
             address_key=_old_key(address), address=address, cause="bounced", caused_at=at,
             created_at=at,
         ).pk  # fmt: skip
-    apps = _migrate(AFTER)
+    apps = migrate_to(AFTER)
     Suppression = apps.get_model("reminders", "Suppression")
     keys = dict(Suppression.objects.values_list("pk", "address_key"))
     assert {address: keys[pk] for address, pk in rows.items()} == {
