@@ -29,6 +29,8 @@ SLACK_BUCKETS = (
 WAIT_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 
 _observer: WorkerObserver | None = None
+# The open lock file that makes the metrics directory this worker's alone (see _own).
+_owned = None
 
 
 class WorkerObserver:
@@ -115,6 +117,7 @@ def start(nodename: str) -> Path | None:
     safe = re.sub(r"[^A-Za-z0-9_.@-]", "_", nodename) or "worker"
     directory = Path(os.environ.get(MULTIPROC_ENV) or Path(settings.VAR_DIR) / "metrics" / safe)
     directory.mkdir(parents=True, exist_ok=True)
+    _own(directory, nodename)
     # Files left by an earlier run would be summed into this one's totals.
     for leftover in directory.glob("*.db"):
         leftover.unlink(missing_ok=True)
@@ -141,3 +144,26 @@ def start(nodename: str) -> Path | None:
     _observer.declare(settings.REMINDERS_CHANNEL)
     logger.info("Worker metrics on http://%s:%d/metrics from %s", bind, port, directory)
     return directory
+
+
+def _own(directory: Path, nodename: str) -> None:
+    """Hold ``directory`` for this worker (its pool processes inherit the lock) until it exits.
+
+    Raise ``SystemExit`` when another live worker holds it: two workers of one name on a host
+    share the directory, and emptying it would lose the other's counts, or serving it would
+    count them twice.
+    """
+    global _owned
+    import fcntl
+
+    handle = (directory / ".lock").open("a")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        handle.close()
+        raise SystemExit(
+            f"Another worker on this host keeps its metrics in {directory} (a worker named "
+            f"{nodename!r}, or {MULTIPROC_ENV} naming the same directory): give each worker "
+            "on a host its own --hostname (-n worker2@%h)."
+        ) from None
+    _owned = handle

@@ -173,3 +173,47 @@ def test_a_worker_whose_metrics_port_is_taken_exits_and_says_what_to_do(tmp_path
     assert code != 0
     assert f"REMINDERS_METRICS_PORT={port}" in worker.output()
     assert "give each worker on a host its own port" in worker.output()
+
+
+def test_a_second_worker_of_the_same_name_stops_and_leaves_the_first_ones_series(tmp_path):
+    """Two workers on one host with one name (Celery's default, celery@<host>) would share
+    var/metrics/<nodename>: the second one's start emptied it, so the first one's counts
+    vanished from its port (before the second even found its port taken), and with a port of
+    its own each port then served the other's counts too. The second one must stop, saying
+    to give it its own --hostname, and leave the first one's series as they were."""
+    env = process_env(REMINDERS_VAR_DIR=str(tmp_path))
+
+    def worker(port: int, label: str) -> Proc:
+        return Proc(worker_argv(name="twin"), {**env, "REMINDERS_METRICS_PORT": str(port)}, label)
+
+    def series(samples) -> set:
+        return {key for key in samples if key[0] == "reminders_provider_calls_total"}
+
+    with serving_on_a_new_port(
+        lambda port: worker(port, "first"), listening=lambda proc, _: proc.ready
+    ) as (_first, port):
+        before = series(_scrape_worker(port))
+        assert before, "the first worker declares its channel's outcomes at zero"
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            own_port = probe.getsockname()[1]
+        seen = []
+        for other_port in (port, own_port):  # the first one's port, then a port of its own
+            second = worker(other_port, "second")
+            try:
+                _wait(
+                    lambda proc=second: proc.popen.poll() is not None or proc.ready,
+                    timeout=60,
+                    what="the second worker to stop or start",
+                )
+                stopped = second.popen.poll() is not None
+            finally:
+                second.stop()
+            seen.append(
+                (
+                    "stopped" if stopped else "started",
+                    "--hostname" in second.output(),
+                    series(_scrape_worker(port)) == before,
+                )
+            )
+    assert seen == [("stopped", True, True), ("stopped", True, True)], seen
