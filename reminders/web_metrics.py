@@ -13,6 +13,7 @@ from datetime import timedelta
 from pathlib import Path
 
 from django.conf import settings
+from django.db import DatabaseError
 from django.db.models import Count, Min, Q
 from django.http import Http404, HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
@@ -260,4 +261,11 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("a bearer token is required\n", status=401)
         response["WWW-Authenticate"] = 'Bearer realm="metrics"'
         return response
-    return HttpResponse(generate_latest(_registry), content_type=CONTENT_TYPE_LATEST)
+    try:
+        body = generate_latest(_registry)
+    except DatabaseError as exc:  # every series but the queue depths is the database's
+        logger.warning("Metrics not served: the database failed (%s)", type(exc).__name__)
+        return HttpResponse(
+            "the database did not answer: no series\n", status=503, content_type="text/plain"
+        )
+    return HttpResponse(body, content_type=CONTENT_TYPE_LATEST)

@@ -244,3 +244,29 @@ def test_a_dead_broker_leaves_the_database_series_to_the_scrape(
     assert "reminders_scan_last_completed_timestamp_seconds" in series
     assert not [name for name in series if name.startswith("reminders_queue_depth")]
     assert "queue depths" in caplog.text and "secret-pw" not in caplog.text
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_scrape_while_postgresql_is_down_is_a_503_that_says_so(settings, refusing_port, caplog):
+    """PostgreSQL stopped (its port refuses connections): every series but the queue depths
+    comes from it, so the scrape cannot answer. It says so with a 503 and a line naming the
+    database, not a 500 with a traceback in web's log at every scrape (every 15 s)."""
+    from django.test import Client
+
+    settings.METRICS_TOKEN = TOKEN
+    saved = dict(connection.settings_dict)
+    connection.close()
+    connection.settings_dict["PORT"] = refusing_port()
+    try:
+        answer = Client(raise_request_exception=False).get(
+            "/metrics", HTTP_AUTHORIZATION=f"Bearer {TOKEN}"
+        )
+    finally:
+        connection.close()
+        connection.settings_dict.update(saved)
+    tracebacks = [record for record in caplog.records if record.exc_info]
+    assert (answer.status_code, answer.content, len(tracebacks)) == (
+        503,
+        b"the database did not answer: no series\n",
+        0,
+    )
