@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 import redis
@@ -132,6 +133,10 @@ def test_a_scrape_costs_the_same_queries_for_10_or_1000_reminders(
     with CaptureQueriesContext(connection) as large:
         assert _scrape(client).status_code == 200
     assert len(large) == len(small) <= 8, [q["sql"] for q in large]
+    # What docs/operations.md ("What to watch") tells the people who size the database.
+    operations = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
+    stated = re.search(r"a scrape costs\s+(\d+) queries", operations)
+    assert stated and int(stated[1]) == len(large), (stated and stated[0], len(large))
 
 
 def test_the_staff_counter_follows_the_audit(client, settings, make_reminders, replayer):
