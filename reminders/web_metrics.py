@@ -46,6 +46,8 @@ AGED = {Reminder.Status.QUEUED: "queued_at", Reminder.Status.SENDING: "updated_a
 # For the alert ReminderNearDeadlineNotSent (deploy/prometheus/alerts.yml).
 NEAR_DEADLINE = timedelta(minutes=10)
 WAITING = (Reminder.Status.PENDING, Reminder.Status.QUEUED)
+# For the alerts on bounce and complaint rates (deploy/prometheus/alerts.yml).
+LAST_HOUR = timedelta(hours=1)
 
 
 def _family(name: str, documentation: str, samples, labels: list[str], kind=GaugeMetricFamily):
@@ -171,17 +173,39 @@ class ReminderCollector(Collector):
             ["action"],
             kind=CounterMetricFamily,
         )
-        kept = _counts(DeliveryEvent.objects, "channel", "kind")
-        yield _family(
-            "reminders_delivery_events",
-            "Providers' reports kept (REMINDERS_EVENT_RETENTION_DAYS), by channel and kind",
+        # The count kept falls at each scan's prune: the alerts on rates read the last hour's.
+        reports = {
+            (channel, kind): (kept, recent)
+            for channel, kind, kept, recent in DeliveryEvent.objects.order_by()
+            .values_list("channel", "kind")
+            .annotate(
+                kept=Count("id"),
+                recent=Count("id", filter=Q(received_at__gte=now - LAST_HOUR)),
+            )
+        }
+        channels = sorted({"http", *(channel for channel, _ in reports)})
+        for name, documentation, column in (
             (
-                ([channel, kind.value], kept.get((channel, kind.value), 0))
-                for channel in sorted({"http", *(channel for channel, _ in kept)})
-                for kind in DeliveryEvent.Kind
+                "reminders_delivery_events",
+                "Providers' reports kept (REMINDERS_EVENT_RETENTION_DAYS), by channel and kind",
+                0,
             ),
-            ["channel", "kind"],
-        )
+            (
+                "reminders_delivery_events_last_hour",
+                "Providers' reports received in the last hour, by channel and kind",
+                1,
+            ),
+        ):
+            yield _family(
+                name,
+                documentation,
+                (
+                    ([channel, kind.value], reports.get((channel, kind.value), (0, 0))[column])
+                    for channel in channels
+                    for kind in DeliveryEvent.Kind
+                ),
+                ["channel", "kind"],
+            )
         counted = dict(DroppedReports.objects.values_list("channel", "count"))
         yield _family(
             "reminders_delivery_events_dropped",

@@ -275,3 +275,40 @@ def test_a_scrape_while_postgresql_is_down_is_a_503_that_says_so(settings, refus
         b"the database did not answer: no series\n",
         0,
     )
+
+
+def test_the_last_hours_reports_are_counted_apart_from_what_the_prune_leaves(
+    client, settings, make_reminders, clock
+):
+    """The bounce and complaint alerts need the reports of the last hour. The count kept
+    falls at every scan's prune once reports are older than the retention: past it, the
+    kept count's change over an hour is what came in less what was pruned (about nothing in
+    a steady state), so an alert on it stays quiet at any bounce rate."""
+    from reminders.models import DeliveryEvent
+    from reminders.services.feedback import delivery_events_prune
+
+    settings.METRICS_TOKEN = TOKEN
+    [pk] = make_reminders(1, "sent")
+    ages = [("bounced", timedelta(days=91))] * 3 + [
+        ("bounced", timedelta(minutes=10)),
+        ("bounced", timedelta(minutes=50)),
+        ("complained", timedelta(minutes=5)),
+        ("bounced", timedelta(minutes=70)),
+    ]
+    for number, (kind, age) in enumerate(ages):
+        DeliveryEvent.objects.create(
+            reminder_id=pk, channel="http", event_id=f"e{number}", kind=kind,
+            occurred_at=clock.now() - age, received_at=clock.now() - age,
+        )  # fmt: skip
+
+    def scraped() -> tuple:
+        series = _series(_scrape(client).content.decode())
+        return tuple(
+            series.get(f'{name}{{channel="http",kind="{kind}"}}')
+            for name in ("reminders_delivery_events", "reminders_delivery_events_last_hour")
+            for kind in ("bounced", "complained")
+        )
+
+    before = scraped()
+    assert delivery_events_prune(clock=clock) == 3
+    assert (before, scraped()) == ((6, 1, 2, 1), (3, 1, 2, 1))

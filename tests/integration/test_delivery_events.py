@@ -622,6 +622,10 @@ def test_metrics_count_the_reports_kept_by_channel_and_kind(
         'reminders_delivery_events{channel="http",kind="deferred"}': 0,
         'reminders_delivery_events{channel="http",kind="bounced"}': 2,
         'reminders_delivery_events{channel="http",kind="complained"}': 1,
+        'reminders_delivery_events_last_hour{channel="http",kind="delivered"}': 0,
+        'reminders_delivery_events_last_hour{channel="http",kind="deferred"}': 0,
+        'reminders_delivery_events_last_hour{channel="http",kind="bounced"}': 2,
+        'reminders_delivery_events_last_hour{channel="http",kind="complained"}': 1,
     }
 
 
