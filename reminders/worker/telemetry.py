@@ -116,11 +116,20 @@ def start(nodename: str) -> Path | None:
     # One directory per worker for its processes' files.
     safe = re.sub(r"[^A-Za-z0-9_.@-]", "_", nodename) or "worker"
     directory = Path(os.environ.get(MULTIPROC_ENV) or Path(settings.VAR_DIR) / "metrics" / safe)
-    directory.mkdir(parents=True, exist_ok=True)
-    _own(directory, nodename)
-    # Files left by an earlier run would be summed into this one's totals.
-    for leftover in directory.glob("*.db"):
-        leftover.unlink(missing_ok=True)
+    # Celery logs any other error of a worker_init handler and starts the worker without the
+    # rest of it (the port, lock timeouts): stop instead, saying why.
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        _own(directory, nodename)
+        # Files left by an earlier run would be summed into this one's totals.
+        for leftover in directory.glob("*.db"):
+            leftover.unlink(missing_ok=True)
+    except OSError as exc:
+        raise SystemExit(
+            f"REMINDERS_METRICS_PORT={port}: the worker cannot write its metrics directory "
+            f"{directory} ({exc.strerror or exc}): give it a REMINDERS_VAR_DIR it may write, "
+            "or unset REMINDERS_METRICS_PORT."
+        ) from exc
     os.environ[MULTIPROC_ENV] = str(directory)
 
     from prometheus_client import CollectorRegistry, start_http_server, values

@@ -217,3 +217,24 @@ def test_a_second_worker_of_the_same_name_stops_and_leaves_the_first_ones_series
                 )
             )
     assert seen == [("stopped", True, True), ("stopped", True, True)], seen
+
+
+def test_a_worker_that_cannot_write_its_metrics_directory_exits_and_says_what_to_do():
+    """A REMINDERS_VAR_DIR the worker cannot write (a volume mounted over var/ owned by
+    another user; here a path no one can create) raised inside Celery's worker_init, which
+    logs a handler's error and goes on: the worker ran with no metrics port, and with the rest
+    of its start-up skipped (its statements' lock timeouts among it)."""
+    unwritable = "/proc/self/reminders-var"  # not even root can create it
+    env = process_env(REMINDERS_VAR_DIR=unwritable, REMINDERS_METRICS_PORT="1")
+    worker = Proc(worker_argv(name="unwritable"), env, "unwritable")
+    try:
+        _wait(
+            lambda: worker.popen.poll() is not None or worker.ready,
+            timeout=60,
+            what="the worker to stop or start",
+        )
+        stopped = worker.popen.poll() is not None
+    finally:
+        worker.stop()
+    said = f"{unwritable}/metrics" in worker.output() and "REMINDERS_VAR_DIR" in worker.output()
+    assert (stopped, worker.popen.returncode != 0, said) == (True, True, True), worker.output()
