@@ -26,7 +26,7 @@ RULES = ROOT / "deploy" / "prometheus"
 TOKEN = "alerts-test-token-0a1b2c3d4e5f6a7b8c"
 # What an expression may contain besides series names.
 PROMQL_WORDS = {
-    "time", "delta", "rate", "sum", "histogram_quantile", "absent", "and", "or", "unless",
+    "time", "delta", "rate", "increase", "sum", "histogram_quantile", "absent", "and", "or", "unless",
     "by", "without", "on", "ignoring", "max", "scalar", "clamp_min",
 }  # fmt: skip
 
