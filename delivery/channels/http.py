@@ -144,7 +144,8 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
     """Return the seconds a ``Retry-After`` value (seconds or HTTP date) asks for.
 
     At most ``_MAX_RETRY_AFTER``: a wait of centuries would overflow the deadline arithmetic.
-    A date already past is no hint (None): it tells of the provider's clock, not of its load.
+    A date already past is no hint (None): it tells of the provider's clock, not of its load;
+    nor is a negative number (the header is digits), which would pause nobody.
     """
     if not value:
         return None
@@ -161,9 +162,9 @@ def parse_retry_after(value: str | None, *, now: datetime) -> float | None:
         seconds = (moment - now).total_seconds()
         if seconds <= 0:
             return None
-    if not math.isfinite(seconds):
+    if not math.isfinite(seconds) or seconds < 0:
         return None
-    return min(max(seconds, 0.0), _MAX_RETRY_AFTER)
+    return min(seconds, _MAX_RETRY_AFTER)
 
 
 def _json_string(body: bytes | str, name: str) -> str | None:

@@ -458,3 +458,33 @@ def test_a_retry_after_past_any_deadline_ends_the_reminder_as_not_retried(
 
     assert (result.outcome, result.attempts) == (Outcome.TRANSIENT, 1), result.error
     assert "would start at or after the deadline" in result.error
+
+
+@pytest.mark.parametrize("value", ["-30", "-1e+12"])
+def test_a_429_with_a_negative_retry_after_pauses_every_sender_as_one_without_it(
+    system_clock, make_real_envelope, value
+):
+    """Retry-After is digits (RFC 9110 10.2.3): a negative number is no hint, as a date
+    already past is none, not "go on at full rate": the shared limiter pauses its window."""
+    assert parse_retry_after(value, now=START) is None
+    answer = (
+        f"HTTP/1.1 429 Too Many Requests\r\nRetry-After: {value}\r\n"
+        "Content-Length: 0\r\nConnection: close\r\n\r\n"
+    ).encode()
+    limiter = LocalRateLimiter(100, clock=system_clock, window=0.5)
+    policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=1)
+    with _OneAnswer(answer) as url:
+        channel = HttpChannel(HttpSettings(url=url, secret="s"), clock=system_clock)
+        began = system_clock.monotonic()
+        results = run(
+            deliver(
+                [make_real_envelope(), make_real_envelope()],
+                channel,
+                policy=policy,
+                clock=system_clock,
+                limiter=limiter,
+            )
+        )
+        elapsed = system_clock.monotonic() - began
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT] * 2
+    assert elapsed >= 0.5  # the second call waited out the pause the first one's 429 set
