@@ -537,14 +537,34 @@ class SmtpChannel:
         await connection.rcpt(recipient)
 
     async def _data(self, connection: aiosmtplib.SMTP, data: bytes) -> None:
+        # DATA apart from the message (aiosmtplib's data() sends both): a session lost before
+        # the 354 has not a byte of the message, so it is retried, as on the pipelined path.
         try:
-            await connection.data(data)
-        except aiosmtplib.SMTPResponseException as exc:
-            if 400 <= exc.code < 600:
-                raise _from_reply(exc.code, exc.message, "DATA") from exc
-            raise _neither_reply(exc.code, exc.message) from exc  # a 354, a line that is no reply
+            code, text = await connection.execute_command(b"DATA")
+        except (aiosmtplib.SMTPException, OSError) as exc:
+            raise self._failed_before_data(exc) from exc
+        if code != aiosmtplib.SMTPStatus.start_input:
+            if 400 <= code < 600:
+                raise _from_reply(code, text, "DATA")
+            raise self._failed_before_data(
+                _ReplyError(f"SMTP {code} to DATA, not 354: {text.strip()}")
+            )
+        try:
+            protocol = connection.protocol
+            if protocol is None:
+                raise aiosmtplib.SMTPServerDisconnected("Connection lost")
+            # write_message ends every message with CRLF.
+            protocol.write(_LEADING_PERIOD.sub(b"..", data) + b".\r\n")
+            code, text = await protocol.read_response(timeout=self.settings.timeout)
+        except aiosmtplib.SMTPResponseException as exc:  # a line that is no reply
+            raise _neither_reply(exc.code, exc.message) from exc
         except (aiosmtplib.SMTPException, OSError) as exc:
             raise self._failed_during_data(exc) from exc
+        if code == aiosmtplib.SMTPStatus.completed:
+            return
+        if 400 <= code < 600:
+            raise _from_reply(code, text, "DATA")
+        raise _neither_reply(code, text)  # a 354
 
 
 def translate_smtplib_error(exc: BaseException) -> BaseException:

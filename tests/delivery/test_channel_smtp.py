@@ -1213,3 +1213,21 @@ def test_a_server_that_stops_reading_the_message_and_hangs_up_ends_the_send_at_o
     assert (result.maybe_delivered, result.attempts) == (True, 1), result
     assert "failed during DATA; the server may have accepted the message" in result.error
     assert elapsed < 5.0, f"the send waited {elapsed:.1f}s for a connection already gone"
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+@pytest.mark.parametrize("reply", ["CLOSE", "hello there"], ids=["hang-up", "not-a-reply"])
+def test_a_session_lost_before_the_354_fails_before_the_message_and_is_retried(
+    system_clock, make_real_envelope, pipelining, reply
+):
+    """The server hangs up, or answers what is no SMTP reply, instead of the 354 to DATA: not
+    a byte of the message was written, so the server cannot have it. A transient failure,
+    sent again on a new connection, not an unknown outcome that is never retried."""
+    with _ScriptedServer({"DATA": [reply]}, pipelining=(pipelining,)) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts, result.maybe_delivered) == (
+        Outcome.SENT,
+        2,
+        True,
+    ), result.error
+    assert (len(server.bodies), server.connections) == (1, 2)
