@@ -1,7 +1,7 @@
 """Send through an SMTP server with aiosmtplib, pooling connections within a batch.
 
-4xx is transient, 5xx permanent; a failure in DATA has an unknown outcome, never retried (no
-idempotency keys). A connection cancelled or failed mid-transaction is never reused.
+4xx is transient, 5xx permanent (but 552 to RCPT TO, as RFC 5321 4.5.3.1.10 says); a failure
+in DATA has an unknown outcome, never retried (no idempotency keys). A connection cancelled or failed mid-transaction is never reused.
 """
 
 from __future__ import annotations
@@ -100,7 +100,8 @@ def _host_name(host: str) -> str:
 
 def _from_reply(code: int, text: str, what: str) -> TransientError | PermanentError:
     message = f"SMTP {code} on {what}: {text.strip()}"
-    if 400 <= code < 500:
+    # RFC 5321 4.5.3.1.10: a 552 to RCPT TO is RFC 821's "too many recipients", to take as 452.
+    if 400 <= code < 500 or (code == 552 and what == "RCPT TO"):
         return TransientError(message)
     return PermanentError(message)
 

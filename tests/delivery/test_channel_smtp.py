@@ -1231,3 +1231,26 @@ def test_a_session_lost_before_the_354_fails_before_the_message_and_is_retried(
         True,
     ), result.error
     assert (len(server.bodies), server.connections) == (1, 2)
+
+
+@pytest.mark.parametrize("pipelining", [True, False], ids=["pipelining", "no-pipelining"])
+@pytest.mark.parametrize(
+    "reply", ["452 4.5.3 Too many recipients", "552 5.5.3 Too many recipients"]
+)
+def test_too_many_recipients_in_reply_to_rcpt_is_retried_whether_452_or_552(
+    system_clock, make_real_envelope, pipelining, reply
+):
+    """RFC 5321 4.5.3.1.10: the limit on recipients is 452, but servers following RFC 821
+    answer 552, which a client should take as 452 (Postfix does): not a refusal of the
+    address, and reachable with one recipient a message on a session that carried many."""
+    with _ScriptedServer({"RCPT": [reply]}, pipelining=(pipelining,)) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert len([body for body in server.bodies if body]) == 1  # the refused DATA ends empty
+
+
+def test_a_blocking_sender_told_552_for_its_recipient_gets_a_transient_failure():
+    with _ScriptedServer({"RCPT": ["552 5.5.3 Too many recipients"]}) as server:
+        translated = translate_smtplib_error(_smtplib_error(server.port))
+    assert (type(translated), translated.reached) == (TransientError, True)
+    assert str(translated).startswith("SMTP 552 on RCPT TO: 5.5.3 Too many recipients")
