@@ -568,11 +568,13 @@ class SmtpChannel:
         raise _neither_reply(code, text)  # a 354
 
 
-def translate_smtplib_error(exc: BaseException) -> BaseException:
+def translate_smtplib_error(exc: BaseException, *, opening: bool = False) -> BaseException:
     """Map an ``smtplib``/socket error to a delivery error; return others unchanged.
 
     For blocking senders under ``ThreadedChannel``: otherwise every ``smtplib``
     error is an ``OSError`` and a refused recipient looks like a lost connection.
+    ``opening``: raised while the session was opened (connect, STARTTLS, login), before any
+    command of the message, so a TLS or connection failure there cannot have delivered it.
     """
     if isinstance(exc, smtplib.SMTPAuthenticationError):
         return PermanentError(
@@ -583,6 +585,15 @@ def translate_smtplib_error(exc: BaseException) -> BaseException:
     if isinstance(exc, smtplib.SMTPConnectError):
         return TransientError(
             f"SMTP server refused the session ({exc.smtp_code}): {_text(exc.smtp_error)}",
+            reached=False,
+        )
+    if opening and isinstance(exc, OSError):
+        if isinstance(exc, smtplib.SMTPResponseException):
+            detail = f"the server answered {exc.smtp_code} {_text(exc.smtp_error)}"
+        else:
+            detail = f"{type(exc).__name__}: {exc}"
+        return TransientError(
+            f"could not open the SMTP session, so it failed before the message was sent: {detail}",
             reached=False,
         )
     if isinstance(exc, smtplib.SMTPRecipientsRefused):

@@ -6,6 +6,7 @@ become the engine's plain values here.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -116,8 +117,15 @@ def send_with_django(envelope: Envelope) -> str:
         )
     for attachment in envelope.attachments:
         message.attach(attachment.filename, attachment.content, attachment.content_type)
+    connection = get_connection(fail_silently=False)
     try:
-        with get_connection(fail_silently=False) as connection:
+        connection.open()  # connect, STARTTLS, login: a failure here sent nothing of the message
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            connection.close()
+        raise translate_smtplib_error(exc, opening=True) from exc
+    try:
+        with connection:
             sent = connection.send_messages([message])
     except Exception as exc:
         # Mapped to the engine's errors, a refused recipient is "failed", not unknown.

@@ -126,6 +126,31 @@ def test_the_django_channel_never_sends_an_smtp_login_in_clear(
         assert check_channel("django", clock=SystemClock()) >= 1
 
 
+@pytest.mark.parametrize(
+    ("tls", "ssl"),
+    [(True, False), (False, True)],
+    ids=["EMAIL_USE_TLS-but-no-STARTTLS-offered", "EMAIL_USE_SSL-to-a-plain-port"],
+)
+def test_the_django_channel_that_cannot_open_its_tls_session_sent_nothing_and_retries(
+    live_clock, sink, settings, due_reminders, tls, ssl
+):
+    """Django's backend fails while opening the connection, before any command of the
+    message: no STARTTLS to upgrade with, or TLS spoken to a port that speaks plain SMTP.
+    Nothing can have been delivered, so each reminder waits for a retry with the reason,
+    as on the smtp channel; not unknown, left for staff to decide one by one."""
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_USE_TLS, settings.EMAIL_USE_SSL = tls, ssl
+    ids = due_reminders(2)
+
+    pipeline.deliver(ids, clock=SystemClock())
+
+    assert sink.mail_commands == [] and sink.received() == []
+    rows = Reminder.objects.filter(pk__in=ids)
+    assert [(r.status, r.attempts, r.maybe_sent) for r in rows] == [("pending", 1, False)] * 2
+    for reminder in rows:
+        assert "before the message was sent" in reminder.last_error, reminder.last_error
+
+
 # --- Issue 34, item 10: plain SMTP only to this machine or a listed host ----------------
 
 ADVICE = ("EMAIL_USE_TLS=1", "EMAIL_USE_SSL=1", "EMAIL_PLAINTEXT_HOSTS")
