@@ -403,6 +403,7 @@ class SmtpChannel:
                 logger.info("SMTP connection to %s was dropped; reconnecting", self.settings.host)
                 connection.close()
                 connection = await self._connect()
+                last_look()  # opening it may have taken long, as in send
                 await self._envelope_commands(connection, recipient)
             await self._data(connection, data)
             reusable = True
@@ -445,6 +446,7 @@ class SmtpChannel:
                     replacement.close()
                     raise _ReplyError("the server no longer offers PIPELINING") from None
                 connection = replacement
+                last_look()  # opening it may have taken long, as in send
                 replies = await self._pipelined_envelope(connection, recipient)
             (mail, mail_text), (rcpt, rcpt_text), (start, start_text) = replies
             if mail != 250:

@@ -1254,3 +1254,57 @@ def test_a_blocking_sender_told_552_for_its_recipient_gets_a_transient_failure()
         translated = translate_smtplib_error(_smtplib_error(server.port))
     assert (type(translated), translated.reached) == (TransientError, True)
     assert str(translated).startswith("SMTP 552 on RCPT TO: 5.5.3 Too many recipients")
+
+
+def test_a_pause_while_a_dropped_connection_is_replaced_sends_nothing_under_the_old_snapshot(
+    smtp_sink, system_clock, make_real_envelope
+):
+    """C11 on the replacement of a pooled connection the server dropped: the engine cleared
+    the second message, its pooled connection was gone, and the process stopped (the loop
+    blocked 0.5 s) while the new one opened; its claim was withdrawn meanwhile. The last look
+    before the new connection's first command finds the snapshot stale: the message is not
+    sent, and the next try sees the withdrawal."""
+    from delivery.gate import Gate
+
+    first, second = make_real_envelope(), make_real_envelope()
+    channel = channel_for(smtp_sink, system_clock)
+    gate = Gate(max_age=0.2, clock=system_clock)
+    connect, send, paused = channel._connect, channel.send, []
+
+    async def connect_after_a_pause():
+        if smtp_sink.connections_opened:  # the replacement
+            paused.append(system_clock.monotonic())
+            system_clock.sleep_blocking(0.5)  # nothing runs: not the watch, not the engine
+        return await connect()
+
+    async def send_on_a_dropped_connection(envelope):
+        if envelope is second:
+            assert smtp_sink.drop_connections() == 1
+            await system_clock.sleep(0.1)  # the client sees the connection closed
+        return await send(envelope)
+
+    channel._connect = connect_after_a_pause
+    channel.send = send_on_a_dropped_connection
+
+    async def watch():
+        while True:
+            lost = {second.reminder_id: "the claim was lost"} if paused else {}
+            gate.publish(lost, taken_at=system_clock.monotonic())
+            await system_clock.sleep(0.05)
+
+    async def scenario():
+        task = asyncio.create_task(watch())
+        try:
+            policy = DeliveryLimits(concurrency=1, call_timeout=5, max_attempts=3)
+            return await deliver(
+                [first, second], channel, policy=policy, clock=system_clock, gate=gate
+            )
+        finally:
+            task.cancel()
+
+    results = run(scenario())
+
+    assert len(paused) == 1, "the connection was not replaced"
+    assert [r.outcome for r in results] == [Outcome.SENT, Outcome.WITHDRAWN], results
+    assert len(smtp_sink.received()) == 1
+    assert results[1].provider_reached is False
