@@ -314,6 +314,11 @@ class SmtpChannel:
             raise
         except aiosmtplib.SMTPAuthenticationError as exc:
             connection.close()
+            if 400 <= exc.code < 500:  # RFC 4954 6: 454 4.7.0, a temporary server failure
+                raise TransientError(
+                    f"SMTP login to {settings.host} failed for now ({exc.code}): {exc.message}",
+                    reached=False,
+                ) from exc
             raise PermanentError(
                 f"SMTP login to {settings.host} refused ({exc.code}): {exc.message}; "
                 "check the username and password",
@@ -578,6 +583,11 @@ def translate_smtplib_error(exc: BaseException, *, opening: bool = False) -> Bas
     ``opening``: raised while the session was opened (connect, STARTTLS, login), before any
     command of the message, so a TLS or connection failure there cannot have delivered it.
     """
+    if isinstance(exc, smtplib.SMTPAuthenticationError) and 400 <= exc.smtp_code < 500:
+        return TransientError(  # RFC 4954 6: 454 4.7.0, a temporary server failure
+            f"SMTP login failed for now ({exc.smtp_code}): {_text(exc.smtp_error)}",
+            reached=False,
+        )
     if isinstance(exc, smtplib.SMTPAuthenticationError):
         return PermanentError(
             f"SMTP login refused ({exc.smtp_code}): {_text(exc.smtp_error)}; "

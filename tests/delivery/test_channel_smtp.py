@@ -1308,3 +1308,36 @@ def test_a_pause_while_a_dropped_connection_is_replaced_sends_nothing_under_the_
     assert [r.outcome for r in results] == [Outcome.SENT, Outcome.WITHDRAWN], results
     assert len(smtp_sink.received()) == 1
     assert results[1].provider_reached is False
+
+
+_OFFERS_AUTH = "250-scripted\r\n250-AUTH PLAIN\r\n250 HELP"
+
+
+def test_a_temporary_authentication_failure_is_retried_not_taken_for_a_wrong_password(
+    system_clock, make_real_envelope
+):
+    """RFC 4954 6: 454 4.7.0 to AUTH is a temporary server failure (its password store
+    unreachable, say): the login is tried again later, the reminder not failed for good."""
+    script = {
+        "EHLO": [_OFFERS_AUTH] * 2,
+        "AUTH": ["454 4.7.0 Temporary authentication failure", "235 2.7.0 Accepted"],
+    }
+    with _ScriptedServer(script) as server:
+        channel = SmtpChannel(
+            SmtpSettings(
+                host="127.0.0.1", port=server.port, from_email=FROM, timeout=5, starttls=False,
+                username="mailer", password="secret", allow_plaintext_auth=True,
+            ),
+            clock=system_clock,
+        )  # fmt: skip
+        [result] = run(deliver([make_real_envelope()], channel, policy=QUICK, clock=system_clock))
+    assert (result.outcome, result.attempts) == (Outcome.SENT, 2), result.error
+    assert len(server.bodies) == 1
+
+
+def test_a_blocking_senders_temporary_authentication_failure_is_transient():
+    script = {"EHLO": [_OFFERS_AUTH], "AUTH": ["454 4.7.0 Temporary authentication failure"]}
+    with _ScriptedServer(script) as server:
+        translated = translate_smtplib_error(_smtplib_error(server.port, ("mailer", "secret")))
+    assert (type(translated), translated.reached) == (TransientError, False)
+    assert "454" in str(translated) and "Temporary authentication failure" in str(translated)
