@@ -230,7 +230,10 @@ class HttpChannel:
         self._session = aiohttp.ClientSession(
             connector=connector,
             timeout=aiohttp.ClientTimeout(total=settings.timeout, connect=settings.timeout),
-            headers={"User-Agent": USER_AGENT},
+            # An answer is read to _MAX_ANSWER_BYTES as it came: inflated, 64 KiB of gzip
+            # would be 64 MB. A compressed one anyway reads as no message id or reason.
+            headers={"User-Agent": USER_AGENT, "Accept-Encoding": "identity"},
+            auto_decompress=False,
             cookie_jar=aiohttp.DummyCookieJar(),
             trust_env=False,
         )

@@ -488,3 +488,49 @@ def test_a_429_with_a_negative_retry_after_pauses_every_sender_as_one_without_it
         elapsed = system_clock.monotonic() - began
     assert [r.outcome for r in results] == [Outcome.TRANSIENT] * 2
     assert elapsed >= 0.5  # the second call waited out the pause the first one's 429 set
+
+
+def test_a_compressed_answer_is_read_no_further_than_an_uncompressed_one(
+    system_clock, make_real_envelope, monkeypatch
+):
+    """The contract's 64 KiB bound holds for the bytes the worker keeps, not only those on the
+    wire: 60 KB of gzip that inflates to 60 MB (one answer of a hundred calls in flight)
+    is not inflated. The channel asks for no compression, and takes a compressed answer as is."""
+    import gzip
+
+    from delivery.channels import http
+
+    kept: list[int] = []
+    read_answer = http._read_answer
+
+    async def counted(response):
+        answer = await read_answer(response)
+        kept.append(len(answer))
+        return answer
+
+    monkeypatch.setattr(http, "_read_answer", counted)
+    page = gzip.compress(b"x" * (60 * 1024 * 1024), 9)
+    answer = (
+        "HTTP/1.1 422 Unprocessable Entity\r\nContent-Type: text/plain\r\n"
+        f"Content-Encoding: gzip\r\nContent-Length: {len(page)}\r\nConnection: close\r\n\r\n"
+    ).encode() + page
+    with _OneAnswer(answer) as url:
+        channel = HttpChannel(HttpSettings(url=url, secret="s"), clock=system_clock)
+        policy = DeliveryLimits(call_timeout=5, max_attempts=1)
+        [result] = run(deliver([make_real_envelope()], channel, policy=policy, clock=system_clock))
+    assert (result.outcome, result.maybe_delivered) == (Outcome.PERMANENT, False), result.error
+    assert result.error.startswith(f"HTTP 422 from {url}: ")
+    assert kept and max(kept) <= 64 * 1024, kept
+
+
+def test_the_request_asks_for_an_uncompressed_answer(http_sink, system_clock, make_real_envelope):
+    run(
+        deliver(
+            [make_real_envelope()],
+            channel_for(http_sink, system_clock),
+            policy=QUICK,
+            clock=system_clock,
+        )
+    )
+    [request] = http_sink.requests
+    assert request.headers["accept-encoding"] == "identity"
