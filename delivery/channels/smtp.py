@@ -575,13 +575,16 @@ class SmtpChannel:
         raise _neither_reply(code, text)  # a 354
 
 
-def translate_smtplib_error(exc: BaseException, *, opening: bool = False) -> BaseException:
+def translate_smtplib_error(
+    exc: BaseException, *, opening: bool = False, before_data: bool = False
+) -> BaseException:
     """Map an ``smtplib``/socket error to a delivery error; return others unchanged.
 
     For blocking senders under ``ThreadedChannel``: otherwise every ``smtplib``
     error is an ``OSError`` and a refused recipient looks like a lost connection.
     ``opening``: raised while the session was opened (connect, STARTTLS, login), before any
-    command of the message, so a TLS or connection failure there cannot have delivered it.
+    command of the message, so a TLS or connection failure there cannot have delivered it;
+    ``before_data``: raised before DATA was sent, so a lost connection cannot have either.
     """
     if isinstance(exc, smtplib.SMTPAuthenticationError) and 400 <= exc.smtp_code < 500:
         return TransientError(  # RFC 4954 6: 454 4.7.0, a temporary server failure
@@ -618,6 +621,8 @@ def translate_smtplib_error(exc: BaseException, *, opening: bool = False) -> Bas
         return _from_reply(exc.smtp_code, _text(exc.smtp_error), command)
     if isinstance(exc, ConnectionRefusedError | socket.gaierror):
         return TransientError(f"could not connect to the SMTP server: {exc}", reached=False)
+    if before_data and isinstance(exc, smtplib.SMTPServerDisconnected | TimeoutError):
+        return TransientError(f"SMTP connection lost before the message was sent: {exc}")
     if isinstance(exc, smtplib.SMTPServerDisconnected | TimeoutError):
         # The phase is unknown: the message may have been accepted.
         return OutcomeUnknownError(f"SMTP connection lost: {exc}")

@@ -10,6 +10,7 @@ import contextlib
 import functools
 import logging
 import os
+import smtplib
 import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
@@ -124,12 +125,13 @@ def send_with_django(envelope: Envelope) -> str:
         with contextlib.suppress(Exception):
             connection.close()
         raise translate_smtplib_error(exc, opening=True) from exc
+    in_data = _watch_data(getattr(connection, "connection", None))
     try:
         with connection:
             sent = connection.send_messages([message])
     except Exception as exc:
         # Mapped to the engine's errors, a refused recipient is "failed", not unknown.
-        raise translate_smtplib_error(exc) from exc
+        raise translate_smtplib_error(exc, before_data=in_data == [False]) from exc
     if not sent:
         raise RuntimeError("Django's email backend reported that it sent nothing")
     # The provider's own id where django-anymail reports one: its reports name it.
@@ -138,6 +140,21 @@ def send_with_django(envelope: Envelope) -> str:
     if isinstance(provider_id, str | int) and not isinstance(provider_id, bool):
         return str(provider_id)
     return message_id
+
+
+def _watch_data(session: object) -> list[bool]:
+    """Return ``[False]``, made ``[True]`` once ``session`` (Django's ``smtplib.SMTP``) starts
+    DATA; ``[]`` for a backend that is not one, whose phase is not known."""
+    if not isinstance(session, smtplib.SMTP):
+        return []
+    started, data = [False], session.data
+
+    def watched(message):
+        started[0] = True
+        return data(message)
+
+    session.data = watched
+    return started
 
 
 def _mailbox(name: str, address: str) -> str:

@@ -151,6 +151,42 @@ def test_the_django_channel_that_cannot_open_its_tls_session_sent_nothing_and_re
         assert "before the message was sent" in reminder.last_error, reminder.last_error
 
 
+@pytest.mark.parametrize("verb", ["MAIL", "RCPT"])
+def test_the_django_channel_whose_server_hangs_up_before_data_retries_and_sends_once(
+    live_clock, settings, due_reminders, verb
+):
+    """The server hangs up instead of answering MAIL FROM or RCPT TO: no DATA was sent, so
+    the server cannot have the message. It is tried again on a new connection and sent once;
+    not unknown, as a hang-up after DATA is."""
+    from tests.delivery.test_channel_smtp import _ScriptedServer
+
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    with _ScriptedServer({verb: ["CLOSE"]}, pipelining=(False,)) as server:
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.port
+        [pk] = due_reminders(1)
+        pipeline.deliver([pk], clock=SystemClock())
+    reminder = Reminder.objects.get(pk=pk)
+    assert reminder.status == "sent", reminder.last_error
+    assert [a.provider_calls for a in reminder.attempts_log.all()] == [2]
+    assert (len(server.bodies), server.connections) == (1, 2)
+
+
+def test_the_django_channel_whose_server_hangs_up_after_the_message_leaves_it_unknown(
+    live_clock, settings, due_reminders
+):
+    from tests.delivery.test_channel_smtp import _ScriptedServer
+
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_BACKEND = "django.core.mail.backends.smtp.EmailBackend"
+    with _ScriptedServer({"END": ["CLOSE"]}, pipelining=(False,)) as server:
+        settings.EMAIL_HOST, settings.EMAIL_PORT = "127.0.0.1", server.port
+        [pk] = due_reminders(1)
+        pipeline.deliver([pk], clock=SystemClock())
+    assert Reminder.objects.get(pk=pk).status == "unknown"
+    assert (len(server.bodies), server.connections) == (1, 1)
+
+
 # --- Issue 34, item 10: plain SMTP only to this machine or a listed host ----------------
 
 ADVICE = ("EMAIL_USE_TLS=1", "EMAIL_USE_SSL=1", "EMAIL_PLAINTEXT_HOSTS")
