@@ -199,6 +199,12 @@ def _channel_values(name: str):
         plain = not (settings.EMAIL_USE_TLS or settings.EMAIL_USE_SSL)
         smtp = settings.EMAIL_BACKEND == "django.core.mail.backends.smtp.EmailBackend"
         host = settings.EMAIL_HOST
+        if smtp and settings.EMAIL_USE_TLS and settings.EMAIL_USE_SSL:
+            # Django's backend would raise it at every send, each reminder left unknown.
+            raise ValueError(
+                "EMAIL_USE_TLS and EMAIL_USE_SSL are both set; set one: EMAIL_USE_TLS=1 for "
+                "STARTTLS (port 587), EMAIL_USE_SSL=1 for implicit TLS (port 465)."
+            )
         if smtp and plain and not plaintext_smtp_allowed(host, settings.EMAIL_PLAINTEXT_HOSTS):
             raise ValueError(
                 f"EMAIL_HOST={host!r} is another machine and neither EMAIL_USE_TLS nor "

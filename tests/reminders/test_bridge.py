@@ -187,6 +187,21 @@ def test_the_django_channel_whose_server_hangs_up_after_the_message_leaves_it_un
     assert (len(server.bodies), server.connections) == (1, 1)
 
 
+def test_the_django_channel_with_both_tls_settings_is_refused_at_start_up(
+    live_clock, sink, settings, due_reminders
+):
+    """Django's SMTP backend refuses EMAIL_USE_TLS with EMAIL_USE_SSL each time it is built,
+    with a ValueError: at start-up, as the smtp channel does, not once per reminder."""
+    settings.REMINDERS_CHANNEL = "django"
+    settings.EMAIL_USE_TLS = settings.EMAIL_USE_SSL = True
+    with pytest.raises(ValueError, match="EMAIL_USE_TLS and EMAIL_USE_SSL are both set"):
+        check_channel("django", clock=SystemClock())
+    ids = due_reminders(2)
+    with pytest.raises(ValueError, match="EMAIL_USE_TLS and EMAIL_USE_SSL are both set"):
+        pipeline.deliver(ids, clock=SystemClock())
+    assert Counter(Reminder.objects.values_list("status", flat=True)) == {"pending": 2}
+
+
 # --- Issue 34, item 10: plain SMTP only to this machine or a listed host ----------------
 
 ADVICE = ("EMAIL_USE_TLS=1", "EMAIL_USE_SSL=1", "EMAIL_PLAINTEXT_HOSTS")
