@@ -414,6 +414,12 @@ class SmtpChannel:
             reusable = True
         except (aiosmtplib.SMTPException, OSError) as exc:
             # Before DATA (``_data`` translates its own errors): not accepted.
+            if isinstance(exc, aiosmtplib.SMTPHeloError):  # EHLO and HELO refused: no MAIL FROM
+                raise TransientError(
+                    f"SMTP server {self.settings.host}:{self.settings.port} refused the session "
+                    f"({exc.code}): {exc.message}",
+                    reached=False,
+                ) from exc
             if (
                 isinstance(exc, aiosmtplib.SMTPResponseException)
                 and exc.code != aiosmtplib.SMTPStatus.invalid_response  # a line that is no reply
@@ -597,7 +603,7 @@ def translate_smtplib_error(
             "check the username and password",
             reached=False,
         )
-    if isinstance(exc, smtplib.SMTPConnectError):
+    if isinstance(exc, smtplib.SMTPConnectError | smtplib.SMTPHeloError):
         return TransientError(
             f"SMTP server refused the session ({exc.smtp_code}): {_text(exc.smtp_error)}",
             reached=False,

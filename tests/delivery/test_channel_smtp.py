@@ -1039,6 +1039,11 @@ def _smtplib_error(port: int, login: tuple[str, str] | None = None) -> Exception
             "SMTP server refused the session (554): 5.7.1 no service here",
         ),
         (
+            {"replies": {"EHLO": ["554 5.7.1 go away"], "HELO": ["554 5.7.1 go away"]}},
+            TransientError,
+            "SMTP server refused the session (554): 5.7.1 go away",
+        ),
+        (
             {"replies": {"MAIL": ["550 5.7.1 not from you"]}},
             PermanentError,
             "SMTP 550 on MAIL FROM: 5.7.1 not from you",
@@ -1058,6 +1063,7 @@ def _smtplib_error(port: int, login: tuple[str, str] | None = None) -> Exception
     ],
     ids=[
         "greeting-refused",
+        "greeting-answered-but-ehlo-and-helo-refused",
         "sender-refused",
         "message-refused",
         "lost-after-the-message",
@@ -1341,3 +1347,16 @@ def test_a_blocking_senders_temporary_authentication_failure_is_transient():
         translated = translate_smtplib_error(_smtplib_error(server.port, ("mailer", "secret")))
     assert (type(translated), translated.reached) == (TransientError, False)
     assert "454" in str(translated) and "Temporary authentication failure" in str(translated)
+
+
+def test_a_server_refusing_ehlo_and_helo_refused_the_session_and_is_retried(
+    system_clock, make_real_envelope
+):
+    """As a 554 greeting: the session is refused before MAIL FROM, not the sender."""
+    refusals = ["554 5.7.1 go away"] * 2 * QUICK.max_attempts
+    with _ScriptedServer({"EHLO": refusals, "HELO": refusals}) as server:
+        result = _one_through(server, system_clock, make_real_envelope())
+    assert (result.outcome, result.provider_reached) == (Outcome.TRANSIENT, False), result.error
+    assert result.attempts == QUICK.max_attempts
+    assert f"127.0.0.1:{server.port} refused the session (554): 5.7.1 go away" in result.error
+    assert [line for line in server.lines if line.startswith(b"MAIL")] == []
