@@ -629,19 +629,21 @@ def test_an_unknown_reminder_sent_again_after_the_change_is_not_followed_by_its_
     }
 
 
+@pytest.mark.parametrize("after", [3600, 0], ids=["after the start", "at the start"])
 def test_a_revision_changed_again_when_the_workshop_starts_is_closed_not_left_settling(
-    clock, make_workshop, enrol, mail, run
+    clock, make_workshop, enrol, mail, run, after
 ):
     """Edited again after the scan numbered its revision, and the start came before the next
-    scan: no revise follows a started workshop, so the plan closes the revision itself."""
+    scan (or is that scan's very instant): no revise follows a started workshop, so the plan
+    closes the revision itself, counting no notice planned."""
     workshop = make_workshop(starts_in=timedelta(hours=2), location="Room 1")
     enrol(workshop, count=1)
     run()
     workshop_update(workshop=workshop, location="Room 2")
     assert run()["revisions"] == 1
     workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 3")
-    clock.advance(3 * 3600)
-    run()
+    clock.advance_to(workshop.starts_at + timedelta(seconds=after))
+    assert run().get("notices_planned", 0) == 0
     [revision] = WorkshopRevision.objects.all()
     assert revision.superseded_at is not None
     assert run().get("notices_planned", 0) == 0
@@ -1189,3 +1191,210 @@ def test_the_notices_are_planned_by_the_clock_they_are_given(
     settled = WorkshopRevision.objects.get().settles_at
     assert settled > clock.now()
     assert notices_plan(clock=FakeClock(settled)) == 1
+
+
+def test_a_revision_that_settled_is_planned_while_an_earlier_workshops_edit_still_settles(
+    clock, make_workshop, enrol, mail, run
+):
+    """The later workshop was edited first, so its revision settles first: it is planned and
+    told then, not held back until the earlier workshop's revision, edited since, settles."""
+    later = make_workshop(starts_in=timedelta(hours=5), location="Room 1")
+    sooner = make_workshop(starts_in=timedelta(hours=4), location="Room 1")
+    for workshop in (later, sooner):
+        enrol(workshop, count=1)
+    run()
+    workshop_update(workshop=later, location="Room 2")
+    run()
+    clock.advance(200)
+    workshop_update(workshop=sooner, location="Room 2")
+    run()
+    clock.advance(100)  # the later one's revision settled, the sooner one's not yet
+    assert run().get("notices_planned", 0) == 1
+    assert dict(Notice.objects.values_list("workshop_id", "status")) == {later.pk: "sent"}
+    clock.advance(200)
+    run()
+    assert dict(Notice.objects.values_list("workshop_id", "status")) == {
+        later.pk: "sent",
+        sooner.pk: "sent",
+    }
+
+
+def test_a_plan_with_no_revision_newly_settled_takes_no_workshop_lock(
+    clock, make_workshop, enrol, mail, run
+):
+    """Revisions planned, or superseded before they were, are not read again: each scan would
+    lock their workshops again, one transaction each, for as long as they are kept."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from reminders.services.notices import notices_plan
+
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    run()  # revision 1, settling
+    _move(workshop, timedelta(hours=1))
+    run()  # revision 2 supersedes it
+    clock.advance(301)
+    run()  # revision 2 planned and sent
+    revisions = WorkshopRevision.objects.values_list("number", "planned_at", "superseded_at")
+    assert [(n, p is not None, s is not None) for n, p, s in revisions] == [
+        (1, False, True),
+        (2, True, False),
+    ]
+    with CaptureQueriesContext(connection) as queries:
+        assert notices_plan(clock=clock) == 0
+    assert len(queries) == 1, [query["sql"] for query in queries]
+
+
+def test_an_enrollment_does_not_wait_for_the_notice_plan_holding_its_workshop(
+    clock, make_workshop, enrol, make_attendee, mail, run, settings
+):
+    """The plan locks its workshop FOR NO KEY UPDATE, as a staff change does: an enrollment's
+    foreign-key check (FOR KEY SHARE) does not wait for it, as it would for FOR UPDATE."""
+    import threading
+
+    from django.db import transaction
+
+    from reminders.services.notices import notices_plan, notices_revise
+    from tests.support.races import Step, blocked_or_done
+    from workshops.services import enrollment_create
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    notices_revise(clock=clock)
+    newcomer = make_attendee()
+    planned, release = threading.Event(), threading.Event()
+
+    def plan_and_hold() -> None:
+        with transaction.atomic():
+            assert notices_plan(clock=clock) == 1
+            planned.set()
+            release.wait(30)
+
+    plan = Step(plan_and_hold)
+    plan.start()
+    assert planned.wait(10)
+    enrolling = Step(lambda: enrollment_create(attendee=newcomer, workshop=workshop))
+    enrolling.start()
+    blocked_or_done(enrolling)
+    waited = enrolling.is_alive()
+    release.set()
+    plan.finish()
+    enrolling.finish()
+    assert not waited, "the enrollment waited for the plan's lock on its workshop"
+    assert Notice.objects.count() == 1
+
+
+def test_a_revision_superseded_after_the_plan_read_it_plans_no_notice(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """Between the plan's read of the settled revisions and its lock of the workshop, another
+    scan numbers a newer revision after an edit, and the edit is undone: the superseded one,
+    its facts the workshop's again, plans nothing (no claim would take such a notice)."""
+    from django.db import connection
+
+    from reminders.services.notices import notices_plan, notices_revise
+    from tests.support.races import Step
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3), location="Room 1")
+    enrol(workshop, count=1)
+    run()
+    workshop_update(workshop=workshop, location="Room 2")
+    notices_revise(clock=clock)  # revision 1, settled
+    table = connection.ops.quote_name(WorkshopRevision._meta.db_table)
+    meanwhile = []
+
+    def edit_revise_and_undo() -> None:
+        workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 3")
+        assert notices_revise(clock=clock) == 1  # revision 2 supersedes 1
+        workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 2")
+
+    def after_the_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and f"FROM {table}" in sql and not meanwhile:
+            step = Step(edit_revise_and_undo)
+            step.start()
+            meanwhile.append(step.finish())
+        return result
+
+    with connection.execute_wrapper(after_the_read):
+        assert notices_plan(clock=clock) == 0
+    assert len(meanwhile) == 1
+    assert not Notice.objects.exists()
+    assert WorkshopRevision.objects.get(number=1).planned_at is None
+
+
+def test_an_attendee_reminded_after_the_change_is_planned_no_notice(
+    clock, make_workshop, enrol, mail, run
+):
+    """Enrolled while the change settles, their reminder told the workshop as it is now: the
+    plan makes a notice for the attendee reminded before it only."""
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    [before] = enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    assert run()["revisions"] == 1
+    [after] = enrol(Workshop.objects.get(pk=workshop.pk), count=1)
+    run()  # its reminder sent, with the new start
+    clock.advance(301)
+    assert run().get("notices_planned", 0) == 1
+    assert list(Notice.objects.values_list("attendee_id", "status")) == [
+        (before.attendee_id, "sent")
+    ]
+    assert len(_kinds_by_recipient(mail)[after.attendee.email]) == 1  # the reminder
+
+
+def test_a_reinstatement_is_planned_as_back_on_for_those_told_it_was_cancelled(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Its kind as planned is what the trace and the gauge show before a claim (and for good,
+    if staff silence it), not "changed" until a claim takes it again."""
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    workshop_cancel(workshop=workshop, reason="The trainer is ill")
+    run()
+    run()
+    workshop_reinstate(workshop=Workshop.objects.get(pk=workshop.pk))
+    pipeline.scan(clock=clock)  # revision 2
+    pipeline.scan(clock=clock)  # its notice planned, not yet claimed
+    assert list(Notice.objects.values_list("number", "kind", "status")) == [
+        (1, "cancelled", "sent"),
+        (2, "reinstated", "pending"),
+    ]
+
+
+def test_notices_of_a_change_silenced_before_the_plan_are_planned_silenced_saying_why(
+    clock, make_workshop, enrol, mail, run, notices_published, django_user_model
+):
+    """Staff chose "don't notify" while the change settled: its notices are made silenced with
+    that reason (the trace shows it); those of another workshop are made pending, no reason."""
+    from reminders.services.notices import SILENCED
+    from reminders.services.workshop_decisions import workshops_silence
+
+    quiet, told = (make_workshop(starts_in=timedelta(hours=3)) for _ in range(2))
+    for workshop in (quiet, told):
+        enrol(workshop, count=1)
+    run()
+    for workshop in (quiet, told):
+        workshop_update(workshop=workshop, location="Room 2")
+    assert run()["revisions"] == 2
+    workshops_silence(
+        workshops=Workshop.objects.filter(pk=quiet.pk),
+        reason="Same building",
+        actor=django_user_model.objects.create_user("staff"),
+        clock=clock,
+    )
+    clock.advance(301)
+    pipeline.scan(clock=clock)  # both planned, neither yet claimed
+    assert set(Notice.objects.values_list("workshop_id", "status", "status_reason")) == {
+        (quiet.pk, "silenced", SILENCED),
+        (told.pk, "pending", ""),
+    }
