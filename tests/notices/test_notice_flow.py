@@ -1398,3 +1398,114 @@ def test_notices_of_a_change_silenced_before_the_plan_are_planned_silenced_sayin
         (quiet.pk, "silenced", SILENCED),
         (told.pk, "pending", ""),
     }
+
+
+@pytest.mark.parametrize(
+    ("channel", "until", "status"),
+    [
+        ("http", "the lease ends", "pending"),
+        ("smtp", "the lease ends", "unknown"),
+        ("http", "the workshop starts", "unknown"),
+    ],
+)
+def test_notices_whose_worker_is_lost_are_sent_again_by_their_key_or_end_unknown(
+    clock, make_workshop, enrol, mail, run, notices_published, settings, channel, until, status
+):
+    """Each claim of a lost worker is settled: on a channel with keys, before the start, back
+    pending (perhaps sent), to be sent again with its key; without keys, or once the workshop
+    has started, unknown and counted as told. Stamped with the settle's time, each counted."""
+    from reminders.services.notices import LEASE_LOST, notice_claim, notices_settle
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    claim = notice_claim(ids=batch, channel=channel, clock=clock)  # then the worker dies
+    assert len(claim.notices) == 2
+    if until == "the lease ends":
+        clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    else:
+        clock.advance_to(Workshop.objects.get().starts_at)
+    assert notices_settle(clock=clock) == {"notices_reaped": 2}
+    rows = Notice.objects.values_list(
+        "status", "status_reason", "maybe_sent", "claim_token", "lease_expires_at", "updated_at"
+    )
+    reason = "" if status == "pending" else LEASE_LOST
+    assert set(rows) == {(status, reason, True, None, None, clock.now())}
+    told = set(Reminder.objects.values_list("told_revision", flat=True))
+    assert told == ({0} if status == "pending" else {1})
+    if status == "pending":
+        again = notice_claim(ids=batch, channel=channel, clock=clock)
+        assert {n.key for n in again.notices} == {n.key for n in claim.notices}
+
+
+def test_notices_still_pending_at_the_start_are_closed_missed_or_unknown_by_the_settle(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """One never called, still queued; one whose call got no answer, waiting for its retry:
+    at the start the first is missed, the second unknown, both stamped then and unqueued."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.notices import STARTED, notice_claim, notice_record, notices_settle
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=2
+    )
+    queued, unanswered = sorted(batch)
+    claim = notice_claim(ids=[unanswered], channel="http", clock=clock)
+    [notice] = claim.notices
+    no_answer = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.TIMED_OUT, message_id=None,
+        error="timed out", attempts=1, provider_reached=True, maybe_delivered=True,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[no_answer], clock=clock)
+    assert Notice.objects.get(pk=queued).queued_until is not None
+    clock.advance_to(Workshop.objects.get().starts_at)
+    assert notices_settle(clock=clock) == {"notices_missed": 1, "notices_unknown": 1}
+    rows = Notice.objects.values_list("pk", "status", "status_reason", "queued_until", "updated_at")
+    assert set(rows) == {
+        (queued, "missed", STARTED, None, clock.now()),
+        (unanswered, "unknown", STARTED, None, clock.now()),
+    }
+
+
+def test_a_lost_claim_taken_again_before_the_settle_writes_is_left_to_its_new_worker(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """The settle read the notice with its lease ended; before it writes, that claim is handed
+    back and another worker claims the notice: the settle's write is fenced by the first
+    claim's token, so the new claim keeps it, its lease running."""
+    from django.db import connection
+
+    from reminders.services.notices import (
+        notice_claim,
+        notice_release_interrupted,
+        notices_settle,
+    )
+    from tests.support.races import Step
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    first = notice_claim(ids=batch, channel="smtp", clock=clock)
+    clock.advance(settings.REMINDERS_LEASE_SECONDS)
+    table = connection.ops.quote_name(Notice._meta.db_table)
+    second = []
+
+    def hand_back_and_claim_again():
+        assert notice_release_interrupted(token=first.token, ids=batch, clock=clock) == 1
+        return notice_claim(ids=batch, channel="smtp", clock=clock)
+
+    def after_the_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and f"FROM {table}" in sql and not second:
+            step = Step(hand_back_and_claim_again)
+            step.start()
+            second.append(step.finish())
+        return result
+
+    with connection.execute_wrapper(after_the_read):
+        assert notices_settle(clock=clock) == {}
+    [claim] = second
+    assert len(claim.notices) == 1
+    notice = Notice.objects.get()
+    assert (notice.status, notice.claim_token) == ("sending", claim.token)
+    assert notice.lease_expires_at > clock.now()
