@@ -1509,3 +1509,118 @@ def test_a_lost_claim_taken_again_before_the_settle_writes_is_left_to_its_new_wo
     notice = Notice.objects.get()
     assert (notice.status, notice.claim_token) == ("sending", claim.token)
     assert notice.lease_expires_at > clock.now()
+
+
+def test_the_dispatch_publishes_no_notice_of_a_workshop_started_by_the_clock_it_is_given(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """If the scan's settle gave up (a lock wait), its notices are still pending at the start:
+    the dispatch leaves them to the settle, judged by its own clock, not the process's."""
+    from clock import FakeClock
+    from reminders.services.notices import notices_dispatch, notices_plan, notices_revise
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, count=1)
+    run()
+    _move(workshop, timedelta(hours=1))
+    notices_revise(clock=clock)
+    assert notices_plan(clock=clock) == 1
+    published = []
+    started = FakeClock(Workshop.objects.get().starts_at)
+    assert notices_dispatch(publish=published.append, clock=started) == 0
+    assert published == []
+    assert Notice.objects.get().queued_until is None
+
+
+def test_a_notice_waiting_for_its_retry_is_published_once_the_backoff_ends_not_before(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Published before, the claim would pass it over and the queue stamp would hold its
+    retry back until REMINDERS_REQUEUE_AFTER after that."""
+    from delivery.results import DeliveryResult, Outcome
+    from reminders.services.notices import notice_claim, notice_record, notices_dispatch
+    from reminders.services.record import retry_delay
+
+    settings.REMINDERS_RETRY_BASE = 60
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    claim = notice_claim(ids=batch, channel="smtp", clock=clock)
+    [notice] = claim.notices
+    busy = DeliveryResult(
+        reminder_id=notice.pk, key=notice.key, outcome=Outcome.TRANSIENT, message_id=None,
+        error="421 busy", attempts=1, provider_reached=True, maybe_delivered=False,
+    )  # fmt: skip
+    notice_record(claim=claim, results=[busy], clock=clock)
+    published = []
+    clock.advance(retry_delay(1).total_seconds() - 1)
+    assert notices_dispatch(publish=published.append, clock=clock) == 0
+    clock.advance(1)
+    assert notices_dispatch(publish=published.append, clock=clock) == 1
+    assert published == [batch]
+    queued = Notice.objects.values_list("queued_until", "updated_at").get()
+    assert queued == (
+        clock.now() + timedelta(seconds=settings.REMINDERS_REQUEUE_AFTER),
+        clock.now(),
+    )
+
+
+def test_over_the_dispatch_limit_pending_notices_go_soonest_workshop_first(
+    clock, make_workshop, enrol, mail, run, settings
+):
+    """The limit takes the notices whose workshop starts first; one already sent takes no
+    place in it."""
+    from reminders.services.notices import notices_dispatch, notices_plan, notices_revise
+
+    settings.REMINDERS_NOTICE_SETTLE = 0
+    later = make_workshop(starts_in=timedelta(hours=5))
+    sooner = make_workshop(starts_in=timedelta(hours=3))
+    for workshop in (later, sooner):
+        enrol(workshop, count=1)
+    run()
+    settings.REMINDERS_DISPATCH_LIMIT = 1
+    for workshop in (later, sooner):  # the later one's notice planned first
+        _move(workshop, timedelta(hours=1))
+        notices_revise(clock=clock)
+        assert notices_plan(clock=clock) == 1
+    published = []
+    assert notices_dispatch(publish=published.append, clock=clock) == 1
+    assert published == [[Notice.objects.get(workshop=sooner).pk]]
+    assert deliver_notices(published[0], clock=clock) == {"notices_sent": 1}
+    assert notices_dispatch(publish=published.append, clock=clock) == 1
+    assert published[1:] == [[Notice.objects.get(workshop=later).pk]]
+
+
+def test_a_notice_claimed_after_the_dispatch_read_it_is_not_published_again(
+    clock, make_workshop, enrol, mail, run, notices_published, settings
+):
+    """Its batch went out before and it is due again; a worker claims it between the dispatch's
+    read and its write: the write queues pending notices only, so it is not stamped queued nor
+    published to a second worker."""
+    from django.db import connection
+
+    from reminders.services.notices import notice_claim, notices_dispatch
+    from tests.support.races import Step
+
+    batch, _ = _notices_of_a_move(
+        clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
+    )
+    clock.advance(settings.REMINDERS_REQUEUE_AFTER)
+    table = connection.ops.quote_name(Notice._meta.db_table)
+    claimed = []
+
+    def after_the_read(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if sql.startswith("SELECT") and f"FROM {table}" in sql and not claimed:
+            step = Step(lambda: notice_claim(ids=batch, channel="smtp", clock=clock))
+            step.start()
+            claimed.append(step.finish())
+        return result
+
+    published = []
+    with connection.execute_wrapper(after_the_read):
+        assert notices_dispatch(publish=published.append, clock=clock) == 0
+    assert [len(claim.notices) for claim in claimed] == [1]
+    assert published == []
+    assert Notice.objects.values_list("status", "queued_until").get() == ("sending", None)
