@@ -48,6 +48,10 @@ __all__ = ["close_channel", "deliver"]
 
 logger = logging.getLogger("delivery")
 
+# The longest a provider's 429 pauses every sender: the pause is shared and outlives a restart,
+# and a Retry-After of a year (a provider's bug) would stop every worker for it.
+MAX_PAUSE = 300.0
+
 
 class Flag(Protocol):
     """A stop flag set by another thread or process (a threading or multiprocessing ``Event``)."""
@@ -478,7 +482,7 @@ class _Batch:
         if retry_after is None:
             retry_after = self._limiter.window
         try:
-            await self._limiter.pause(retry_after)
+            await self._limiter.pause(min(retry_after, MAX_PAUSE))
         except Exception:
             logger.warning("Could not pause the rate limiter", exc_info=True)
 

@@ -626,6 +626,27 @@ def test_a_429_without_retry_after_pauses_the_limiter_for_one_window(fake_clock,
     assert min(channel.start_times[1:]) == pytest.approx(limiter.window)
 
 
+def test_a_429_asking_for_a_year_pauses_every_sender_for_minutes_not_the_year(
+    fake_clock, make_envelope
+):
+    """The pause is shared through Redis and outlives a restart: a provider's Retry-After of a
+    year (a bug on its side) stopped every worker for that year, each reminder ending missed.
+    Every sender now waits MAX_PAUSE at most; a provider still overloaded answers 429 again.
+    The reminder that got the 429 waits as asked (its own retry, past its deadline here)."""
+    from delivery.engine import MAX_PAUSE
+
+    channel = MemoryChannel(clock=fake_clock)
+    envelopes = [make_envelope() for _ in range(3)]
+    channel.fail(envelopes[0].key, RateLimitedError("HTTP 429", retry_after=366 * 24 * 3600))
+    limiter = LocalRateLimiter(100, clock=fake_clock)
+    policy = DeliveryLimits(concurrency=1, backoff_base=0.1, budget=2 * MAX_PAUSE)
+
+    results = run(deliver(envelopes, channel, policy=policy, clock=fake_clock, limiter=limiter))
+
+    assert [r.outcome for r in results] == [Outcome.TRANSIENT, Outcome.SENT, Outcome.SENT]
+    assert MAX_PAUSE <= 600 and min(channel.start_times[1:]) == pytest.approx(MAX_PAUSE)
+
+
 def test_a_limiter_that_cannot_pause_is_logged_and_the_batch_goes_on(
     fake_clock, make_envelope, caplog
 ):
