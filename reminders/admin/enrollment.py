@@ -56,7 +56,8 @@ class EnrollmentAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
             title="Cancel the selected enrollments",
             eligible_label="Active enrollments that will be cancelled",
             verb="cancel",
-            explanation="A cancelled enrollment gets no reminder. To enrol the attendee again, "
+            explanation="A cancelled enrollment gets no reminder; an attendee already reminded "
+            "gets a change notice saying it is cancelled. To enrol the attendee again, "
             "set the enrollment back to active: its reminder is planned again unless the "
             "cutoff has passed; one already sent is never sent twice.",
             done="Cancelled {changed}; {reminders} cancelled.",

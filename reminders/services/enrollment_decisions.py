@@ -10,6 +10,7 @@ from django.db.models import Q, QuerySet
 from clock import Clock
 from reminders.models import Reminder
 from reminders.selectors import selection_of
+from reminders.services.notices import notices_told_count
 from reminders.services.replay import skipped_as
 from reminders.services.workshop_decisions import (
     Action,
@@ -29,6 +30,9 @@ def enrollment_cancel_preview(*, enrollments: QuerySet[Enrollment]) -> DecisionP
     total, eligible = sizes(selection, Enrollment.Status.ACTIVE)
     active = selection.filter(status=Enrollment.Status.ACTIVE)
     effects = cancel_effects(Reminder.objects.filter(enrollment__in=active.values("pk")))
+    effects["to_tell_enrollment"] = notices_told_count(
+        enrollments=active.values("pk"), cancelled=True
+    )
     skipped = skipped_as("already_cancelled", total, eligible)
     return DecisionPreview(Action.CANCEL_ENROLLMENTS, total, eligible, skipped, effects)
 

@@ -656,18 +656,20 @@ def notices_pending(*, workshops) -> dict[int, int]:
     return pending
 
 
-def notices_told_count(*, workshops, cancelled: bool, clock: Clock | None = None) -> int:
-    """Return how many reminded attendees of ``workshops`` would hear of a cancel (or reinstate)."""
+def notices_told_count(
+    *, workshops=None, enrollments=None, cancelled: bool, clock: Clock | None = None
+) -> int:
+    """Return how many reminded attendees of ``workshops`` would hear of a cancel (or reinstate);
+    with ``enrollments`` instead, of a cancel of those (their workshops still scheduled)."""
     now = database_now(clock or default_clock())
-    return (
-        _told(now)
-        .filter(
-            workshop__in=workshops,
-            enrollment__status=Enrollment.Status.ACTIVE,
-            told_cancelled=not cancelled,
-        )
-        .count()
+    told = _told(now).filter(
+        enrollment__status=Enrollment.Status.ACTIVE, told_cancelled=not cancelled
     )
+    if enrollments is not None:
+        told = told.filter(enrollment__in=enrollments, workshop__status=Workshop.Status.SCHEDULED)
+    else:
+        told = told.filter(workshop__in=workshops)
+    return told.count()
 
 
 def notices_silence(*, workshop_id: int, decision, clock: Clock | None = None) -> int:

@@ -71,6 +71,9 @@ EFFECT_LABELS = {
     ),
     "stay_cancelled": "Reminders whose enrollment is cancelled (they stay cancelled)",
     "to_tell": "Reminded attendees who will be told it is cancelled (a change notice)",
+    "to_tell_enrollment": (
+        "Reminded attendees who will be told their enrollment is cancelled (a change notice)"
+    ),
     "to_tell_back": "Attendees told it was cancelled who will be told it is back on",
     "to_silence": "Reminded attendees who will not be told of the latest change",
 }

@@ -57,7 +57,7 @@ def test_a_cancel_is_previewed_needs_a_reason_and_is_recorded(
     assert "Yes, cancel 3 enrollments" in text
     preview = page.context["preview"]
     assert (preview.selected, preview.eligible, preview.skipped) == (4, 3, {"already_cancelled": 1})
-    assert preview.effects == {"to_cancel": 2, "in_flight": 1, "sent": 0}
+    assert preview.effects == {"to_cancel": 2, "in_flight": 1, "sent": 0, "to_tell_enrollment": 0}
 
     blank = post(client, ids, confirm=True, reason="   ")
     assert blank.status_code == 200 and blank.context["form"].errors

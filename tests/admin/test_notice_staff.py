@@ -50,6 +50,27 @@ def test_cancel_and_reinstate_confirmations_say_how_many_will_be_told(
     assert _rows(page)["Attendees told it was cancelled who will be told it is back on"] == 3
 
 
+def test_the_enrollment_cancel_confirmation_says_how_many_will_be_told(
+    admin_client, reminded, notices_scan
+):
+    """An attendee already reminded whose enrollment staff cancel gets a cancellation notice,
+    as for a cancelled workshop: the confirmation counts them, as the workshop's does."""
+    enrollments = list(reminded.enrollments.order_by("pk").values_list("pk", flat=True))
+    page = post_action(admin_client, "/admin/workshops/enrollment/", "cancel_selected", enrollments)
+    told = "Reminded attendees who will be told their enrollment is cancelled (a change notice)"
+    assert _rows(page).get(told) == 3
+    post_action(
+        admin_client,
+        "/admin/workshops/enrollment/",
+        "cancel_selected",
+        enrollments,
+        confirm=True,
+        reason="Room too small",
+    )
+    notices_scan(sent=True)
+    assert Notice.objects.filter(kind="cancelled", status="sent").count() == 3
+
+
 def test_saving_a_move_says_who_will_hear_of_it_and_when(admin_client, reminded, settings):
     settings.REMINDERS_NOTICE_SETTLE = 300
     local = reminded.starts_at.astimezone(reminded.zone) + timedelta(hours=1)
