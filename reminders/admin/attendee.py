@@ -9,6 +9,7 @@ from django.db.models import Count, Q
 
 from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import KeepEnrolledMixin, NulFreeListMixin, utc_column
+from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import AttendeeForm
 from reminders.services.erasure import (
     ERASURE_EFFECT_LABELS,
@@ -22,7 +23,7 @@ from workshops.models import Attendee, Enrollment
 class AttendeeAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admin.ModelAdmin):
     form = AttendeeForm
     list_display = ("name", "email", "timezone", "enrollment_count", "erased_at_utc")
-    list_filter = ("timezone",)
+    list_filter = ("timezone", DecisionFilter)
     search_fields = ("name", "email")
     # Meta.ordering does not order the count's GROUP BY: the autocomplete would page unordered.
     ordering = ("email",)

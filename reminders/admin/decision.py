@@ -3,14 +3,41 @@
 from __future__ import annotations
 
 from django.contrib import admin
+from django.contrib.admin.options import IncorrectLookupParameters
 from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.http import urlencode
 
 from reminders.admin.columns import NulFreeListMixin, ViewOnlyMixin, plural, utc_column
-from reminders.models import Reminder, StaffDecision
+from reminders.models import Reminder, StaffDecision, id_from_text
 from reminders.selectors import SKIP_REASONS
 from workshops.models import Attendee, Enrollment, Workshop
+
+
+class DecisionFilter(admin.SimpleListFilter):
+    """The rows a staff decision changed, as its page links to them (``?decision=<id>``).
+
+    Listed only while applied. The link names the decision, not its ids: a thousand ids are
+    a request line longer than web (gunicorn) takes.
+    """
+
+    title = "staff decision"
+    parameter_name = "decision"
+
+    def lookups(self, request, model_admin):
+        value = self.value()
+        return [(value, f"Staff decision {value}")] if value else []
+
+    def queryset(self, request, queryset):
+        value = self.value()
+        if value is None:
+            return queryset
+        pk = id_from_text(value)
+        if pk is None:
+            raise IncorrectLookupParameters("A staff decision is named by its id.")
+        field = f"{queryset.model._meta.model_name}_ids"
+        ids = StaffDecision.objects.filter(pk=pk).values_list(field, flat=True).first()
+        return queryset.filter(pk__in=ids or [])
 
 
 def ids_column(model, label: str):
@@ -23,7 +50,7 @@ def ids_column(model, label: str):
         if not ids:
             return "-"
         changelist = reverse(f"admin:{opts.app_label}_{opts.model_name}_changelist")
-        url = f"{changelist}?{urlencode({'id__in': ','.join(map(str, ids))})}"
+        url = f"{changelist}?{urlencode({DecisionFilter.parameter_name: obj.pk})}"
         return format_html('<a href="{}">{}</a>', url, plural(len(ids), opts.verbose_name))
 
     return show

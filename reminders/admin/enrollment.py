@@ -10,6 +10,7 @@ from django.utils.html import format_html
 
 from reminders.admin.actions import StaffActionsMixin
 from reminders.admin.columns import NulFreeListMixin, copy_saved, format_local, utc_column
+from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import EnrollmentForm
 from reminders.services.enrollment_decisions import enrollment_cancel_preview, enrollments_cancel
 from reminders.services.workshop_decisions import EFFECT_LABELS
@@ -22,7 +23,7 @@ class EnrollmentAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
     form = EnrollmentForm
     actions = ["cancel_selected"]
     list_display = ("attendee", "workshop_link", "workshop_start", "status", "created_at_utc")
-    list_filter = ("status", "workshop__status")
+    list_filter = ("status", "workshop__status", DecisionFilter)
     search_fields = ("attendee__email", "attendee__name", "workshop__title")
     list_select_related = ("attendee", "workshop")
     autocomplete_fields = ("attendee", "workshop")

@@ -21,6 +21,7 @@ from reminders.admin.columns import (
     format_utc,
     utc_column,
 )
+from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import ResolveUnknownForm
 from reminders.content import language_name, reminder_envelope
 from reminders.models import DeliveryAttempt, Reminder
@@ -130,6 +131,7 @@ class ReminderAdmin(NulFreeListMixin, ViewOnlyMixin, StaffActionsMixin, admin.Mo
         ("workshop", admin.RelatedOnlyFieldListFilter),
         DeadlineFilter,
         ("channel", ChannelFilter),
+        DecisionFilter,
     )
     search_fields = ("attendee__email", "attendee__name", "workshop__title", "key")
     search_help_text = "Search by attendee email or name, workshop title or reminder key."

@@ -31,6 +31,7 @@ from reminders.admin.columns import (
     plural,
     utc_column,
 )
+from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import EnrollmentInlineForm, EnrollmentInlineFormSet, WorkshopForm
 from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
@@ -141,7 +142,12 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     list_display = ("title", "start_local", "start_utc", "status", "reminder_counts", "timezone")
     actions = ["cancel_selected", "reinstate_selected", "silence_selected", "replay_for_selected"]
     change_form_template = "admin/reminders/workshop/change_form.html"
-    list_filter = ("status", ("starts_at", admin.DateFieldListFilter), "timezone")
+    list_filter = (
+        "status",
+        ("starts_at", admin.DateFieldListFilter),
+        "timezone",
+        DecisionFilter,
+    )
     search_fields = ("title",)
     date_hierarchy = "starts_at"
     inlines = [WorkshopTextInline, EnrollmentInline]

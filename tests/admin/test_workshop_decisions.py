@@ -231,7 +231,7 @@ def test_audit_list_shows_workshop_decisions_with_links_and_cannot_be_edited(
     audit = StaffDecision.objects.get()
     detail = auditor.get(reverse("admin:reminders_staffdecision_change", args=[audit.pk]))
     text = detail.content.decode()
-    assert f"/admin/workshops/workshop/?id__in={workshop.pk}" in text
+    assert f"/admin/workshops/workshop/?decision={audit.pk}" in text
     assert "2 reminders" in text
     assert (
         auditor.post(reverse("admin:reminders_staffdecision_change", args=[audit.pk])).status_code

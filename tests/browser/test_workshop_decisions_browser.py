@@ -106,6 +106,6 @@ def test_cancel_with_confirmation_then_reinstate_and_read_the_audit(
     page.goto(f"{live_server.url}/admin/reminders/staffdecision/{cancel.pk}/change/")
     assert page.locator("input[type=submit]").count() == 0  # nothing to save
     page.get_by_role("link", name="1 workshop").click()
-    page.wait_for_url(re.compile(r"/admin/workshops/workshop/\?id__in="))
+    page.wait_for_url(re.compile(r"/admin/workshops/workshop/\?decision=\d+$"))
     assert page.locator("#result_list tbody tr").count() == 1
     assert "R&D <tools> night" in page.locator("#result_list").inner_text()
