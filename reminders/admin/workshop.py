@@ -10,6 +10,7 @@ from functools import partial
 from django import forms
 from django.conf import settings
 from django.contrib import admin, messages
+from django.contrib.admin.utils import unquote
 from django.contrib.admin.views.main import ERROR_FLAG
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import models
@@ -218,7 +219,11 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     updated_at_utc = utc_column("updated_at", "Updated")
 
     def get_inlines(self, request, obj):
-        if obj is not None and _enrollment_total(obj) > INLINE_ENROLLMENTS_MAX:
+        if request.method == "POST" and "_saveasnew" in request.POST:
+            # A copy posts the inlines its original's page showed: none past the limit.
+            original = request.resolver_match.kwargs.get("object_id")
+            obj = self.get_object(request, unquote(original)) if original else obj
+        if obj is not None and obj.pk and _enrollment_total(obj) > INLINE_ENROLLMENTS_MAX:
             return [WorkshopTextInline]
         return self.inlines
 
