@@ -248,15 +248,26 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
     def save_model(self, request, obj: Workshop, form, change: bool) -> None:
         """Save through workshop_create / workshop_update, never ``obj.save()``."""
         values = {name: form.cleaned_data[name] for name in WorkshopForm.Meta.fields}
+        changed = set(form.changed_data)
+        # The times are typed in the zone: a new zone under the same typed times moves them.
+        moved = change and not changed.isdisjoint({*FACT_FIELDS, "timezone"})
+        unsent = (
+            list(
+                Reminder.objects.filter(
+                    workshop=obj.pk, status__in=Reminder.OPEN_STATUSES
+                ).values_list("pk", flat=True)
+            )
+            if moved
+            else []
+        )
         if change:
             saved = workshop_update(workshop=obj, **values)
         else:
             # Also "Save as new": a fresh workshop from the form's fields alone.
             saved = workshop_create(**values)
         copy_saved(obj, saved)
-        changed = set(form.changed_data)
-        # The times are typed in the zone: a new zone under the same typed times moves them.
-        if change and not changed.isdisjoint({*FACT_FIELDS, "timezone"}):
+        if moved:
+            self._missed_message(request, unsent)
             self._notice_message(request, obj)
         if change and changed & (TEXT_FIELDS - {"notice_intro"}):
             _rows, unclaimed, frozen = workshop_text_reach(obj)
@@ -265,6 +276,18 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
                 f"The new text reaches {plural(unclaimed, 'reminder')} not yet claimed; "
                 f"{kept_text(frozen)}.",
                 messages.INFO,
+            )
+
+    def _missed_message(self, request, unsent: list[int]) -> None:
+        """Say how many reminders not yet sent the change made missed (a start inside the cutoff)."""
+        missed = Reminder.objects.filter(pk__in=unsent, status=Status.MISSED).count()
+        if missed:
+            self.message_user(
+                request,
+                f"{plural(missed, 'reminder')} not yet sent will not be sent: the new start is "
+                f"less than the cutoff ({plural(settings.REMINDERS_CUTOFF_MINUTES, 'minute')}) "
+                "away, so they are missed. Tell those attendees another way.",
+                messages.WARNING,
             )
 
     def _notice_message(self, request, workshop: Workshop) -> None:

@@ -648,3 +648,32 @@ def test_an_erased_attendee_is_not_enrolled_again_from_any_admin_form(
     assert field_errors(own_page) == {"status": [ERASED_NOT_ENROLLED]}
     assert field_errors(anew) == {"attendee": [ERASED_NOT_ENROLLED]}
     assert list(Enrollment.objects.values_list("status", flat=True)) == ["cancelled"]
+
+
+def test_moving_a_workshop_inside_the_cutoff_says_its_reminders_will_not_be_sent(
+    admin_client, make_workshop, enrol, clock, settings
+):
+    """A start moved to less than the cutoff away makes every reminder not yet sent missed:
+    those attendees get none. The save said only that the workshop was changed."""
+    from tests.admin.conftest import messages_of
+
+    settings.REMINDERS_CUTOFF_MINUTES = 30
+    workshop = make_workshop(starts_in=timedelta(hours=3))
+    enrol(workshop, 2)
+    local = (clock.now() + timedelta(minutes=20)).astimezone(workshop.zone)
+    response = admin_client.post(
+        f"{CHANGELIST}{workshop.pk}/change/",
+        form_data(
+            title=workshop.title,
+            zone=workshop.timezone,
+            starts=f"{local:%Y-%m-%d %H:%M}",
+            ends=f"{local + timedelta(hours=1):%Y-%m-%d %H:%M}",
+        ),
+        follow=True,
+    )
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
+    said = [m for m in messages_of(response) if "will not be sent" in m]
+    assert said == [
+        "2 reminders not yet sent will not be sent: the new start is less than the cutoff "
+        "(30 minutes) away, so they are missed. Tell those attendees another way."
+    ]
