@@ -280,13 +280,15 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
 
     def _missed_message(self, request, unsent: list[int]) -> None:
         """Say how many reminders not yet sent the change made missed (a start inside the cutoff)."""
-        missed = Reminder.objects.filter(pk__in=unsent, status=Status.MISSED).count()
+        late = Reminder.objects.filter(pk__in=unsent, status__in=(Status.MISSED, Status.UNKNOWN))
+        missed = late.count()
         if missed:
             self.message_user(
                 request,
                 f"{plural(missed, 'reminder')} not yet sent will not be sent: the new start is "
                 f"less than the cutoff ({plural(settings.REMINDERS_CUTOFF_MINUTES, 'minute')}) "
-                "away, so they are missed. Tell those attendees another way.",
+                "away, so they are missed (unknown, if an earlier call may have reached the "
+                "provider). Tell those attendees another way.",
                 messages.WARNING,
             )
 

@@ -675,5 +675,6 @@ def test_moving_a_workshop_inside_the_cutoff_says_its_reminders_will_not_be_sent
     said = [m for m in messages_of(response) if "will not be sent" in m]
     assert said == [
         "2 reminders not yet sent will not be sent: the new start is less than the cutoff "
-        "(30 minutes) away, so they are missed. Tell those attendees another way."
+        "(30 minutes) away, so they are missed (unknown, if an earlier call may have reached "
+        "the provider). Tell those attendees another way."
     ]
