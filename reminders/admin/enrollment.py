@@ -4,18 +4,42 @@ from __future__ import annotations
 
 from functools import partial
 
-from django.contrib import admin
+from django.conf import settings
+from django.contrib import admin, messages
 from django.urls import reverse
 from django.utils.html import format_html
 
 from reminders.admin.actions import StaffActionsMixin
-from reminders.admin.columns import NulFreeListMixin, copy_saved, format_local, utc_column
+from reminders.admin.columns import (
+    NulFreeListMixin,
+    copy_saved,
+    format_local,
+    plural,
+    utc_column,
+)
 from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import EnrollmentForm
+from reminders.models import Reminder
 from reminders.services.enrollment_decisions import enrollment_cancel_preview, enrollments_cancel
 from reminders.services.workshop_decisions import EFFECT_LABELS
 from workshops.models import Enrollment
 from workshops.services import enrollment_create
+
+
+def say_if_unreminded(model_admin, request, enrollments: list[int]) -> None:
+    """Warn that ``enrollments`` just made active get no reminder (the start is too near)."""
+    late = (Reminder.Status.MISSED, Reminder.Status.UNKNOWN)
+    count = Reminder.objects.filter(enrollment__in=enrollments, status__in=late).count()
+    if not count:
+        return
+    who = "This enrollment gets" if count == 1 else f"{count} enrollments get"
+    model_admin.message_user(
+        request,
+        f"{who} no reminder: the workshop starts less than the cutoff "
+        f"({plural(settings.REMINDERS_CUTOFF_MINUTES, 'minute')}) from now. Tell the "
+        f"attendee{'' if count == 1 else 's'} another way.",
+        messages.WARNING,
+    )
 
 
 @admin.register(Enrollment)
@@ -41,6 +65,7 @@ class EnrollmentAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
         if change and "status" not in form.changed_data:
             return
         copy_saved(obj, enrollment_create(attendee=obj.attendee, workshop=obj.workshop))
+        say_if_unreminded(self, request, [obj.pk])
 
     def has_cancel_permission(self, request) -> bool:
         return request.user.has_perm("workshops.cancel_enrollment")

@@ -33,6 +33,7 @@ from reminders.admin.columns import (
     utc_column,
 )
 from reminders.admin.decision import DecisionFilter
+from reminders.admin.enrollment import say_if_unreminded
 from reminders.admin.forms import EnrollmentInlineForm, EnrollmentInlineFormSet, WorkshopForm
 from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
@@ -312,14 +313,17 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
             return super().save_formset(request, form, formset, change)
         workshop = form.instance
         formset.save(commit=False)
+        made = []
         for enrollment in formset.new_objects:
             # A cancelled row in a copy ("Save as new") is not carried over.
             if enrollment.status == Enrollment.Status.ACTIVE:
-                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+                made.append(enrollment_create(attendee=enrollment.attendee, workshop=workshop).pk)
         for enrollment, changed in formset.changed_objects:
             # Only back to active: the formset refuses a cancel (the audited action's).
             if "status" in changed:
-                enrollment_create(attendee=enrollment.attendee, workshop=workshop)
+                made.append(enrollment_create(attendee=enrollment.attendee, workshop=workshop).pk)
+        if made:
+            say_if_unreminded(self, request, made)
         return None
 
     @admin.display(description="Who gets which text")

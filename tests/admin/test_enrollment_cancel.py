@@ -85,3 +85,45 @@ def test_a_cancel_is_previewed_needs_a_reason_and_is_recorded(
         Reminder.objects.filter(enrollment__in=enrollments[1:3]).values_list("pk", flat=True)
     )
     assert decision.skipped == {"already_cancelled": 1}
+
+
+def test_enrolling_inside_the_cutoff_says_the_attendee_gets_no_reminder(
+    admin_client, make_workshop, make_attendee, enrol, settings
+):
+    """An enrollment made (or set back to active) less than the cutoff before the start gets
+    a reminder 'missed': the page said only that it was added."""
+    from tests.admin.conftest import messages_of
+
+    settings.REMINDERS_CUTOFF_MINUTES = 30
+    workshop = make_workshop(starts_in=timedelta(minutes=20))
+    walk_in = make_attendee()
+    added = admin_client.post(
+        f"{CHANGELIST}add/",
+        {"attendee": walk_in.pk, "workshop": workshop.pk, "status": "active"},
+        follow=True,
+    )
+    assert Reminder.objects.get(attendee=walk_in).status == "missed"
+    warned = [m for m in messages_of(added) if "no reminder" in m]
+    assert warned == [
+        "This enrollment gets no reminder: the workshop starts less than the cutoff "
+        "(30 minutes) from now. Tell the attendee another way."
+    ]
+
+
+def test_enrolling_inside_the_cutoff_on_the_workshops_page_says_so_too(
+    admin_client, make_workshop, make_attendee, settings
+):
+    from tests.admin.conftest import messages_of
+    from tests.admin.test_workshop_admin import _post_inline
+
+    settings.REMINDERS_CUTOFF_MINUTES = 30
+    workshop = make_workshop(starts_in=timedelta(minutes=20))
+    people = [make_attendee(), make_attendee()]
+    saved = _post_inline(admin_client, workshop, [("", p.pk, "active") for p in people])
+    assert saved.status_code == 302
+    assert set(Reminder.objects.values_list("status", flat=True)) == {"missed"}
+    warned = [m for m in messages_of(admin_client.get(saved["Location"])) if "no reminder" in m]
+    assert warned == [
+        "2 enrollments get no reminder: the workshop starts less than the cutoff "
+        "(30 minutes) from now. Tell the attendees another way."
+    ]
