@@ -23,6 +23,14 @@ ZONE_ERROR = "%(value)s is not a known time zone; use an IANA name such as Europ
 class LocalSplitDateTime(AdminSplitDateTime):
     """The admin's date picker and an HH:MM time, without "Now" (the server's zone, not ours)."""
 
+    class Media:
+        # After Django's shortcuts: "Today" in the workshop's zone, no "server time" note.
+        js = [
+            "admin/js/calendar.js",
+            "admin/js/admin/DateTimeShortcuts.js",
+            "reminders/workshop_dates.js",
+        ]
+
     def __init__(self, attrs=None) -> None:
         widgets = [AdminDateWidget, forms.TimeInput(attrs={"size": "8"}, format="%H:%M")]
         forms.MultiWidget.__init__(self, widgets, attrs)
