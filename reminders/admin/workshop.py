@@ -392,7 +392,10 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
         enrollments = Q(enrollments__workshop=workshop)
         if not notice:  # a change notice also goes to one whose enrollment was cancelled
             enrollments &= Q(enrollments__status=Enrollment.Status.ACTIVE)
-        enrolled = list(Attendee.objects.filter(enrollments).order_by("name", "pk"))
+        # An erased attendee is told nothing more: no message of theirs to preview.
+        enrolled = list(
+            Attendee.objects.filter(enrollments, erased_at__isnull=True).order_by("name", "pk")
+        )
         wanted = request.GET.get("attendee", "")
         pk = id_from_text(wanted)
         chosen = next((a for a in enrolled if a.pk == pk), None)

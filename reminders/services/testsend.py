@@ -50,7 +50,9 @@ def reminder_send_test_request(
             "user in the admin (Users) and try again.",
             code="no_staff_address",
         )
-    enrolled = Enrollment.objects.filter(workshop=workshop, attendee=attendee)
+    enrolled = Enrollment.objects.filter(
+        workshop=workshop, attendee=attendee, attendee__erased_at__isnull=True
+    )
     if not notice:  # a change notice also goes to one whose enrollment was cancelled
         enrolled = enrolled.filter(status=Enrollment.Status.ACTIVE)
     if not enrolled.exists():

@@ -334,6 +334,37 @@ def test_the_change_notice_of_an_attendee_whose_enrollment_was_cancelled_can_be_
     assert "That attendee is not enrolled in this workshop" in page.content.decode()
 
 
+def test_an_erased_attendee_is_not_offered_a_change_notice_they_will_never_get(
+    admin_client, admin_user, reminded
+):
+    """Erasure cancels her enrollment and no notice goes to her again (the address is gone):
+    the change-notice preview offered her as '(erased)' with a cancellation notice, and
+    'Send me a test' sent one, of a message nobody will receive."""
+    from reminders.services.erasure import attendees_erase
+    from workshops.models import Attendee
+
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    attendees_erase(
+        attendees=Attendee.objects.filter(pk=reminder.attendee_id), reason="asked", actor=admin_user
+    )
+    url = f"{CHANGELIST}{reminded.pk}/preview/"
+    page = admin_client.get(url, {"attendee": reminder.attendee_id, "message": "notice"})
+    offered = [person.pk for person in page.context["enrolled"]]
+    assert (reminder.attendee_id in offered, page.context["error"]) == (
+        False,
+        "That attendee is not enrolled in this workshop; choose one from the list.",
+    )
+    admin_user.email = "ops@example.org"
+    admin_user.save()
+    sent = admin_client.post(
+        url,
+        {"attendee": reminder.attendee_id, "message": "notice", "request_token": "a" * 32},
+        follow=True,
+    )
+    assert "not enrolled" in " ".join(messages_of(sent))
+    assert not StaffDecision.objects.filter(action="send_test").exists()
+
+
 def test_send_me_a_test_of_the_change_notice(admin_client, admin_user, reminded, mail, live_clock):
     from reminders.worker.testsend import reminder_send_test_run
 
