@@ -21,13 +21,26 @@ from reminders.admin.decision import DecisionFilter
 from reminders.admin.forms import EnrollmentForm
 from reminders.models import Reminder
 from reminders.services.enrollment_decisions import enrollment_cancel_preview, enrollments_cancel
+from reminders.services.notices import notices_told_count
 from reminders.services.workshop_decisions import EFFECT_LABELS
 from workshops.models import Enrollment
 from workshops.services import enrollment_create
 
 
-def say_if_unreminded(model_admin, request, enrollments: list[int]) -> None:
-    """Warn that ``enrollments`` just made active get no reminder (the start is too near)."""
+def say_what_follows(model_admin, request, enrollments: list[int]) -> None:
+    """Say who of ``enrollments`` just made active hears it is back on (they were told it was
+    cancelled); warn that those made missed get no reminder (the start is too near)."""
+    told = notices_told_count(enrollments=enrollments, cancelled=False)
+    if told:
+        model_admin.message_user(
+            request,
+            "The attendee was told this enrollment is cancelled: they will get a change notice "
+            "that it is active again."
+            if told == 1 and len(enrollments) == 1
+            else f"{plural(told, 'attendee')} told their enrollment was cancelled will get a "
+            "change notice that it is active again.",
+            messages.INFO,
+        )
     late = (Reminder.Status.MISSED, Reminder.Status.UNKNOWN)
     count = Reminder.objects.filter(enrollment__in=enrollments, status__in=late).count()
     if not count:
@@ -65,7 +78,7 @@ class EnrollmentAdmin(NulFreeListMixin, StaffActionsMixin, admin.ModelAdmin):
         if change and "status" not in form.changed_data:
             return
         copy_saved(obj, enrollment_create(attendee=obj.attendee, workshop=obj.workshop))
-        say_if_unreminded(self, request, [obj.pk])
+        say_what_follows(self, request, [obj.pk])
 
     def has_cancel_permission(self, request) -> bool:
         return request.user.has_perm("workshops.cancel_enrollment")

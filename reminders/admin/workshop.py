@@ -33,7 +33,7 @@ from reminders.admin.columns import (
     utc_column,
 )
 from reminders.admin.decision import DecisionFilter
-from reminders.admin.enrollment import say_if_unreminded
+from reminders.admin.enrollment import say_what_follows
 from reminders.admin.forms import EnrollmentInlineForm, EnrollmentInlineFormSet, WorkshopForm
 from reminders.content import language_name, notice_preview, reminder_preview
 from reminders.models import Reminder, id_from_text
@@ -323,7 +323,7 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
             if "status" in changed:
                 made.append(enrollment_create(attendee=enrollment.attendee, workshop=workshop).pk)
         if made:
-            say_if_unreminded(self, request, made)
+            say_what_follows(self, request, made)
         return None
 
     @admin.display(description="Who gets which text")

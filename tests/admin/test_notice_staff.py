@@ -71,6 +71,36 @@ def test_the_enrollment_cancel_confirmation_says_how_many_will_be_told(
     assert Notice.objects.filter(kind="cancelled", status="sent").count() == 3
 
 
+def test_setting_a_cancelled_enrollment_back_to_active_says_a_notice_will_follow(
+    admin_client, reminded, notices_scan
+):
+    """A reminded attendee told their enrollment was cancelled is told it is back on when
+    staff set it active again; the page said only that the enrollment was changed."""
+    from workshops.models import Enrollment
+
+    enrollment = Enrollment.objects.filter(workshop=reminded, reminders__status="sent").first()
+    post_action(
+        admin_client,
+        "/admin/workshops/enrollment/",
+        "cancel_selected",
+        [enrollment.pk],
+        confirm=True,
+        reason="Asked to leave",
+    )
+    notices_scan(sent=True)
+    assert Notice.objects.filter(kind="cancelled", status="sent").count() == 1
+    saved = admin_client.post(
+        f"/admin/workshops/enrollment/{enrollment.pk}/change/", {"status": "active"}, follow=True
+    )
+    said = [m for m in messages_of(saved) if "change notice" in m]
+    assert said == [
+        "The attendee was told this enrollment is cancelled: they will get a change notice "
+        "that it is active again."
+    ]
+    notices_scan(sent=True)
+    assert Notice.objects.filter(status="sent").exclude(kind="cancelled").count() == 1
+
+
 def test_saving_a_move_says_who_will_hear_of_it_and_when(admin_client, reminded, settings):
     settings.REMINDERS_NOTICE_SETTLE = 300
     local = reminded.starts_at.astimezone(reminded.zone) + timedelta(hours=1)
