@@ -20,7 +20,7 @@ from intake.imports import ImportForm, export_rows, import_preview
 from intake.models import ApiToken, ApiWrite, CsvTransfer, Integration
 from intake.services import EnrolmentIn, Refused, enrolments_upsert
 from intake.tokens import token_create, token_revoke
-from reminders.admin.columns import NulFreeListMixin, plural
+from reminders.admin.columns import NulFreeListMixin, plural, utc_column
 from workshops.models import Workshop
 
 
@@ -48,18 +48,21 @@ class ApiTokenAdmin(NulFreeListMixin, admin.ModelAdmin):
     list_display = (
         "__str__",
         "scope_list",
-        "created_at",
+        "created_at_utc",
         "created_by",
-        "last_used_at",
-        "revoked_at",
+        "last_used_at_utc",
+        "revoked_at_utc",
     )
     list_filter = ("integration", ("revoked_at", admin.EmptyFieldListFilter))
     list_select_related = ("integration",)  # each row's name shows its integration
     actions = ["revoke_selected"]
     readonly_fields = (
-        "integration", "name", "prefix", "scope_list", "created_at", "created_by",
-        "last_used_at", "revoked_at", "revoked_by",
+        "integration", "name", "prefix", "scope_list", "created_at_utc", "created_by",
+        "last_used_at_utc", "revoked_at_utc", "revoked_by",
     )  # fmt: skip
+    created_at_utc = utc_column("created_at", "Created")
+    last_used_at_utc = utc_column("last_used_at", "Last used")
+    revoked_at_utc = utc_column("revoked_at", "Revoked")
 
     @admin.display(description="Scopes")
     def scope_list(self, obj: ApiToken) -> str:
@@ -133,8 +136,9 @@ class ApiTokenAdmin(NulFreeListMixin, admin.ModelAdmin):
 
 @admin.register(Integration)
 class IntegrationAdmin(NulFreeListMixin, admin.ModelAdmin):
-    list_display = ("name", "created_at")
+    list_display = ("name", "created_at_utc")
     search_fields = ("name",)
+    created_at_utc = utc_column("created_at", "Created")
 
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
@@ -142,9 +146,13 @@ class IntegrationAdmin(NulFreeListMixin, admin.ModelAdmin):
 
 @admin.register(ApiWrite)
 class ApiWriteAdmin(NulFreeListMixin, admin.ModelAdmin):
-    list_display = ("created_at", "token_label", "method", "path", "status")
+    list_display = ("created_at_utc", "token_label", "method", "path", "status")
     list_filter = ("token__integration", "method")
-    readonly_fields = ("token", "token_label", "created_at", "method", "path", "status", "summary")
+    readonly_fields = (
+        "token", "token_label", "created_at_utc", "method", "path", "status", "summary",
+    )  # fmt: skip
+    fields = readonly_fields
+    created_at_utc = utc_column("created_at", "Written")
 
     def has_add_permission(self, request) -> bool:
         return False
@@ -160,13 +168,16 @@ class ApiWriteAdmin(NulFreeListMixin, admin.ModelAdmin):
 class CsvTransferAdmin(NulFreeListMixin, admin.ModelAdmin):
     """The audit of CSV imports and exports, and the two views that make them."""
 
-    list_display = ("created_at", "kind", "workshop", "actor_name", "rows", "created", "unchanged")
+    list_display = (
+        "created_at_utc", "kind", "workshop", "actor_name", "rows", "created", "unchanged",
+    )  # fmt: skip
     list_select_related = ("workshop",)
     list_filter = ("kind",)
     readonly_fields = (
-        "kind", "workshop", "actor_name", "created_at", "filename", "integration", "rows",
+        "kind", "workshop", "actor_name", "created_at_utc", "filename", "integration", "rows",
         "created", "unchanged",
     )  # fmt: skip
+    created_at_utc = utc_column("created_at", "When")
 
     def has_add_permission(self, request) -> bool:
         return False

@@ -119,3 +119,42 @@ def test_a_replay_takes_an_optional_reason_and_records_it(login, replayer, make_
     client.post(url, {**base, "_selected_action": second})
     reasons = list(StaffDecision.objects.order_by("id").values_list("reason", "changed"))
     assert reasons == [("provider fixed its DNS", 1), ("", 1)]
+
+
+def test_every_time_on_the_api_and_csv_pages_carries_its_zone(admin_client, make_workshop, clock):
+    """API tokens, API writes, integrations and CSV imports and exports showed Django's own
+    rendering, in TIME_ZONE with no zone named, beside pages that say UTC."""
+    from intake.models import ApiWrite, CsvTransfer, Integration
+    from intake.tokens import token_create, token_revoke
+
+    made = token_create(integration="shop", name="prod", scopes=["read"], created_by="tests")
+    token = made.token
+    token.__class__.objects.filter(pk=token.pk).update(last_used_at=clock.now())
+    token_revoke(token=token, revoked_by="tests")
+    token.refresh_from_db()
+    write = ApiWrite.objects.create(
+        token=token, token_label=token.label, created_at=clock.now(), method="POST",
+        path="/api/v1/enrolments", status=201,
+    )  # fmt: skip
+    workshop = make_workshop()
+    assert admin_client.get(f"/admin/intake/csvtransfer/export/{workshop.pk}/").status_code == 200
+    transfer = CsvTransfer.objects.get()
+    integration = Integration.objects.get(name="shop")
+    pages = {
+        url: _page(admin_client, url)
+        for url in (
+            "/admin/intake/apitoken/",
+            f"/admin/intake/apitoken/{token.pk}/change/",
+            "/admin/intake/apiwrite/",
+            f"/admin/intake/apiwrite/{write.pk}/change/",
+            "/admin/intake/csvtransfer/",
+            f"/admin/intake/csvtransfer/{transfer.pk}/change/",
+            "/admin/intake/integration/",
+        )
+    }
+    bare = {url: m.group(0) for url, page in pages.items() if (m := BARE.search(page))}
+    assert bare == {}
+    assert format_utc(token.revoked_at) in pages["/admin/intake/apitoken/"]
+    assert format_utc(write.created_at) in pages["/admin/intake/apiwrite/"]
+    assert format_utc(transfer.created_at) in pages["/admin/intake/csvtransfer/"]
+    assert format_utc(integration.created_at) in pages["/admin/intake/integration/"]
