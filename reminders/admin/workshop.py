@@ -417,6 +417,11 @@ class WorkshopAdmin(NulFreeListMixin, KeepEnrolledMixin, StaffActionsMixin, admi
             render = notice_preview if notice else reminder_preview
             preview = render(workshop=workshop, attendee=chosen, now=default_clock().now())
             context |= {
+                # One-click unsubscribe stopped the workshop's notices to them.
+                "unsubscribed": notice
+                and Reminder.objects.filter(
+                    workshop=workshop, attendee=chosen, unsubscribed_at__isnull=False
+                ).exists(),
                 "text": preview.text,
                 "text_language": language_name(preview.text.language),
                 "frozen": preview.frozen,

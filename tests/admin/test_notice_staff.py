@@ -395,6 +395,22 @@ def test_an_erased_attendee_is_not_offered_a_change_notice_they_will_never_get(
     assert not StaffDecision.objects.filter(action="send_test").exists()
 
 
+def test_the_notice_preview_of_an_attendee_who_unsubscribed_says_they_get_none(
+    admin_client, reminded, clock
+):
+    """One-click unsubscribe stops the workshop's notices to that attendee; the preview showed
+    'what this attendee would get if the workshop changed now' as for anyone else."""
+    reminder = Reminder.objects.filter(workshop=reminded, status="sent").first()
+    Reminder.objects.filter(pk=reminder.pk).update(unsubscribed_at=clock.now())
+    url = f"{CHANGELIST}{reminded.pk}/preview/"
+    page = admin_client.get(url, {"attendee": reminder.attendee_id, "message": "notice"})
+    said = "This attendee unsubscribed from this workshop's messages: they get no change notice."
+    assert said in page.content.decode()
+    other = Reminder.objects.filter(workshop=reminded, status="sent").exclude(pk=reminder.pk)[0]
+    page = admin_client.get(url, {"attendee": other.attendee_id, "message": "notice"})
+    assert said not in page.content.decode()
+
+
 def test_send_me_a_test_of_the_change_notice(admin_client, admin_user, reminded, mail, live_clock):
     from reminders.worker.testsend import reminder_send_test_run
 
