@@ -143,6 +143,10 @@ class IntegrationAdmin(NulFreeListMixin, admin.ModelAdmin):
     def has_delete_permission(self, request, obj=None) -> bool:
         return False
 
+    def get_readonly_fields(self, request, obj=None):
+        # Found by it (the CSV import's form, the tokens): renamed, its ids would split.
+        return ("name",) if obj is not None else ()
+
 
 @admin.register(ApiWrite)
 class ApiWriteAdmin(NulFreeListMixin, admin.ModelAdmin):

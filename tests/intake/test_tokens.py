@@ -77,3 +77,17 @@ def test_a_name_or_label_too_long_to_store_is_refused_saying_so_and_nothing_is_m
     with pytest.raises(CommandError, match="Shorten the label to 100 characters"):
         create("shop", "--label", "l" * 101)
     assert not ApiToken.objects.exists()
+
+
+def test_an_integrations_name_is_kept_once_made_as_its_ids_are_found_by_it(admin_client):
+    """The CSV import and tokens name an integration: renamed in the admin, the next import
+    under the old name made a new integration, its ids no longer naming the same people."""
+    from intake.models import Integration
+
+    csv = Integration.objects.create(name="csv")
+    page = f"/admin/intake/integration/{csv.pk}/change/"
+    assert admin_client.post(page, {"name": "csv-old"}).status_code in (200, 302)
+    csv.refresh_from_db()
+    assert csv.name == "csv"
+    assert admin_client.post("/admin/intake/integration/add/", {"name": "lms"}).status_code == 302
+    assert Integration.objects.filter(name="lms").exists()
