@@ -1296,10 +1296,9 @@ def test_a_revision_superseded_after_the_plan_read_it_plans_no_notice(
     """Between the plan's read of the settled revisions and its lock of the workshop, another
     scan numbers a newer revision after an edit, and the edit is undone: the superseded one,
     its facts the workshop's again, plans nothing (no claim would take such a notice)."""
-    from django.db import connection
 
     from reminders.services.notices import notices_plan, notices_revise
-    from tests.support.races import Step
+    from tests.support.races import after_the_first_read
 
     settings.REMINDERS_NOTICE_SETTLE = 0
     workshop = make_workshop(starts_in=timedelta(hours=3), location="Room 1")
@@ -1307,23 +1306,13 @@ def test_a_revision_superseded_after_the_plan_read_it_plans_no_notice(
     run()
     workshop_update(workshop=workshop, location="Room 2")
     notices_revise(clock=clock)  # revision 1, settled
-    table = connection.ops.quote_name(WorkshopRevision._meta.db_table)
-    meanwhile = []
 
     def edit_revise_and_undo() -> None:
         workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 3")
         assert notices_revise(clock=clock) == 1  # revision 2 supersedes 1
         workshop_update(workshop=Workshop.objects.get(pk=workshop.pk), location="Room 2")
 
-    def after_the_read(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if sql.startswith("SELECT") and f"FROM {table}" in sql and not meanwhile:
-            step = Step(edit_revise_and_undo)
-            step.start()
-            meanwhile.append(step.finish())
-        return result
-
-    with connection.execute_wrapper(after_the_read):
+    with after_the_first_read(WorkshopRevision, edit_revise_and_undo) as meanwhile:
         assert notices_plan(clock=clock) == 0
     assert len(meanwhile) == 1
     assert not Notice.objects.exists()
@@ -1473,36 +1462,25 @@ def test_a_lost_claim_taken_again_before_the_settle_writes_is_left_to_its_new_wo
     """The settle read the notice with its lease ended; before it writes, that claim is handed
     back and another worker claims the notice: the settle's write is fenced by the first
     claim's token, so the new claim keeps it, its lease running."""
-    from django.db import connection
 
     from reminders.services.notices import (
         notice_claim,
         notice_release_interrupted,
         notices_settle,
     )
-    from tests.support.races import Step
+    from tests.support.races import after_the_first_read
 
     batch, _ = _notices_of_a_move(
         clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
     )
     first = notice_claim(ids=batch, channel="smtp", clock=clock)
     clock.advance(settings.REMINDERS_LEASE_SECONDS)
-    table = connection.ops.quote_name(Notice._meta.db_table)
-    second = []
 
     def hand_back_and_claim_again():
         assert notice_release_interrupted(token=first.token, ids=batch, clock=clock) == 1
         return notice_claim(ids=batch, channel="smtp", clock=clock)
 
-    def after_the_read(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if sql.startswith("SELECT") and f"FROM {table}" in sql and not second:
-            step = Step(hand_back_and_claim_again)
-            step.start()
-            second.append(step.finish())
-        return result
-
-    with connection.execute_wrapper(after_the_read):
+    with after_the_first_read(Notice, hand_back_and_claim_again) as second:
         assert notices_settle(clock=clock) == {}
     [claim] = second
     assert len(claim.notices) == 1
@@ -1598,28 +1576,17 @@ def test_a_notice_claimed_after_the_dispatch_read_it_is_not_published_again(
     """Its batch went out before and it is due again; a worker claims it between the dispatch's
     read and its write: the write queues pending notices only, so it is not stamped queued nor
     published to a second worker."""
-    from django.db import connection
 
     from reminders.services.notices import notice_claim, notices_dispatch
-    from tests.support.races import Step
+    from tests.support.races import after_the_first_read
 
     batch, _ = _notices_of_a_move(
         clock, make_workshop, enrol, mail, run, notices_published, settings, count=1
     )
     clock.advance(settings.REMINDERS_REQUEUE_AFTER)
-    table = connection.ops.quote_name(Notice._meta.db_table)
-    claimed = []
-
-    def after_the_read(execute, sql, params, many, context):
-        result = execute(sql, params, many, context)
-        if sql.startswith("SELECT") and f"FROM {table}" in sql and not claimed:
-            step = Step(lambda: notice_claim(ids=batch, channel="smtp", clock=clock))
-            step.start()
-            claimed.append(step.finish())
-        return result
-
     published = []
-    with connection.execute_wrapper(after_the_read):
+    claim = lambda: notice_claim(ids=batch, channel="smtp", clock=clock)  # noqa: E731
+    with after_the_first_read(Notice, claim) as claimed:
         assert notices_dispatch(publish=published.append, clock=clock) == 0
     assert [len(claim.notices) for claim in claimed] == [1]
     assert published == []

@@ -179,3 +179,22 @@ def interrupted_while_it_waits(table: str, row_id: int, containing: str, interru
             late[0].join(10)
         holder.close()
     assert late, f"no statement containing {containing!r} ran"
+
+
+@contextmanager
+def after_the_first_read(model, job):
+    """Within the block, run ``job`` in another thread, to its end, right after the first
+    SELECT from ``model``'s table has its rows; yield the list its result goes into."""
+    table = connection.ops.quote_name(model._meta.db_table)
+    done: list = []
+
+    def wrapper(execute, sql, params, many, context):
+        result = execute(sql, params, many, context)
+        if not done and sql.startswith("SELECT") and f"FROM {table}" in sql:
+            step = Step(job)
+            step.start()
+            done.append(step.finish())
+        return result
+
+    with connection.execute_wrapper(wrapper):
+        yield done
