@@ -49,6 +49,8 @@ ERASED_NAME = "(erased)"
 ERASURE_EFFECT_LABELS = {
     "enrollments": "Active enrollments that will be cancelled",
     "to_cancel": "Reminders that will be cancelled",
+    "in_flight": "Messages being sent to them right now (one already at the provider may still "
+    "reach the old address; no new call starts)",
     "sent": "Reminders already sent (kept, so never sent again)",
 }
 
@@ -59,6 +61,10 @@ def attendee_erase_preview(*, attendees: QuerySet[Attendee]) -> DecisionPreview:
     eligible = selection.filter(erased_at__isnull=True).values("pk")
     total, count = selection.count(), eligible.count()
     effects = cancel_effects(Reminder.objects.filter(attendee__in=eligible))
+    # Change notices on their way too: the claim watch withdraws those not yet called.
+    effects["in_flight"] += Notice.objects.filter(
+        attendee__in=eligible, status=Notice.Status.SENDING
+    ).count()
     effects["enrollments"] = Enrollment.objects.filter(
         attendee__in=eligible, status=Enrollment.Status.ACTIVE
     ).count()
