@@ -154,11 +154,6 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
     rows += sent(Notice).values_list("key", "reminder_id", "attendee_id", went_to)
     reminder_of = {key: pk for key, pk, _, _ in rows}
     sent_to = {key: (attendee, email) for key, _, attendee, email in rows}
-    known = set(
-        DeliveryEvent.objects.filter(
-            channel=channel, event_id__in=[event.event_id for event in events]
-        ).values_list("event_id", flat=True)
-    )
     now = default_clock().now()
     new: dict[str, DeliveryEvent] = {}
     addressed: dict[str, tuple[int, str]] = {}
@@ -166,7 +161,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
     for event in events:
         if event.key not in reminder_of:
             dropped += 1
-        elif event.event_id in known or event.event_id in new:
+        elif event.event_id in new:  # twice in this request
             seen += 1
         else:
             new[event.event_id] = DeliveryEvent(
@@ -201,7 +196,7 @@ def delivery_events_record(*, channel: str, events: list[ProviderEvent]) -> dict
             if attendee not in live:
                 del new[event_id], addressed[event_id]
                 dropped += 1
-        # A retry of these events recorded while this request waited on the lock: seen.
+        # Recorded before, or by a retry while this request waited on the lock: seen.
         for event_id in DeliveryEvent.objects.filter(
             channel=channel, event_id__in=list(new)
         ).values_list("event_id", flat=True):
