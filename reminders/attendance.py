@@ -66,14 +66,20 @@ def _page(request: HttpRequest, state: str, reminder=None, *, status: int = 200)
     return response
 
 
-def _busy(request: HttpRequest, reminder) -> HttpResponse:
-    """Answer a POST that gave up waiting for a row lock (a worker or staff held it): nothing
-    changed, try again. Not the staff pages' redirect (LockBusyMiddleware): that showed the
-    question again with no word of why, and lost a mail provider's one-click."""
+def _confirm(request: HttpRequest, reminder, change) -> tuple[object, HttpResponse | None]:
+    """Run the confirming POST's ``change``; return what it returned, and None or the answer to
+    a POST that gave up waiting for a row lock (a worker or staff held it): nothing changed, try
+    again. Not the staff pages' redirect (LockBusyMiddleware): that showed the question again
+    with no word of why, and lost a mail provider's one-click."""
+    try:
+        return change(reminder=reminder), None
+    except OperationalError as exc:
+        if not gave_up_waiting(exc):
+            raise
     logger.warning("An attendee's link gave up waiting for a row lock (reminder %s)", reminder.pk)
     response = _page(request, "error", reminder, status=503)
     response["Retry-After"] = "10"
-    return response
+    return None, response
 
 
 def _usable(request, token: str, purpose: str):
@@ -96,12 +102,9 @@ def attend(request: HttpRequest, token: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "POST":
-        try:
-            cancelled = enrollment_cancel_by_attendee(reminder=reminder)
-        except OperationalError as exc:
-            if not gave_up_waiting(exc):
-                raise
-            return _busy(request, reminder)
+        cancelled, busy = _confirm(request, reminder, enrollment_cancel_by_attendee)
+        if busy is not None:
+            return busy
         if cancelled:
             return _page(request, "cancelled", reminder)
     elif reminder.enrollment.status == Enrollment.Status.ACTIVE:
@@ -118,12 +121,9 @@ def unsubscribe(request: HttpRequest, token: str) -> HttpResponse:
     if refused is not None:
         return refused
     if request.method == "POST":
-        try:
-            reminder_unsubscribe(reminder=reminder)
-        except OperationalError as exc:
-            if not gave_up_waiting(exc):
-                raise
-            return _busy(request, reminder)
+        _, busy = _confirm(request, reminder, reminder_unsubscribe)
+        if busy is not None:
+            return busy
     elif reminder.unsubscribed_at is None:
         return _page(request, "ask_unsubscribe", reminder)
     return _page(request, "unsubscribed", reminder)
